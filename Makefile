@@ -1,0 +1,36 @@
+# One entry point for set-up, tests and the demo. Everything installs into .venv.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+UV := $(PYTHON) -m uv
+export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)
+
+.PHONY: install test test-unit test-conformance test-e2e lock bench demo clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt requirements-test.txt constraints.txt
+	@$(PYTHON) -m uv --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet uv
+	@[ -x $(PY) ] || $(UV) venv --quiet --python 3.11 $(VENV)
+	$(UV) pip install --quiet -p $(PY) -r requirements.txt -r requirements-test.txt -c constraints.txt
+	@touch $(STAMP)
+
+test: install
+	$(PY) -m pytest
+
+test-unit: install
+	$(PY) -m pytest tests/unit
+
+test-conformance: install
+	$(PY) -m pytest tests/conformance
+
+test-e2e: install
+	$(PY) -m pytest tests/e2e
+
+lock:
+	$(UV) pip compile --quiet -p 3.11 requirements.txt requirements-test.txt -o constraints.txt
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,1 @@
+"""gpuboot: boot stopped ECS GPU instances for Kubernetes jobs, as Airflow tasks."""

@@ -1,0 +1,1 @@
+"""simcloud: a local ECS endpoint and Kubernetes API server for the demo and the tests."""
