@@ -1,0 +1,67 @@
+"""Knobs shared by every part of the local cloud: timings and injectable faults.
+
+One mutable `Faults` object lives per server; the fleet file sets its initial
+values and the admin endpoint (`/_simcloud/faults`) changes it at run time, so
+every component reads it at the moment it acts, never caches it.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+
+@dataclass
+class Timings:
+    """Seconds each emulated physical step takes (fleet file key `timings`)."""
+
+    start_seconds: float = 2.0          # ECS: Starting -> Running
+    stop_seconds: float = 2.0           # ECS: Stopping -> Stopped
+    boot_seconds: float = 3.0           # Running -> kubelet posts Ready with a new bootID (GPU still stale)
+    stale_seconds: float = 1.0          # Ready with the stale GPU count -> kubelet zeroes extended resources
+    device_plugin_seconds: float = 2.0  # zeroed -> NVIDIA device plugin registers the real count
+    heartbeat_seconds: float = 5.0      # kubelet Ready heartbeat (lastHeartbeatTime) period
+    pod_start_seconds: float = 0.5      # bound pod -> container running
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Faults:
+    """Faults on demand. Rates are probabilities in [0, 1] per API call."""
+
+    ecs_throttle_rate: float = 0.0        # answer Throttling (HTTP 400 Throttling.User)
+    ecs_internal_error_rate: float = 0.0  # answer InternalError (HTTP 500)
+    ecs_unavailable_rate: float = 0.0     # answer ServiceUnavailable (HTTP 503)
+    no_stock: list[str] = field(default_factory=list)   # "instance_type" or "instance_type@zone": start -> OperationDenied.NoStock
+    never_ready: list[str] = field(default_factory=list)          # instance ids or node names whose kubelet never posts Ready
+    device_plugin_never: list[str] = field(default_factory=list)  # instance ids or node names whose GPUs never register
+    k8s_latency_ms: int = 0               # added to every Kubernetes API request
+    k8s_conflict_burst: int = 0           # the next N ConfigMap writes are answered 409 Conflict
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def update(self, changes: dict) -> None:
+        """Apply a partial update; unknown keys are an error that names the key."""
+        known = {f.name: f for f in fields(self)}
+        for key, value in changes.items():
+            if key not in known:
+                raise KeyError(f"unknown fault {key!r}; known: {', '.join(sorted(known))}")
+            current = getattr(self, key)
+            if isinstance(current, list):
+                value = list(value)
+            elif isinstance(current, float):
+                value = float(value)
+                if not 0.0 <= value <= 1.0 and key.endswith("_rate"):
+                    raise ValueError(f"fault {key} must be in [0, 1], got {value}")
+            elif isinstance(current, int):
+                value = int(value)
+            setattr(self, key, value)
+
+    def matches(self, key_list: str, *names: str) -> bool:
+        """True when any of `names` (instance id, node name, ...) is listed in fault `key_list`."""
+        listed = getattr(self, key_list)
+        return any(name in listed for name in names if name)
+
+    def no_stock_for(self, instance_type: str, zone: str) -> bool:
+        return instance_type in self.no_stock or f"{instance_type}@{zone}" in self.no_stock
