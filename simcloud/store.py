@@ -1,0 +1,417 @@
+"""The object store shared by the Kubernetes API and the in-process controllers.
+
+A versioned map per resource, like etcd behind the real API server: one global,
+monotonic resourceVersion, a bounded change history so watches can resume from a
+resourceVersion (older -> 410 Gone), and queues for in-process watchers.
+
+Stored objects are never edited in place: every write stores a new dict. Public
+methods hand out deep copies; the API's hot paths read the stored objects
+through `select`/`peek`/`watch` and only serialize them (read-only by contract).
+Everything runs in one asyncio loop, so there are no locks.
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import random
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Callable, Iterable, NamedTuple
+
+from simcloud import admission
+from simcloud.patching import PatchError, apply_patch
+from simcloud.selectors import SelectorError, parse_field_selector, parse_label_selector
+
+HISTORY_LIMIT = 10_000
+INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+
+
+class ApiError(Exception):
+    """An API failure carried as the meta/v1 Status the real apiserver sends."""
+
+    def __init__(self, code: int, reason: str, message: str, details: dict | None = None):
+        super().__init__(message)
+        self.code, self.reason, self.message, self.details = code, reason, message, details
+
+    def status(self) -> dict:
+        body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": self.message, "reason": self.reason, "code": self.code}
+        if self.details is not None:
+            body["details"] = self.details
+        return body
+
+
+@dataclass(frozen=True)
+class ResourceInfo:
+    name: str                      # plural REST name
+    kind: str
+    namespaced: bool
+    group: str = ""
+    version: str = "v1"
+    short_names: tuple[str, ...] = ()
+    subresources: tuple[str, ...] = ()
+    singular: str = ""
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+def _r(name, kind, namespaced, short=(), sub=(), group=""):
+    return ResourceInfo(name, kind, namespaced, group, "v1", tuple(short), tuple(sub), kind.lower())
+
+
+RESOURCES: dict[str, ResourceInfo] = {r.name: r for r in (
+    _r("namespaces", "Namespace", False, ["ns"], ["status"]),
+    _r("nodes", "Node", False, ["no"], ["status"]),
+    _r("pods", "Pod", True, ["po"], ["status", "log", "binding"]),
+    _r("events", "Event", True, ["ev"]),
+    _r("configmaps", "ConfigMap", True, ["cm"]),
+    _r("secrets", "Secret", True),
+    _r("serviceaccounts", "ServiceAccount", True, ["sa"]),
+    _r("services", "Service", True, ["svc"], ["status"]),
+    _r("endpoints", "Endpoints", True, ["ep"]),
+    _r("persistentvolumeclaims", "PersistentVolumeClaim", True, ["pvc"], ["status"]),
+    _r("persistentvolumes", "PersistentVolume", False, ["pv"], ["status"]),
+    _r("replicationcontrollers", "ReplicationController", True, ["rc"], ["status"]),
+    _r("resourcequotas", "ResourceQuota", True, ["quota"], ["status"]),
+    _r("limitranges", "LimitRange", True, ["limits"]),
+    _r("leases", "Lease", True, group="coordination.k8s.io"),
+)}
+
+
+class WatchEvent(NamedTuple):
+    rv: int
+    type: str          # ADDED | MODIFIED | DELETED
+    obj: dict          # the stored object (read-only)
+    old: dict | None   # the previous version (MODIFIED), for selector transitions
+
+
+@dataclass
+class _Subscriber:
+    queue: asyncio.Queue
+    raw: bool          # True: WatchEvent with shared read-only objects (the API); False: (type, copy)
+
+
+def now_rfc3339(offset_seconds: float = 0) -> str:
+    return (datetime.now(timezone.utc) + timedelta(seconds=offset_seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _random_suffix(n: int = 5) -> str:
+    return "".join(random.choice("bcdfghjklmnpqrstvwxz2456789") for _ in range(n))
+
+
+def not_found(resource: str, name: str) -> ApiError:
+    info = RESOURCES.get(resource)
+    details = {"name": name, "kind": resource}
+    if info and info.group:
+        details["group"] = info.group
+    qualified = f"{resource}.{info.group}" if info and info.group else resource
+    return ApiError(404, "NotFound", f'{qualified} "{name}" not found', details)
+
+
+def conflict(resource: str, name: str, why: str = "the object has been modified; please apply your changes to "
+                                                   "the latest version and try again") -> ApiError:
+    return ApiError(409, "Conflict", f'Operation cannot be fulfilled on {resource} "{name}": {why}',
+                    {"name": name, "kind": resource})
+
+
+def _is_terminal(pod: dict) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+class Store:
+    def __init__(self, history_limit: int = HISTORY_LIMIT):
+        self._objects: dict[str, dict[tuple[str, str], dict]] = {name: {} for name in RESOURCES}
+        self._rv = 0
+        self._history: deque[tuple[str, WatchEvent]] = deque()
+        self._history_limit = history_limit
+        self._compacted_rv = 0
+        self._subscribers: dict[str, list[_Subscriber]] = {name: [] for name in RESOURCES}
+        self._event_keys: dict[tuple, tuple[str, str]] = {}
+        for ns in INITIAL_NAMESPACES:
+            self.create("namespaces", {"metadata": {"name": ns}})
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def info(resource: str) -> ResourceInfo:
+        try:
+            return RESOURCES[resource]
+        except KeyError:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource", {}) from None
+
+    @property
+    def resource_version(self) -> str:
+        return str(self._rv)
+
+    def _key(self, resource: str, namespace: str | None, name: str) -> tuple[str, str]:
+        return ((namespace or "default") if RESOURCES[resource].namespaced else "", name)
+
+    def _stored(self, resource: str, namespace: str | None, name: str) -> dict:
+        obj = self._objects[self.info(resource).name].get(self._key(resource, namespace, name))
+        if obj is None:
+            raise not_found(resource, name)
+        return obj
+
+    def _emit(self, resource: str, kind: str, obj: dict, old: dict | None) -> None:
+        event = WatchEvent(self._rv, kind, obj, old)
+        self._history.append((resource, event))
+        while len(self._history) > self._history_limit:
+            self._compacted_rv = self._history.popleft()[1].rv
+        for sub in self._subscribers[resource]:
+            sub.queue.put_nowait(event if sub.raw else (kind, copy.deepcopy(obj)))
+
+    def _commit(self, resource: str, key: tuple[str, str], new: dict, old: dict | None) -> dict:
+        """Store `new` under a fresh resourceVersion unless nothing changed (the real no-op update)."""
+        if old is not None:
+            new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+            if new == old:
+                return old
+        self._rv += 1
+        new["metadata"]["resourceVersion"] = str(self._rv)
+        self._objects[resource][key] = new
+        self._emit(resource, "ADDED" if old is None else "MODIFIED", new, old)
+        return new
+
+    # ------------------------------------------------------------------ reads
+    def get(self, resource: str, namespace: str | None, name: str) -> dict:
+        return copy.deepcopy(self._stored(resource, namespace, name))
+
+    def peek(self, resource: str) -> Iterable[dict]:
+        """All stored objects of `resource`, uncopied: for in-process readers that never mutate them."""
+        return self._objects[self.info(resource).name].values()
+
+    def select(self, resource: str, namespace: str | None = None, label_selector: str | None = None,
+               field_selector: str | None = None) -> list[dict]:
+        """Matching stored objects (read-only), in namespace/name order as etcd lists them."""
+        info = self.info(resource)
+        try:
+            labels = parse_label_selector(label_selector)
+            fields = parse_field_selector(field_selector, resource)
+        except SelectorError as exc:
+            raise ApiError(400, "BadRequest", str(exc)) from None
+        objects = self._objects[resource]
+        name = fields.value_for("metadata.name")
+        if name is not None:   # one-object lookups (a watch of one node) need no scan
+            if info.namespaced and namespace:
+                candidates = [objects.get((namespace, name))]
+            elif info.namespaced:
+                candidates = [o for (_, n), o in objects.items() if n == name]
+            else:
+                candidates = [objects.get(("", name))]
+            keys = sorted((self._key_of(o), o) for o in candidates if o is not None)
+            candidates = [o for _, o in keys]
+        else:
+            keys = sorted(objects)
+            if info.namespaced and namespace:
+                keys = [k for k in keys if k[0] == namespace]
+            candidates = [objects[k] for k in keys]
+        return [o for o in candidates
+                if (labels.empty or labels.matches(o["metadata"].get("labels")))
+                and (fields.empty or fields.matches(o))]
+
+    @staticmethod
+    def _key_of(obj: dict) -> tuple[str, str]:
+        return obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
+
+    def list(self, resource: str, namespace: str | None = None, label_selector: str | None = None,
+             field_selector: str | None = None) -> tuple[list[dict], str]:
+        items = self.select(resource, namespace, label_selector, field_selector)
+        return copy.deepcopy(items), self.resource_version
+
+    # ------------------------------------------------------------------ writes
+    def create(self, resource: str, obj: dict) -> dict:
+        info = self.info(resource)
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        if info.namespaced:
+            namespace = meta.setdefault("namespace", "default")
+            if ("", namespace) not in self._objects["namespaces"]:
+                raise not_found("namespaces", namespace)
+        else:
+            meta.pop("namespace", None)
+        if not meta.get("name"):
+            if not meta.get("generateName"):
+                raise admission.invalid(info.kind, "", [("metadata.name", "FieldValueRequired",
+                                                         "Required value: name or generateName is required")])
+            meta["name"] = meta["generateName"] + _random_suffix()
+        admission.check_name(info.kind, meta["name"], label_only=resource == "namespaces")
+        key = self._key(resource, meta.get("namespace"), meta["name"])
+        if key in self._objects[resource]:
+            raise ApiError(409, "AlreadyExists", f'{info.name} "{meta["name"]}" already exists',
+                           {"name": meta["name"], "kind": info.name})
+        obj["kind"], obj["apiVersion"] = info.kind, info.api_version
+        if resource in admission.DEFAULTERS:
+            admission.DEFAULTERS[resource](obj)
+        for transient in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"):
+            meta.pop(transient, None)
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = now_rfc3339()
+        meta["generation"] = 1
+        return copy.deepcopy(self._commit(resource, key, obj, None))
+
+    def _update(self, resource: str, current: dict, new: dict, subresource: str | None) -> dict:
+        info = RESOURCES[resource]
+        meta, old_meta = new.setdefault("metadata", {}), current["metadata"]
+        name = old_meta["name"]
+        if meta.get("name", name) != name:
+            raise ApiError(400, "BadRequest",
+                           f"the name of the object ({meta['name']}) does not match the name on the URL ({name})")
+        if meta.get("namespace") not in (None, "", old_meta.get("namespace")) and info.namespaced:
+            raise ApiError(400, "BadRequest",
+                           "the namespace of the provided object does not match the namespace sent on the request")
+        if meta.get("resourceVersion") not in (None, "", old_meta["resourceVersion"]):
+            raise conflict(resource, name)
+        if subresource == "status":
+            result = copy.deepcopy(current)
+            result["status"] = copy.deepcopy(new.get("status") or {})
+        elif subresource:
+            raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+        else:
+            result = copy.deepcopy(new)
+            rmeta = result["metadata"]
+            for fixed in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp",
+                          "deletionGracePeriodSeconds", "generation"):
+                if fixed in old_meta:
+                    rmeta[fixed] = old_meta[fixed]
+                else:
+                    rmeta.pop(fixed, None)
+            result["kind"], result["apiVersion"] = info.kind, info.api_version
+            if "status" in info.subresources:
+                result["status"] = copy.deepcopy(current.get("status", {}))
+            if resource == "pods":
+                admission.check_pod_update(current, result)
+            if result.get("spec") != current.get("spec"):
+                rmeta["generation"] = old_meta.get("generation", 1) + 1
+        return copy.deepcopy(self._commit(resource, self._key_of_resource(resource, current), result, current))
+
+    def _key_of_resource(self, resource: str, obj: dict) -> tuple[str, str]:
+        return self._key(resource, obj["metadata"].get("namespace"), obj["metadata"]["name"])
+
+    def replace(self, resource: str, namespace: str | None, name: str, obj: dict,
+                subresource: str | None = None) -> dict:
+        """PUT: 409 Conflict when the body's resourceVersion is set and stale."""
+        return self._update(resource, self._stored(resource, namespace, name), obj, subresource)
+
+    def patch(self, resource: str, namespace: str | None, name: str, body, content_type: str,
+              subresource: str | None = None) -> dict:
+        current = self._stored(resource, namespace, name)
+        try:
+            patched = apply_patch(copy.deepcopy(current), body, content_type)
+        except PatchError as exc:
+            reasons = {400: "BadRequest", 415: "UnsupportedMediaType", 422: "Invalid"}
+            raise ApiError(exc.code, reasons.get(exc.code, "Invalid"), str(exc)) from None
+        if not isinstance(patched, dict):
+            raise ApiError(400, "BadRequest", "patch must produce an object")
+        return self._update(resource, current, patched, subresource)
+
+    def mutate(self, resource: str, namespace: str | None, name: str, fn: Callable[[dict], None]) -> dict:
+        """For in-process controllers: `fn` edits a copy; the store versions it and emits MODIFIED."""
+        current = self._stored(resource, namespace, name)
+        new = copy.deepcopy(current)
+        fn(new)
+        new["metadata"]["name"] = current["metadata"]["name"]
+        if "namespace" in current["metadata"]:
+            new["metadata"]["namespace"] = current["metadata"]["namespace"]
+        return copy.deepcopy(self._commit(resource, self._key_of_resource(resource, current), new, current))
+
+    def delete(self, resource: str, namespace: str | None, name: str, grace_period_seconds: int | None = None,
+               preconditions: dict | None = None) -> dict:
+        """Graceful for bound, running pods (the kubelet finishes with `remove`); immediate otherwise."""
+        current = self._stored(resource, namespace, name)
+        meta = current["metadata"]
+        preconditions = preconditions or {}
+        for field_name in ("uid", "resourceVersion"):
+            expected = preconditions.get(field_name)
+            if expected and expected != meta.get(field_name):
+                raise conflict(resource, name, f"Precondition failed: {field_name.upper() if field_name == 'uid' else 'ResourceVersion'} "
+                                               f"in precondition: {expected}, {field_name} in object meta: {meta.get(field_name)}")
+        if resource == "pods" and current["spec"].get("nodeName") and not _is_terminal(current):
+            grace = grace_period_seconds
+            if grace is None:
+                grace = current["spec"].get("terminationGracePeriodSeconds", 30)
+            if grace != 0:
+                existing = meta.get("deletionGracePeriodSeconds")
+                if existing is not None and existing <= grace:
+                    return copy.deepcopy(current)
+
+                def mark(pod: dict) -> None:
+                    pod["metadata"]["deletionTimestamp"] = now_rfc3339(grace)
+                    pod["metadata"]["deletionGracePeriodSeconds"] = grace
+                return self.mutate(resource, namespace, name, mark)
+        return self._remove(resource, current)
+
+    def remove(self, resource: str, namespace: str | None, name: str) -> None:
+        """Final removal (the kubelet, once a deleted pod's processes are gone)."""
+        self._remove(resource, self._stored(resource, namespace, name))
+
+    def _remove(self, resource: str, current: dict) -> dict:
+        if resource == "namespaces":
+            ns = current["metadata"]["name"]
+            for other, info in RESOURCES.items():
+                if info.namespaced:
+                    for key in [k for k in self._objects[other] if k[0] == ns]:
+                        self._remove(other, self._objects[other][key])
+        del self._objects[resource][self._key_of_resource(resource, current)]
+        self._rv += 1
+        gone = {**current, "metadata": {**current["metadata"], "resourceVersion": str(self._rv)}}
+        self._emit(resource, "DELETED", gone, current)
+        return copy.deepcopy(gone)
+
+    # ------------------------------------------------------------------ watching
+    def subscribe(self, resource: str) -> asyncio.Queue:
+        """In-process watchers get every (type, object copy) of `resource` from now on."""
+        queue: asyncio.Queue = asyncio.Queue()
+        self._subscribers[self.info(resource).name].append(_Subscriber(queue, raw=False))
+        return queue
+
+    def unsubscribe(self, resource: str, queue: asyncio.Queue) -> None:
+        self._subscribers[resource] = [s for s in self._subscribers[resource] if s.queue is not queue]
+
+    def watch(self, resource: str, since: int | None) -> tuple[list[WatchEvent], asyncio.Queue]:
+        """Raw (read-only) events after resourceVersion `since` already kept, plus a queue for later ones.
+
+        `since=None` starts from now. A `since` older than the kept history is 410 Gone.
+        """
+        info = self.info(resource)
+        backlog: list[WatchEvent] = []
+        if since is not None:
+            if since < self._compacted_rv:
+                raise ApiError(410, "Expired", f"too old resource version: {since} ({self._compacted_rv})")
+            backlog = [e for r, e in self._history if r == resource and e.rv > since]
+        queue: asyncio.Queue = asyncio.Queue()
+        self._subscribers[info.name].append(_Subscriber(queue, raw=True))
+        return backlog, queue
+
+    # ------------------------------------------------------------------ events
+    def record_event(self, involved: dict, reason: str, message: str, type: str = "Normal",
+                     component: str = "simcloud") -> dict:
+        """Create (or bump the count of an identical) core/v1 Event about `involved`."""
+        meta = involved.get("metadata") or {}
+        namespace = meta.get("namespace") or "default"
+        key = (namespace, meta.get("uid"), reason, message, type, component)
+        now = now_rfc3339()
+        known = self._event_keys.get(key)
+        if known and ("events" in self._objects) and known in self._objects["events"]:
+            def bump(event: dict) -> None:
+                event["count"] = event.get("count", 1) + 1
+                event["lastTimestamp"] = now
+            return self.mutate("events", *known, bump)
+        ref = {"kind": involved.get("kind"), "name": meta.get("name"), "uid": meta.get("uid"),
+               "apiVersion": involved.get("apiVersion"), "resourceVersion": meta.get("resourceVersion")}
+        if meta.get("namespace"):
+            ref["namespace"] = meta["namespace"]
+        event = {
+            "metadata": {"name": f"{meta.get('name', 'unknown')}.{time.time_ns():x}", "namespace": namespace},
+            "involvedObject": {k: v for k, v in ref.items() if v is not None},
+            "reason": reason, "message": message, "type": type,
+            "source": {"component": component},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            "reportingComponent": component, "reportingInstance": "",
+        }
+        created = self.create("events", event)
+        self._event_keys[key] = (namespace, created["metadata"]["name"])
+        return created
