@@ -1,0 +1,405 @@
+"""The ECS OpenAPI endpoint (version 2014-05-26, RPC style) over an `EcsCloud`.
+
+`POST /` (or `GET /`) with the parameters in the query (a form body is merged in,
+as the SDKs may send one). Each request is authenticated first (ACS3-HMAC-SHA256
+or V1 signatures, see `signing`), then the injected API faults are drawn, then
+the action runs. Errors are answered like the real service:
+`{"RequestId","HostId","Code","Message","Recommend"}` with its HTTP status.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import random
+import time
+import uuid
+from typing import Callable, Mapping
+from urllib.parse import parse_qsl
+
+from aiohttp import web
+
+from simcloud import signing
+from simcloud.config import Faults
+from simcloud.ecs_model import STATUSES, EcsCloud, EcsError, Instance, InstanceType, Outcome
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "2014-05-26"
+ECS_CLOUD = web.AppKey("ecs_cloud", EcsCloud)   # the app's cloud, for whoever assembles the server
+NONCE_TTL_SECONDS = 2 * 15 * 60   # a nonce can be replayed only within the timestamp window; keep it that long
+
+Params = Mapping[str, str]
+
+
+# ---------------------------------------------------------------- parameter parsing
+
+def missing(name: str) -> EcsError:
+    return EcsError("MissingParameter",
+                    f'The input parameter "{name}" that is mandatory for processing this request is not supplied.', 400)
+
+
+def invalid(name: str, value: str, expected: str) -> EcsError:
+    return EcsError("InvalidParameter", f"The specified parameter {name} {value!r} is not valid; expected {expected}.", 400)
+
+
+def require(params: Params, name: str) -> str:
+    value = params.get(name)
+    if value is None or value == "":
+        raise missing(name)
+    return value
+
+
+def as_bool(params: Params, name: str, default: bool = False) -> bool:
+    value = params.get(name)
+    if value is None or value == "":
+        return default
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise invalid(name, value, "true or false")
+
+
+def as_int(params: Params, name: str, default: int, lo: int, hi: int) -> int:
+    value = params.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise invalid(name, value, f"an integer from {lo} to {hi}") from None
+    if not lo <= number <= hi:
+        raise invalid(name, value, f"an integer from {lo} to {hi}")
+    return number
+
+
+def one_of(params: Params, name: str, choices: tuple[str, ...], default: str | None = None) -> str | None:
+    value = params.get(name) or default
+    if value is not None and value not in choices:
+        raise invalid(name, value, " or ".join(choices))
+    return value
+
+
+def repeat_list(params: Params, prefix: str, limit: int = 100) -> list[str]:
+    """`InstanceId.1`, `InstanceId.2`, ... in index order."""
+    indexed = []
+    for key, value in params.items():
+        head, dot, index = key.rpartition(".")
+        if dot and head == prefix and index.isdigit():
+            indexed.append((int(index), value))
+    if len(indexed) > limit:
+        raise invalid(f"{prefix}.N", str(len(indexed)), f"at most {limit} values")
+    return [value for _, value in sorted(indexed)]
+
+
+def json_list(params: Params, name: str, limit: int = 100) -> list[str] | None:
+    """A JSON array of strings given as one parameter, like InstanceIds='["i-1","i-2"]'."""
+    raw = params.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise invalid(name, raw, 'a JSON array of strings such as ["i-xxx","i-yyy"]')
+    if len(value) > limit:
+        raise invalid(name, raw, f"at most {limit} ids")
+    return value
+
+
+def tag_filter(params: Params) -> dict[str, str | None]:
+    tags: dict[str, str | None] = {}
+    for n in range(1, 21):
+        key = params.get(f"Tag.{n}.Key")
+        if key:
+            tags[key] = params.get(f"Tag.{n}.Value") or None
+        elif params.get(f"Tag.{n}.Value"):
+            raise missing(f"Tag.{n}.Key")
+    return tags
+
+
+def check_region(params: Params, cloud: EcsCloud) -> None:
+    region = require(params, "RegionId")
+    if region != cloud.region_id:
+        raise EcsError("InvalidRegionId.NotFound",
+                       f"The specified RegionId does not exist: {region} (this endpoint serves {cloud.region_id}).", 404)
+
+
+# ---------------------------------------------------------------- paging
+
+def encode_token(offset: int) -> str:
+    return base64.urlsafe_b64encode(f"offset:{offset}".encode()).decode().rstrip("=")
+
+
+def decode_token(token: str) -> int:
+    try:
+        text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+        kind, _, offset = text.partition(":")
+        if kind == "offset" and offset.isdigit():
+            return int(offset)
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        pass
+    raise invalid("NextToken", token, "a NextToken returned by a previous call of this action")
+
+
+def page(items: list, params: Params, *, max_page: int, default_size: int,
+         token_paging: bool = True, page_paging: bool = True) -> tuple[list, dict]:
+    """Slice `items` by MaxResults/NextToken (when either is given) or PageNumber/PageSize.
+    Returns the slice and the paging fields of the response."""
+    if token_paging and (params.get("MaxResults") or params.get("NextToken")):
+        size = as_int(params, "MaxResults", default_size, 1, max_page)
+        offset = decode_token(params["NextToken"]) if params.get("NextToken") else 0
+        chunk = items[offset:offset + size]
+        more = offset + size < len(items)
+        return chunk, {"TotalCount": len(items), "NextToken": encode_token(offset + size) if more else "",
+                       "PageSize": size, "PageNumber": offset // size + 1}
+    if not page_paging:
+        return items, {"NextToken": ""}
+    number = as_int(params, "PageNumber", 1, 1, 1_000_000)
+    size = as_int(params, "PageSize", default_size, 1, max_page)
+    start = (number - 1) * size
+    return items[start:start + size], {"TotalCount": len(items), "PageNumber": number, "PageSize": size,
+                                       "NextToken": ""}
+
+
+# ---------------------------------------------------------------- representations
+
+def instance_view(i: Instance) -> dict:
+    t = i.instance_type
+    return {
+        "InstanceId": i.instance_id,
+        "InstanceName": i.instance_name,
+        "HostName": i.hostname,
+        "Description": "",
+        "Status": i.status,
+        "InstanceType": t.instance_type_id,
+        "InstanceTypeFamily": t.family,
+        "Cpu": t.cpu,
+        "Memory": int(round(t.memory_gib * 1024)),
+        "GPUAmount": t.gpu,
+        "GPUSpec": t.gpu_spec,
+        "ZoneId": i.zone_id,
+        "RegionId": i.region_id,
+        "StoppedMode": i.stopped_mode,
+        "StartTime": i.start_time or "",
+        "CreationTime": i.creation_time,
+        "ExpiredTime": "2099-12-31T15:59Z",
+        "InstanceChargeType": "PostPaid",
+        "InternetChargeType": "PayByTraffic",
+        "InstanceNetworkType": "vpc",
+        "IoOptimized": True,
+        "OSType": "linux",
+        "DeletionProtection": False,
+        "Tags": {"Tag": [{"TagKey": k, "TagValue": v} for k, v in i.tags.items()]},
+        "VpcAttributes": {"PrivateIpAddress": {"IpAddress": [i.private_ip] if i.private_ip else []},
+                          "VpcId": "", "VSwitchId": "", "NatIpAddress": ""},
+        "PublicIpAddress": {"IpAddress": []},
+        "InnerIpAddress": {"IpAddress": []},
+        "OperationLocks": {"LockReason": []},
+    }
+
+
+def instance_type_view(t: InstanceType) -> dict:
+    return {
+        "InstanceTypeId": t.instance_type_id,
+        "InstanceTypeFamily": t.family,
+        "CpuCoreCount": t.cpu,
+        "MemorySize": float(t.memory_gib),
+        "GPUAmount": t.gpu,
+        "GPUSpec": t.gpu_spec,
+    }
+
+
+def outcome_view(o: Outcome) -> dict:
+    code, message = ("200", "success") if o.ok else (o.error.code, o.error.message)
+    return {"InstanceId": o.instance_id, "Code": code, "Message": message,
+            "PreviousStatus": o.previous_status, "CurrentStatus": o.current_status}
+
+
+# ---------------------------------------------------------------- actions
+
+def dry_run_passed() -> EcsError:
+    return EcsError("DryRunOperation", "Request validation has been passed with DryRun flag set.", 400)
+
+
+def power_batch(params: Params, cloud: EcsCloud, act: Callable[..., list[Outcome]], **extra) -> dict:
+    check_region(params, cloud)
+    ids = repeat_list(params, "InstanceId")
+    if not ids:
+        raise missing("InstanceId.1")
+    all_together = one_of(params, "BatchOptimization", ("AllTogether", "SuccessFirst"), "AllTogether") == "AllTogether"
+    dry_run = as_bool(params, "DryRun")
+    if dry_run and not all_together:   # the real API answers DryRunOperation regardless of instance state
+        raise dry_run_passed()
+    outcomes = act(ids, all_together=all_together, dry_run=dry_run, **extra)
+    if dry_run:
+        raise dry_run_passed()
+    return {"InstanceResponses": {"InstanceResponse": [outcome_view(o) for o in outcomes]}}
+
+
+def start_instances(params: Params, cloud: EcsCloud) -> dict:
+    return power_batch(params, cloud, cloud.start_instances)
+
+
+def stop_instances(params: Params, cloud: EcsCloud) -> dict:
+    as_bool(params, "ForceStop")
+    return power_batch(params, cloud, cloud.stop_instances, stopped_mode=stop_mode(params))
+
+
+def stop_mode(params: Params) -> str | None:
+    return one_of(params, "StoppedMode", ("StopCharging", "KeepCharging"))
+
+
+def start_instance(params: Params, cloud: EcsCloud) -> dict:
+    dry_run = as_bool(params, "DryRun")
+    cloud.start_instances([require(params, "InstanceId")], dry_run=dry_run)
+    if dry_run:
+        raise dry_run_passed()
+    return {}
+
+
+def stop_instance(params: Params, cloud: EcsCloud) -> dict:
+    dry_run = as_bool(params, "DryRun")
+    as_bool(params, "ForceStop")
+    cloud.stop_instances([require(params, "InstanceId")], stopped_mode=stop_mode(params), dry_run=dry_run)
+    if dry_run:
+        raise dry_run_passed()
+    return {}
+
+
+def describe_instances(params: Params, cloud: EcsCloud) -> dict:
+    check_region(params, cloud)
+    found = cloud.find(
+        instance_ids=json_list(params, "InstanceIds"),
+        status=one_of(params, "Status", STATUSES),
+        instance_type=params.get("InstanceType") or None,
+        family=params.get("InstanceTypeFamily") or None,
+        zone_id=params.get("ZoneId") or None,
+        name=params.get("InstanceName") or None,
+        tags=tag_filter(params),
+    )
+    chunk, paging = page(found, params, max_page=100, default_size=10)
+    return {**paging, "Instances": {"Instance": [instance_view(i) for i in chunk]}}
+
+
+def describe_instance_status(params: Params, cloud: EcsCloud) -> dict:
+    check_region(params, cloud)
+    ids = repeat_list(params, "InstanceId") or json_list(params, "InstanceIds")
+    found = cloud.find(instance_ids=ids or None, zone_id=params.get("ZoneId") or None)
+    chunk, paging = page(found, params, max_page=50, default_size=10, token_paging=False)
+    paging.pop("NextToken")
+    return {**paging, "InstanceStatuses": {"InstanceStatus": [
+        {"InstanceId": i.instance_id, "Status": i.status} for i in chunk]}}
+
+
+def describe_instance_types(params: Params, cloud: EcsCloud) -> dict:
+    wanted = set(repeat_list(params, "InstanceTypes", limit=10))
+    family = params.get("InstanceTypeFamily") or None
+    types = [t for t in cloud.instance_types.values()
+             if (not wanted or t.instance_type_id in wanted) and (family is None or t.family == family)]
+    chunk, paging = page(types, params, max_page=1600, default_size=1600, page_paging=False)
+    return {"NextToken": paging["NextToken"], "InstanceTypes": {"InstanceType": [instance_type_view(t) for t in chunk]}}
+
+
+ACTIONS: dict[str, Callable[[Params, EcsCloud], dict]] = {
+    "StartInstances": start_instances,
+    "StartInstance": start_instance,
+    "StopInstances": stop_instances,
+    "StopInstance": stop_instance,
+    "DescribeInstances": describe_instances,
+    "DescribeInstanceStatus": describe_instance_status,
+    "DescribeInstanceTypes": describe_instance_types,
+}
+
+
+# ---------------------------------------------------------------- the HTTP app
+
+class NonceCache:
+    """Signature nonces seen recently: a replayed request is refused like the real gateway does."""
+
+    def __init__(self, ttl: float = NONCE_TTL_SECONDS, clock: Callable[[], float] = time.monotonic):
+        self._ttl, self._clock, self._seen = ttl, clock, {}
+
+    def claim(self, nonce: str | None) -> None:
+        if not nonce:
+            return
+        now = self._clock()
+        if len(self._seen) > 10_000:
+            self._seen = {n: t for n, t in self._seen.items() if now - t < self._ttl}
+        seen_at = self._seen.get(nonce)
+        if seen_at is not None and now - seen_at < self._ttl:
+            raise EcsError("SignatureNonceUsed", "Specified signature nonce was used already; "
+                           "send a fresh SignatureNonce with every request.", 400)
+        self._seen[nonce] = now
+
+
+FAULTS = (
+    ("ecs_throttle_rate", "Throttling.User", "Request was denied due to user flow control.", 400),
+    ("ecs_internal_error_rate", "InternalError",
+     "The request processing has failed due to some unknown error, exception or failure.", 500),
+    ("ecs_unavailable_rate", "ServiceUnavailable",
+     "The request has failed due to a temporary failure of the server.", 503),
+)
+
+
+def make_ecs_app(cloud: EcsCloud, credentials: dict[str, str], faults: Faults, *,
+                 rng: random.Random | None = None) -> web.Application:
+    """The ECS endpoint. `credentials` maps AccessKeyId -> AccessKeySecret; `rng` draws the
+    injected API faults (seed it for reproducible runs)."""
+    rng = rng or random.Random()
+    nonces = NonceCache()
+
+    async def handle(request: web.Request) -> web.Response:
+        request_id = str(uuid.uuid4()).upper()
+        body = await request.read()
+        query = parse_qsl(request.rel_url.raw_query_string, keep_blank_values=True)
+        form = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True) if _is_form(request) else []
+        params = {**dict(query), **dict(form)}
+        action = request.headers.get("x-acs-action") or params.get("Action", "")
+        try:
+            verified = signing.verify_request(request.method, request.rel_url.raw_path or "/", query, form,
+                                              lambda name: request.headers.getall(name, []), body, credentials)
+            nonces.claim(verified.nonce)
+            version = request.headers.get("x-acs-version") or params.get("Version", "")
+            if version != API_VERSION:
+                raise EcsError("InvalidVersion", f"Specified parameter Version {version!r} is not valid; "
+                               f"this endpoint serves ECS {API_VERSION}.", 400)
+            for knob, code, message, status in FAULTS:
+                if rng.random() < getattr(faults, knob):
+                    raise EcsError(code, message, status)
+            handler = ACTIONS.get(action)
+            if handler is None:
+                raise EcsError("InvalidAction.NotFound",
+                               f"Specified api {action!r} is not found, please check your url and method.", 404)
+            result = handler(params, cloud)
+        except (EcsError, signing.SignatureError) as e:
+            log.info("ecs %s %s -> %s %s", action or "?", request_id, e.status, e.code)
+            return _error(request, request_id, e.code, e.message, e.status)
+        return _json({"RequestId": request_id, **result}, 200, request_id)
+
+    app = web.Application()
+    app.router.add_route("POST", "/", handle)
+    app.router.add_route("GET", "/", handle)
+    app[ECS_CLOUD] = cloud
+    return app
+
+
+def _is_form(request: web.Request) -> bool:
+    return request.content_type == "application/x-www-form-urlencoded"
+
+
+def _json(payload: dict, status: int, request_id: str) -> web.Response:
+    return web.Response(status=status, text=json.dumps(payload), content_type="application/json",
+                        charset="utf-8", headers={"x-acs-request-id": request_id})
+
+
+def _error(request: web.Request, request_id: str, code: str, message: str, status: int) -> web.Response:
+    return _json({
+        "RequestId": request_id,
+        "HostId": request.host,
+        "Code": code,
+        "Message": message,
+        "Recommend": f"https://api.aliyun.com/troubleshoot?q={code}&product=Ecs&requestId={request_id}",
+    }, status, request_id)
+
