@@ -1,0 +1,311 @@
+"""Alibaba Cloud ECS access for gpuboot: the official SDK behind an Airflow hook.
+
+Why a hook: credentials and region come from an Airflow connection (never from DAG
+code), retries and error classes live in one place, and the operators stay thin.
+The AccessKeySecret is only handed to the SDK; it never reaches a log line, an
+XCom or an exception message.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from airflow.sdk import BaseHook
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+DESCRIBE_BATCH = 100        # DescribeInstances: at most 100 ids in InstanceIds
+TYPES_BATCH = 10            # DescribeInstanceTypes: at most 10 InstanceTypes.N
+RUNNING_OR_COMING = frozenset({"Pending", "Starting", "Running"})
+STOPPED_OR_GOING = frozenset({"Stopping", "Stopped"})
+
+_TRANSIENT_CODES = frozenset({"ServiceUnavailable", "InternalError", "UnknownError", "RequestTimeout"})
+_CAPACITY_MARKERS = ("NoStock", "InsufficientCapacity", "ResourceNotAvailable", "Zone.NotOnSale",
+                     "InvalidInstanceType.ZoneNotSupported", "OutOfStock")
+
+
+class EcsError(Exception):
+    """A classified ECS failure. kind: "capacity" (try another node/type), "transient"
+    (retried already, may succeed later) or "permanent" (fix the request or the setup)."""
+
+    def __init__(self, kind: str, code: str, message: str, request_id: str | None = None):
+        self.kind, self.code, self.message, self.request_id = kind, code, message, request_id
+        super().__init__(f"ECS {code} ({kind}): {message}" + (f" [RequestId {request_id}]" if request_id else ""))
+
+
+def classify_code(code: str | None, status: int | None = None) -> str:
+    """Map an ECS error code (and HTTP status) to capacity / transient / permanent."""
+    code = code or ""
+    if any(marker in code for marker in _CAPACITY_MARKERS):
+        return "capacity"
+    if code.startswith("Throttling") or code in _TRANSIENT_CODES or (status is not None and status >= 500):
+        return "transient"
+    return "permanent"
+
+
+def to_ecs_error(exc: BaseException) -> EcsError:
+    """Turn whatever the SDK raised into an EcsError without copying request details."""
+    if isinstance(exc, EcsError):
+        return exc
+    inner = getattr(exc, "inner_exception", None)
+    code = getattr(exc, "code", None)
+    if code is None and inner is not None and not hasattr(inner, "code"):
+        # Network-level failure (connection refused, reset, timeout): worth a retry.
+        return EcsError("transient", "NetworkError", type(inner).__name__ + ": " + str(inner)[:200])
+    if code is None:
+        return EcsError("transient", "NetworkError", type(exc).__name__ + ": " + str(exc)[:200])
+    data = getattr(exc, "data", None)
+    body = data if isinstance(data, dict) else {}
+    status = getattr(exc, "status_code", None) or getattr(exc, "statusCode", None) or body.get("statusCode")
+    message = body.get("Message") or getattr(exc, "message", None) or code
+    request_id = getattr(exc, "request_id", None) or body.get("RequestId")
+    return EcsError(classify_code(code, status), str(code), str(message), request_id)
+
+
+@dataclass(frozen=True)
+class InstanceOutcome:
+    """What a start/stop did to one instance. outcome: "done" (request accepted),
+    "already" (already in or heading to the wanted state), "stopping" (start asked while
+    the instance is still Stopping: wait for Stopped, then start), "failed" (see error)."""
+
+    instance_id: str
+    outcome: str
+    previous_status: str | None = None
+    error: EcsError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in ("done", "already")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter (AWS architecture blog), bounded in attempts and time."""
+
+    attempts: int = 6
+    base_seconds: float = 0.5
+    cap_seconds: float = 10.0
+    max_total_seconds: float = 60.0
+
+    def delay(self, attempt: int) -> float:
+        return random.uniform(0, min(self.cap_seconds, self.base_seconds * 2 ** (attempt - 1)))
+
+
+def with_retries(action: str, call: Callable[[], T], policy: RetryPolicy,
+                 sleep: Callable[[float], None] = time.sleep) -> T:
+    """Run `call`, retrying transient ECS errors; raise EcsError otherwise."""
+    started = time.monotonic()
+    for attempt in range(1, policy.attempts + 1):
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001 - every SDK failure is classified below
+            err = to_ecs_error(exc)
+        delay = policy.delay(attempt)
+        out_of_budget = attempt == policy.attempts or time.monotonic() - started + delay > policy.max_total_seconds
+        if err.kind != "transient" or out_of_budget:
+            raise err from None
+        log.warning("ECS %s failed with %s (attempt %d/%d, RequestId %s); retrying in %.2fs",
+                    action, err.code, attempt, policy.attempts, err.request_id, delay)
+        sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def _batches(items: Sequence[str], size: int) -> Iterable[list[str]]:
+    for i in range(0, len(items), size):
+        yield list(items[i:i + size])
+
+
+class EcsHook(BaseHook):
+    """ECS through `alibabacloud_ecs20140526`, configured by an `alibaba_cloud` connection:
+    login = AccessKeyId, password = AccessKeySecret, extra `region_id` (required) and, for
+    a private or local endpoint, `endpoint` ("host:port") and `protocol` ("http"/"https")."""
+
+    conn_name_attr = "ecs_conn_id"
+    default_conn_name = "alibaba_ecs_default"
+    conn_type = "alibaba_cloud"
+    hook_name = "Alibaba Cloud ECS (gpuboot)"
+
+    def __init__(self, ecs_conn_id: str = default_conn_name, retry: RetryPolicy | None = None,
+                 read_timeout_ms: int = 10_000) -> None:
+        super().__init__()
+        self.ecs_conn_id = ecs_conn_id
+        self.retry = retry or RetryPolicy()
+        self.read_timeout_ms = read_timeout_ms
+        self._client = None
+        self._region: str | None = None
+
+    # -- connection ---------------------------------------------------------------
+    @property
+    def region_id(self) -> str:
+        if self._region is None:
+            self.get_conn()
+        return self._region  # type: ignore[return-value]
+
+    def get_conn(self):
+        """Build (once) the SDK client from the connection."""
+        if self._client is not None:
+            return self._client
+        from alibabacloud_ecs20140526.client import Client
+        from alibabacloud_tea_openapi.utils_models import Config
+
+        conn = self.get_connection(self.ecs_conn_id)
+        extra = conn.extra_dejson
+        region = extra.get("region_id") or extra.get("region")
+        missing = [name for name, value in (("login (AccessKeyId)", conn.login),
+                                            ("password (AccessKeySecret)", conn.password),
+                                            ("extra.region_id", region)) if not value]
+        if missing:
+            raise ValueError(f"connection {self.ecs_conn_id!r}: missing {', '.join(missing)}; "
+                             'set them, e.g. extra {"region_id": "cn-hangzhou"}')
+        config = Config(access_key_id=conn.login, access_key_secret=conn.password, region_id=region,
+                        endpoint=extra.get("endpoint") or None, protocol=extra.get("protocol") or None,
+                        read_timeout=self.read_timeout_ms, connect_timeout=5_000)
+        self._client, self._region = Client(config), region
+        return self._client
+
+    def _call(self, action: str, call: Callable[[], T]) -> T:
+        self.get_conn()  # a configuration error surfaces at once, never retried
+        return with_retries(action, call, self.retry)
+
+    # -- reads ----------------------------------------------------------------------
+    def describe_instances(self, instance_ids: Sequence[str] | None = None, **filters: Any) -> list[dict]:
+        """Instances in DescribeInstances form (PascalCase), all pages, ids in batches of 100.
+        Extra keyword filters go to DescribeInstancesRequest (e.g. status="Running")."""
+        from alibabacloud_ecs20140526 import models
+
+        if instance_ids is not None and not instance_ids:
+            return []
+        batches = [None] if instance_ids is None else list(_batches(list(instance_ids), DESCRIBE_BATCH))
+        result: list[dict] = []
+        for batch in batches:
+            token = None
+            while True:
+                request = models.DescribeInstancesRequest(
+                    region_id=self.region_id, max_results=100, next_token=token,
+                    instance_ids=json.dumps(batch) if batch is not None else None, **filters)
+                body = self._call("DescribeInstances",
+                                  lambda r=request: self.get_conn().describe_instances(r)).body.to_map()
+                result.extend((body.get("Instances") or {}).get("Instance") or [])
+                token = body.get("NextToken")
+                if not token:
+                    break
+        return result
+
+    def describe_instance_types(self, type_ids: Iterable[str]) -> dict[str, dict]:
+        """Instance types in DescribeInstanceTypes form, keyed by InstanceTypeId."""
+        from alibabacloud_ecs20140526 import models
+
+        wanted = sorted(set(type_ids))
+        found: dict[str, dict] = {}
+        for batch in _batches(wanted, TYPES_BATCH):
+            token = None
+            while True:
+                request = models.DescribeInstanceTypesRequest(instance_types=batch, next_token=token,
+                                                              max_results=100)
+                body = self._call("DescribeInstanceTypes",
+                                  lambda r=request: self.get_conn().describe_instance_types(r)).body.to_map()
+                for item in (body.get("InstanceTypes") or {}).get("InstanceType") or []:
+                    found[item["InstanceTypeId"]] = item
+                token = body.get("NextToken")
+                if not token:
+                    break
+        return found
+
+    def statuses(self, instance_ids: Sequence[str]) -> dict[str, str]:
+        return {i["InstanceId"]: i.get("Status", "") for i in self.describe_instances(instance_ids)}
+
+    def wait_for_status(self, instance_ids: Sequence[str], wanted: set[str] | frozenset[str],
+                        timeout: float, poll: float = 2.0) -> dict[str, str]:
+        """Poll DescribeInstances until every instance is in `wanted` or `timeout` passes;
+        returns the last statuses seen (the caller decides what a timeout means)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            statuses = self.statuses(instance_ids)
+            if all(statuses.get(i) in wanted for i in instance_ids) or time.monotonic() >= deadline:
+                return statuses
+            time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+
+    # -- power ------------------------------------------------------------------------
+    def start_instances(self, instance_ids: Sequence[str]) -> dict[str, InstanceOutcome]:
+        """StartInstances for those that are Stopped; Pending/Starting/Running is "already",
+        Stopping is reported as "stopping" (start it once Stopped), per-instance errors classified."""
+        return self._power("StartInstances", instance_ids, skip=RUNNING_OR_COMING, defer={"Stopping"},
+                           build=lambda m, ids: m.StartInstancesRequest(
+                               region_id=self.region_id, instance_id=ids, batch_optimization="SuccessFirst"),
+                           send=lambda c, r: c.start_instances(r))
+
+    def stop_instances(self, instance_ids: Sequence[str], stopped_mode: str = "StopCharging",
+                       force: bool = False) -> dict[str, InstanceOutcome]:
+        """StopInstances (economical mode by default); Stopping/Stopped is "already"."""
+        if stopped_mode not in ("StopCharging", "KeepCharging"):
+            raise ValueError(f"stopped_mode must be StopCharging or KeepCharging, got {stopped_mode!r}")
+        return self._power("StopInstances", instance_ids, skip=STOPPED_OR_GOING, defer=set(),
+                           build=lambda m, ids: m.StopInstancesRequest(
+                               region_id=self.region_id, instance_id=ids, stopped_mode=stopped_mode,
+                               force_stop=force, batch_optimization="SuccessFirst"),
+                           send=lambda c, r: c.stop_instances(r))
+
+    def _power(self, action, instance_ids, *, skip, defer, build, send) -> dict[str, InstanceOutcome]:
+        from alibabacloud_ecs20140526 import models
+
+        ids = list(dict.fromkeys(instance_ids))
+        statuses = self.statuses(ids) if ids else {}
+        outcomes: dict[str, InstanceOutcome] = {}
+        todo = []
+        for iid in ids:
+            status = statuses.get(iid)
+            if status is None:
+                outcomes[iid] = InstanceOutcome(iid, "failed", None, EcsError(
+                    "permanent", "InvalidInstanceId.NotFound", f"instance {iid} not found in {self.region_id}"))
+            elif status in skip:
+                outcomes[iid] = InstanceOutcome(iid, "already", status)
+            elif status in defer:
+                outcomes[iid] = InstanceOutcome(iid, "stopping", status)
+            else:
+                todo.append(iid)
+
+        def request(batch: list[str]) -> dict[str, InstanceOutcome]:
+            body = self._call(action, lambda: send(self.get_conn(), build(models, batch))).body.to_map()
+            got = {}
+            for item in (body.get("InstanceResponses") or {}).get("InstanceResponse") or []:
+                iid, code = item.get("InstanceId"), str(item.get("Code") or "200")
+                if code == "200":
+                    got[iid] = InstanceOutcome(iid, "done", item.get("PreviousStatus"))
+                elif item.get("CurrentStatus") in skip:
+                    got[iid] = InstanceOutcome(iid, "already", item.get("CurrentStatus"))
+                else:
+                    got[iid] = InstanceOutcome(iid, "failed", item.get("PreviousStatus"), EcsError(
+                        classify_code(code), code, str(item.get("Message") or code), body.get("RequestId")))
+            # Accepted without a per-instance list (AllTogether-style answer): all done.
+            return {iid: got.get(iid, InstanceOutcome(iid, "done", statuses.get(iid))) for iid in batch}
+
+        for batch in _batches(todo, DESCRIBE_BATCH):
+            try:
+                outcomes.update(request(batch))
+            except EcsError as err:
+                if len(batch) == 1:
+                    outcomes[batch[0]] = self._settle_failure(action, batch[0], err, skip)
+                    continue
+                for iid in batch:  # one bad instance failed the batch: find out which
+                    try:
+                        outcomes.update(request([iid]))
+                    except EcsError as single:
+                        outcomes[iid] = self._settle_failure(action, iid, single, skip)
+        for iid, outcome in outcomes.items():
+            log.info("%s %s: %s (was %s)%s", action, iid, outcome.outcome, outcome.previous_status,
+                     f" {outcome.error}" if outcome.error else "")
+        return {iid: outcomes[iid] for iid in ids}
+
+    def _settle_failure(self, action: str, iid: str, err: EcsError, skip) -> InstanceOutcome:
+        """IncorrectInstanceStatus after a race (someone else started/stopped it) is not an error."""
+        if err.code.startswith("IncorrectInstanceStatus"):
+            status = self.statuses([iid]).get(iid)
+            if status in skip:
+                return InstanceOutcome(iid, "already", status)
+        return InstanceOutcome(iid, "failed", None, err)
