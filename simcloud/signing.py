@@ -72,7 +72,8 @@ def v1_signature(string_to_sign: str, secret: str, method: str = "HMAC-SHA1") ->
     return base64.b64encode(digest).decode()
 
 
-def verify_v1(method: str, params: Mapping[str, str], credentials: Mapping[str, str]) -> Verified:
+def verify_v1(method: str, params: Mapping[str, str], credentials: Mapping[str, str], *,
+              now: datetime | None = None) -> Verified:
     """Verify a V1 request; `params` are the query and form-body parameters together, decoded."""
     key_id = _required(params.get("AccessKeyId"), "AccessKeyId")
     signature = _required(params.get("Signature"), "Signature")
@@ -83,7 +84,7 @@ def verify_v1(method: str, params: Mapping[str, str], credentials: Mapping[str, 
     version = params.get("SignatureVersion") or "1.0"
     if version != "1.0":
         raise SignatureError("InvalidSignatureVersion", f"Specified signature version {version!r} is not valid; use 1.0.")
-    check_timestamp(_required(params.get("Timestamp"), "Timestamp"))
+    check_timestamp(_required(params.get("Timestamp"), "Timestamp"), now)
     secret = _secret_for(key_id, credentials)
     string_to_sign = v1_string_to_sign(method, params)
     if not hmac.compare_digest(v1_signature(string_to_sign, secret, sig_method), signature):
@@ -143,7 +144,7 @@ def acs3_signature(string_to_sign: str, secret: str) -> str:
 
 
 def verify_acs3(method: str, path: str, query: Iterable[tuple[str, str]], get_header: HeaderGetter,
-                body: bytes, credentials: Mapping[str, str]) -> Verified:
+                body: bytes, credentials: Mapping[str, str], *, now: datetime | None = None) -> Verified:
     """Verify an ACS3-HMAC-SHA256 request. The payload hash is computed from the body received."""
     auth = parse_authorization(_first(get_header("authorization")))
     if auth.algorithm != ACS3_ALGORITHM:
@@ -156,7 +157,7 @@ def verify_acs3(method: str, path: str, query: Iterable[tuple[str, str]], get_he
     unsigned = sorted(required - set(signed))
     if unsigned:
         raise _incomplete(f"SignedHeaders must include {', '.join(unsigned)}")
-    check_timestamp(_required(_first(get_header("x-acs-date")), "x-acs-date"))
+    check_timestamp(_required(_first(get_header("x-acs-date")), "x-acs-date"), now)
     secret = _secret_for(auth.access_key_id, credentials)
     canonical = acs3_canonical_request(method, path, query, get_header, signed, hashlib.sha256(body).hexdigest())
     string_to_sign = acs3_string_to_sign(canonical)
@@ -168,17 +169,18 @@ def verify_acs3(method: str, path: str, query: Iterable[tuple[str, str]], get_he
 # ---------------------------------------------------------------- shared
 
 def verify_request(method: str, path: str, query: list[tuple[str, str]], form: list[tuple[str, str]],
-                   get_header: HeaderGetter, body: bytes, credentials: Mapping[str, str]) -> Verified:
+                   get_header: HeaderGetter, body: bytes, credentials: Mapping[str, str], *,
+                   now: datetime | None = None) -> Verified:
     """Authenticate a request by whichever scheme it uses (Authorization header, else V1 `Signature`)."""
     if get_header("authorization"):
-        return verify_acs3(method, path, query, get_header, body, credentials)
+        return verify_acs3(method, path, query, get_header, body, credentials, now=now)
     params = dict(query)
     params.update(form)
     if "Signature" not in params:
         raise SignatureError("MissingSignature",
                              'The input parameter "Signature" that is mandatory for processing this request '
                              "is not supplied; sign the request (ACS3-HMAC-SHA256 Authorization header or V1 Signature).")
-    return verify_v1(method, params, credentials)
+    return verify_v1(method, params, credentials, now=now)
 
 
 def check_timestamp(value: str, now: datetime | None = None) -> datetime:
