@@ -83,9 +83,10 @@ def _format(name: str, amount: int) -> str:
     if name == CPU:
         return str(amount // 1000) if amount % 1000 == 0 else f"{amount}m"
     if _is_bytes(name) and amount:
-        for suffix, factor in reversed(_BINARY.items()):
-            if amount % factor == 0:
-                return f"{amount // factor}{suffix}"
+        for suffixes in (_BINARY, _DECIMAL):
+            for suffix, factor in reversed(suffixes.items()):
+                if factor >= 1000 and amount % factor == 0:
+                    return f"{amount // factor}{suffix}"
     return str(amount)
 
 

@@ -100,9 +100,11 @@ def test_immutable_hashable_and_equal_to_plain_mappings():
 
 def test_to_k8s_and_str_are_shortest_exact_forms():
     r = Resources.parse({"memory": "16Gi", GPU: 1, "cpu": "500m", "ephemeral-storage": "1000"})
-    assert r.to_k8s() == {"cpu": "500m", "memory": "16Gi", "ephemeral-storage": "1000", GPU: "1"}
+    assert r.to_k8s() == {"cpu": "500m", "memory": "16Gi", "ephemeral-storage": "1k", GPU: "1"}
     assert str(Resources.parse({"cpu": "500m", "memory": "16Gi", GPU: 1})) == "cpu=500m memory=16Gi nvidia.com/gpu=1"
     assert Resources.parse({"cpu": "2", "memory": "1536Mi"}).to_k8s() == {"cpu": "2", "memory": "1536Mi"}
+    assert Resources.parse({"memory": "1G"}).to_k8s() == {"memory": "1G"}
+    assert Resources.parse({"memory": "1001"}).to_k8s() == {"memory": "1001"}
     assert str(Resources()) == "none"
     # round trip through the API form
     assert Resources.parse(r.to_k8s()) == r

@@ -1,0 +1,352 @@
+"""The joined view placement works on: Kubernetes Nodes + ECS instances + pods + reservations.
+
+Pure: the adapters fetch the JSON (Nodes and pods in API form, instances in
+DescribeInstances form, instance types in DescribeInstanceTypes form keyed by
+InstanceTypeId, reservations from the ledger); this module only decides, per
+node, its state (with a reason a human can act on) and its capacity, so that
+the same decision is unit-tested and reused by the trace replay.
+"""
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from enum import Enum
+from types import MappingProxyType
+
+from .resources import CPU, GPU, MEMORY, QuantityError, Resources
+
+LABEL_GPU_MODEL = "aliyun.accelerator/nvidia_name"
+LABEL_GPU_COUNT = "aliyun.accelerator/nvidia_count"
+LABEL_MANAGED = "gpuboot.io/managed"
+LABEL_JOB = "gpuboot.io/job"
+LABEL_TASK = "gpuboot.io/task"
+LABEL_PRICE = "gpuboot.io/price-per-hour"   # optional node label/annotation, e.g. "3.2"
+LABEL_HOSTNAME = "kubernetes.io/hostname"
+LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+LABEL_ZONE = "topology.kubernetes.io/zone"
+TAG_MANAGED = "gpuboot:managed"
+
+_PROVIDER_ID = re.compile(r"(?:alicloud://)?(?P<region>[a-z0-9-]+)\.(?P<instance>i-[A-Za-z0-9]+)")
+_TERMINATED = ("Succeeded", "Failed")
+
+
+class NodeState(str, Enum):
+    READY = "ready"
+    BOOTING = "booting"
+    STOPPED = "stopped"
+    STOPPING = "stopping"
+    UNAVAILABLE = "unavailable"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Capacity promised to one task of a job on one node, until `expires_at` (epoch seconds)."""
+
+    job_id: str
+    task: str
+    node: str
+    resources: Resources
+    expires_at: float
+
+    def to_json(self) -> dict:
+        return {"job_id": self.job_id, "task": self.task, "node": self.node,
+                "resources": self.resources.to_json(), "expires_at": self.expires_at}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "Reservation":
+        return cls(job_id=data["job_id"], task=data["task"], node=data["node"],
+                   resources=Resources.from_json(data["resources"]), expires_at=float(data["expires_at"]))
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    hostname: str
+    state: NodeState
+    reason: str
+    allocatable: Resources
+    allocated: Resources
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[dict, ...] = ()
+    instance_id: str | None = None
+    instance_type: str | None = None
+    zone: str | None = None
+    gpu_model: str | None = None
+    price_per_hour: float | None = None
+    managed: bool = False
+
+    @property
+    def free(self) -> Resources:
+        return self.allocatable - self.allocated
+
+
+# --- small shared helpers ---------------------------------------------------
+
+def parse_time(value) -> float | None:
+    """Kubernetes / ECS timestamp (ISO 8601, 'Z' or offset, ECS's minute form) -> epoch seconds."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, datetime):
+        moment = value
+    else:
+        try:
+            moment = datetime.fromisoformat(str(value).strip())
+        except ValueError:
+            return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.timestamp()
+
+
+def gpu_model_tokens(name: str | None) -> tuple[str, ...]:
+    """'NVIDIA-Tesla-V100-SXM2' -> ('V100', 'SXM2'): upper-case, no vendor prefixes or separators."""
+    tokens = [t for t in re.split(r"[\s\-_/]+", (name or "").upper()) if t]
+    while tokens and tokens[0] in ("NVIDIA", "TESLA"):
+        tokens.pop(0)
+    return tuple(tokens)
+
+
+def normalize_gpu_model(name: str | None) -> str:
+    """'Tesla-T4', 'NVIDIA T4' and 't4' all normalize to 'T4'."""
+    return "-".join(gpu_model_tokens(name))
+
+
+def gpu_model_matches(wanted: str | None, actual: str | None) -> bool:
+    """True when `actual` is model `wanted` or a variant of it ('A100' matches 'A100-SXM4-80GB', not 'A10')."""
+    want = gpu_model_tokens(wanted)
+    if not want:
+        return True
+    have = gpu_model_tokens(actual)
+    return have[:len(want)] == want
+
+
+def parse_provider_id(provider_id: str | None) -> tuple[str, str] | None:
+    """'cn-hangzhou.i-abc' or 'alicloud://cn-hangzhou.i-abc' -> ('cn-hangzhou', 'i-abc'); else None."""
+    match = _PROVIDER_ID.fullmatch((provider_id or "").strip())
+    return (match["region"], match["instance"]) if match else None
+
+
+def node_condition(node: Mapping, kind: str = "Ready") -> dict:
+    for condition in (node.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == kind:
+            return condition
+    return {}
+
+
+# --- pod requests -------------------------------------------------------------
+
+def _container_requests(container: Mapping, where: str) -> Resources:
+    resources = container.get("resources") or {}
+    # the API server defaults requests to limits where only limits are set
+    merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+    return Resources.parse(merged, field=f"{where}.resources.requests")
+
+
+def _max(a: Resources, b: Resources) -> Resources:
+    return Resources({name: max(a.get(name), b.get(name)) for name in set(a) | set(b)})
+
+
+def pod_requests(pod: Mapping) -> Resources:
+    """What the scheduler reserves for `pod` (k8s resourcehelper.PodRequests).
+
+    max(sum of app containers + sidecars, each init container + the sidecars started
+    before it) + spec.overhead; pod-level spec.resources.requests win where set.
+    """
+    spec = pod.get("spec") or {}
+    meta = pod.get("metadata") or {}
+    where = f"pod {meta.get('namespace', '')}/{meta.get('name', '')}"
+    total = Resources()
+    for container in spec.get("containers") or ():
+        total += _container_requests(container, f"{where} container {container.get('name')}")
+    sidecars = Resources()
+    init_peak = Resources()
+    for container in spec.get("initContainers") or ():
+        own = _container_requests(container, f"{where} initContainer {container.get('name')}")
+        if container.get("restartPolicy") == "Always":
+            total += own
+            sidecars += own
+            init_peak = _max(init_peak, sidecars)
+        else:
+            init_peak = _max(init_peak, own + sidecars)
+    total = _max(total, init_peak)
+    pod_level = (spec.get("resources") or {}).get("requests")
+    if pod_level:
+        total = Resources({**total, **Resources.parse(pod_level, field=f"{where}.spec.resources.requests")})
+    if spec.get("overhead"):
+        total += Resources.parse(spec["overhead"], field=f"{where}.spec.overhead")
+    return total
+
+
+def pod_is_active(pod: Mapping) -> bool:
+    """Bound and not terminated: the scheduler still counts its requests on the node."""
+    return bool((pod.get("spec") or {}).get("nodeName")) and \
+        (pod.get("status") or {}).get("phase") not in _TERMINATED
+
+
+# --- the inventory ------------------------------------------------------------
+
+def _tags(instance: Mapping) -> dict[str, str]:
+    tags = (instance.get("Tags") or {}).get("Tag") or ()
+    return {t.get("TagKey"): t.get("TagValue") for t in tags if isinstance(t, Mapping)}
+
+
+def _price(labels: Mapping, annotations: Mapping, itype: Mapping) -> float | None:
+    for raw in (annotations.get(LABEL_PRICE), labels.get(LABEL_PRICE), itype.get("PricePerHour")):
+        try:
+            if raw is not None:
+                return float(raw)
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+def _expected_gpus(labels: Mapping, instance: Mapping, itype: Mapping) -> int:
+    """How many GPUs the machine has, from the instance type, the instance, or ACK's count label."""
+    for raw in (itype.get("GPUAmount"), instance.get("GPUAmount"), labels.get(LABEL_GPU_COUNT)):
+        try:
+            if raw not in (None, ""):
+                return int(raw)
+        except (TypeError, ValueError):
+            continue
+    return 0
+
+
+def _type_capacity(instance: Mapping, itype: Mapping, gpus: int) -> Resources:
+    """Capacity from the instance type (CpuCoreCount, MemorySize GiB), else the instance (Cpu, Memory MiB)."""
+    if itype.get("CpuCoreCount"):
+        cpu, memory = int(itype["CpuCoreCount"]) * 1000, int(float(itype.get("MemorySize") or 0) * 2**30)
+    else:
+        cpu, memory = int(instance.get("Cpu") or 0) * 1000, int(instance.get("Memory") or 0) * 2**20
+    return Resources({CPU: cpu, MEMORY: memory, GPU: gpus})
+
+
+def _node_resources(node: Mapping, key: str) -> Resources:
+    raw = (node.get("status") or {}).get(key) or {}
+    try:
+        return Resources.parse(raw, field=f"node {node['metadata']['name']} status.{key}")
+    except QuantityError:
+        return Resources()
+
+
+def _ready(node: Mapping) -> tuple[bool, str]:
+    condition = node_condition(node)
+    status = condition.get("status", "Unknown")
+    if status == "True":
+        return True, "NodeReady True"
+    detail = condition.get("reason") or condition.get("message") or ""
+    return False, f"NodeReady {status}" + (f" ({detail})" if detail else "")
+
+
+def _running_state(node: Mapping, allocatable: Resources, expected_gpus: int, started: float | None,
+                   now: float, grace: float) -> tuple[NodeState, str]:
+    """State of a node whose instance is Running: READY, BOOTING within the grace, else UNAVAILABLE."""
+    ready, why = _ready(node)
+    heartbeat = parse_time(node_condition(node).get("lastHeartbeatTime"))
+    if ready and started is not None and heartbeat is not None and heartbeat < started:
+        ready, why = False, "node status predates the instance start (no heartbeat since)"
+    if ready and expected_gpus and allocatable.gpus < expected_gpus:
+        ready, why = False, f"GPUs not registered ({allocatable.gpus}/{expected_gpus} {GPU})"
+    if ready:
+        return NodeState.READY, "running, Ready" + (f", {expected_gpus} GPUs registered" if expected_gpus else "")
+    if started is None:
+        return NodeState.UNAVAILABLE, f"instance Running but {why}; start time unknown"
+    age = now - started
+    if age <= grace:
+        return NodeState.BOOTING, f"booting for {age:.0f}s: {why}"
+    return NodeState.UNAVAILABLE, f"instance Running for {age:.0f}s (> {grace:.0f}s boot grace) but {why}"
+
+
+def _reservation_usage(reservations: Iterable[Reservation], backed: set[tuple[str, str, str]],
+                       now: float) -> dict[str, Resources]:
+    """Live reservations not yet backed by a bound pod, summed per node."""
+    usage: dict[str, Resources] = defaultdict(Resources)
+    for r in reservations:
+        if r.expires_at > now and (r.node, r.job_id, r.task) not in backed:
+            usage[r.node] += r.resources
+    return usage
+
+
+def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],
+                    instance_types: dict[str, dict], reservations: list[Reservation],
+                    now: float, boot_grace_seconds: float = 900) -> list[NodeView]:
+    """Join Nodes to instances by providerID and give each node a state, capacity and usage."""
+    by_instance = {i.get("InstanceId"): i for i in instances}
+    used: dict[str, Resources] = defaultdict(Resources)
+    backed: set[tuple[str, str, str]] = set()
+    for pod in pods:
+        if not pod_is_active(pod):
+            continue
+        node_name = pod["spec"]["nodeName"]
+        used[node_name] += pod_requests(pod)
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if LABEL_JOB in labels and LABEL_TASK in labels:
+            backed.add((node_name, labels[LABEL_JOB], labels[LABEL_TASK]))
+    reserved = _reservation_usage(reservations, backed, now)
+
+    views = []
+    for node in nodes:
+        meta, spec = node.get("metadata") or {}, node.get("spec") or {}
+        name = meta["name"]
+        labels = dict(meta.get("labels") or {})
+        annotations = meta.get("annotations") or {}
+        allocatable = _node_resources(node, "allocatable")
+        parsed = parse_provider_id(spec.get("providerID"))
+        instance = by_instance.get(parsed[1]) if parsed else None
+        instance = instance or {}
+        itype = instance_types.get(instance.get("InstanceType") or labels.get(LABEL_INSTANCE_TYPE)) or {}
+        expected_gpus = _expected_gpus(labels, instance, itype)
+
+        if parsed is None:
+            ready, why = _ready(node)
+            state, reason = (NodeState.READY, "not an ECS node; Ready") if ready else \
+                (NodeState.UNAVAILABLE, f"not an ECS node; {why}")
+        elif not instance:
+            state, reason = NodeState.UNAVAILABLE, f"providerID {spec.get('providerID')} has no ECS instance"
+        else:
+            status = instance.get("Status")
+            if status == "Running":
+                started = parse_time(instance.get("StartTime"))
+                state, reason = _running_state(node, allocatable, expected_gpus, started, now, boot_grace_seconds)
+            elif status in ("Pending", "Starting"):
+                state, reason = NodeState.BOOTING, f"instance {status}"
+            elif status == "Stopped":
+                mode = instance.get("StoppedMode")
+                state, reason = NodeState.STOPPED, "instance Stopped" + (f" ({mode})" if mode else "")
+            elif status == "Stopping":
+                state, reason = NodeState.STOPPING, "instance Stopping"
+            else:
+                state, reason = NodeState.UNAVAILABLE, f"instance status {status!r}"
+            if state in (NodeState.BOOTING, NodeState.STOPPED, NodeState.STOPPING):
+                # capacity once booted: the Node's last allocatable, else the instance type;
+                # the GPU count the machine has even when the kubelet zeroed it
+                if not allocatable.get(CPU):
+                    allocatable = _type_capacity(instance, itype, expected_gpus)
+                elif allocatable.gpus < expected_gpus:
+                    allocatable = allocatable + {GPU: expected_gpus - allocatable.gpus}
+        if spec.get("unschedulable"):
+            state, reason = NodeState.UNAVAILABLE, f"cordoned (spec.unschedulable); was {reason}"
+
+        managed = parsed is not None and (labels.get(LABEL_MANAGED) == "true"
+                                          or _tags(instance).get(TAG_MANAGED) == "true")
+        views.append(NodeView(
+            name=name,
+            hostname=labels.get(LABEL_HOSTNAME) or name,
+            state=state,
+            reason=reason,
+            allocatable=allocatable,
+            allocated=used.get(name, Resources()) + reserved.get(name, Resources()),
+            labels=MappingProxyType(labels),
+            taints=tuple(spec.get("taints") or ()),
+            instance_id=parsed[1] if parsed else None,
+            instance_type=instance.get("InstanceType") or labels.get(LABEL_INSTANCE_TYPE),
+            zone=instance.get("ZoneId") or labels.get(LABEL_ZONE),
+            gpu_model=labels.get(LABEL_GPU_MODEL) or itype.get("GPUSpec") or instance.get("GPUSpec") or None,
+            price_per_hour=_price(labels, annotations, itype),
+            managed=managed,
+        ))
+    return views

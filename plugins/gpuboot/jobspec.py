@@ -1,0 +1,373 @@
+"""The user's GPU job, validated once for the UI form, the YAML specs and the operators.
+
+Every mistake is caught before anything is booted or reserved, and each error
+names the field and how to fix it: `f"{source}: {field}: {problem}. {fix}"`.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any
+
+from .inventory import gpu_model_tokens
+from .placement import JobRequest, TaskRequest
+from .resources import CPU, GPU, MEMORY, QuantityError, Resources, format_quantity
+
+# Normalized names (see inventory.normalize_gpu_model) of the NVIDIA GPUs ECS GPU families carry.
+KNOWN_GPU_MODELS: tuple[str, ...] = (
+    "T4", "A10", "V100", "P100", "P4", "M40", "A100", "A800", "A30", "L20", "L40", "L40S", "L4",
+    "H20", "H100", "H800", "GU8TF", "GU8TEF",
+)
+MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
+MAX_SETTLE_SECONDS = 600
+MAX_REPLICAS = 1000
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+_DNS_LABEL = re.compile(DNS_LABEL)
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+_ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+_QUANTITY_PATTERN = r"^\s*[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?\s*$"
+_TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+
+
+class JobSpecError(ValueError):
+    """A job spec mistake: `field` names what is wrong, the message says how to fix it."""
+
+    def __init__(self, field: str, problem: str, fix: str, source: str = "job spec"):
+        self.field, self.problem, self.fix, self.source = field, problem, fix, source
+        super().__init__(f"{source}: {field}: {problem}. {fix}")
+
+
+def _frozen(mapping: Mapping | None) -> Mapping:
+    return MappingProxyType(dict(mapping or {}))
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    image: str
+    command: tuple[str, ...]
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    gpus: int = 1
+    cpu: str = "1"
+    memory: str = "4Gi"
+    gpu_model: str | None = None
+    namespace: str = "default"
+    replicas: int = 1
+    min_available: int | None = None          # None = replicas (a gang: all or nothing)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[dict, ...] = ()
+    queue_timeout_seconds: int = 3600
+    boot_timeout_seconds: int = 900
+    settle_seconds: int = 5
+    reservation_ttl_seconds: int | None = None
+    extra_resources: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        for name in ("env", "node_selector", "extra_resources"):
+            object.__setattr__(self, name, _frozen(getattr(self, name)))
+
+    @classmethod
+    def from_dict(cls, data: Mapping, source: str = "job spec") -> "JobSpec":
+        """Validate `data` (YAML spec, DAG params, XCom) into a JobSpec; JobSpecError names the bad field."""
+        return _Validator(source).spec(data)
+
+    def to_dict(self) -> dict:
+        """JSON-safe; `JobSpec.from_dict(spec.to_dict()) == spec`."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Mapping):
+                value = dict(value)
+            elif isinstance(value, tuple):
+                value = [dict(v) if isinstance(v, Mapping) else v for v in value]
+            out[f.name] = value
+        return out
+
+    @property
+    def gang_size(self) -> int:
+        """How many tasks must be placed at once."""
+        return self.min_available or self.replicas
+
+    def requests(self) -> Resources:
+        """The resources of one task (pod): requests and limits of its container."""
+        return Resources.parse({CPU: self.cpu, MEMORY: self.memory, GPU: self.gpus, **self.extra_resources},
+                               field="resources")
+
+    def task_names(self) -> tuple[str, ...]:
+        if self.replicas == 1:
+            return (self.name,)
+        return tuple(f"{self.name}-{i}" for i in range(self.replicas))
+
+    def to_job_request(self, job_id: str) -> JobRequest:
+        requests = self.requests()
+        tasks = tuple(TaskRequest(name=name, requests=requests, node_selector=self.node_selector,
+                                  tolerations=self.tolerations, gpu_model=self.gpu_model)
+                      for name in self.task_names())
+        return JobRequest(job_id=job_id, tasks=tasks, min_available=self.gang_size)
+
+
+# --- validation ---------------------------------------------------------------
+
+_DEFAULTS = {f.name: f for f in fields(JobSpec)}
+_REQUIRED = ("name", "image", "command")
+
+
+class _Validator:
+    """One pass over a raw mapping; each check raises JobSpecError naming the field."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, field: str, problem: str, fix: str):
+        raise JobSpecError(field, problem, fix, self.source)
+
+    def spec(self, data: Mapping) -> JobSpec:
+        if not isinstance(data, Mapping):
+            self.fail("(spec)", f"expected a mapping of fields, got {type(data).__name__}",
+                      "Write the job as key: value pairs, e.g. name, image, command, gpus")
+        for key in data:
+            if key not in _DEFAULTS:
+                close = difflib.get_close_matches(str(key), list(_DEFAULTS), n=1)
+                hint = f"Did you mean {close[0]!r}?" if close else f"Known fields: {', '.join(_DEFAULTS)}"
+                self.fail(str(key), "unknown field", hint)
+        raw = {k: v for k, v in data.items() if v is not None}
+        for key in _REQUIRED:
+            if key not in raw:
+                self.fail(key, "is required", f"Set {key}, e.g. {_EXAMPLES[key]}")
+        values = {
+            "name": self.dns_label("name", raw["name"]),
+            "image": self.image(raw["image"]),
+            "command": self.argv("command", raw["command"], required=True),
+            "args": self.argv("args", raw.get("args", ())),
+            "env": self.env(raw.get("env", {})),
+            "gpus": self.integer("gpus", raw.get("gpus", 1), 0, None),
+            "cpu": self.quantity(CPU, raw.get("cpu", "1")),
+            "memory": self.quantity(MEMORY, raw.get("memory", "4Gi")),
+            "gpu_model": self.gpu_model(raw.get("gpu_model")),
+            "namespace": self.dns_label("namespace", raw.get("namespace", "default")),
+            "replicas": self.integer("replicas", raw.get("replicas", 1), 1, MAX_REPLICAS),
+            "node_selector": self.node_selector(raw.get("node_selector", {})),
+            "tolerations": self.tolerations(raw.get("tolerations", ())),
+            "extra_resources": self.extra_resources(raw.get("extra_resources", {})),
+        }
+        for key in ("queue_timeout_seconds", "boot_timeout_seconds"):
+            values[key] = self.integer(key, raw.get(key, _DEFAULTS[key].default), 1, MAX_TIMEOUT_SECONDS)
+        values["settle_seconds"] = self.integer("settle_seconds", raw.get("settle_seconds", 5), 0, MAX_SETTLE_SECONDS)
+        if "reservation_ttl_seconds" in raw:
+            values["reservation_ttl_seconds"] = self.integer(
+                "reservation_ttl_seconds", raw["reservation_ttl_seconds"], 1, MAX_TIMEOUT_SECONDS)
+        if "min_available" in raw:
+            values["min_available"] = self.integer("min_available", raw["min_available"], 1, values["replicas"])
+        replicas = values["replicas"]
+        longest = len(values["name"]) + (len(f"-{replicas - 1}") if replicas > 1 else 0)
+        if longest > 63:
+            self.fail("name", f"task names like {values['name']}-{values['replicas'] - 1} would be {longest} "
+                      "characters, over the 63 a Kubernetes label value allows", "Use a shorter name")
+        return JobSpec(**values)
+
+    def dns_label(self, key: str, value) -> str:
+        if not isinstance(value, str) or not _DNS_LABEL.match(value):
+            self.fail(key, f"{value!r} is not a DNS-1123 label",
+                      "Use at most 63 lower-case letters, digits and '-', starting and ending with a letter "
+                      "or digit, e.g. 'train-resnet'")
+        return value
+
+    def image(self, value) -> str:
+        if not isinstance(value, str) or not value.strip():
+            self.fail("image", "is missing or empty", "Set a container image, e.g. 'pytorch/pytorch:2.3.0-cuda12.1'")
+        if any(c.isspace() for c in value.strip()):
+            self.fail("image", f"{value!r} contains whitespace", "Set one image reference, e.g. 'repo/name:tag'")
+        return value.strip()
+
+    def argv(self, key: str, value, required: bool = False) -> tuple[str, ...]:
+        if isinstance(value, str):
+            try:
+                items = shlex.split(value)
+            except ValueError as err:
+                self.fail(key, f"cannot be split into words ({err})", "Check the quotes, or give a list of strings")
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float)) and not isinstance(v, bool)
+                                                      for v in value):
+            items = [str(v) for v in value]
+        else:
+            self.fail(key, f"expected a string or a list of strings, got {type(value).__name__}",
+                      f"Write e.g. {_EXAMPLES['command']}")
+        if required and not items:
+            self.fail(key, "is empty", f"Give the program to run, e.g. {_EXAMPLES['command']}")
+        return tuple(items)
+
+    def env(self, value) -> dict[str, str]:
+        if not isinstance(value, Mapping):
+            self.fail("env", f"expected a mapping of NAME: value, got {type(value).__name__}",
+                      "Write e.g. {EPOCHS: '3'}")
+        out = {}
+        for name, item in value.items():
+            if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+                self.fail(f"env.{name}", "is not a valid environment variable name",
+                          "Use letters, digits, '_', '-' or '.', not starting with a digit")
+            if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+                self.fail(f"env.{name}", f"expected a string value, got {type(item).__name__}", "Quote the value")
+            out[name] = str(item)
+        return out
+
+    def integer(self, key: str, value, low: int, high: int | None) -> int:
+        if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+            value = int(value)
+        elif isinstance(value, float) and value.is_integer():
+            value = int(value)
+        bounds = f"between {low} and {high}" if high is not None else f"an integer >= {low}"
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(key, f"{value!r} is not a whole number", f"Use {bounds}")
+        if value < low or (high is not None and value > high):
+            self.fail(key, f"{value} is out of range", f"Use {bounds}")
+        return value
+
+    def quantity(self, key: str, value) -> str:
+        """Checked with the exact parser; kept as the user wrote it."""
+        try:
+            amount = Resources.parse({key: value}, field=key).get(key)
+        except QuantityError as err:
+            self.fail(key, f"{value!r} is not a valid quantity ({err})", f"Write e.g. {_EXAMPLES[key]}")
+        if amount <= 0:
+            self.fail(key, f"{value!r} must be more than zero", f"Write e.g. {_EXAMPLES[key]}")
+        return value.strip() if isinstance(value, str) else str(value)
+
+    def gpu_model(self, value) -> str | None:
+        if value is None or value == "":
+            return None
+        tokens = gpu_model_tokens(value) if isinstance(value, str) else ()
+        if not tokens or tokens[0] not in KNOWN_GPU_MODELS:
+            self.fail("gpu_model", f"{value!r} is not a GPU model ECS offers",
+                      f"Use one of {', '.join(KNOWN_GPU_MODELS)} (e.g. 'T4'; 'Tesla-T4' and 'NVIDIA T4' work too), "
+                      "or leave it empty for any model")
+        return value.strip()
+
+    def labels(self, key: str, value) -> dict[str, str]:
+        if not isinstance(value, Mapping):
+            self.fail(key, f"expected a mapping of label: value, got {type(value).__name__}",
+                      "Write e.g. {'aliyun.accelerator/nvidia_name': 'Tesla-T4'}")
+        out = {}
+        for name, item in value.items():
+            if not isinstance(name, str) or not _qualified_name(name, domain_required=False):
+                self.fail(f"{key}.{name}", "is not a valid label key", "Use e.g. 'example.com/pool' or 'pool'")
+            if isinstance(item, bool) or not isinstance(item, (str, int)) or \
+                    not _LABEL_VALUE.fullmatch(str(item)) or len(str(item)) > 63:
+                self.fail(f"{key}.{name}", f"{item!r} is not a valid label value",
+                          "Use at most 63 letters, digits, '-', '_' or '.', quoted as a string")
+            out[name] = str(item)
+        return out
+
+    def node_selector(self, value) -> dict[str, str]:
+        return self.labels("node_selector", value)
+
+    def tolerations(self, value) -> tuple[dict, ...]:
+        if not isinstance(value, (list, tuple)):
+            self.fail("tolerations", f"expected a list, got {type(value).__name__}",
+                      "Write e.g. [{key: gpu, operator: Exists, effect: NoSchedule}]")
+        out = []
+        for i, item in enumerate(value):
+            where = f"tolerations[{i}]"
+            if not isinstance(item, Mapping) or set(item) - _TOLERATION_KEYS:
+                self.fail(where, f"expected a toleration with keys {sorted(_TOLERATION_KEYS)}, got {item!r}",
+                          "Write e.g. {key: gpu, operator: Exists, effect: NoSchedule}")
+            operator = item.get("operator", "Equal")
+            if operator not in ("Equal", "Exists"):
+                self.fail(f"{where}.operator", f"{operator!r} is not an operator", "Use Equal or Exists")
+            if item.get("effect", "") not in ("", "NoSchedule", "PreferNoSchedule", "NoExecute"):
+                self.fail(f"{where}.effect", f"{item['effect']!r} is not a taint effect",
+                          "Use NoSchedule, PreferNoSchedule or NoExecute (or leave it out for all)")
+            if operator == "Exists" and item.get("value"):
+                self.fail(f"{where}.value", "must be empty with operator Exists", "Remove value or use Equal")
+            if operator == "Equal" and not item.get("key"):
+                self.fail(f"{where}.key", "is required with operator Equal", "Set key, or use operator Exists")
+            out.append(dict(item))
+        return tuple(out)
+
+    def extra_resources(self, value) -> dict[str, str]:
+        if not isinstance(value, Mapping):
+            self.fail("extra_resources", f"expected a mapping of resource: quantity, got {type(value).__name__}",
+                      "Write e.g. {'example.com/fpga': 1}")
+        out = {}
+        for name, item in value.items():
+            where = f"extra_resources.{name}"
+            if name in (CPU, MEMORY, GPU):
+                self.fail(where, "is set by its own field", f"Use the {'gpus' if name == GPU else name} field")
+            standard = name == "ephemeral-storage" or str(name).startswith("hugepages-")
+            if not isinstance(name, str) or not (standard or _qualified_name(name, domain_required=True)):
+                self.fail(where, "is not a known resource name",
+                          "Use a qualified name with a domain, e.g. 'example.com/foo', or ephemeral-storage")
+            try:
+                amount = Resources.parse({name: item}, field=where).get(name)
+            except QuantityError as err:
+                self.fail(where, f"{item!r} is not a valid amount ({err})", "Write a whole number, e.g. 1")
+            out[name] = format_quantity(name, amount)
+        return out
+
+
+def _qualified_name(name: str, domain_required: bool) -> bool:
+    prefix, _, local = name.rpartition("/")
+    if domain_required and not prefix:
+        return False
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return False
+    if domain_required and "." not in prefix:
+        return False
+    return len(local) <= 63 and bool(_NAME_PART.fullmatch(local))
+
+
+_EXAMPLES = {
+    "name": "'train-resnet'",
+    "image": "'pytorch/pytorch:2.3.0-cuda12.1'",
+    "command": "['python', 'train.py'] or 'python train.py --epochs 3'",
+    CPU: "'500m', '2' or 4",
+    MEMORY: "'512Mi', '16Gi'",
+}
+
+
+# --- the UI form ----------------------------------------------------------------
+
+def params_schema() -> dict[str, dict]:
+    """field -> {"default", "schema", "description"}: Airflow Params that validate like from_dict."""
+    string_list = {"type": ["array", "string"], "items": {"type": "string"}}
+    quantity = {"type": ["string", "number"], "pattern": _QUANTITY_PATTERN, "exclusiveMinimum": 0}
+    seconds = {"type": "integer", "minimum": 1, "maximum": MAX_TIMEOUT_SECONDS}
+    spec = {
+        "name": (None, {"type": "string", "pattern": DNS_LABEL}, "Job name: a DNS label, e.g. train-resnet"),
+        "image": (None, {"type": "string", "minLength": 1, "pattern": r"^\S+$"}, "Container image"),
+        "command": (None, {**string_list, "minLength": 1, "minItems": 1},
+                    "Program and arguments (one per line, or one shell-like string)"),
+        "args": ([], string_list, "Extra arguments passed after the command"),
+        "env": ({}, {"type": "object", "additionalProperties": {"type": ["string", "number"]}},
+                "Environment variables for the container"),
+        "gpus": (1, {"type": "integer", "minimum": 0}, "nvidia.com/gpu per task (0 for a CPU-only job)"),
+        "cpu": ("1", quantity, "CPU per task, a Kubernetes quantity (500m, 2, ...)"),
+        "memory": ("4Gi", quantity, "Memory per task, a Kubernetes quantity (512Mi, 16Gi, ...)"),
+        "gpu_model": (None, {"type": ["null", "string"], "enum": [None, "", *KNOWN_GPU_MODELS]},
+                      "Required GPU model, or empty for any"),
+        "namespace": ("default", {"type": "string", "pattern": DNS_LABEL}, "Namespace for the pod(s)"),
+        "replicas": (1, {"type": "integer", "minimum": 1, "maximum": MAX_REPLICAS}, "Number of pods"),
+        "min_available": (None, {"type": ["null", "integer"], "minimum": 1},
+                          "Pods that must be placed together (empty = all replicas)"),
+        "node_selector": ({}, {"type": "object", "additionalProperties": {"type": "string"}},
+                          "Node labels the pods require"),
+        "tolerations": ([], {"type": "array", "items": {"type": "object"}}, "Taints the pods tolerate"),
+        "queue_timeout_seconds": (3600, seconds, "How long to wait for busy capacity"),
+        "boot_timeout_seconds": (900, seconds, "How long a started node may take to have its GPUs ready"),
+        "settle_seconds": (5, {"type": "integer", "minimum": 0, "maximum": MAX_SETTLE_SECONDS},
+                           "How long readiness must hold before the pod is committed"),
+        "reservation_ttl_seconds": (None, {"type": ["null", "integer"], "minimum": 1,
+                                           "maximum": MAX_TIMEOUT_SECONDS},
+                                    "How long a reservation lives (empty = derived from the timeouts)"),
+        "extra_resources": ({}, {"type": "object", "additionalProperties": {"type": ["string", "integer"]}},
+                            "Other extended resources per task, e.g. example.com/fpga: 1"),
+    }
+    assert set(spec) == set(_DEFAULTS), "params_schema must cover every JobSpec field"
+    return {key: {"default": default, "schema": schema, "description": description}
+            for key, (default, schema, description) in spec.items()}

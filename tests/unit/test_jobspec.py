@@ -1,0 +1,164 @@
+"""Job specs: each mistake rejected early with the field named; valid specs round-trip."""
+import jsonschema
+import pytest
+
+from gpuboot.jobspec import KNOWN_GPU_MODELS, JobSpec, JobSpecError, params_schema
+from gpuboot.resources import GPU, Resources
+
+BASE = {"name": "train", "image": "pytorch/pytorch:2.3", "command": ["python", "train.py"]}
+
+
+def spec(**changes):
+    return {**BASE, **changes}
+
+
+def test_minimal_spec_gets_defaults():
+    s = JobSpec.from_dict(BASE)
+    assert s.gpus == 1 and s.cpu == "1" and s.memory == "4Gi" and s.namespace == "default"
+    assert s.replicas == 1 and s.min_available is None and s.gpu_model is None
+    assert s.requests() == Resources.parse({"cpu": "1", "memory": "4Gi", GPU: 1})
+
+
+def test_command_string_is_shell_split():
+    s = JobSpec.from_dict(spec(command="python train.py --name 'my run'", args="--epochs 3"))
+    assert s.command == ("python", "train.py", "--name", "my run")
+    assert s.args == ("--epochs", "3")
+
+
+FULL = spec(args=["--epochs", "3"], env={"EPOCHS": "3", "SEED": 7}, gpus=2, cpu="3500m", memory="1.5Gi",
+            gpu_model="Tesla-T4", namespace="ml", replicas=4, min_available=2,
+            node_selector={"pool": "gpu"}, tolerations=[{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            queue_timeout_seconds=60, boot_timeout_seconds=300, settle_seconds=0, reservation_ttl_seconds=600,
+            extra_resources={"example.com/fpga": 1})
+
+
+def test_round_trip_through_json_types():
+    import json
+    s = JobSpec.from_dict(FULL)
+    d = s.to_dict()
+    assert json.loads(json.dumps(d)) == d
+    assert JobSpec.from_dict(d) == s
+    assert s.env == {"EPOCHS": "3", "SEED": "7"}
+
+
+def test_to_job_request_names_tasks_and_gang_size():
+    s = JobSpec.from_dict(FULL)
+    job = s.to_job_request("run-1")
+    assert [t.name for t in job.tasks] == ["train-0", "train-1", "train-2", "train-3"]
+    assert job.min_available == 2
+    t = job.tasks[0]
+    assert t.requests == Resources.parse({"cpu": "3500m", "memory": "1.5Gi", GPU: 2, "example.com/fpga": 1})
+    assert t.gpu_model == "Tesla-T4" and dict(t.node_selector) == {"pool": "gpu"}
+    single = JobSpec.from_dict(BASE).to_job_request("r")
+    assert [t.name for t in single.tasks] == ["train"] and single.min_available == 1
+    gang = JobSpec.from_dict(spec(replicas=3)).to_job_request("r")
+    assert gang.min_available == 3
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"image": ""}, "image"),
+    ({"image": None}, "image"),
+    ({"image": "bad image"}, "image"),
+    ({"command": []}, "command"),
+    ({"command": ""}, "command"),
+    ({"command": 5}, "command"),
+    ({"gpus": -1}, "gpus"),
+    ({"gpus": 1.5}, "gpus"),
+    ({"gpus": "two"}, "gpus"),
+    ({"gpus": True}, "gpus"),
+    ({"cpu": "lots"}, "cpu"),
+    ({"cpu": "-1"}, "cpu"),
+    ({"cpu": 0}, "cpu"),
+    ({"memory": "16GB"}, "memory"),
+    ({"extra_resources": {"fpga": 1}}, "extra_resources.fpga"),
+    ({"extra_resources": {"example/fpga": 1}}, "extra_resources.example/fpga"),
+    ({"extra_resources": {"example.com/fpga": "0.5"}}, "extra_resources.example.com/fpga"),
+    ({"extra_resources": {"nvidia.com/gpu": 1}}, "extra_resources.nvidia.com/gpu"),
+    ({"namespace": "My_NS"}, "namespace"),
+    ({"namespace": "-ns"}, "namespace"),
+    ({"name": "Train"}, "name"),
+    ({"name": "x" * 64}, "name"),
+    ({"name": "x" * 62, "replicas": 2}, "name"),
+    ({"replicas": 0}, "replicas"),
+    ({"min_available": 3, "replicas": 2}, "min_available"),
+    ({"min_available": 0}, "min_available"),
+    ({"queue_timeout_seconds": 0}, "queue_timeout_seconds"),
+    ({"boot_timeout_seconds": 8 * 24 * 3600}, "boot_timeout_seconds"),
+    ({"reservation_ttl_seconds": -5}, "reservation_ttl_seconds"),
+    ({"settle_seconds": 601}, "settle_seconds"),
+    ({"settle_seconds": -1}, "settle_seconds"),
+    ({"gpu_model": "Voodoo5"}, "gpu_model"),
+    ({"gpu_model": 4}, "gpu_model"),
+    ({"node_selector": {"pool": "a b"}}, "node_selector.pool"),
+    ({"tolerations": [{"key": "gpu", "operator": "Maybe"}]}, "tolerations[0].operator"),
+    ({"tolerations": [{"key": "gpu", "effect": "Sometimes"}]}, "tolerations[0].effect"),
+    ({"env": {"1BAD": "x"}}, "env.1BAD"),
+    ({"gpu": 1}, "gpu"),
+])
+def test_catalogue_of_mistakes_names_the_field(changes, field):
+    with pytest.raises(JobSpecError) as err:
+        JobSpec.from_dict(spec(**changes), source="dags/train.yaml")
+    assert err.value.field == field
+    assert err.value.source == "dags/train.yaml"
+    text = str(err.value)
+    assert text.startswith(f"dags/train.yaml: {field}: ")
+    assert text == f"dags/train.yaml: {field}: {err.value.problem}. {err.value.fix}"
+    assert err.value.fix
+
+
+def test_missing_required_field():
+    with pytest.raises(JobSpecError) as err:
+        JobSpec.from_dict({"name": "x", "image": "i"})
+    assert err.value.field == "command" and "required" in str(err.value)
+
+
+def test_unknown_field_suggests_the_close_one():
+    with pytest.raises(JobSpecError, match="Did you mean 'gpus'"):
+        JobSpec.from_dict(spec(gpu=1))
+
+
+def test_gpu_model_spellings_accepted():
+    for model in ("T4", "Tesla-T4", "NVIDIA T4", "nvidia-a100-sxm4-80gb", "A10", ""):
+        JobSpec.from_dict(spec(gpu_model=model))
+    assert JobSpec.from_dict(spec(gpu_model="")).gpu_model is None
+    assert {"T4", "A10", "V100", "P100", "P4", "A100", "L20", "H20"} <= set(KNOWN_GPU_MODELS)
+
+
+def test_string_integers_from_templates_are_accepted():
+    assert JobSpec.from_dict(spec(gpus="2", replicas="3")).gpus == 2
+
+
+def test_params_schema_covers_every_field_with_valid_defaults():
+    schema = params_schema()
+    assert set(schema) == set(JobSpec.__dataclass_fields__)
+    for key, entry in schema.items():
+        jsonschema.Draft7Validator.check_schema(entry["schema"])
+        if entry["default"] is not None:
+            jsonschema.validate(entry["default"], entry["schema"])
+            assert JobSpec.from_dict(spec(**{key: entry["default"]})) is not None
+
+
+@pytest.mark.parametrize("key, value", [
+    ("gpus", 2), ("gpus", -1), ("gpus", 1.5), ("gpus", "x"),
+    ("cpu", "500m"), ("cpu", "2"), ("cpu", 4), ("cpu", "lots"), ("cpu", "-1"), ("cpu", 0),
+    ("memory", "16Gi"), ("memory", "16GB"),
+    ("namespace", "ml"), ("namespace", "My_NS"), ("name", "Train"), ("name", "train"),
+    ("replicas", 0), ("replicas", 2), ("settle_seconds", 601), ("settle_seconds", 0),
+    ("queue_timeout_seconds", 0), ("boot_timeout_seconds", 10**7), ("boot_timeout_seconds", 60),
+    ("gpu_model", "T4"), ("gpu_model", "Voodoo5"), ("gpu_model", None),
+    ("command", []), ("command", ["python"]), ("command", "python x.py"),
+    ("image", ""), ("image", "a/b:c"),
+])
+def test_params_schema_agrees_with_from_dict(key, value):
+    entry = params_schema()[key]
+    try:
+        jsonschema.validate(value, entry["schema"])
+        schema_ok = True
+    except jsonschema.ValidationError:
+        schema_ok = False
+    try:
+        JobSpec.from_dict(spec(**{key: value}))
+        spec_ok = True
+    except JobSpecError:
+        spec_ok = False
+    assert schema_ok == spec_ok
