@@ -95,6 +95,8 @@ class Instance:
     def __post_init__(self):
         if self.status not in STATUSES:
             raise ValueError(f"instance {self.instance_id}: status {self.status!r} is not one of {', '.join(STATUSES)}")
+        if self.status == "Running" and self.start_time is None:
+            self.start_time = self.creation_time
 
     @property
     def provider_id(self) -> str:

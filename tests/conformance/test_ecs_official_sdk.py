@@ -1,6 +1,7 @@
 """simcloud's ECS endpoint driven by the official SDK `alibabacloud-ecs20140526` (ACS3-HMAC-SHA256)."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -267,3 +268,13 @@ def test_injected_api_faults(ecs_server, client, knob, code, status):
     assert ecs_server.status("i-gpu-a") == "Stopped"   # a refused call changes nothing
     setattr(ecs_server.faults, knob, 0.0)
     assert describe(client, instance_ids='["i-gpu-a"]')
+
+
+def test_async_client(ecs_server, client):
+    async def scenario():
+        await client.start_instances_async(ecs.StartInstancesRequest(region_id=REGION, instance_id=["i-gpu-b"]))
+        body = (await client.describe_instances_async(
+            ecs.DescribeInstancesRequest(region_id=REGION, instance_ids='["i-gpu-b"]'))).body
+        return body.instances.instance[0].status
+
+    assert asyncio.run(scenario()) in ("Starting", "Running")
