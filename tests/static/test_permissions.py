@@ -1,0 +1,255 @@
+"""The permissions we ship (deploy/) are exactly what the code needs: all of it, nothing more.
+
+The API calls are derived statically from plugins/gpuboot and dags/ (see api_calls.py) and
+from the cncf-kubernetes provider's KubernetesPodOperator, which launches the job's pod.
+Each call must appear in the explicit tables below; a new call fails here with the line to
+add, until the table and deploy/ are updated together.
+"""
+from __future__ import annotations
+
+import ast
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.static.api_calls import Use, kube_rest, pod_operator_uses, scan_files
+
+ROOT = Path(__file__).resolve().parents[2]
+RBAC = ROOT / "deploy" / "kubernetes" / "rbac.yaml"
+RAM = ROOT / "deploy" / "ram" / "gpuboot-ecs-policy.json"
+LEDGER_CONFIGMAP = "gpuboot-reservations"
+INSTANCE_ARN = "acs:ecs:*:*:instance/*"
+MANAGED_TAG = "acs:ResourceTag/gpuboot:managed"
+
+# Kubernetes client method -> (apiGroup, resource, RBAC verb). Listing a method here does not
+# grant anything: only methods the code really uses must be granted in rbac.yaml.
+KUBE_CALLS: dict[str, tuple[str, str, str]] = {
+    "read_node": ("", "nodes", "get"),
+    "list_node": ("", "nodes", "list"),
+    "patch_node": ("", "nodes", "patch"),
+    "replace_node": ("", "nodes", "update"),
+    "list_pod_for_all_namespaces": ("", "pods", "list"),
+    "list_namespaced_pod": ("", "pods", "list"),
+    "read_namespaced_pod": ("", "pods", "get"),
+    "create_namespaced_pod": ("", "pods", "create"),
+    "patch_namespaced_pod": ("", "pods", "patch"),
+    "delete_namespaced_pod": ("", "pods", "delete"),
+    "read_namespaced_pod_log": ("", "pods/log", "get"),
+    "list_namespaced_event": ("", "events", "list"),
+    "list_event_for_all_namespaces": ("", "events", "list"),
+    "create_namespaced_event": ("", "events", "create"),
+    "read_namespaced_config_map": ("", "configmaps", "get"),
+    "create_namespaced_config_map": ("", "configmaps", "create"),
+    "replace_namespaced_config_map": ("", "configmaps", "update"),
+    "patch_namespaced_config_map": ("", "configmaps", "patch"),
+}
+
+# Pod-operator calls that gpuboot's use of it never reaches (checked below).
+NOT_REACHED = {
+    "connect_get_namespaced_pod_exec": "the XCom sidecar, only with do_xcom_push=True",
+}
+
+# Grants shipped ahead of the code that needs them, with why. Tolerated only while unused:
+# once the code makes the call, the entry must go (test_planned_grants_are_still_planned).
+PLANNED: dict[tuple[str, str, str], str] = {
+    ("", "nodes", "patch"): "idle scale-down cordons a node before stopping it (issue 4)",
+}
+
+# Resources used only in the ledger namespace: granted by a Role there, never cluster-wide.
+LEDGER_RESOURCES = {"configmaps"}
+
+# ECS action -> (RAM Resource it is granted on, whether the gpuboot:managed tag is required).
+ECS_ACTIONS: dict[str, tuple[str, bool]] = {
+    "DescribeInstances": (INSTANCE_ARN, False),
+    "DescribeInstanceStatus": (INSTANCE_ARN, False),
+    "DescribeInstanceTypes": ("*", False),  # a catalogue, not an instance: no resource level
+    "StartInstances": (INSTANCE_ARN, True),
+    "StopInstances": (INSTANCE_ARN, True),
+}
+
+
+def _sources() -> list[Path]:
+    return sorted(p for d in ("plugins/gpuboot", "dags") for p in (ROOT / d).rglob("*.py"))
+
+
+@pytest.fixture(scope="module")
+def plugin_uses() -> list[Use]:
+    uses = scan_files(_sources(), ROOT)
+    if not uses:
+        pytest.skip("plugins/gpuboot makes no Kubernetes or ECS calls yet")
+    return uses
+
+
+@pytest.fixture(scope="module")
+def kube_uses(plugin_uses) -> list[Use]:
+    kpo = [u for u in pod_operator_uses() if u.name not in NOT_REACHED]
+    return [u for u in plugin_uses + kpo if u.api == "kube"]
+
+
+@pytest.fixture(scope="module")
+def needed(kube_uses) -> dict[tuple[str, str, str], list[Use]]:
+    """(apiGroup, resource, verb) -> the uses that need it."""
+    out: dict[tuple[str, str, str], list[Use]] = defaultdict(list)
+    for use in kube_uses:
+        if use.name in KUBE_CALLS:
+            group, resource, verb = KUBE_CALLS[use.name]
+            out[(group, resource, "watch" if use.watch else verb)].append(use)
+    return out
+
+
+@pytest.fixture(scope="module")
+def rbac() -> dict[str, list[dict]]:
+    by_kind: dict[str, list[dict]] = defaultdict(list)
+    for doc in yaml.safe_load_all(RBAC.read_text()):
+        if doc:
+            by_kind[doc["kind"]].append(doc)
+    return by_kind
+
+
+def _grants(role: dict):
+    for rule in role.get("rules", []):
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    yield (group, resource, verb), tuple(rule.get("resourceNames", ()))
+
+
+def _where(uses: list[Use]) -> str:
+    return "; ".join(str(u) for u in uses[:3]) + (" ..." if len(uses) > 3 else "")
+
+
+# -- the tables are right ------------------------------------------------------------------
+
+@pytest.mark.parametrize("method", sorted(KUBE_CALLS))
+def test_kube_table_matches_the_client_url(method):
+    assert kube_rest(method) == KUBE_CALLS[method], (
+        f"KUBE_CALLS[{method!r}] disagrees with the kubernetes client's own URL/HTTP method")
+
+
+def test_every_kube_call_is_mapped(kube_uses):
+    unmapped = sorted({u.name for u in kube_uses if u.name not in KUBE_CALLS})
+    assert not unmapped, "Kubernetes calls missing from KUBE_CALLS (add them with their RBAC, " \
+        "then grant them in deploy/kubernetes/rbac.yaml):\n" + "\n".join(
+            f'    "{n}": {kube_rest(n)!r},  # {_where([u for u in kube_uses if u.name == n])}'
+            for n in unmapped)
+
+
+def test_every_ecs_call_is_mapped(plugin_uses):
+    unmapped = sorted({u.name for u in plugin_uses if u.api == "ecs" and u.name not in ECS_ACTIONS})
+    assert not unmapped, "ECS actions missing from ECS_ACTIONS (add them, then allow them in " \
+        f"deploy/ram/gpuboot-ecs-policy.json): {unmapped}"
+
+
+# -- Kubernetes RBAC -----------------------------------------------------------------------
+
+def test_rbac_grants_every_call(needed, rbac):
+    cluster = {g for r in rbac["ClusterRole"] for g, _ in _grants(r)}
+    ledger = {g for r in rbac["Role"] for g, _ in _grants(r)}
+    missing = []
+    for perm, uses in sorted(needed.items()):
+        granted = ledger if perm[1] in LEDGER_RESOURCES else cluster
+        if perm not in granted:
+            scope = "Role gpuboot-ledger" if perm[1] in LEDGER_RESOURCES else "ClusterRole gpuboot"
+            missing.append(f"{scope}: apiGroup {perm[0]!r} {perm[1]} {perm[2]}  <- {_where(uses)}")
+    assert not missing, "deploy/kubernetes/rbac.yaml lacks:\n  " + "\n  ".join(missing)
+
+
+def test_rbac_grants_nothing_more(needed, rbac):
+    extra = sorted({f"{role['kind']} {role['metadata']['name']}: {perm}"
+                    for kind in ("ClusterRole", "Role") for role in rbac[kind]
+                    for perm, _ in _grants(role) if perm not in needed and perm not in PLANNED})
+    assert not extra, "granted but no call needs it (remove it, or the code lost a call):\n  " + \
+        "\n  ".join(extra)
+
+
+def test_planned_grants_are_still_planned(needed):
+    landed = sorted(perm for perm in PLANNED if perm in needed)
+    assert not landed, f"the code now makes these calls: drop them from PLANNED: {landed}"
+
+
+def test_rbac_has_no_wildcards(rbac):
+    for kind in ("ClusterRole", "Role"):
+        for role in rbac[kind]:
+            for (group, resource, verb), _ in _grants(role):
+                assert "*" not in (group, resource, verb), f"{kind} {role['metadata']['name']} uses '*'"
+
+
+def test_ledger_is_granted_only_on_its_configmap(rbac):
+    """get/update/patch are pinned to the ledger by resourceNames; create cannot be (Kubernetes
+    does not know the name when it authorizes a create), so it stands alone."""
+    assert not any(perm[1] in LEDGER_RESOURCES for r in rbac["ClusterRole"] for perm, _ in _grants(r))
+    for role in rbac["Role"]:
+        for (_, resource, verb), names in _grants(role):
+            if resource in LEDGER_RESOURCES:
+                expected = () if verb == "create" else (LEDGER_CONFIGMAP,)
+                assert names == expected, f"configmaps {verb}: resourceNames {names}, want {expected}"
+
+
+def test_ledger_name_is_the_one_the_plugin_uses(plugin_uses):
+    if not any(u.name.endswith("_config_map") for u in plugin_uses):
+        pytest.skip("the plugin does not use the ledger ConfigMap yet")
+    literals = {n.value for p in _sources() for n in ast.walk(ast.parse(p.read_text()))
+                if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert LEDGER_CONFIGMAP in literals, f"no {LEDGER_CONFIGMAP!r} in plugins/gpuboot: update rbac.yaml"
+
+
+def test_roles_are_bound_to_the_service_account(rbac):
+    (account,) = rbac["ServiceAccount"]
+    subject = {"kind": "ServiceAccount", "name": account["metadata"]["name"],
+               "namespace": account["metadata"]["namespace"]}
+    for binding_kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
+        roles = {(r["metadata"]["name"], r["metadata"].get("namespace")) for r in rbac[role_kind]}
+        bound = set()
+        for binding in rbac[binding_kind]:
+            assert binding["subjects"] == [subject], f"{binding_kind} {binding['metadata']['name']}"
+            assert binding["roleRef"]["kind"] == role_kind
+            bound.add((binding["roleRef"]["name"], binding["metadata"].get("namespace")))
+        assert bound == roles, f"every {role_kind} must be bound exactly once ({role_kind}s {roles})"
+
+
+def test_gpuboot_never_turns_on_the_xcom_sidecar():
+    """NOT_REACHED holds only while nothing passes do_xcom_push=True to the pod operator."""
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.keyword) and node.arg == "do_xcom_push":
+                assert isinstance(node.value, ast.Constant) and node.value.value is False, \
+                    f"{path.relative_to(ROOT)}:{node.value.lineno}: do_xcom_push needs pods/exec in rbac.yaml"
+
+
+# -- ECS RAM policy ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ram() -> list[dict]:
+    policy = json.loads(RAM.read_text())
+    assert policy["Version"] == "1"
+    return policy["Statement"]
+
+
+def _actions(statement: dict) -> list[str]:
+    actions = statement["Action"]
+    return [actions] if isinstance(actions, str) else actions
+
+
+def test_ram_allows_exactly_the_actions_used(plugin_uses, ram):
+    used = {u.name for u in plugin_uses if u.api == "ecs"}
+    allowed = {a.removeprefix("ecs:") for s in ram if s["Effect"] == "Allow" for a in _actions(s)}
+    assert used <= allowed, f"deploy/ram/gpuboot-ecs-policy.json lacks {sorted(used - allowed)}"
+    assert allowed <= used, f"RAM policy allows actions no code calls: {sorted(allowed - used)}"
+
+
+def test_ram_scopes_each_action(ram):
+    for statement in ram:
+        assert statement["Effect"] == "Allow"
+        for action in _actions(statement):
+            assert action.startswith("ecs:") and "*" not in action, f"{action}: name actions exactly"
+            resource, tagged = ECS_ACTIONS[action.removeprefix("ecs:")]
+            assert statement["Resource"] == resource, f"{action}: Resource {statement['Resource']!r}"
+            condition = statement.get("Condition", {})
+            if tagged:
+                assert condition == {"StringEquals": {MANAGED_TAG: "true"}}, \
+                    f"{action} must be limited to instances tagged gpuboot:managed=true"
+            else:
+                assert not condition, f"{action}: unexpected condition {condition}"
