@@ -1,0 +1,130 @@
+"""`python -m gpuboot.replay`: replay a window of the trace under each policy, side by side."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from . import trace
+from .metrics import demand_series, lower_bound_gpu_seconds
+from .policies import POLICIES, Gpuboot
+from .report import format_table, write_json
+from .sim import SimConfig, Simulation
+
+DAY = 86400
+PLACES = {name for name, cls in POLICIES.items() if issubclass(cls, Gpuboot)}   # policies that call place()
+DEFAULT_OUT = Path(__file__).resolve().parents[3] / "results" / "replay"
+TABLE = [("policy", "policy"), ("billed_node_hours", "node-h"), ("billed_gpu_hours", "GPU-h"),
+         ("lower_bound_gpu_hours", "GPU-h lower bound"), ("wait_mean_seconds", "wait mean s"),
+         ("wait_p95_seconds", "wait p95 s"), ("boots", "boots"), ("wasted_boots", "wasted boots"),
+         ("jobs_never_placed", "never placed"), ("wall_seconds", "sim s")]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gpuboot.replay", description=__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--trace", help="directory with the openb CSVs (default ../shared/traces, then /work/shared/traces)")
+    p.add_argument("--start", default="0", help="window start, trace time (e.g. 115d, 2760h, 9936000)")
+    window = p.add_mutually_exclusive_group()
+    window.add_argument("--duration", help="window length (e.g. 6h, 7d); default: until the last job ends")
+    window.add_argument("--end", help="window end, trace time, instead of --duration")
+    p.add_argument("--fleet", type=int, help="fleet size (default: the whole node list)")
+    p.add_argument("--fleet-sample", choices=("first", "random"), default="random",
+                   help="which nodes make a smaller fleet: the first N of the list or a seeded random N")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random fleet sample")
+    p.add_argument("--start-seconds", type=float, default=60.0, help="ECS Starting -> Running")
+    p.add_argument("--boot-seconds", type=float, default=60.0, help="Running -> kubelet Ready")
+    p.add_argument("--device-plugin-seconds", type=float, default=30.0, help="Ready -> GPUs registered")
+    p.add_argument("--stop-seconds", type=float, default=30.0, help="Stopping -> Stopped (billed)")
+    p.add_argument("--idle-timeout", default="10m", help="stop a node after it has been empty this long")
+    p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
+    p.add_argument("--include-cpu-pods", action="store_true", help="also replay pods asking for no GPU")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="directory for summary.json and replay.png")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--exact", action="store_true",
+                   help="give place() every node instead of one per class of identical nodes (same plans, slower)")
+    return p
+
+
+def _window(args) -> tuple[float, float | None]:
+    """(start, end) in trace seconds; end None = open (until the last job of the window ends)."""
+    start = trace.parse_duration(args.start, "--start")
+    if args.end is not None:
+        return start, trace.parse_duration(args.end, "--end")
+    if args.duration is not None:
+        return start, start + trace.parse_duration(args.duration, "--duration")
+    return start, None
+
+
+def run(args) -> dict:
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown or not names:
+        raise trace.TraceError(f"--policies: unknown {', '.join(unknown) or '(none given)'}; "
+                               f"choose from {', '.join(POLICIES)}")
+    directory = trace.find_trace_dir(args.trace)
+    start, end = _window(args)
+    loaded = trace.load_jobs(directory, start, end, include_cpu_only=args.include_cpu_pods)
+    if end is None:   # open window: until the last job ends, so every job may run to completion
+        end = max((j.arrival + j.run_seconds for j in loaded.jobs), default=start + 1)
+    fleet = trace.load_fleet(directory, args.fleet, args.fleet_sample, args.seed)
+    config = SimConfig(start=start, end=end, start_seconds=args.start_seconds, boot_seconds=args.boot_seconds,
+                       device_plugin_seconds=args.device_plugin_seconds, stop_seconds=args.stop_seconds,
+                       idle_timeout=trace.parse_duration(args.idle_timeout, "--idle-timeout"))
+    bound = lower_bound_gpu_seconds(loaded.jobs, end)
+    results, series = [], {}
+    for name in names:
+        policy = POLICIES[name](exact=True) if args.exact and name in PLACES else POLICIES[name]()
+        sim = Simulation(fleet, loaded.jobs, policy, config)
+        recorder = sim.run()
+        results.append(recorder.summary(bound, sim.wall_seconds))
+        series[name] = recorder.series
+    summary = {
+        "trace": str(directory),
+        "window": {"start_seconds": start, "end_seconds": end, "start_day": round(start / DAY, 3),
+                   "days": round((end - start) / DAY, 3)},
+        "fleet": {"nodes": len(fleet), "gpus": sum(n.gpus for n in fleet),
+                  "sample": "all" if args.fleet is None else f"{args.fleet_sample} (seed {args.seed})"},
+        "jobs": {"replayed": len(loaded.jobs), "skipped": dict(loaded.skipped),
+                 "fractional_gpu_as_one": loaded.fractional, "gpu_spec_ignored": loaded.gpu_spec_ignored},
+        "config": {k: getattr(config, k) for k in ("start_seconds", "boot_seconds", "device_plugin_seconds",
+                                                     "stop_seconds", "idle_timeout")},
+        "notes": [
+            "Each pod is one job of one task; arrival = creation_time, run = deletion_time - scheduled_time.",
+            "Pods sharing a GPU (gpu_milli < 1000) are replayed as 1 whole GPU: gpuboot allocates whole GPUs.",
+            "gpu_spec (accepted GPU models) is ignored: a TaskRequest takes one gpu_model, not a list.",
+            "Boot-on-demand policies start with every node stopped; billed time is clipped to the window; "
+            "jobs not started by the window end count as never placed; waits are over the jobs that started.",
+            "A boot is wasted when none of the jobs it was started for ran on that node while it was up.",
+        ],
+        "policies": results,
+    }
+    out = Path(args.out)
+    write_json(out / "summary.json", summary)
+    if not args.no_plot:
+        from .plot import plot_replay
+        title = (f"openb trace, days {start / DAY:g}-{end / DAY:g}, {len(fleet)} nodes, "
+                 f"{len(loaded.jobs)} jobs, boot {config.boot_delay:g}s, idle stop {config.idle_timeout:g}s")
+        plot_replay(out / "replay.png", series, demand_series(loaded.jobs, start, end), start, end, title)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    began = time.perf_counter()
+    try:
+        summary = run(args)
+    except (trace.TraceError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    w, f, j = summary["window"], summary["fleet"], summary["jobs"]
+    print(f"trace {summary['trace']}: days {w['start_day']:g} + {w['days']:g}, fleet {f['nodes']} nodes / "
+          f"{f['gpus']} GPUs ({f['sample']}), {j['replayed']} jobs "
+          f"({j['fractional_gpu_as_one']} fractional-GPU pods as 1 GPU)")
+    for reason, count in j["skipped"].items():
+        print(f"  skipped {count} pods: {reason}")
+    print(format_table(summary["policies"], TABLE))
+    print(f"wrote {Path(args.out) / 'summary.json'}" + ("" if args.no_plot else f" and {Path(args.out) / 'replay.png'}")
+          + f" in {time.perf_counter() - began:.1f}s")
+    return 0

@@ -1,0 +1,132 @@
+"""What a replay run cost and how long jobs waited: recorded as the run goes, summarised at the end."""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+HOUR = 3600.0
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100) of `values`; None when there are none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+@dataclass
+class BootEpisode:
+    """One power-on of one node: wasted unless a job it was booted for ran on it."""
+
+    node: str
+    requested_at: float
+    booted_for: set[str] = field(default_factory=set)
+    served: bool = False
+
+
+@dataclass
+class Recorder:
+    """Collects one policy's run: power intervals, boots, job starts and waits."""
+
+    policy: str
+    start: float
+    end: float
+    node_seconds: float = 0.0
+    gpu_seconds: float = 0.0
+    used_gpu_seconds: float = 0.0
+    boots: int = 0
+    wasted_boots: int = 0
+    waits: list[float] = field(default_factory=list)
+    never_fit: int = 0
+    never_fit_examples: list[str] = field(default_factory=list)
+    waiting_at_end: int = 0
+    jobs: int = 0
+    placement_calls: int = 0
+    # step series of what is powered on: (time, nodes, gpus), one point per change
+    series: list[tuple[float, int, int]] = field(default_factory=list)
+    _nodes_on: int = 0
+    _gpus_on: int = 0
+
+    def powered(self, gpus: int, since: float, until: float) -> None:
+        """A node with `gpus` GPUs was billed from `since` to `until` (clipped to the window)."""
+        seconds = max(0.0, min(until, self.end) - max(since, self.start))
+        self.node_seconds += seconds
+        self.gpu_seconds += seconds * gpus
+
+    def power_change(self, at: float, nodes: int, gpus: int) -> None:
+        self._nodes_on += nodes
+        self._gpus_on += gpus
+        if self.series and self.series[-1][0] == at:
+            self.series[-1] = (at, self._nodes_on, self._gpus_on)
+        else:
+            self.series.append((at, self._nodes_on, self._gpus_on))
+
+    def boot_closed(self, episode: BootEpisode) -> None:
+        if not episode.served:
+            self.wasted_boots += 1
+
+    def job_started(self, arrival: float, now: float, gpus: int, run_seconds: float) -> None:
+        self.waits.append(now - arrival)
+        self.used_gpu_seconds += gpus * max(0.0, min(now + run_seconds, self.end) - now)
+
+    def job_never_fits(self, message: str) -> None:
+        self.never_fit += 1
+        if message not in self.never_fit_examples and len(self.never_fit_examples) < 3:
+            self.never_fit_examples.append(message)
+
+    def summary(self, lower_bound_gpu_seconds: float, wall_seconds: float) -> dict:
+        """JSON-safe figures of this run."""
+        def hours(seconds: float) -> float:
+            return round(seconds / HOUR, 3)
+
+        def secs(value: float | None) -> float | None:
+            return None if value is None else round(value, 1)
+
+        return {
+            "policy": self.policy,
+            "billed_node_hours": hours(self.node_seconds),
+            "billed_gpu_hours": hours(self.gpu_seconds),
+            "used_gpu_hours": hours(self.used_gpu_seconds),
+            "lower_bound_gpu_hours": hours(lower_bound_gpu_seconds),
+            "wait_mean_seconds": secs(mean(self.waits)),
+            "wait_p95_seconds": secs(percentile(self.waits, 95)),
+            "boots": self.boots,
+            "wasted_boots": self.wasted_boots,
+            "jobs": self.jobs,
+            "jobs_started": len(self.waits),
+            "jobs_never_placed": self.never_fit + self.waiting_at_end,
+            "jobs_never_fit": self.never_fit,
+            "jobs_waiting_at_end": self.waiting_at_end,
+            "never_fit_examples": list(self.never_fit_examples),
+            "placement_calls": self.placement_calls,
+            "wall_seconds": round(wall_seconds, 2),
+        }
+
+
+def demand_series(jobs: Iterable, start: float, end: float) -> list[tuple[float, int]]:
+    """GPUs the jobs would hold if each started on arrival: a (time, gpus) step series up to `end`."""
+    deltas: dict[float, int] = {}
+    for job in jobs:
+        if not start <= job.arrival < end:
+            continue
+        deltas[job.arrival] = deltas.get(job.arrival, 0) + job.gpus
+        finish = job.arrival + job.run_seconds
+        if finish < end:
+            deltas[finish] = deltas.get(finish, 0) - job.gpus
+    series, level = [(start, 0)], 0
+    for at in sorted(deltas):
+        level += deltas[at]
+        series.append((at, level))
+    return series
+
+
+def lower_bound_gpu_seconds(jobs: Iterable, end: float) -> float:
+    """GPU-seconds the jobs use inside the window if each starts the moment it arrives."""
+    return sum(job.gpus * max(0.0, min(job.arrival + job.run_seconds, end) - job.arrival) for job in jobs)

@@ -1,0 +1,105 @@
+"""Boot policies compared by the replay, each a small strategy object.
+
+`decide(job, cluster, arriving)` answers for one waiting job: the node it goes to
+(None = keep waiting), the nodes to power on, or why it can never run. The
+simulation carries the answer out with the same delays and idle-stop rule for
+every policy, so only the decisions differ.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuboot.inventory import NodeState
+from gpuboot.placement import JobRequest, Outcome, TaskRequest, place
+from gpuboot.resources import Resources
+
+_RANK = {NodeState.READY: 0, NodeState.BOOTING: 1, NodeState.STOPPED: 2, NodeState.STOPPING: 3}
+_STARTABLE = (NodeState.STOPPED, NodeState.STOPPING)
+
+
+@dataclass(frozen=True)
+class Decision:
+    node: str | None = None          # where the job goes now (it waits there if the node is not up yet)
+    start: tuple[str, ...] = ()      # nodes to power on
+    never: str | None = None         # why the job can never run in this fleet
+
+
+class Gpuboot:
+    """Ours: `gpuboot.placement.place` as the DAGs call it, plus the shared idle stop."""
+
+    name = "gpuboot"
+    always_on = False
+
+    def __init__(self, place: Callable = place, exact: bool = False):
+        self._place = place   # the product's placement; a test may pass a counting wrapper
+        self._exact = exact   # True: show place() every node, not one per class of twins
+
+    def decide(self, job, cluster, arriving: bool) -> Decision:
+        request = JobRequest(job_id=job.name, tasks=(TaskRequest(name=job.name, requests=job.requests),),
+                             min_available=1)
+        plan = self._place(request, cluster.views(None if self._exact else len(request.tasks)))
+        if plan.outcome is Outcome.FITS:
+            return Decision(node=plan.assignments[0].node, start=tuple(plan.nodes_to_start))
+        if plan.outcome is Outcome.NEVER:
+            return Decision(never=plan.message)
+        return Decision()
+
+
+class AlwaysOn(Gpuboot):
+    """Every node powered on from the start and never stopped; placement as ours."""
+
+    name = "always-on"
+    always_on = True
+
+
+class AllocateTime:
+    """All nodes considered at allocation, running preferred, per-node fit, first fit by name."""
+
+    name = "allocate-time"
+    always_on = False
+
+    def decide(self, job, cluster, arriving: bool) -> Decision:
+        best = None
+        for node in cluster.ordered_nodes():        # name order: the first of each rank wins
+            rank = _RANK.get(node.state)
+            if rank is not None and (best is None or rank < best[0]) and job.requests.fits_in(node.free):
+                best = (rank, node)
+                if rank == 0:
+                    break
+        if best is not None:
+            node = best[1]
+            return Decision(node=node.name, start=(node.name,) if node.state in _STARTABLE else ())
+        if not any(job.requests.fits_in(node.capacity) for node in cluster.ordered_nodes()):
+            return Decision(never=f"no node in this fleet can hold {job.requests}")
+        return Decision()
+
+
+class QueueTime:
+    """The seed's rule: at queueing, boot a stopped instance of size R3 when the cluster's free
+    resources R2 plus R3 cover the job's need R1 (R2 + R3 >= R1), even if no single node fits.
+    The job then waits until it fits on some running node; it is never re-evaluated for a boot."""
+
+    name = "queue-time"
+    always_on = False
+
+    def decide(self, job, cluster, arriving: bool) -> Decision:
+        nodes = cluster.ordered_nodes()
+        for node in nodes:                           # the scheduler binds where it fits now
+            if node.state is NodeState.READY and job.requests.fits_in(node.free):
+                return Decision(node=node.name)
+        if not arriving:
+            return Decision()
+        cluster_free = Resources()                   # R2: free resources of every node that is up or coming up
+        for node in nodes:
+            if node.state in (NodeState.READY, NodeState.BOOTING):
+                cluster_free = cluster_free + node.free
+        if job.requests.fits_in(cluster_free):
+            return Decision()                        # "enough room in the cluster": no boot, just wait
+        for node in nodes:
+            if node.state is NodeState.STOPPED and job.requests.fits_in(cluster_free + node.capacity):
+                return Decision(start=(node.name,))
+        return Decision()
+
+
+POLICIES = {cls.name: cls for cls in (AlwaysOn, QueueTime, AllocateTime, Gpuboot)}

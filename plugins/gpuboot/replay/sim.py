@@ -1,0 +1,280 @@
+"""The simulated fleet: nodes that boot, run jobs, go idle and stop, on an event clock.
+
+A policy (see `policies`) decides, for each waiting job, where it goes and what
+to power on; this module carries the decision out with the emulated delays and
+the shared idle-stop rule, and tells the `Recorder` what it cost.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpuboot.inventory import NodeState, NodeView
+from gpuboot.resources import Resources
+
+from .clock import EventClock, Kind
+from .metrics import BootEpisode, Recorder
+from .trace import FleetNode, TraceJob
+
+GPU_MODEL_LABEL = "aliyun.accelerator/nvidia_name"
+MANAGED_LABEL = "gpuboot.io/managed"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The window and the emulated physical delays, the same for every policy."""
+
+    start: float
+    end: float
+    start_seconds: float = 60.0           # ECS Starting -> Running
+    boot_seconds: float = 60.0            # Running -> kubelet Ready
+    device_plugin_seconds: float = 30.0   # Ready -> GPUs registered (the job can run)
+    stop_seconds: float = 30.0            # Stopping -> Stopped (still billed)
+    idle_timeout: float = 600.0           # an empty running node is stopped after this long
+
+    def __post_init__(self):
+        if self.end <= self.start:
+            raise ValueError(f"window: end ({self.end}) must be after start ({self.start})")
+        for name in ("start_seconds", "boot_seconds", "device_plugin_seconds", "stop_seconds", "idle_timeout"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+
+    @property
+    def boot_delay(self) -> float:
+        return self.start_seconds + self.boot_seconds + self.device_plugin_seconds
+
+
+class SimNode:
+    """One ECS GPU node: its power state, what is placed on it and its current boot."""
+
+    def __init__(self, spec: FleetNode):
+        self.spec = spec
+        self.name = spec.name
+        self.capacity = spec.capacity
+        self.state = NodeState.STOPPED
+        self.allocated = Resources()
+        self.running: set[str] = set()      # jobs running here
+        self.waiting: list[TraceJob] = []   # jobs placed here, waiting for the boot
+        self.powered_since: float | None = None
+        self.episode: BootEpisode | None = None
+        self.start_after_stop = False
+        self.idle_token = 0
+        self._view: NodeView | None = None
+
+    @property
+    def free(self) -> Resources:
+        return self.capacity - self.allocated
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    def changed(self) -> None:
+        self._view = None
+
+    def view(self) -> NodeView:
+        """This node as the inventory would show it (cached until it changes)."""
+        if self._view is None:
+            spec = self.spec
+            self._view = NodeView(
+                name=self.name, hostname=self.name, state=self.state, reason="replay",
+                allocatable=self.capacity, allocated=self.allocated,
+                labels={GPU_MODEL_LABEL: spec.gpu_model, MANAGED_LABEL: "true", HOSTNAME_LABEL: self.name},
+                taints=(), instance_id=f"i-{self.name}", instance_type=spec.instance_type, zone=None,
+                gpu_model=spec.gpu_model, price_per_hour=None, managed=True)
+        return self._view
+
+
+class Simulation:
+    """Replays `jobs` on `fleet` under `policy`; `run()` returns the policy's Recorder."""
+
+    def __init__(self, fleet: Sequence[FleetNode], jobs: Sequence[TraceJob], policy, config: SimConfig):
+        self.policy = policy
+        self.config = config
+        self.clock = EventClock(config.start)
+        self.nodes = {spec.name: SimNode(spec) for spec in sorted(fleet, key=lambda n: n.name)}
+        self.jobs = [job for job in jobs if config.start <= job.arrival < config.end]
+        self.queue: list[TraceJob] = []
+        self.recorder = Recorder(policy.name, config.start, config.end, jobs=len(self.jobs))
+
+    # What policies read -----------------------------------------------------
+    def ordered_nodes(self) -> list[SimNode]:
+        return list(self.nodes.values())
+
+    def views(self, per_class: int | None = None) -> list[NodeView]:
+        """Every node as a NodeView, or only the first `per_class` (by name) of each class of twins.
+
+        Twins (same state, model, capacity and allocation) are interchangeable for
+        placement, which breaks ties by name: a job of k tasks never needs more than
+        the k first-named twins, so `place()` returns the same plan on the reduced
+        list (tests/unit/test_replay_sim.py checks it) at a fraction of the cost.
+        """
+        if per_class is None:
+            return [node.view() for node in self.nodes.values()]
+        seen: dict[tuple, int] = {}
+        views = []
+        for node in self.nodes.values():
+            key = (node.state, node.spec.model, node.capacity, node.allocated)
+            if seen.get(key, 0) < per_class:
+                seen[key] = seen.get(key, 0) + 1
+                views.append(node.view())
+        return views
+
+    # The run -----------------------------------------------------------------
+    def run(self) -> Recorder:
+        began = time.perf_counter()
+        if self.policy.always_on:
+            for node in self.nodes.values():
+                node.state = NodeState.READY
+                self._power_on(node)
+        for job in self.jobs:
+            self.clock.schedule(job.arrival, Kind.ARRIVAL, job)
+        handlers = {Kind.ARRIVAL: self._arrival, Kind.JOB_END: self._job_end, Kind.NODE_READY: self._node_ready,
+                    Kind.NODE_STOPPED: self._node_stopped, Kind.IDLE_CHECK: self._idle_check}
+        while (next_at := self.clock.peek_time()) is not None and next_at < self.config.end:
+            event = self.clock.pop()
+            handlers[event.kind](event.payload)
+        self._close()
+        self.wall_seconds = time.perf_counter() - began
+        return self.recorder
+
+    def _close(self) -> None:
+        """At the window end: bill what is still on, count who still waits, judge open boots."""
+        end = self.config.end
+        for node in self.nodes.values():
+            if node.powered_since is not None:
+                self.recorder.powered(node.capacity.gpus, node.powered_since, end)
+            if node.episode is not None and node.state is not NodeState.BOOTING:
+                self.recorder.boot_closed(node.episode)   # booted and up, yet none of its jobs ran there
+            self.recorder.waiting_at_end += len(node.waiting)
+        self.recorder.waiting_at_end += len(self.queue)
+
+    # Events -----------------------------------------------------------------
+    def _arrival(self, job: TraceJob) -> None:
+        self._decide(job, arriving=True)
+
+    def _job_end(self, payload: tuple[TraceJob, str]) -> None:
+        job, name = payload
+        node = self.nodes[name]
+        node.running.discard(job.name)
+        node.allocated = node.allocated - job.requests
+        node.changed()
+        self._arm_idle(node)
+        self._retry_queue()
+
+    def _node_ready(self, name: str) -> None:
+        node = self.nodes[name]
+        node.state = NodeState.READY
+        node.changed()
+        waiting, node.waiting = node.waiting, []
+        for job in waiting:
+            self._start_job(job, node)
+        self._arm_idle(node)
+        self._retry_queue()
+
+    def _node_stopped(self, name: str) -> None:
+        node = self.nodes[name]
+        node.state = NodeState.STOPPED
+        self._power_off(node)
+        node.changed()
+        if node.start_after_stop:
+            node.start_after_stop = False
+            self._boot(node)
+        self._retry_queue()
+
+    def _idle_check(self, payload: tuple[str, int]) -> None:
+        name, token = payload
+        node = self.nodes[name]
+        if token != node.idle_token or node.state is not NodeState.READY or not node.idle:
+            return
+        node.state = NodeState.STOPPING
+        node.changed()
+        if node.episode is not None:
+            self.recorder.boot_closed(node.episode)
+            node.episode = None
+        self.clock.schedule(self.clock.now + self.config.stop_seconds, Kind.NODE_STOPPED, name)
+
+    # Decisions --------------------------------------------------------------
+    def _decide(self, job: TraceJob, arriving: bool) -> bool:
+        """Ask the policy about `job` and carry it out; False when the job still waits."""
+        self.recorder.placement_calls += 1
+        decision = self.policy.decide(job, self, arriving)
+        if decision.never:
+            self.recorder.job_never_fits(decision.never)
+            return True
+        for name in decision.start:
+            self._request_start(self.nodes[name], job)
+        if decision.node is None:
+            if arriving:
+                self.queue.append(job)
+            return False
+        node = self.nodes[decision.node]
+        node.allocated = node.allocated + job.requests
+        node.changed()
+        if node.state is NodeState.READY:
+            self._start_job(job, node)
+        else:
+            node.waiting.append(job)
+            if node.episode is not None:
+                node.episode.booted_for.add(job.name)
+        return True
+
+    def _retry_queue(self) -> None:
+        """Give every waiting job another try, in arrival order.
+
+        Placing a job only takes capacity away, so once a request shape is refused
+        in this pass, later jobs of the same shape are refused too: skip them.
+        """
+        if not self.queue:
+            return
+        refused: set[Resources] = set()
+        still: list[TraceJob] = []
+        for job in self.queue:
+            if job.requests in refused or not self._decide(job, arriving=False):
+                refused.add(job.requests)
+                still.append(job)
+        self.queue = still
+
+    # Power ------------------------------------------------------------------
+    def _request_start(self, node: SimNode, job: TraceJob) -> None:
+        if node.state is NodeState.STOPPED:
+            self._boot(node)
+        elif node.state is NodeState.STOPPING:
+            node.start_after_stop = True       # StartInstances is accepted once the stop completes
+            node.episode = node.episode or BootEpisode(node.name, self.clock.now)
+        if node.episode is not None:
+            node.episode.booted_for.add(job.name)
+
+    def _boot(self, node: SimNode) -> None:
+        node.state = NodeState.BOOTING
+        node.changed()
+        node.episode = node.episode or BootEpisode(node.name, self.clock.now)
+        self.recorder.boots += 1
+        self._power_on(node)
+        self.clock.schedule(self.clock.now + self.config.boot_delay, Kind.NODE_READY, node.name)
+
+    def _power_on(self, node: SimNode) -> None:
+        node.powered_since = self.clock.now
+        self.recorder.power_change(self.clock.now, 1, node.capacity.gpus)
+
+    def _power_off(self, node: SimNode) -> None:
+        self.recorder.powered(node.capacity.gpus, node.powered_since, self.clock.now)
+        node.powered_since = None
+        self.recorder.power_change(self.clock.now, -1, -node.capacity.gpus)
+
+    def _arm_idle(self, node: SimNode) -> None:
+        if node.idle and not self.policy.always_on:
+            node.idle_token += 1
+            self.clock.schedule(self.clock.now + self.config.idle_timeout, Kind.IDLE_CHECK,
+                                (node.name, node.idle_token))
+
+    # Jobs -------------------------------------------------------------------
+    def _start_job(self, job: TraceJob, node: SimNode) -> None:
+        node.running.add(job.name)
+        node.idle_token += 1                  # cancels a pending idle stop
+        if node.episode is not None and job.name in node.episode.booted_for:
+            node.episode.served = True
+        self.recorder.job_started(job.arrival, self.clock.now, job.gpus, job.run_seconds)
+        self.clock.schedule(self.clock.now + job.run_seconds, Kind.JOB_END, (job, node.name))

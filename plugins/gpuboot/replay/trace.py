@@ -1,0 +1,164 @@
+"""Read the openb GPU-cluster trace (alibaba/clusterdata, cluster-trace-gpu-v2023).
+
+Fleet from the node list, jobs from the pod list. The CSVs are read in place
+(never copied into the repo). What cannot be replayed is skipped and counted,
+so every report can say how much of the trace it covers.
+"""
+from __future__ import annotations
+
+import csv
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuboot.resources import CPU, GPU, MEMORY, Resources
+
+NODE_FILE = "openb_node_list_gpu_node.csv"
+POD_FILE = "openb_pod_list_default.csv"
+_REPO = Path(__file__).resolve().parents[3]
+DEFAULT_TRACE_DIRS = (_REPO.parent / "shared" / "traces", Path("/work/shared/traces"))
+
+# Trace model column -> the ACK node label value (aliyun.accelerator/nvidia_name).
+# G2/G3 are anonymised in the trace and kept as they are.
+MODEL_LABELS = {
+    "T4": "Tesla-T4",
+    "P100": "Tesla-P100-PCIE-16GB",
+    "V100M16": "Tesla-V100-SXM2-16GB",
+    "V100M32": "Tesla-V100-SXM2-32GB",
+    "A10": "NVIDIA-A10",
+}
+
+_DURATION = re.compile(r"(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>[smhd]?)")
+_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class TraceError(ValueError):
+    """A trace file or option that cannot be used; the message says which and how to fix it."""
+
+
+@dataclass(frozen=True)
+class FleetNode:
+    name: str
+    gpus: int
+    cpu_milli: int
+    memory_mib: int
+    model: str       # as in the trace (T4, V100M16, G2, ...)
+
+    @property
+    def gpu_model(self) -> str:
+        return MODEL_LABELS.get(self.model, self.model)
+
+    @property
+    def instance_type(self) -> str:
+        return f"openb.{self.model.lower()}.{self.gpus}g{self.cpu_milli // 1000}c{self.memory_mib // 1024}g"
+
+    @property
+    def capacity(self) -> Resources:
+        return Resources({CPU: self.cpu_milli, MEMORY: self.memory_mib * 2**20, GPU: self.gpus})
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    name: str
+    arrival: float        # creation_time
+    run_seconds: float    # deletion_time - scheduled_time
+    requests: Resources
+    fractional: bool = False   # the pod shared a GPU (gpu_milli < 1000); replayed as 1 whole GPU
+
+    @property
+    def gpus(self) -> int:
+        return self.requests.gpus
+
+
+def parse_duration(text: str | float | int, field: str) -> float:
+    """'90', '90s', '15m', '6h', '7d' -> seconds."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        match = _DURATION.fullmatch(str(text).strip())
+        if not match:
+            raise TraceError(f"{field}: {text!r} is not a duration; write seconds or e.g. 90s, 15m, 6h, 7d")
+        value = float(match["n"]) * _UNIT[match["unit"]]
+    if value < 0:
+        raise TraceError(f"{field}: {text!r} is negative; durations are >= 0, e.g. 10m")
+    return value
+
+
+def find_trace_dir(explicit: str | Path | None = None) -> Path:
+    """The explicit directory, else ../shared/traces next to the repo, else /work/shared/traces."""
+    candidates = [Path(explicit)] if explicit else list(DEFAULT_TRACE_DIRS)
+    for directory in candidates:
+        if (directory / NODE_FILE).is_file() and (directory / POD_FILE).is_file():
+            return directory
+    where = ", ".join(str(c) for c in candidates)
+    raise TraceError(f"trace dir: {NODE_FILE} and {POD_FILE} not found in {where}; pass --trace DIR")
+
+
+def _int(row: dict, column: str, source: str) -> int:
+    try:
+        return int(row[column])
+    except (KeyError, TypeError, ValueError):
+        raise TraceError(f"{source}: row {row.get('name') or row.get('sn')}: column {column} "
+                         f"must be an integer, got {row.get(column)!r}") from None
+
+
+def load_fleet(directory: Path, size: int | None = None, sample: str = "first", seed: int = 0) -> list[FleetNode]:
+    """GPU nodes from the node list: all, the first `size`, or a seeded random `size` (sorted by name)."""
+    source = str(directory / NODE_FILE)
+    with open(directory / NODE_FILE, newline="") as handle:
+        nodes = [FleetNode(row["sn"], _int(row, "gpu", source), _int(row, "cpu_milli", source),
+                           _int(row, "memory_mib", source), row["model"]) for row in csv.DictReader(handle)]
+    if size is None or size >= len(nodes):
+        return nodes
+    if size < 1:
+        raise TraceError(f"fleet size: {size} must be >= 1 (the node list has {len(nodes)})")
+    if sample == "first":
+        return nodes[:size]
+    if sample == "random":
+        return sorted(random.Random(seed).sample(nodes, size), key=lambda n: n.name)
+    raise TraceError(f"fleet sample: {sample!r} is not known; use 'first' or 'random'")
+
+
+@dataclass
+class JobLoad:
+    """The replayable jobs of a window, and what the replay had to drop or simplify."""
+
+    jobs: list[TraceJob]
+    skipped: Counter            # reason -> pods not replayed
+    fractional: int = 0         # pods sharing a GPU, replayed as 1 whole GPU
+    gpu_spec_ignored: int = 0   # pods listing accepted GPU models: not expressible as one gpu_model, ignored
+
+
+def load_jobs(directory: Path, start: float = 0.0, end: float | None = None,
+              include_cpu_only: bool = False) -> JobLoad:
+    """Pods created in [start, end) as jobs of one task each."""
+    source = str(directory / POD_FILE)
+    jobs: list[TraceJob] = []
+    skipped: Counter = Counter()
+    fractional_count = gpu_spec_ignored = 0
+    with open(directory / POD_FILE, newline="") as handle:
+        for row in csv.DictReader(handle):
+            created = _int(row, "creation_time", source)
+            if created < start or (end is not None and created >= end):
+                continue
+            if not row.get("scheduled_time") or not row.get("deletion_time"):
+                skipped["no scheduled or deletion time (never ran in the trace)"] += 1
+                continue
+            run = _int(row, "deletion_time", source) - _int(row, "scheduled_time", source)
+            if run <= 0:
+                skipped["run time <= 0"] += 1
+                continue
+            gpus, milli = _int(row, "num_gpu", source), _int(row, "gpu_milli", source)
+            if gpus == 0 and not include_cpu_only:
+                skipped["CPU-only (runs on CPU nodes, not this GPU fleet)"] += 1
+                continue
+            fractional = gpus == 1 and 0 < milli < 1000
+            fractional_count += fractional
+            gpu_spec_ignored += bool(row.get("gpu_spec"))
+            requests = Resources({CPU: _int(row, "cpu_milli", source),
+                                  MEMORY: _int(row, "memory_mib", source) * 2**20, GPU: gpus})
+            jobs.append(TraceJob(row["name"], float(created), float(run), requests, fractional))
+    jobs.sort(key=lambda j: (j.arrival, j.name))
+    return JobLoad(jobs, skipped, fractional_count, gpu_spec_ignored)
