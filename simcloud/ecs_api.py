@@ -243,12 +243,12 @@ def start_instances(params: Params, cloud: EcsCloud) -> dict:
 
 
 def stop_instances(params: Params, cloud: EcsCloud) -> dict:
-    as_bool(params, "ForceStop")
-    return power_batch(params, cloud, cloud.stop_instances, stopped_mode=stop_mode(params))
+    return power_batch(params, cloud, cloud.stop_instances, **stop_options(params))
 
 
-def stop_mode(params: Params) -> str | None:
-    return one_of(params, "StoppedMode", ("StopCharging", "KeepCharging"))
+def stop_options(params: Params) -> dict:
+    """StoppedMode is validated by the model; ForceStop must be a boolean."""
+    return {"stopped_mode": params.get("StoppedMode") or None, "force": as_bool(params, "ForceStop")}
 
 
 def start_instance(params: Params, cloud: EcsCloud) -> dict:
@@ -261,8 +261,7 @@ def start_instance(params: Params, cloud: EcsCloud) -> dict:
 
 def stop_instance(params: Params, cloud: EcsCloud) -> dict:
     dry_run = as_bool(params, "DryRun")
-    as_bool(params, "ForceStop")
-    cloud.stop_instances([require(params, "InstanceId")], stopped_mode=stop_mode(params), dry_run=dry_run)
+    cloud.stop_instances([require(params, "InstanceId")], dry_run=dry_run, **stop_options(params))
     if dry_run:
         raise dry_run_passed()
     return {}
