@@ -180,6 +180,10 @@ class Store:
     def get(self, resource: str, namespace: str | None, name: str) -> dict:
         return copy.deepcopy(self._stored(resource, namespace, name))
 
+    def read(self, resource: str, namespace: str | None, name: str) -> dict:
+        """The stored object itself (read-only, never edit it): for serializing without a copy."""
+        return self._stored(resource, namespace, name)
+
     def peek(self, resource: str) -> Iterable[dict]:
         """All stored objects of `resource`, uncopied: for in-process readers that never mutate them."""
         return self._objects[self.info(resource).name].values()
@@ -202,8 +206,7 @@ class Store:
                 candidates = [o for (_, n), o in objects.items() if n == name]
             else:
                 candidates = [objects.get(("", name))]
-            keys = sorted((self._key_of(o), o) for o in candidates if o is not None)
-            candidates = [o for _, o in keys]
+            candidates = sorted((o for o in candidates if o is not None), key=self.key_of)
         else:
             keys = sorted(objects)
             if info.namespaced and namespace:
@@ -214,7 +217,7 @@ class Store:
                 and (fields.empty or fields.matches(o))]
 
     @staticmethod
-    def _key_of(obj: dict) -> tuple[str, str]:
+    def key_of(obj: dict) -> tuple[str, str]:
         return obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
 
     def list(self, resource: str, namespace: str | None = None, label_selector: str | None = None,
@@ -343,6 +346,22 @@ class Store:
                     pod["metadata"]["deletionGracePeriodSeconds"] = grace
                 return self.mutate(resource, namespace, name, mark)
         return self._remove(resource, current)
+
+    def bind(self, namespace: str, name: str, node_name: str) -> dict:
+        """Assign a pending pod to a node (the pods/binding subresource): 409 when already bound."""
+        pod = self._stored("pods", namespace, name)
+        bound_to = pod["spec"].get("nodeName")
+        if bound_to:
+            raise conflict("pods/binding", name, f'pod {name} is already assigned to node "{bound_to}"')
+        if pod["metadata"].get("deletionTimestamp"):
+            raise conflict("pods/binding", name, f"pod {name} is being deleted, cannot be assigned to a host")
+
+        def assign(p: dict) -> None:
+            p["spec"]["nodeName"] = node_name
+            conditions = [c for c in p.setdefault("status", {}).get("conditions") or [] if c.get("type") != "PodScheduled"]
+            p["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                                          "lastTransitionTime": now_rfc3339()}] + conditions
+        return self.mutate("pods", namespace, name, assign)
 
     def remove(self, resource: str, namespace: str | None, name: str) -> None:
         """Final removal (the kubelet, once a deleted pod's processes are gone)."""

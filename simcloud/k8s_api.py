@@ -1,0 +1,503 @@
+"""The Kubernetes REST API of the local cloud, over the shared `Store`.
+
+Speaks the wire protocol real clients expect: discovery, CRUD with meta/v1 Status
+errors, list paging, chunked watch streams, pod logs, binding, and server-side
+Tables for kubectl. `make_k8s_app(store, log_source, faults)` returns the aiohttp app.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import logging
+import time
+from typing import AsyncIterator, Protocol
+
+from aiohttp import web
+
+from simcloud.config import Faults
+from simcloud.store import RESOURCES, ApiError, ResourceInfo, Store, WatchEvent, conflict, not_found
+from simcloud.selectors import SelectorError, parse_field_selector, parse_label_selector
+from simcloud.tables import make_table
+
+log = logging.getLogger("simcloud.k8s")
+
+SERVER_VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.4", "gitCommit": "simcloud",
+                  "gitTreeState": "clean", "buildDate": "2025-04-22T16:03:12Z", "goVersion": "go1.23.6",
+                  "compiler": "gc", "platform": "linux/amd64"}
+DEFAULT_WATCH_TIMEOUT = 1800.0        # the real server picks 30-60 minutes
+BOOKMARK_EVERY = 10.0                 # seconds of silence before a BOOKMARK (when allowed)
+LOG_FIRST_CHUNK_WAIT = 0.25           # how long a log stream may take to fail before we commit to 200
+_WRITE_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+_SUBRESOURCE_VERBS = {"status": ("{kind}", ["get", "patch", "update"]), "log": ("Pod", ["get"]),
+                      "binding": ("Binding", ["create"])}
+
+
+class LogSource(Protocol):
+    def stream(self, namespace: str, pod: dict, container: str | None, *, follow: bool, timestamps: bool,
+               since_seconds: int | None, since_time: str | None, tail_lines: int | None,
+               limit_bytes: int | None) -> AsyncIterator[bytes]: ...
+
+
+def _dumps(obj, pretty: bool = False) -> bytes:
+    if pretty:
+        return json.dumps(obj, indent=2).encode()
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _json(obj, status: int = 200, pretty: bool = False) -> web.Response:
+    return web.Response(body=_dumps(obj, pretty), status=status, content_type="application/json")
+
+
+def _error(err: ApiError) -> web.Response:
+    return _json(err.status(), err.code)
+
+
+def _bad_request(message: str) -> ApiError:
+    return ApiError(400, "BadRequest", message)
+
+
+def _method_not_allowed() -> ApiError:
+    return ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource",
+                    {})
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").lower() in ("true", "1")
+
+
+def _int_param(query, name: str) -> int | None:
+    raw = query.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise _bad_request(f"{name}: Invalid value: \"{raw}\": must be an integer") from None
+
+
+def _table_version(accept: str) -> str | None:
+    """The meta.k8s.io Table version kubectl asks for in Accept (first acceptable), or None."""
+    for media in accept.split(","):
+        params = dict(p.strip().split("=", 1) for p in media.split(";")[1:] if "=" in p)
+        if params.get("as") == "Table" and params.get("g", "meta.k8s.io") == "meta.k8s.io":
+            return f"meta.k8s.io/{params.get('v', 'v1')}"
+    return None
+
+
+# --------------------------------------------------------------------------- discovery
+def _resource_list(group_version: str) -> dict:
+    resources = []
+    for info in RESOURCES.values():
+        if info.api_version != group_version:
+            continue
+        entry = {"name": info.name, "singularName": info.singular, "namespaced": info.namespaced,
+                 "kind": info.kind, "verbs": _WRITE_VERBS}
+        if info.short_names:
+            entry["shortNames"] = list(info.short_names)
+        if info.name == "pods":
+            entry["categories"] = ["all"]
+        resources.append(entry)
+        for sub in info.subresources:
+            kind, verbs = _SUBRESOURCE_VERBS[sub]
+            resources.append({"name": f"{info.name}/{sub}", "singularName": "", "namespaced": info.namespaced,
+                              "kind": kind.format(kind=info.kind), "verbs": verbs})
+    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}
+
+
+def _groups() -> list[dict]:
+    names = sorted({info.group for info in RESOURCES.values() if info.group})
+    return [{"name": g, "versions": [{"groupVersion": f"{g}/v1", "version": "v1"}],
+             "preferredVersion": {"groupVersion": f"{g}/v1", "version": "v1"}} for g in names]
+
+
+# --------------------------------------------------------------------------- paths
+class Target:
+    """What a resource path names: /api/v1[/watch][/namespaces/NS]/RESOURCE[/NAME[/SUB]]."""
+
+    def __init__(self, group_version: str, tail: str):
+        parts = [p for p in tail.split("/") if p]
+        self.watch_path = bool(parts) and parts[0] == "watch"
+        if self.watch_path:
+            parts = parts[1:]
+        self.namespace: str | None = None
+        if len(parts) >= 3 and parts[0] == "namespaces" and parts[2] in RESOURCES \
+                and RESOURCES[parts[2]].namespaced:
+            self.namespace, parts = parts[1], parts[2:]
+        if not parts or len(parts) > 3 or parts[0] not in RESOURCES \
+                or RESOURCES[parts[0]].api_version != group_version:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        self.info: ResourceInfo = RESOURCES[parts[0]]
+        self.resource = self.info.name
+        self.name = parts[1] if len(parts) > 1 else None
+        self.sub = parts[2] if len(parts) > 2 else None
+        if self.sub and self.sub not in self.info.subresources:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        if self.info.namespaced and self.namespace is None and self.name is not None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+
+
+# --------------------------------------------------------------------------- continue tokens
+def _encode_continue(rv: str, key: tuple[str, str]) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"rv": rv, "start": list(key)}).encode()).decode()
+
+
+def _decode_continue(token: str) -> tuple[str, str]:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return tuple(data["start"])  # type: ignore[return-value]
+    except (binascii.Error, ValueError, KeyError, TypeError):
+        raise _bad_request(f"continue key is not valid: {token!r}") from None
+
+
+class K8sApi:
+    def __init__(self, store: Store, log_source: LogSource, faults: Faults):
+        self.store, self.log_source, self.faults = store, log_source, faults
+
+    # -------------------------------------------------------------- dispatch
+    async def resource(self, request: web.Request) -> web.StreamResponse:
+        group = request.match_info.get("group")
+        group_version = f"{group}/{request.match_info['version']}" if group else request.match_info["version"]
+        target = Target(group_version, request.match_info["tail"])
+        method = request.method
+        if method == "GET":
+            if target.sub == "log":
+                return await self.pod_log(request, target)
+            if target.watch_path or _truthy(request.query.get("watch")):
+                return await self.watch(request, target)
+            if target.name is None:
+                return self.list(request, target)
+            return self.respond(request, target, self.store.read(target.resource, target.namespace, target.name))
+        if method == "POST":
+            if target.sub == "binding":
+                return await self.bind(request, target)
+            if target.name is not None or target.sub:
+                raise _method_not_allowed()
+            return await self.create(request, target)
+        if method in ("PUT", "PATCH"):
+            if target.name is None or target.sub not in (None, "status"):
+                raise _method_not_allowed()
+            if target.resource == "configmaps" and self.faults.k8s_conflict_burst > 0:
+                self.faults.k8s_conflict_burst -= 1
+                raise conflict(target.resource, target.name)
+            body = await request.read()
+            if method == "PATCH":
+                obj = self.store.patch(target.resource, target.namespace, target.name, body,
+                                       request.headers.get("Content-Type", ""), target.sub)
+            else:
+                obj = self.store.replace(target.resource, target.namespace, target.name, self._decode(body),
+                                         target.sub)
+            return self.respond(request, target, obj)
+        if method == "DELETE":
+            if target.sub:
+                raise _method_not_allowed()
+            return await self.delete(request, target)
+        raise _method_not_allowed()
+
+    @staticmethod
+    def _decode(body: bytes) -> dict:
+        try:
+            obj = json.loads(body or b"{}")
+        except ValueError as exc:
+            raise _bad_request(f"the body of the request could not be decoded: {exc}") from None
+        if not isinstance(obj, dict):
+            raise _bad_request("the body of the request must be a JSON object")
+        return obj
+
+    def respond(self, request: web.Request, target: Target, obj: dict, status: int = 200) -> web.Response:
+        table = _table_version(request.headers.get("Accept", ""))
+        if table:
+            obj = make_table(target.resource, [obj], obj["metadata"].get("resourceVersion", ""),
+                             api_version=table, include_object=request.query.get("includeObject", "Metadata"))
+        return _json(obj, status, _truthy(request.query.get("pretty")))
+
+    # -------------------------------------------------------------- verbs
+    def list(self, request: web.Request, target: Target) -> web.Response:
+        query = request.query
+        items = self.store.select(target.resource, target.namespace, query.get("labelSelector"),
+                                  query.get("fieldSelector"))
+        rv = self.store.resource_version
+        limit = _int_param(query, "limit")
+        token = query.get("continue")
+        if token:
+            start = _decode_continue(token)
+            items = [o for o in items if self.store.key_of(o) > start]
+        next_token = None
+        remaining = 0
+        if limit and limit > 0 and len(items) > limit:
+            remaining = len(items) - limit
+            items = items[:limit]
+            next_token = _encode_continue(rv, self.store.key_of(items[-1]))
+        table = _table_version(request.headers.get("Accept", ""))
+        if table:
+            body = make_table(target.resource, items, rv, api_version=table,
+                              include_object=query.get("includeObject", "Metadata"), continue_token=next_token)
+        else:
+            meta: dict = {"resourceVersion": rv}
+            if next_token:
+                meta["continue"] = next_token
+                if not query.get("labelSelector") and not query.get("fieldSelector"):
+                    meta["remainingItemCount"] = remaining
+            body = {"kind": f"{target.info.kind}List", "apiVersion": target.info.api_version,
+                    "metadata": meta, "items": items}
+        return _json(body, pretty=_truthy(query.get("pretty")))
+
+    async def create(self, request: web.Request, target: Target) -> web.Response:
+        obj = self._decode(await request.read())
+        meta = obj.setdefault("metadata", {})
+        if target.info.namespaced:
+            if target.namespace is None:
+                raise _method_not_allowed()
+            if meta.get("namespace") not in (None, "", target.namespace):
+                raise _bad_request("the namespace of the provided object does not match the namespace sent on "
+                                   "the request")
+            meta["namespace"] = target.namespace
+        if target.resource == "pods":
+            obj["status"] = {}          # the server owns pod status
+        return self.respond(request, target, self.store.create(target.resource, obj), 201)
+
+    async def delete(self, request: web.Request, target: Target) -> web.Response:
+        options = self._decode(await request.read()) if request.can_read_body else {}
+        grace = options.get("gracePeriodSeconds")
+        if grace is None:
+            grace = _int_param(request.query, "gracePeriodSeconds")
+        if target.name is None:   # deletecollection
+            items = [dict(o) for o in self.store.select(target.resource, target.namespace,
+                                                         request.query.get("labelSelector"),
+                                                         request.query.get("fieldSelector"))]
+            deleted = [self.store.delete(target.resource, o["metadata"].get("namespace"), o["metadata"]["name"],
+                                         grace) for o in items]
+            return _json({"kind": f"{target.info.kind}List", "apiVersion": target.info.api_version,
+                          "metadata": {"resourceVersion": self.store.resource_version}, "items": deleted})
+        obj = self.store.delete(target.resource, target.namespace, target.name, grace, options.get("preconditions"))
+        return self.respond(request, target, obj)
+
+    async def bind(self, request: web.Request, target: Target) -> web.Response:
+        binding = self._decode(await request.read())
+        node = (binding.get("target") or {}).get("name")
+        if not node:
+            raise ApiError(422, "Invalid", f'Binding "{target.name}" is invalid: target.name: Required value', {
+                "name": target.name, "kind": "Binding",
+                "causes": [{"reason": "FieldValueRequired", "message": "Required value", "field": "target.name"}]})
+        self.store.bind(target.namespace, target.name, node)
+        return _json({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201)
+
+    # -------------------------------------------------------------- pod log
+    async def pod_log(self, request: web.Request, target: Target) -> web.StreamResponse:
+        if target.resource != "pods":
+            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        pod = self.store.get("pods", target.namespace, target.name)
+        q = request.query
+        chunks = self.log_source.stream(
+            target.namespace or "default", pod, q.get("container") or None, follow=_truthy(q.get("follow")),
+            timestamps=_truthy(q.get("timestamps")), since_seconds=_int_param(q, "sinceSeconds"),
+            since_time=q.get("sinceTime") or None, tail_lines=_int_param(q, "tailLines"),
+            limit_bytes=_int_param(q, "limitBytes")).__aiter__()
+        # Errors (container not started, ambiguous container) come first: answer them as a Status,
+        # but do not hold the headers back while a quiet, followed container prints nothing yet.
+        first = asyncio.ensure_future(chunks.__anext__())
+        done, _ = await asyncio.wait({first}, timeout=LOG_FIRST_CHUNK_WAIT)
+        if done:
+            try:
+                pending_chunk = first.result()
+            except StopAsyncIteration:
+                return web.Response(body=b"", content_type="text/plain")
+        response = web.StreamResponse(headers={"Content-Type": "text/plain", "Cache-Control": "no-cache"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        try:
+            if not done:
+                try:
+                    pending_chunk = await first
+                except StopAsyncIteration:
+                    await response.write_eof()
+                    return response
+            await response.write(pending_chunk)
+            async for chunk in chunks:
+                await response.write(chunk)
+            await response.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        except ApiError as err:   # failed after we committed to 200: end the stream with the reason
+            await response.write(f"{err.message}\n".encode())
+        finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose:
+                await aclose()
+        return response
+
+    # -------------------------------------------------------------- watch
+    async def watch(self, request: web.Request, target: Target) -> web.StreamResponse:
+        q = request.query
+        field_selector = q.get("fieldSelector") or ""
+        if target.name:
+            field_selector = ",".join(filter(None, [field_selector, f"metadata.name={target.name}"]))
+        try:
+            labels = parse_label_selector(q.get("labelSelector"))
+            fields = parse_field_selector(field_selector, target.resource)
+        except SelectorError as exc:
+            raise _bad_request(str(exc)) from None
+        timeout = _int_param(q, "timeoutSeconds")
+        deadline = time.monotonic() + (timeout if timeout and timeout > 0 else DEFAULT_WATCH_TIMEOUT)
+        bookmarks = _truthy(q.get("allowWatchBookmarks"))
+        table = _table_version(request.headers.get("Accept", ""))
+        include_object = q.get("includeObject", "Metadata")
+        rv_param = q.get("resourceVersion") or ""
+        since = None
+        if rv_param not in ("", "0"):
+            try:
+                since = int(rv_param)
+            except ValueError:
+                raise _bad_request(f'resourceVersion: Invalid value: "{rv_param}": must be an integer') from None
+
+        def matches(obj: dict | None) -> bool:
+            if obj is None:
+                return False
+            if target.namespace and obj["metadata"].get("namespace") != target.namespace:
+                return False
+            return labels.matches(obj["metadata"].get("labels")) and fields.matches(obj)
+
+        initial: list[WatchEvent] = []
+        queue = None
+        try:
+            if since is None:
+                rv_now = int(self.store.resource_version)
+                initial = [WatchEvent(rv_now, "ADDED", o, None)
+                           for o in self.store.select(target.resource, target.namespace, q.get("labelSelector"),
+                                                      field_selector)]
+            backlog, queue = self.store.watch(target.resource, since)
+            gone = None
+        except ApiError as err:
+            if err.code != 410:
+                raise
+            backlog, gone = [], err
+
+        response = web.StreamResponse(headers={"Content-Type": "application/json",
+                                               "Transfer-Encoding": "chunked"})
+        await response.prepare(request)
+        sent_columns = False
+
+        async def send(kind: str, obj: dict) -> None:
+            nonlocal sent_columns
+            if table and kind in ("ADDED", "MODIFIED", "DELETED"):
+                obj = make_table(target.resource, [obj], obj["metadata"].get("resourceVersion", ""),
+                                 api_version=table, include_object=include_object, with_columns=not sent_columns)
+                sent_columns = True
+            await response.write(_dumps({"type": kind, "object": obj}) + b"\n")
+
+        try:
+            if gone is not None:
+                await send("ERROR", gone.status())
+                return response
+            for event in initial + backlog:
+                await self._send_event(send, event, matches)
+            last_sent = time.monotonic()
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or request.transport is None or request.transport.is_closing():
+                    break
+                try:
+                    event = await asyncio.wait_for(queue.get(), timeout=min(remaining, 1.0))
+                except asyncio.TimeoutError:
+                    if bookmarks and time.monotonic() - last_sent >= BOOKMARK_EVERY:
+                        await send("BOOKMARK", {"kind": target.info.kind, "apiVersion": target.info.api_version,
+                                                "metadata": {"resourceVersion": self.store.resource_version}})
+                        last_sent = time.monotonic()
+                    continue
+                if await self._send_event(send, event, matches):
+                    last_sent = time.monotonic()
+            await response.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            if queue is not None:
+                self.store.unsubscribe(target.resource, queue)
+        return response
+
+    @staticmethod
+    async def _send_event(send, event: WatchEvent, matches) -> bool:
+        """Send `event` as the watcher sees it through its selectors (moving out of a selector is DELETED)."""
+        now_matches, was_matching = matches(event.obj), matches(event.old)
+        if event.type == "DELETED":
+            kind = "DELETED" if was_matching or now_matches else None
+        elif event.type == "ADDED":
+            kind = "ADDED" if now_matches else None
+        elif now_matches:
+            kind = "MODIFIED" if was_matching else "ADDED"
+        else:
+            kind = "DELETED" if was_matching else None
+        if kind:
+            await send(kind, event.obj)
+        return kind is not None
+
+
+# --------------------------------------------------------------------------- app
+def make_k8s_app(store: Store, log_source: LogSource, faults: Faults, *, debug: bool = False) -> web.Application:
+    """The Kubernetes API server app; `debug=True` logs every request (off by default)."""
+    api = K8sApi(store, log_source, faults)
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        if faults.k8s_latency_ms > 0:
+            await asyncio.sleep(faults.k8s_latency_ms / 1000)
+        started = time.monotonic()
+        try:
+            response = await handler(request)
+        except ApiError as err:
+            response = _error(err)
+        except web.HTTPException as exc:
+            if exc.status == 404:
+                response = _error(ApiError(404, "NotFound", "the server could not find the requested resource", {}))
+            elif exc.status == 405:
+                response = _error(_method_not_allowed())
+            else:
+                raise
+        except Exception as exc:   # noqa: BLE001 - a bug must still answer like a server, not hang the client
+            log.exception("internal error serving %s %s", request.method, request.path)
+            response = _error(ApiError(500, "InternalError", f"Internal error occurred: {type(exc).__name__}"))
+        if debug:
+            log.info("%s %s?%s -> %s (%.1f ms)", request.method, request.path, request.query_string,
+                     response.status, (time.monotonic() - started) * 1000)
+        return response
+
+    async def version(_: web.Request) -> web.Response:
+        return _json(SERVER_VERSION)
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def core_versions(request: web.Request) -> web.Response:
+        return _json({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
+            {"clientCIDR": "0.0.0.0/0", "serverAddress": request.host}]})
+
+    async def core_resources(_: web.Request) -> web.Response:
+        return _json(_resource_list("v1"))
+
+    async def group_list(_: web.Request) -> web.Response:
+        return _json({"kind": "APIGroupList", "apiVersion": "v1", "groups": _groups()})
+
+    async def group(request: web.Request) -> web.Response:
+        for g in _groups():
+            if g["name"] == request.match_info["group"]:
+                return _json({"kind": "APIGroup", "apiVersion": "v1", **g})
+        raise not_found("groups", request.match_info["group"])
+
+    async def group_resources(request: web.Request) -> web.Response:
+        gv = f"{request.match_info['group']}/{request.match_info['version']}"
+        if not any(v["groupVersion"] == gv for g in _groups() for v in g["versions"]):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        return _json(_resource_list(gv))
+
+    app = web.Application(middlewares=[middleware], client_max_size=64 * 1024 * 1024)
+    app.router.add_get("/version", version)
+    for path in ("/healthz", "/readyz", "/livez"):
+        app.router.add_get(path, health)
+    app.router.add_get("/api", core_versions)
+    app.router.add_get("/api/v1", core_resources)
+    app.router.add_get("/apis", group_list)
+    app.router.add_get("/apis/{group}", group)
+    app.router.add_get("/apis/{group}/{version}", group_resources)
+    app.router.add_route("*", "/api/{version:v1}/{tail:.+}", api.resource)
+    app.router.add_route("*", "/apis/{group}/{version}/{tail:.+}", api.resource)
+    return app
