@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
+from functools import cached_property
 from types import MappingProxyType
 
 from .resources import CPU, GPU, MEMORY, QuantityError, Resources
@@ -78,7 +79,7 @@ class NodeView:
     price_per_hour: float | None = None
     managed: bool = False
 
-    @property
+    @cached_property
     def free(self) -> Resources:
         return self.allocatable - self.allocated
 

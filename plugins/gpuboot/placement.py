@@ -187,17 +187,33 @@ def _short(need: Resources, have: Mapping[str, int]) -> str:
                      for name in need.shortfall(have))
 
 
-def _score(node: NodeView, left: Resources) -> tuple:
-    """Lower wins: READY < BOOTING < STOPPED < STOPPING, then least GPU/cpu/memory left, then price.
+def _fit_count(free: Mapping[str, int], need: Resources, limit: int) -> int:
+    """How many copies of `need` fit in `free` (at most `limit`)."""
+    count = limit
+    for name, amount in need.items():
+        if amount > 0:
+            count = min(count, max(0, free.get(name, 0)) // amount)
+    return count
 
-    Price only ranks nodes not yet running (unknown after known); a running node is paid for already.
+
+def _score(node: NodeView, free: Resources, need: Resources, remaining: int) -> tuple[tuple, int] | None:
+    """(score, k): k = how many of the `remaining` same-shape tasks go on this node; None if none fits.
+
+    Lower wins: READY < BOOTING < STOPPED < STOPPING; then the least GPU left after placing
+    the k tasks (bin-packing running nodes, least waste on the others), then more tasks per
+    node (fewer boots), cpu and memory left, then price (only for nodes not yet running).
+    The score only grows as `remaining` drops, which keeps the lazy heap in _assign exact.
     """
+    k = _fit_count(free, need, remaining)
+    if k == 0:
+        return None
+    left = [free.get(name, 0) - k * need.get(name, 0) for name in (GPU, CPU, MEMORY)]
     rank = _RANK[node.state]
     if rank == 0:
         price_key = (0, 0.0)
     else:
         price_key = (0, float(node.price_per_hour)) if node.price_per_hour is not None else (1, 0.0)
-    return (rank, left.get(GPU), left.get(CPU), left.get(MEMORY), *price_key)
+    return (rank, left[0], -k, left[1], left[2], *price_key), k
 
 
 # --- the greedy placer -----------------------------------------------------------
@@ -232,23 +248,33 @@ def _groups(job: JobRequest, nodes: Sequence[NodeView], whole_fleet: bool) -> li
 
 
 def _assign(groups: list[_Group], nodes: Sequence[NodeView], free: list[Resources]) -> dict[str, int]:
-    """Greedy: each task takes the best-scoring node whose free capacity (after earlier tasks) holds it.
+    """Greedy per shape: the best node takes as many of the remaining tasks as it holds, and so on.
 
-    One heap per shape: only the node just used changes score, so it alone is re-pushed.
+    Lazy heap: a popped node is re-scored with the current remaining count; since scores
+    only grow, an unchanged score is the true best. Work is O(nodes log nodes) per shape.
     """
     placed: dict[str, int] = {}
     for group in groups:
-        need = group.tasks[0].requests
-        heap = [(_score(nodes[i], free[i] - need), nodes[i].name, i) for i in group.eligible if need.fits_in(free[i])]
+        need, pending = group.tasks[0].requests, list(group.tasks)
+        heap = []
+        for i in group.eligible:
+            scored = _score(nodes[i], free[i], need, len(pending))
+            if scored:
+                heap.append((scored[0], nodes[i].name, i))
         heapq.heapify(heap)
-        for task in group.tasks:
-            if not heap:
-                break
-            _, name, i = heapq.heappop(heap)
-            placed[task.name] = i
-            free[i] = free[i] - need
-            if need.fits_in(free[i]):
-                heapq.heappush(heap, (_score(nodes[i], free[i] - need), name, i))
+        while pending and heap:
+            score, name, i = heapq.heappop(heap)
+            rescored = _score(nodes[i], free[i], need, len(pending))
+            if rescored is None:
+                continue
+            current, k = rescored
+            if current != score:
+                heapq.heappush(heap, (current, name, i))
+                continue
+            for task in pending[:k]:
+                placed[task.name] = i
+            free[i] = free[i] - Resources({n: a * k for n, a in need.items()})
+            del pending[:k]
     return placed
 
 
@@ -270,8 +296,9 @@ def _candidates(groups: list[_Group], nodes: Sequence[NodeView], placed: dict[st
                                       f"free now: {_short(need, node.free)}", None))
             else:
                 verdict = "chosen" if i == chosen else "fits"
+                score = _score(node, node.free, need, len(group.tasks))[0]
                 rows.append(Candidate(first.name, node.name, node.state, verdict,
-                                      f"{node.reason}; free {node.free}", _score(node, node.free - need)))
+                                      f"{node.reason}; free {node.free}", score))
         for task in group.tasks[1:]:
             if task.name in placed:
                 node = nodes[placed[task.name]]

@@ -114,8 +114,16 @@ class Resources(Mapping[str, int]):
                     "use Resources.parse() for quantity strings like 500m or 16Gi")
             if amount:
                 items[name] = amount
-        self._items = dict(sorted(items.items(), key=lambda kv: _order(kv[0])))
+        self._items = items
         self._hash = None
+
+    @classmethod
+    def _of(cls, items: dict[str, int]) -> "Resources":
+        """Fast path for amounts already checked (arithmetic on Resources)."""
+        out = cls.__new__(cls)
+        out._items = {name: amount for name, amount in items.items() if amount}
+        out._hash = None
+        return out
 
     @classmethod
     def parse(cls, mapping: Mapping[str, str | int | float] | None, field: str = "resources") -> "Resources":
@@ -161,14 +169,16 @@ class Resources(Mapping[str, int]):
         return NotImplemented
 
     def __repr__(self) -> str:
-        return f"Resources({self._items!r})"
+        return f"Resources({self.to_json()!r})"
 
     # Arithmetic -------------------------------------------------------------
     def _combine(self, other: Mapping[str, int], sign: int) -> "Resources":
+        if not isinstance(other, Resources):
+            other = Resources(other)
         out = dict(self._items)
-        for name, amount in other.items():
+        for name, amount in other._items.items():
             out[name] = out.get(name, 0) + sign * amount
-        return Resources(out)
+        return Resources._of(out)
 
     def __add__(self, other: Mapping[str, int]) -> "Resources":
         if not isinstance(other, Mapping):
@@ -196,7 +206,7 @@ class Resources(Mapping[str, int]):
     # Conversions ------------------------------------------------------------
     def to_k8s(self) -> dict[str, str]:
         """Kubernetes API form, e.g. {"cpu": "500m", "memory": "16Gi", "nvidia.com/gpu": "1"}."""
-        return {name: _format(name, amount) for name, amount in self._items.items()}
+        return {name: _format(name, self._items[name]) for name in sorted(self._items, key=_order)}
 
     def __str__(self) -> str:
         if not self._items:
@@ -204,7 +214,7 @@ class Resources(Mapping[str, int]):
         return " ".join(f"{name}={text}" for name, text in self.to_k8s().items())
 
     def to_json(self) -> dict[str, int]:
-        return dict(self._items)
+        return {name: self._items[name] for name in sorted(self._items, key=_order)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, int]) -> "Resources":

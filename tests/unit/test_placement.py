@@ -1,0 +1,243 @@
+"""Placement: per-node fit, running first, bin-packing / least waste, gangs, never vs busy."""
+import json
+import random
+import time
+
+import pytest
+
+from gpuboot.inventory import NodeState, NodeView, Reservation, build_inventory
+from gpuboot.placement import JobRequest, Outcome, Plan, TaskRequest, place
+from gpuboot.resources import GPU, Resources
+
+from .builders import TYPES, instance, node, pod
+
+READY, BOOTING, STOPPED, STOPPING, UNAVAILABLE = (NodeState.READY, NodeState.BOOTING, NodeState.STOPPED,
+                                                  NodeState.STOPPING, NodeState.UNAVAILABLE)
+
+
+def nv(name, state=READY, gpus=1, cpu="8", memory="32Gi", used=None, **kw):
+    alloc = {"cpu": cpu, "memory": memory, **({GPU: gpus} if gpus else {})}
+    return NodeView(name=name, hostname=f"host-{name}", state=state, reason=state.value,
+                    allocatable=Resources.parse(alloc), allocated=Resources.parse(used or {}),
+                    instance_id=f"i-{name}", instance_type=kw.pop("instance_type", f"type-{gpus}gpu"), **kw)
+
+
+def task(name="t", gpus=1, cpu="1", memory="1Gi", **kw):
+    return TaskRequest(name=name, requests=Resources.parse({"cpu": cpu, "memory": memory, GPU: gpus}), **kw)
+
+
+def job(*tasks, min_available=None):
+    return JobRequest(job_id="job-1", tasks=tuple(tasks), min_available=min_available or len(tasks))
+
+
+def chosen(plan):
+    return {a.task: a.node for a in plan.assignments}
+
+
+def test_seed_regression_per_node_fit_never_cluster_free_plus_new_node():
+    # 1 GPU free on a running node + a stopped 1-GPU node = 2 "cluster" GPUs; neither node holds 2 alone
+    nodes = [nv("running", gpus=2, used={GPU: 1}), nv("stopped-1", STOPPED, gpus=1)]
+    plan = place(job(task(gpus=2)), nodes)
+    assert plan.outcome is Outcome.BUSY and not plan.assignments and not plan.nodes_to_start
+    verdicts = {c.node: c.verdict for c in plan.candidates}
+    assert verdicts == {"running": "busy", "stopped-1": "too small"}
+    # a stopped 2-GPU node is the one to start
+    plan = place(job(task(gpus=2)), nodes + [nv("stopped-2", STOPPED, gpus=2)])
+    assert plan.outcome is Outcome.FITS
+    assert chosen(plan) == {"t": "stopped-2"} and plan.nodes_to_start == ("stopped-2",)
+    assert plan.assignments[0].instance_id == "i-stopped-2" and plan.assignments[0].hostname == "host-stopped-2"
+
+
+def test_running_node_beats_booting_beats_stopped_beats_stopping():
+    nodes = [nv("d-stopping", STOPPING), nv("c-stopped", STOPPED), nv("b-booting", BOOTING), nv("a-ready", READY)]
+    for _ in range(4):
+        plan = place(job(task()), nodes)
+        assert plan.outcome is Outcome.FITS
+        winner = chosen(plan)["t"]
+        assert winner == min(nodes, key=lambda n: ["ready", "booting", "stopped", "stopping"]
+                             .index(n.state.value)).name
+        nodes = [n for n in nodes if n.name != winner]
+    # a bigger, emptier running node still beats a perfect-fit stopped one
+    plan = place(job(task()), [nv("big", gpus=8), nv("exact", STOPPED, gpus=1)])
+    assert chosen(plan) == {"t": "big"} and plan.nodes_to_start == ()
+
+
+def test_stopping_node_is_started_when_chosen():
+    plan = place(job(task()), [nv("s", STOPPING)])
+    assert plan.outcome is Outcome.FITS and plan.nodes_to_start == ("s",)
+
+
+def test_bin_packing_among_running_nodes():
+    nodes = [nv("empty", gpus=4), nv("half", gpus=4, used={GPU: 2}), nv("almost", gpus=4, used={GPU: 3})]
+    assert chosen(place(job(task()), nodes)) == {"t": "almost"}
+    assert chosen(place(job(task(gpus=2)), nodes)) == {"t": "half"}
+    # GPU ties broken by cpu left, then memory
+    nodes = [nv("roomy", gpus=2, cpu="32"), nv("tight", gpus=2, cpu="4")]
+    assert chosen(place(job(task()), nodes)) == {"t": "tight"}
+
+
+def test_least_waste_then_price_among_stopped_nodes():
+    nodes = [nv("eight", STOPPED, gpus=8), nv("two", STOPPED, gpus=2), nv("four", STOPPED, gpus=4)]
+    assert chosen(place(job(task(gpus=2)), nodes)) == {"t": "two"}
+    same = [nv("pricey", STOPPED, price_per_hour=9.0), nv("cheap", STOPPED, price_per_hour=1.5),
+            nv("unknown", STOPPED)]
+    assert chosen(place(job(task()), same)) == {"t": "cheap"}
+    assert chosen(place(job(task()), [nv("b", STOPPED), nv("a", STOPPED)])) == {"t": "a"}  # ties by name
+
+
+def test_gang_is_placed_only_when_min_available_fits():
+    nodes = [nv("r1", gpus=1), nv("s1", STOPPED, gpus=1)]
+    gang = job(task("w0"), task("w1"), task("w2"))
+    plan = place(gang, nodes)
+    assert plan.outcome is Outcome.NEVER and plan.nodes_to_start == () and plan.assignments == ()
+    assert "needs 3 of 3 tasks" in plan.message
+    plan = place(job(task("w0"), task("w1"), task("w2"), min_available=2), nodes)
+    assert plan.outcome is Outcome.FITS and chosen(plan) == {"w0": "r1", "w1": "s1"}
+    assert plan.nodes_to_start == ("s1",)
+    # busy: the fleet holds the gang, but one node is in use now: nothing is started
+    nodes = [nv("r1", gpus=1, used={GPU: 1}), nv("s1", STOPPED, gpus=1), nv("s2", STOPPED, gpus=1)]
+    plan = place(job(task("w0"), task("w1"), task("w2")), nodes)
+    assert plan.outcome is Outcome.BUSY and plan.nodes_to_start == () and plan.assignments == ()
+
+
+def test_gang_tasks_share_a_node_by_capacity_not_by_count():
+    plan = place(job(*(task(f"w{i}", gpus=2) for i in range(4))), [nv("s8", STOPPED, gpus=8), nv("s4", STOPPED, gpus=4)])
+    assert plan.outcome is Outcome.FITS
+    assert sorted(chosen(plan).values()) == ["s8"] * 4 and plan.nodes_to_start == ("s8",)
+    plan = place(job(*(task(f"w{i}", gpus=4) for i in range(3))), [nv("s8", STOPPED, gpus=8), nv("s4", STOPPED, gpus=4)])
+    assert sorted(chosen(plan).values()) == ["s4", "s8", "s8"] and plan.nodes_to_start == ("s4", "s8")
+
+
+def test_heterogeneous_gang_places_the_biggest_first():
+    plan = place(job(task("small", gpus=1), task("large", gpus=2)), [nv("a", gpus=2), nv("b", gpus=1)])
+    assert chosen(plan) == {"large": "a", "small": "b"}
+
+
+def test_never_fits_names_the_node_type_needed():
+    nodes = [nv("a", STOPPED, gpus=4, instance_type="ecs.gn6v-c8g1.8xlarge", gpu_model="NVIDIA V100"),
+             nv("b", READY, gpus=8, instance_type="ecs.gn7-c13g1.26xlarge", gpu_model="Tesla-T4")]
+    plan = place(job(task(gpus=8, gpu_model="V100")), nodes)
+    assert plan.outcome is Outcome.NEVER and not plan.nodes_to_start
+    assert plan.message == ("task t: needs a node with 8 nvidia.com/gpu (model V100); the largest matching node "
+                            "in this fleet has 4 (ecs.gn6v-c8g1.8xlarge)")
+    plan = place(job(task(gpus=1, cpu="64")), nodes)
+    assert plan.outcome is Outcome.NEVER and "needs a node with 64 cpu" in plan.message and "has 8" in plan.message
+    plan = place(job(task(gpu_model="H100")), nodes)
+    assert plan.outcome is Outcome.NEVER and "no node in this fleet matches" in plan.message
+
+
+def test_busy_when_the_fleet_could_hold_it_once_free():
+    nodes = [nv("a", gpus=2, used={GPU: 2}), nv("b", UNAVAILABLE, gpus=2)]
+    plan = place(job(task(gpus=2)), nodes)
+    assert plan.outcome is Outcome.BUSY and "a" in plan.message
+    verdicts = {c.node: c.verdict for c in plan.candidates}
+    assert verdicts == {"a": "busy", "b": "excluded"}
+
+
+def test_node_selector_taints_and_gpu_model_are_honoured():
+    nodes = [nv("plain", gpus=1, gpu_model="NVIDIA-A10"),
+             nv("pool", gpus=1, labels={"pool": "train"}, gpu_model="Tesla-T4"),
+             nv("tainted", gpus=1, gpu_model="Tesla-T4", labels={"pool": "train"},
+                taints=({"key": "dedicated", "value": "ml", "effect": "NoSchedule"},))]
+    assert chosen(place(job(task(node_selector={"pool": "train"})), nodes))["t"] == "pool"
+    assert chosen(place(job(task(gpu_model="A10")), nodes))["t"] == "plain"
+    assert chosen(place(job(task(gpu_model="NVIDIA T4")), nodes))["t"] == "pool"
+    only_tainted = [nodes[2]]
+    plan = place(job(task()), only_tainted)
+    assert plan.outcome is Outcome.NEVER and "dedicated=ml:NoSchedule not tolerated" in plan.message
+    for toleration in ({"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"},
+                       {"key": "dedicated", "operator": "Exists"}, {"operator": "Exists"}):
+        assert place(job(task(tolerations=(toleration,))), only_tainted).outcome is Outcome.FITS
+    assert place(job(task(tolerations=({"key": "dedicated", "value": "other"},))), only_tainted).outcome \
+        is Outcome.NEVER
+    # PreferNoSchedule never excludes
+    soft = [nv("soft", taints=({"key": "x", "effect": "PreferNoSchedule"},))]
+    assert place(job(task()), soft).outcome is Outcome.FITS
+
+
+def test_down_node_taints_are_ignored_on_stopped_and_booting_nodes_only():
+    down = ({"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},
+            {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"})
+    assert place(job(task()), [nv("s", STOPPED, taints=down)]).outcome is Outcome.FITS
+    assert place(job(task()), [nv("b", BOOTING, taints=down)]).outcome is Outcome.FITS
+    plan = place(job(task()), [nv("r", READY, taints=down)])
+    assert plan.outcome is not Outcome.FITS
+
+
+def test_reservations_are_counted_through_the_inventory():
+    now = 1_700_000_400.0
+    nodes = [node("a", gpus=2, heartbeat=now), node("b", gpus=2, ready="Unknown")]
+    instances = [instance("a", start=now - 600, gpus=2, itype="ecs.gn6i-c24g1.12xlarge"),
+                 instance("b", "Stopped", gpus=2, itype="ecs.gn6i-c24g1.12xlarge")]
+    held = [Reservation("other-job", "x", "a", Resources({GPU: 2}), now + 60)]
+    views = build_inventory(nodes, [], instances, TYPES, held, now)
+    plan = place(job(task(gpus=2)), views)
+    assert chosen(plan) == {"t": "b"} and plan.nodes_to_start == ("b",)
+    # two runs never get the same GPU: the first plan's reservation blocks the second
+    first = [Reservation("j1", a.task, a.node, a.requests, now + 60) for a in plan.assignments]
+    views = build_inventory(nodes, [], instances, TYPES, held + first, now)
+    assert place(job(task(gpus=2)), views).outcome is Outcome.BUSY
+    # the reservation expires: capacity returns
+    views = build_inventory(nodes, [], instances, TYPES, held + first, now + 61)
+    assert place(job(task(gpus=2)), views).outcome is Outcome.FITS
+
+
+def test_pods_fill_nodes_through_the_inventory():
+    now = 1_700_000_400.0
+    nodes = [node("a", heartbeat=now)]
+    views = build_inventory(nodes, [pod("p", "a", requests={GPU: 1})], [instance("a", start=now - 600)], TYPES, [], now)
+    assert place(job(task()), views).outcome is Outcome.BUSY
+
+
+def test_deterministic_regardless_of_input_order():
+    nodes = [nv(f"n{i:02d}", random.Random(i).choice([READY, STOPPED, BOOTING]), gpus=random.Random(i).choice([1, 2, 4]))
+             for i in range(30)]
+    gang = job(*(task(f"w{i}", gpus=2) for i in range(5)))
+    first = place(gang, nodes)
+    for seed in range(5):
+        shuffled = nodes[:]
+        random.Random(seed).shuffle(shuffled)
+        assert place(gang, shuffled) == first
+
+
+def test_plan_json_round_trip_and_table():
+    nodes = [nv("r", gpus=2, used={GPU: 1}), nv("s1", STOPPED), nv("s2", STOPPED, gpus=2),
+             nv("x", UNAVAILABLE)]
+    plan = place(job(task("w0", gpus=2), task("w1")), nodes)
+    data = json.loads(json.dumps(plan.to_json(), allow_nan=False))
+    assert Plan.from_json(data) == plan
+    table = plan.table().splitlines()
+    assert table[0].split()[:5] == ["TASK", "NODE", "STATE", "VERDICT", "SCORE"]
+    assert len(table) == 1 + len(plan.candidates)
+    assert any("w0" in row and "s2" in row and "chosen" in row for row in table)
+    assert any("x" in row.split() and "excluded" in row for row in table)
+    assert plan.assignment_for("w1").node == "r"
+
+
+def test_invalid_job_requests_are_refused():
+    with pytest.raises(ValueError, match="min_available"):
+        JobRequest("j", (task(),), 2)
+    with pytest.raises(ValueError, match="unique"):
+        JobRequest("j", (task("a"), task("a")), 1)
+    with pytest.raises(ValueError, match="at least one task"):
+        JobRequest("j", (), 1)
+
+
+def big_fleet(n):
+    states = [READY, READY, STOPPED, BOOTING]
+    return [nv(f"node-{i:05d}", states[i % 4], gpus=[1, 2, 4, 8][i % 4], cpu="32", memory="128Gi",
+               used={GPU: 1 if states[i % 4] is READY and i % 3 == 0 else 0, "cpu": "10"})
+            for i in range(n)]
+
+
+def test_placement_is_fast_on_ten_thousand_nodes():
+    nodes = big_fleet(10_000)
+    t0 = time.perf_counter()
+    plan = place(job(task(gpus=2)), nodes)
+    single = time.perf_counter() - t0
+    assert plan.outcome is Outcome.FITS and len(plan.candidates) <= 500 and plan.candidates_omitted > 0
+    t0 = time.perf_counter()
+    plan = place(job(*(task(f"w{i}", gpus=2) for i in range(64))), nodes)
+    gang = time.perf_counter() - t0
+    assert plan.outcome is Outcome.FITS and len(plan.assignments) == 64
+    assert single < 1.0 and gang < 2.0, (single, gang)
