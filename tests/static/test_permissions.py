@@ -196,6 +196,28 @@ def test_ledger_name_is_the_one_the_plugin_uses(plugin_uses):
     assert LEDGER_CONFIGMAP in literals, f"no {LEDGER_CONFIGMAP!r} in plugins/gpuboot: update rbac.yaml"
 
 
+def _defaults(name: str) -> set:
+    """Default values of every parameter called `name` in plugins/gpuboot and dags/."""
+    found = set()
+    for path in _sources():
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = fn.args.posonlyargs + fn.args.args
+                pairs = list(zip(args[len(args) - len(fn.args.defaults):], fn.args.defaults))
+                pairs += [(a, d) for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults) if d is not None]
+                found |= {d.value for a, d in pairs if a.arg == name and isinstance(d, ast.Constant)}
+    return found
+
+
+def test_ledger_role_is_where_the_plugin_keeps_the_ledger(rbac):
+    defaults = _defaults("ledger_namespace")
+    if not defaults:
+        pytest.skip("no ledger_namespace parameter in the plugin yet")
+    namespaces = {r["metadata"]["namespace"] for r in rbac["Role"]}
+    assert defaults == namespaces, (f"the plugin's default ledger_namespace {defaults} != the Role's "
+                                    f"namespace {namespaces}: change rbac.yaml and docs together")
+
+
 def test_roles_are_bound_to_the_service_account(rbac):
     (account,) = rbac["ServiceAccount"]
     subject = {"kind": "ServiceAccount", "name": account["metadata"]["name"],
