@@ -1,0 +1,54 @@
+"""Command line: `python -m simcloud serve ...` and `python -m simcloud fault ...`."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m simcloud", description="The local ECS + Kubernetes cloud.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the local cloud until SIGTERM/SIGINT")
+    serve.add_argument("--fleet", required=True, type=Path, help="fleet YAML (see simcloud/fleets/demo.yaml)")
+    serve.add_argument("--workdir", required=True, type=Path, help="where kubeconfig, ecs.json, ... are written")
+    serve.add_argument("--k8s-port", type=int, default=0, help="Kubernetes API port on 127.0.0.1 (0 = free port)")
+    serve.add_argument("--ecs-port", type=int, default=0, help="ECS API port on 127.0.0.1 (0 = free port)")
+    serve.add_argument("--seed", type=int, default=None, help="seed for boot ids and injected API faults")
+    fault = sub.add_parser("fault", help="show or change the faults of a running local cloud")
+    fault.add_argument("--workdir", required=True, type=Path)
+    group = fault.add_mutually_exclusive_group(required=True)
+    group.add_argument("--set", nargs="+", metavar="KEY=VALUE",
+                       help="e.g. ecs_throttle_rate=0.3 never_ready=gpu-a,gpu-b no_stock= (empty clears a list)")
+    group.add_argument("--show", action="store_true")
+    state = sub.add_parser("state", help="print the instances/nodes summary of a running local cloud")
+    state.add_argument("--workdir", required=True, type=Path)
+    args = parser.parse_args(argv)
+
+    if args.command == "serve":
+        from simcloud.fleet import FleetError, load_fleet
+        from simcloud.server import main_serve
+        try:
+            fleet = load_fleet(args.fleet)
+        except (FleetError, OSError) as exc:
+            parser.error(f"--fleet {args.fleet}: {exc}")
+        return main_serve(fleet, args.workdir, args.k8s_port, args.ecs_port, args.seed)
+
+    from simcloud import admin
+    try:
+        if args.command == "state":
+            result = admin.get_state(args.workdir)
+        elif args.show:
+            result = admin.get_faults(args.workdir)
+        else:
+            result = admin.set_faults(args.workdir, **admin.parse_assignments(args.set))
+    except (admin.AdminError, ValueError, OSError) as exc:
+        print(f"simcloud {args.command}: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""The admin surface of a running simcloud: faults and a state summary, server and client side.
+
+Served on the Kubernetes port: `GET /_simcloud/faults`, `PATCH /_simcloud/faults` (a JSON
+object of fault -> new value, see simcloud.config.Faults), `GET /_simcloud/state`.
+The client helpers find the server through `WORKDIR/simcloud.json`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import urllib.request
+from dataclasses import fields
+from pathlib import Path
+from typing import Callable
+
+from aiohttp import web
+
+from simcloud.config import Faults
+
+log = logging.getLogger(__name__)
+ADMIN_PREFIX = "/_simcloud"
+
+
+def admin_routes(faults: Faults, state: Callable[[], dict]) -> list[web.RouteDef]:
+    async def get_faults(_request: web.Request) -> web.Response:
+        return web.json_response(faults.to_dict())
+
+    async def patch_faults(request: web.Request) -> web.Response:
+        try:
+            changes = await request.json()
+            if not isinstance(changes, dict):
+                raise ValueError("expected a JSON object of fault -> value")
+            faults.update(changes)
+        except (KeyError, ValueError, TypeError) as exc:
+            return web.json_response({"error": str(exc.args[0] if exc.args else exc)}, status=400)
+        log.info("faults changed: %s", json.dumps(changes))
+        return web.json_response(faults.to_dict())
+
+    async def get_state(_request: web.Request) -> web.Response:
+        return web.json_response(state())
+
+    return [web.get(f"{ADMIN_PREFIX}/faults", get_faults), web.patch(f"{ADMIN_PREFIX}/faults", patch_faults),
+            web.get(f"{ADMIN_PREFIX}/state", get_state)]
+
+
+# ---------------------------------------------------------------------- client side
+class AdminError(RuntimeError):
+    """The admin endpoint refused a request; the message is the server's."""
+
+
+def admin_url(workdir: Path) -> str:
+    info = Path(workdir) / "simcloud.json"
+    try:
+        return json.loads(info.read_text())["admin_url"]
+    except FileNotFoundError:
+        raise AdminError(f"{info} not found: is `python -m simcloud serve --workdir {workdir}` running?") from None
+
+
+def request(workdir: Path, path: str, method: str = "GET", body: dict | None = None, timeout: float = 10) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(admin_url(workdir) + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")
+        try:
+            detail = json.loads(detail).get("error", detail)
+        except ValueError:
+            pass
+        raise AdminError(f"{method} {path}: {exc.code}: {detail}") from None
+
+
+def get_faults(workdir: Path) -> dict:
+    return request(workdir, "/faults")
+
+
+def set_faults(workdir: Path, **changes) -> dict:
+    return request(workdir, "/faults", "PATCH", changes)
+
+
+def get_state(workdir: Path) -> dict:
+    return request(workdir, "/state")
+
+
+def parse_assignments(items: list[str]) -> dict:
+    """`key=value` words -> fault changes. Lists take commas (`never_ready=a,b`; empty clears);
+    other values are numbers."""
+    kinds = {f.name: type(getattr(Faults(), f.name)) for f in fields(Faults)}
+    changes: dict = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"expected key=value, got {item!r}")
+        if key not in kinds:
+            raise ValueError(f"unknown fault {key!r}; known: {', '.join(sorted(kinds))}")
+        if kinds[key] is list:
+            changes[key] = [v.strip() for v in value.split(",") if v.strip()]
+        else:
+            try:
+                changes[key] = kinds[key](value)
+            except ValueError:
+                raise ValueError(f"fault {key}: expected a {kinds[key].__name__}, got {value!r}") from None
+    return changes

@@ -1,0 +1,540 @@
+"""The emulated kubelets: what each Node's machine does when ECS powers it on or off.
+
+One `Kubelets` object stands for every node's kubelet (one heartbeat loop and one pod
+watch for the whole fleet, so 2,000 nodes stay cheap). Per node it follows the ECS
+instance through `EcsCloud.add_listener`:
+
+* Stopped: the Node stays, its conditions Unknown ("Kubelet stopped posting node
+  status."), tainted node.kubernetes.io/unreachable NoSchedule+NoExecute; allocatable
+  nvidia.com/gpu keeps whatever value it had (stale).
+* Started: after `boot_seconds` Ready=True with a new bootID, unreachable taints gone,
+  GPU count still stale; after `stale_seconds` nvidia.com/gpu is zeroed; after
+  `device_plugin_seconds` the device plugin registers the real count. Each step is one
+  Store write, so a watcher sees stale -> 0 -> real.
+* Stopping: conditions Unknown and taints again; running pods are killed and fail
+  (reason Terminated, "Pod was terminated in response to imminent node shutdown.").
+
+Faults `never_ready` / `device_plugin_never` (instance id or node name) are read when
+the step is due and re-checked every heartbeat, so clearing one lets the boot go on.
+
+Pods bound to a node run only while its kubelet is up. Admission follows the kubelet's
+device manager: a pod asking for more nvidia.com/gpu than the device plugin has
+registered and left free fails with UnexpectedAdmissionError, whatever the Node object
+says. Admitted pods' containers run through `simcloud.containers`; restartPolicy
+Always/OnFailure restart containers with a short doubling back-off (pod_start_seconds,
+capped at 10 s). Deleting a pod kills its processes (SIGTERM, SIGKILL after the grace
+period) and then removes it; a pod that never ran, or whose node is down, is removed
+at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass, field
+
+from simcloud.admission import parse_quantity
+from simcloud.config import Faults, Timings
+from simcloud.containers import CannotRun, Container, ContainerRunner, rfc3339
+from simcloud.ecs_model import EcsCloud, Instance
+from simcloud.fleet import PLACEHOLDER_ANNOTATION, NodeSpec, new_boot_id
+from simcloud.store import ApiError, Store
+
+log = logging.getLogger(__name__)
+
+GPU = "nvidia.com/gpu"
+UNREACHABLE = "node.kubernetes.io/unreachable"
+SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
+_HEALTHY = (
+    ("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+    ("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+    ("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+    ("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+)
+_TERMINAL = ("Succeeded", "Failed")
+
+
+def admission_message(requested: int, available: int) -> str:
+    """The kubelet device manager's words when the device plugin has too few devices."""
+    return ("Pod Update plugin resources failed due to requested number of devices unavailable for "
+            f"nvidia.com/gpu. Requested: {requested}, Available: {available}, which is unexpected.")
+
+
+def gpu_request(pod: dict) -> int:
+    """nvidia.com/gpu the pod needs: max(sum of containers, largest init container); limits imply requests."""
+    def one(c: dict) -> int:
+        res = c.get("resources") or {}
+        value = (res.get("limits") or {}).get(GPU, (res.get("requests") or {}).get(GPU, 0))
+        return int(parse_quantity(value))
+    spec = pod.get("spec") or {}
+    main = sum(one(c) for c in spec.get("containers") or [])
+    init = max((one(c) for c in spec.get("initContainers") or []), default=0)
+    return max(main, init)
+
+
+@dataclass
+class _Pod:
+    uid: str
+    namespace: str
+    name: str
+    admitted: bool = False
+    gpus: list[int] = field(default_factory=list)          # device indices held
+    pod_ip: str = ""
+    start_time: str = ""
+    statuses: dict[str, dict] = field(default_factory=dict)       # container name -> containerStatus
+    init_statuses: dict[str, dict] = field(default_factory=dict)
+    running: dict[str, Container] = field(default_factory=dict)
+    task: asyncio.Task | None = None
+    closing: bool = False                                  # being deleted or shut down
+
+
+@dataclass
+class _Node:
+    spec: NodeSpec
+    index: int
+    up: bool = False               # kubelet running and Ready posted
+    boot_id: str = ""
+    generation: int = 0            # bumped on every power change: pending boot steps of older ones lapse
+    blocked: str | None = None     # "ready" / "plugin": a fault holds the boot at that step
+    registered: int = 0            # GPUs the device plugin has registered (the kubelet's own view)
+    pods: dict[str, _Pod] = field(default_factory=dict)   # uid -> pod known to this kubelet
+    finished: set[str] = field(default_factory=set)       # uids this kubelet has completed or rejected
+    next_ip: int = 2
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def gpus(self) -> int:
+        return self.spec.instance_type.gpu
+
+    def free_devices(self) -> list[int]:
+        held = {i for p in self.pods.values() for i in p.gpus}
+        return [i for i in range(self.registered) if i not in held]
+
+    def new_pod_ip(self) -> str:
+        ip = f"10.{16 + self.index // 256}.{self.index % 256}.{self.next_ip}"
+        self.next_ip = self.next_ip + 1 if self.next_ip < 254 else 2
+        return ip
+
+
+class Kubelets:
+    """Every Node's kubelet, driven by ECS power changes and the pods bound to the node."""
+
+    def __init__(self, store: Store, cloud: EcsCloud, runner: ContainerRunner, timings: Timings,
+                 faults: Faults, rng: random.Random | None = None) -> None:
+        self.store, self.cloud, self.runner = store, cloud, runner
+        self.timings, self.faults = timings, faults
+        self.rng = rng or random.Random()
+        self._nodes: dict[str, _Node] = {}
+        self._by_instance: dict[str, _Node] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._queue = None
+        cloud.add_listener(self._on_instance)
+
+    # ------------------------------------------------------------------ nodes
+    def register(self, spec: NodeSpec, node_obj: dict, running: bool) -> None:
+        """Create the Node in the store as its kubelet last left it (Ready, or Unknown for a stopped one)."""
+        node = _Node(spec=spec, index=len(self._nodes))
+        self._nodes[spec.name] = self._by_instance[spec.instance_id] = node
+        now = rfc3339()
+        node.boot_id = node_obj["status"]["nodeInfo"]["bootID"]
+        if running:
+            node.up, node.registered = True, node.gpus
+            _set_ready(node_obj, now, node.boot_id)
+        else:
+            _set_unknown(node_obj, now)
+        self.store.create("nodes", node_obj)
+
+    def _write_node(self, node: _Node, fn) -> None:
+        try:
+            self.store.mutate("nodes", None, node.name, fn)
+        except ApiError as exc:   # someone deleted the Node: the kubelet has nothing to report to
+            log.warning("kubelet %s: cannot update node: %s", node.name, exc)
+
+    def _later(self, node: _Node, delay: float, step) -> None:
+        generation = node.generation
+        asyncio.get_running_loop().call_later(
+            max(delay, 0.0), lambda: generation == node.generation and step(node))
+
+    def _faulty(self, key: str, node: _Node) -> bool:
+        return self.faults.matches(key, node.spec.instance_id, node.name)
+
+    def _on_instance(self, instance: Instance, old: str, new: str) -> None:
+        node = self._by_instance.get(instance.instance_id)
+        if node is None:
+            return
+        if new == "Running":
+            node.generation += 1
+            self._later(node, self.timings.boot_seconds, self._boot)
+        elif new in ("Stopping", "Stopped") and (node.up or node.blocked or old in ("Running", "Starting")):
+            self._power_off(node)
+
+    def _boot(self, node: _Node) -> None:
+        if self._faulty("never_ready", node):
+            node.blocked = "ready"
+            return
+        node.blocked, node.up, node.registered = None, True, 0
+        node.boot_id = new_boot_id(self.rng)
+        now = rfc3339()
+        self._write_node(node, lambda obj: _set_ready(obj, now, node.boot_id))
+        self._event_node(node, "Starting", "Starting kubelet.")
+        self._event_node(node, "Rebooted", f"Node {node.name} has been rebooted, boot id: {node.boot_id}", "Warning")
+        self._event_node(node, "NodeReady", f"Node {node.name} status is now: NodeReady")
+        if node.gpus:
+            self._later(node, self.timings.stale_seconds, self._zero_gpus)
+        self._admit_waiting(node)
+
+    def _zero_gpus(self, node: _Node) -> None:
+        self._write_node(node, lambda obj: _set_gpus(obj, 0))
+        self._later(node, self.timings.device_plugin_seconds, self._register_gpus)
+
+    def _register_gpus(self, node: _Node) -> None:
+        if self._faulty("device_plugin_never", node):
+            node.blocked = "plugin"
+            return
+        node.blocked, node.registered = None, node.gpus
+        self._write_node(node, lambda obj: _set_gpus(obj, node.gpus))
+
+    def _power_off(self, node: _Node) -> None:
+        node.generation += 1
+        was_up = node.up
+        node.up, node.blocked, node.registered = False, None, 0
+        now = rfc3339()
+        self._write_node(node, lambda obj: _set_unknown(obj, now))
+        if was_up:
+            self._event_node(node, "NodeNotReady", f"Node {node.name} status is now: NodeNotReady",
+                             component="node-controller")
+        for pod in list(node.pods.values()):
+            if pod.admitted and not pod.closing:
+                self._spawn(self._shutdown_pod(node, pod))
+
+    async def _heartbeats(self) -> None:
+        """One loop for all nodes: heartbeats for Ready ones, and boot steps a cleared fault unblocks."""
+        while True:
+            await asyncio.sleep(self.timings.heartbeat_seconds)
+            now = rfc3339()
+            for i, node in enumerate(list(self._nodes.values())):
+                if node.up:
+                    self._write_node(node, lambda obj: _beat(obj, now))
+                if node.blocked == "ready" and not self._faulty("never_ready", node):
+                    self._boot(node)
+                elif node.blocked == "plugin" and not self._faulty("device_plugin_never", node):
+                    self._register_gpus(node)
+                if i % 200 == 199:
+                    await asyncio.sleep(0)   # let API requests in between batches
+
+    # ------------------------------------------------------------------ pods
+    async def _watch_pods(self) -> None:
+        while True:
+            kind, pod = await self._queue.get()
+            try:
+                self._on_pod(kind, pod)
+            except Exception:   # one odd pod must not stop every kubelet
+                log.exception("kubelet: handling %s pod %s failed", kind, pod.get("metadata", {}).get("name"))
+
+    def _on_pod(self, kind: str, pod: dict) -> None:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        node = self._nodes.get(spec.get("nodeName") or "")
+        if (meta.get("annotations") or {}).get(PLACEHOLDER_ANNOTATION) == "true":
+            return
+        uid = meta.get("uid", "")
+        if node is None:
+            if spec.get("nodeName") and meta.get("deletionTimestamp"):
+                self._remove(meta)     # bound to a node no kubelet serves: nothing to stop
+            return
+        if kind == "DELETED":
+            known = node.pods.pop(uid, None)
+            node.finished.discard(uid)
+            if known is not None and known.running:
+                self._spawn(self._stop_containers(known, 0))
+            self.runner.forget(uid)
+            return
+        known = node.pods.get(uid)
+        if meta.get("deletionTimestamp"):
+            if known is None or not known.admitted or not node.up:
+                node.pods.pop(uid, None)
+                self._remove(meta)
+            elif not known.closing:
+                known.closing = True
+                self._spawn(self._delete_pod(node, known, pod))
+            return
+        if known is not None or uid in node.finished or (pod.get("status") or {}).get("phase") in _TERMINAL:
+            return
+        node.pods[uid] = _Pod(uid=uid, namespace=meta["namespace"], name=meta["name"])
+        if node.up:
+            self._admit(node, node.pods[uid], pod)
+
+    def _admit_waiting(self, node: _Node) -> None:
+        for pod in list(node.pods.values()):
+            if pod.admitted or pod.closing:
+                continue
+            try:
+                fresh = self.store.get("pods", pod.namespace, pod.name)
+            except ApiError:
+                node.pods.pop(pod.uid, None)
+                continue
+            self._admit(node, pod, fresh)
+
+    def _admit(self, node: _Node, p: _Pod, pod: dict) -> None:
+        wanted = gpu_request(pod)
+        free = node.free_devices()
+        if wanted > len(free):
+            node.pods.pop(p.uid, None)
+            node.finished.add(p.uid)
+            message = admission_message(wanted, len(free))
+            self._write_pod(p, lambda obj: obj["status"].update(
+                phase="Failed", reason="UnexpectedAdmissionError", message=message, startTime=rfc3339()))
+            self._event_pod(pod, "UnexpectedAdmissionError", message, "Warning")
+            return
+        p.admitted, p.gpus = True, free[:wanted]
+        p.pod_ip, p.start_time = node.new_pod_ip(), rfc3339()
+        p.task = self._spawn(self._run_pod(node, p, pod))
+
+    async def _run_pod(self, node: _Node, p: _Pod, pod: dict) -> None:
+        spec = pod["spec"]
+        for c in spec.get("initContainers") or []:
+            p.init_statuses[c["name"]] = _waiting(c, "PodInitializing")
+        for c in spec.get("containers") or []:
+            p.statuses[c["name"]] = _waiting(c, "ContainerCreating")
+        self._write_status(node, p, "Pending")
+        pod = {**pod, "status": {**(pod.get("status") or {}), "podIP": p.pod_ip,
+                                 "hostIP": node.spec.private_ip}}
+        await asyncio.sleep(self.timings.pod_start_seconds)
+        policy = spec.get("restartPolicy", "Always")
+        for c in spec.get("initContainers") or []:
+            code = await self._container_loop(node, p, pod, c, "OnFailure" if policy == "Always" else policy,
+                                              p.init_statuses)
+            if p.closing:
+                return
+            if code != 0:
+                return self._finish(node, p, "Failed")
+        codes = await asyncio.gather(*(self._container_loop(node, p, pod, c, policy, p.statuses)
+                                       for c in spec.get("containers") or []))
+        if not p.closing:   # a deletion or shutdown writes its own final status
+            self._finish(node, p, "Succeeded" if all(code == 0 for code in codes) else "Failed")
+
+    async def _container_loop(self, node: _Node, p: _Pod, pod: dict, c: dict, policy: str,
+                              statuses: dict[str, dict]) -> int:
+        """Run one container until restartPolicy lets it rest; returns its last exit code."""
+        name, backoff = c["name"], self.timings.pod_start_seconds or 0.1
+        while True:
+            ctr, code = await self._start_container(node, p, pod, c, statuses)
+            if ctr is not None:
+                p.running[name] = ctr
+                statuses[name].update(state={"running": {"startedAt": ctr.started_at}}, ready=True, started=True,
+                                      containerID=ctr.container_id, imageID=ctr.image_id)
+                self._write_status(node, p, "Running")
+                code = await ctr.wait()
+                p.running.pop(name, None)
+                statuses[name]["state"] = {"terminated": {
+                    "exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                    "startedAt": ctr.started_at, "finishedAt": rfc3339(), "containerID": ctr.container_id}}
+            statuses[name].update(ready=False, started=False)
+            if p.closing or not (policy == "Always" or (policy == "OnFailure" and code != 0)):
+                return code
+            statuses[name]["lastState"] = statuses[name]["state"]
+            statuses[name]["restartCount"] += 1
+            statuses[name]["state"] = {"waiting": {
+                "reason": "CrashLoopBackOff",
+                "message": f"back-off {backoff:g}s restarting failed container={name} pod={p.name}_{p.namespace}"}}
+            self._write_status(node, p, "Running")
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
+
+    async def _start_container(self, node, p, pod, c, statuses) -> tuple[Container | None, int]:
+        image = c.get("image", "")
+        self._event_pod(pod, "Pulled", f'Container image "{image}" already present on machine', field_path=c)
+        extra = {"NVIDIA_VISIBLE_DEVICES": ",".join(map(str, p.gpus))} if p.gpus else {}
+        try:
+            ctr = await self.runner.start(pod, c, extra)
+        except CannotRun as exc:
+            now = rfc3339()
+            statuses[c["name"]]["state"] = {"terminated": {
+                "exitCode": 127, "reason": "StartError", "message": str(exc), "startedAt": now, "finishedAt": now}}
+            self._event_pod(pod, "Failed", f"Error: {exc}", "Warning", field_path=c)
+            return None, 127
+        self._event_pod(pod, "Created", f"Created container {c['name']}", field_path=c)
+        self._event_pod(pod, "Started", f"Started container {c['name']}", field_path=c)
+        return ctr, 0
+
+    def _finish(self, node: _Node, p: _Pod, phase: str, **extra) -> None:
+        if node.pods.get(p.uid) is p:
+            del node.pods[p.uid]
+        node.finished.add(p.uid)
+        self._write_status(node, p, phase, **extra)
+
+    async def _stop_containers(self, p: _Pod, grace: float) -> None:
+        await asyncio.gather(*(c.stop(grace) for c in list(p.running.values())), return_exceptions=True)
+
+    async def _delete_pod(self, node: _Node, p: _Pod, pod: dict) -> None:
+        grace = pod["metadata"].get("deletionGracePeriodSeconds",
+                                    pod["spec"].get("terminationGracePeriodSeconds", 30))
+        for name in p.running:
+            self._event_pod(pod, "Killing", f"Stopping container {name}", field_path={"name": name})
+        await self._stop_containers(p, float(grace or 0))
+        if p.task is not None:
+            p.task.cancel()
+        node.pods.pop(p.uid, None)
+        self._remove(pod["metadata"])
+
+    async def _shutdown_pod(self, node: _Node, p: _Pod) -> None:
+        p.closing = True
+        await self._stop_containers(p, 1.0)
+        if p.task is not None:
+            p.task.cancel()
+        for status in p.statuses.values():
+            if "terminated" not in status["state"]:
+                status["state"] = {"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": rfc3339()}}
+        self._finish(node, p, "Failed", reason="Terminated", message=SHUTDOWN_MESSAGE)
+
+    def _remove(self, meta: dict) -> None:
+        try:
+            self.store.remove("pods", meta["namespace"], meta["name"])
+        except ApiError:
+            pass
+        self.runner.forget(meta.get("uid", ""))
+
+    # ------------------------------------------------------------------ status writing
+    def _write_status(self, node: _Node, p: _Pod, phase: str, **extra) -> None:
+        now = rfc3339()
+        mains = list(p.statuses.values())
+        ready = phase == "Running" and all(s.get("ready") for s in mains)
+        initialized = all("terminated" in s["state"] and s["state"]["terminated"]["exitCode"] == 0
+                          for s in p.init_statuses.values())
+        done_reason = "PodCompleted" if phase in _TERMINAL else "ContainersNotReady"
+
+        def update(obj: dict) -> None:
+            status = obj.setdefault("status", {})
+            old = {c["type"]: c for c in status.get("conditions") or []}
+
+            def cond(kind: str, ok: bool, reason: str | None = None) -> dict:
+                value = "True" if ok else "False"
+                prev = old.get(kind)
+                c = {"type": kind, "status": value, "lastProbeTime": None,
+                     "lastTransitionTime": prev["lastTransitionTime"] if prev and prev["status"] == value else now}
+                if not ok and reason:
+                    c["reason"] = reason
+                return c
+
+            conditions = [cond("PodReadyToStartContainers", True),
+                          cond("Initialized", initialized, "ContainersNotInitialized"),
+                          cond("Ready", ready, done_reason), cond("ContainersReady", ready, done_reason),
+                          old.get("PodScheduled") or cond("PodScheduled", True)]
+            if extra.get("reason") == "Terminated":
+                conditions.append({"type": "DisruptionTarget", "status": "True", "lastProbeTime": None,
+                                   "lastTransitionTime": now, "reason": "TerminationByKubelet",
+                                   "message": SHUTDOWN_MESSAGE})
+            status.update(phase=phase, hostIP=node.spec.private_ip, hostIPs=[{"ip": node.spec.private_ip}],
+                          podIP=p.pod_ip, podIPs=[{"ip": p.pod_ip}], startTime=p.start_time,
+                          conditions=conditions, containerStatuses=[dict(s) for s in mains],
+                          qosClass=status.get("qosClass") or _qos(obj), **extra)
+            if p.init_statuses:
+                status["initContainerStatuses"] = [dict(s) for s in p.init_statuses.values()]
+        self._write_pod(p, update)
+
+    def _write_pod(self, p: _Pod, fn) -> None:
+        try:
+            self.store.mutate("pods", p.namespace, p.name, fn)
+        except ApiError:
+            pass   # the pod is gone; nothing to report
+
+    def _event_pod(self, pod: dict, reason: str, message: str, kind: str = "Normal",
+                   field_path: dict | None = None) -> None:
+        involved = pod
+        if field_path is not None:
+            involved = {**pod, "fieldPath": f"spec.containers{{{field_path['name']}}}"}
+        self._event(involved, reason, message, kind, "kubelet")
+
+    def _event_node(self, node: _Node, reason: str, message: str, kind: str = "Normal",
+                    component: str = "kubelet") -> None:
+        self._event({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name, "uid": node.name}},
+                    reason, message, kind, component)
+
+    def _event(self, involved: dict, reason: str, message: str, kind: str, component: str) -> None:
+        try:
+            self.store.record_event(involved, reason, message, type=kind, component=component)
+        except ApiError as exc:
+            log.debug("event %s not recorded: %s", reason, exc)
+
+    # ------------------------------------------------------------------ lifecycle
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("kubelet task failed", exc_info=task.exception())
+
+    def start(self) -> None:
+        self._queue = self.store.subscribe("pods")
+        self._spawn(self._watch_pods())
+        self._spawn(self._heartbeats())
+        for pod in self.store.list("pods")[0]:
+            self._on_pod("ADDED", pod)
+
+    async def stop(self) -> None:
+        """Stop kubelet work; container processes are the runner's to kill (ContainerRunner.shutdown)."""
+        if self._queue is not None:
+            self.store.unsubscribe("pods", self._queue)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def state(self) -> list[dict]:
+        """Per node: what its kubelet believes (for /_simcloud/state)."""
+        return [{"name": n.name, "instance_id": n.spec.instance_id, "kubelet_up": n.up, "blocked": n.blocked,
+                 "boot_id": n.boot_id, "gpus": n.gpus, "registered_gpus": n.registered,
+                 "pods": sum(1 for p in n.pods.values() if p.admitted)} for n in self._nodes.values()]
+
+
+# ---------------------------------------------------------------------- node status edits
+def _set_ready(obj: dict, now: str, boot_id: str) -> None:
+    status = obj["status"]
+    status["nodeInfo"]["bootID"] = boot_id
+    status["conditions"] = [{"type": t, "status": s, "lastHeartbeatTime": now, "lastTransitionTime": now,
+                             "reason": r, "message": m} for t, s, r, m in _HEALTHY]
+    obj["spec"]["taints"] = [t for t in obj["spec"].get("taints") or [] if t.get("key") != UNREACHABLE] or None
+    if obj["spec"]["taints"] is None:
+        obj["spec"].pop("taints")
+
+
+def _set_unknown(obj: dict, now: str) -> None:
+    status = obj["status"]
+    old = {c["type"]: c for c in status.get("conditions") or []}
+    status["conditions"] = [{"type": t, "status": "Unknown",
+                             "lastHeartbeatTime": (old.get(t) or {}).get("lastHeartbeatTime", now),
+                             "lastTransitionTime": now, "reason": "NodeStatusUnknown",
+                             "message": "Kubelet stopped posting node status."} for t, *_ in _HEALTHY]
+    taints = [t for t in obj["spec"].get("taints") or [] if t.get("key") != UNREACHABLE]
+    taints += [{"key": UNREACHABLE, "effect": "NoSchedule", "timeAdded": now},
+               {"key": UNREACHABLE, "effect": "NoExecute", "timeAdded": now}]
+    obj["spec"]["taints"] = taints
+
+
+def _set_gpus(obj: dict, count: int) -> None:
+    obj["status"]["capacity"][GPU] = obj["status"]["allocatable"][GPU] = str(count)
+
+
+def _beat(obj: dict, now: str) -> None:
+    for c in obj["status"].get("conditions") or []:
+        c["lastHeartbeatTime"] = now
+
+
+def _waiting(c: dict, reason: str) -> dict:
+    return {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False, "started": False,
+            "restartCount": 0, "state": {"waiting": {"reason": reason}}, "lastState": {}}
+
+
+def _qos(pod: dict) -> str:
+    containers = (pod.get("spec") or {}).get("containers") or []
+    res = [c.get("resources") or {} for c in containers]
+    if not any(r.get("requests") or r.get("limits") for r in res):
+        return "BestEffort"
+    guaranteed = all((r.get("limits") or {}).get(k) and (r.get("requests") or r.get("limits")).get(k)
+                     == r["limits"][k] for r in res for k in ("cpu", "memory"))
+    return "Guaranteed" if guaranteed else "Burstable"

@@ -1,0 +1,202 @@
+"""Assemble the local cloud in one event loop and serve it on two loopback ports.
+
+Store + Scheduler + EcsCloud + Kubelets + ContainerRunner, the Kubernetes API (with the
+admin routes `/_simcloud/faults` and `/_simcloud/state`) on one port and the ECS API on
+another. Once both listen it writes, in the workdir:
+
+* `kubeconfig`        cluster http://127.0.0.1:K8SPORT, a token user, current-context set
+* `ecs.json`          endpoint, region, access_key_id, access_key_secret   (mode 0600)
+* `connections.json`  Airflow connections `kubernetes_default` and `alibaba_ecs_default`
+                      (the `dag.test(conn_file_path=...)` format; each value also works as
+                      the JSON form of an `AIRFLOW_CONN_*` variable)            (mode 0600)
+* `simcloud.json`     ports, URLs, admin URL, pid (no secrets)
+
+and prints one line containing `simcloud ready`. SIGTERM/SIGINT stop it cleanly: container
+processes killed, sockets closed. The access key secret is never printed or logged.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import secrets
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import yaml
+from aiohttp import web
+
+from simcloud.config import Faults
+from simcloud.admin import ADMIN_PREFIX, admin_routes
+from simcloud.containers import ContainerRunner, rfc3339
+from simcloud.ecs_api import make_ecs_app
+from simcloud.ecs_model import EcsCloud
+from simcloud.fleet import (BENCH_NAMESPACE, Fleet, ecs_instance, ecs_instance_type, new_boot_id, node_object,
+                            placeholder_pod)
+from simcloud.k8s_api import make_k8s_app
+from simcloud.kubelet import Kubelets
+from simcloud.scheduler import Scheduler
+from simcloud.store import Store
+
+log = logging.getLogger("simcloud")
+
+
+class Cloud:
+    """Everything one simcloud process holds, wired together but not yet listening."""
+
+    def __init__(self, fleet: Fleet, workdir: Path, seed: int | None = None) -> None:
+        self.fleet, self.workdir = fleet, Path(workdir)
+        self.rng = random.Random(seed)
+        self.faults: Faults = fleet.faults
+        self.store = Store()
+        self.cloud = EcsCloud(fleet.region, fleet.timings, fleet.faults)
+        self.runner = ContainerRunner(self.workdir / "containers")
+        self.kubelets = Kubelets(self.store, self.cloud, self.runner, fleet.timings, fleet.faults,
+                                 random.Random(self.rng.random()))
+        self.scheduler = Scheduler(self.store)
+        self._populate()
+        self.k8s_app = make_k8s_app(self.store, self.runner, self.faults)
+        self.k8s_app.router.add_routes(admin_routes(self.faults, self.state))
+        self.ecs_app = make_ecs_app(self.cloud, {fleet.access_key_id: fleet.access_key_secret}, self.faults,
+                                    rng=random.Random(self.rng.random()))
+        self._runners: list[web.AppRunner] = []
+        self.k8s_port = self.ecs_port = 0
+
+    def _populate(self) -> None:
+        fleet = self.fleet
+        types = {tid: ecs_instance_type(t) for tid, t in fleet.instance_types.items()}
+        for t in types.values():
+            self.cloud.add_instance_type(t)
+        now = rfc3339()
+        if fleet.pods_per_node:
+            self.store.create("namespaces", {"metadata": {"name": BENCH_NAMESPACE}})
+        for spec in fleet.nodes:
+            self.cloud.add_instance(ecs_instance(spec, fleet.region, types[spec.instance_type.instance_type_id]))
+            running = spec.status == "Running"
+            self.kubelets.register(spec, node_object(spec, fleet.region, new_boot_id(self.rng)), running)
+            if running:
+                for i in range(fleet.pods_per_node):
+                    self.store.create("pods", placeholder_pod(spec.name, i, spec.private_ip, now))
+
+    def state(self) -> dict:
+        """Instances, nodes (API view joined with the kubelet's own) and pod counts."""
+        kubelet = {k["name"]: k for k in self.kubelets.state()}
+        nodes = []
+        for obj in self.store.peek("nodes"):
+            status = obj.get("status") or {}
+            ready = next((c["status"] for c in status.get("conditions") or [] if c["type"] == "Ready"), "Unknown")
+            nodes.append({**kubelet.get(obj["metadata"]["name"], {"name": obj["metadata"]["name"]}),
+                          "ready": ready, "provider_id": obj["spec"].get("providerID"),
+                          "allocatable_gpu": (status.get("allocatable") or {}).get("nvidia.com/gpu"),
+                          "node_boot_id": (status.get("nodeInfo") or {}).get("bootID"),
+                          "taints": [f"{t['key']}:{t['effect']}" for t in obj["spec"].get("taints") or []]})
+        phases: dict[str, int] = {}
+        for pod in self.store.peek("pods"):
+            phase = (pod.get("status") or {}).get("phase", "Pending")
+            phases[phase] = phases.get(phase, 0) + 1
+        return {"region": self.fleet.region, "instances": self.cloud.state(), "nodes": nodes, "pods": phases,
+                "faults": self.faults.to_dict()}
+
+    async def start(self, k8s_port: int = 0, ecs_port: int = 0) -> None:
+        self.k8s_port = await self._listen(self.k8s_app, k8s_port)
+        self.ecs_port = await self._listen(self.ecs_app, ecs_port)
+        self.runner.k8s_port = self.k8s_port
+        self.scheduler.start()
+        self.kubelets.start()
+
+    async def _listen(self, app: web.Application, port: int) -> int:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        await runner.setup()
+        self._runners.append(runner)
+        await web.SockSite(runner, sock).start()
+        return sock.getsockname()[1]
+
+    async def stop(self) -> None:
+        await self.kubelets.stop()
+        await self.scheduler.stop()
+        await self.runner.shutdown()
+        self.cloud.close()
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+
+    # ------------------------------------------------------------------ workdir files
+    @property
+    def k8s_url(self) -> str:
+        return f"http://127.0.0.1:{self.k8s_port}"
+
+    @property
+    def ecs_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.ecs_port}"
+
+    def write_files(self) -> None:
+        fleet, wd = self.fleet, self.workdir
+        kubeconfig = wd / "kubeconfig"
+        _write(kubeconfig, yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "preferences": {},
+            "clusters": [{"name": "simcloud", "cluster": {"server": self.k8s_url}}],
+            "users": [{"name": "simcloud-admin", "user": {"token": secrets.token_hex(16)}}],
+            "contexts": [{"name": "simcloud", "context": {"cluster": "simcloud", "user": "simcloud-admin",
+                                                          "namespace": "default"}}],
+            "current-context": "simcloud",
+        }, sort_keys=False), private=True)
+        _write(wd / "ecs.json", json.dumps({
+            "endpoint": self.ecs_endpoint, "region": fleet.region,
+            "access_key_id": fleet.access_key_id, "access_key_secret": fleet.access_key_secret}, indent=2),
+            private=True)
+        _write(wd / "connections.json", json.dumps({
+            "kubernetes_default": {"conn_type": "kubernetes",
+                                   "extra": {"kube_config_path": str(kubeconfig.resolve()), "namespace": "default"}},
+            "alibaba_ecs_default": {"conn_type": "alibaba_cloud", "login": fleet.access_key_id,
+                                    "password": fleet.access_key_secret,
+                                    "extra": {"region_id": fleet.region, "endpoint": f"127.0.0.1:{self.ecs_port}",
+                                              "protocol": "http"}},
+        }, indent=2), private=True)
+        _write(wd / "simcloud.json", json.dumps({
+            "pid": os.getpid(), "k8s_port": self.k8s_port, "ecs_port": self.ecs_port, "k8s_url": self.k8s_url,
+            "ecs_endpoint": self.ecs_endpoint, "admin_url": self.k8s_url + ADMIN_PREFIX, "region": fleet.region,
+            "kubeconfig": str(kubeconfig.resolve())}, indent=2))
+
+
+def _write(path: Path, text: str, private: bool = False) -> None:
+    """Write atomically, readable only by the owner when it holds a secret."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+async def serve(fleet: Fleet, workdir: Path, k8s_port: int = 0, ecs_port: int = 0, seed: int | None = None) -> None:
+    """Run until SIGTERM/SIGINT."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    cloud = Cloud(fleet, workdir, seed)
+    try:
+        await cloud.start(k8s_port, ecs_port)
+        cloud.write_files()
+        running = sum(1 for n in fleet.nodes if n.status == "Running")
+        print(f"simcloud ready: kubernetes {cloud.k8s_url} ecs {cloud.ecs_endpoint} region {fleet.region} "
+              f"nodes {len(fleet.nodes)} ({running} running) workdir {workdir}", flush=True)
+        await stop.wait()
+        log.info("simcloud stopping")
+    finally:
+        await cloud.stop()
+    print("simcloud stopped", flush=True)
+
+
+def main_serve(fleet: Fleet, workdir: Path, k8s_port: int, ecs_port: int, seed: int | None) -> int:
+    logging.basicConfig(level=os.environ.get("SIMCLOUD_LOG_LEVEL", "INFO"), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(fleet, workdir, k8s_port, ecs_port, seed))
+    return 0

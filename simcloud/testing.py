@@ -1,0 +1,209 @@
+"""Test helpers: run `python -m simcloud serve` as a subprocess and talk to it with real clients.
+
+    from simcloud.testing import SimCloud, small_fleet, wait_until
+
+    with SimCloud.start(small_fleet(), tmp_path) as cloud:
+        v1 = cloud.core_v1()                       # kubernetes.client.CoreV1Api on cloud.kubeconfig
+        ecs = cloud.ecs_client()                   # alibabacloud_ecs20140526 Client on cloud.ecs
+        cloud.set_faults(never_ready=["gpu-1"])    # PATCH /_simcloud/faults
+        wait_until(lambda: cloud.node_ready("cpu-1"), timeout=5)
+
+The product never imports this module (nor anything else in simcloud).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator, TypeVar
+
+import yaml
+
+from simcloud import admin
+
+T = TypeVar("T")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# Fast emulated timings for tests (seconds): a boot with GPUs takes about one second.
+FAST_TIMINGS = {"start_seconds": 0.2, "stop_seconds": 0.2, "boot_seconds": 0.3, "stale_seconds": 0.3,
+                "device_plugin_seconds": 0.3, "heartbeat_seconds": 0.5, "pod_start_seconds": 0.1}
+
+# Real Alibaba Cloud instance types (vCPU, GiB, GPUs); prices are indicative, per hour.
+INSTANCE_TYPES = {
+    "ecs.g7.xlarge": {"cpu": 4, "memory_gib": 16, "price_per_hour": 0.2},
+    "ecs.g7.2xlarge": {"cpu": 8, "memory_gib": 32, "price_per_hour": 0.4},
+    "ecs.gn6i-c4g1.xlarge": {"cpu": 4, "memory_gib": 15, "gpu": 1, "gpu_spec": "NVIDIA T4", "price_per_hour": 1.2},
+    "ecs.gn6i-c8g1.2xlarge": {"cpu": 8, "memory_gib": 31, "gpu": 1, "gpu_spec": "NVIDIA T4", "price_per_hour": 1.4},
+    "ecs.gn6i-c24g1.12xlarge": {"cpu": 48, "memory_gib": 186, "gpu": 2, "gpu_spec": "NVIDIA T4",
+                                "price_per_hour": 4.2},
+    "ecs.gn7i-c8g1.2xlarge": {"cpu": 8, "memory_gib": 30, "gpu": 1, "gpu_spec": "NVIDIA A10", "price_per_hour": 2.1},
+    "ecs.gn7i-c32g1.16xlarge": {"cpu": 64, "memory_gib": 376, "gpu": 2, "gpu_spec": "NVIDIA A10",
+                                "price_per_hour": 6.5},
+    "ecs.gn6v-c8g1.2xlarge": {"cpu": 8, "memory_gib": 32, "gpu": 1, "gpu_spec": "NVIDIA V100", "price_per_hour": 2.6},
+    "ecs.gn6v-c8g1.8xlarge": {"cpu": 32, "memory_gib": 128, "gpu": 4, "gpu_spec": "NVIDIA V100",
+                              "price_per_hour": 10.4},
+}
+DEFAULT_NODES = [
+    {"name": "cpu-1", "instance_type": "ecs.g7.xlarge", "status": "Running"},
+    {"name": "gpu-t4-1", "instance_type": "ecs.gn6i-c4g1.xlarge", "status": "Stopped"},
+]
+MANAGED = {"labels": {"gpuboot.io/managed": "true"}, "tags": {"gpuboot:managed": "true"}}
+
+
+def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.05,
+               message: str | Callable[[], str] | None = None) -> T:
+    """Poll `predicate` until it returns something truthy (returned) or `timeout` passes (TimeoutError)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            text = message() if callable(message) else message
+            raise TimeoutError(text or f"condition not met within {timeout}s: {predicate}")
+        time.sleep(interval)
+
+
+def small_fleet(nodes: list[dict] | None = None, *, timings: dict | None = None, faults: dict | None = None,
+                region: str = "cn-hangzhou", zone: str = "cn-hangzhou-h", managed: bool = True,
+                pods_per_node: int = 0) -> dict:
+    """A fleet dict with fast timings. `nodes` entries need only name/instance_type/status (types from
+    INSTANCE_TYPES); GPU nodes are opted in to management (label + tag) unless `managed=False`."""
+    nodes = [dict(n) for n in (nodes or DEFAULT_NODES)]
+    for node in nodes:
+        node.setdefault("zone", zone)
+        node.setdefault("status", "Stopped")
+        if managed and INSTANCE_TYPES.get(node["instance_type"], {}).get("gpu"):
+            node["labels"] = {**MANAGED["labels"], **node.get("labels", {})}
+            node["tags"] = {**MANAGED["tags"], **node.get("tags", {})}
+    used = {n["instance_type"] for n in nodes}
+    return {
+        "region": region,
+        "credentials": {"access_key_id": "LTAI-simcloud-test", "access_key_secret": "test-secret-not-for-logs"},
+        "timings": {**FAST_TIMINGS, **(timings or {})},
+        "faults": dict(faults or {}),
+        "pods_per_node": pods_per_node,
+        "instance_types": {t: INSTANCE_TYPES[t] for t in sorted(used) if t in INSTANCE_TYPES},
+        "nodes": nodes,
+    }
+
+
+class SimCloud:
+    """A running `python -m simcloud serve` subprocess and the files it wrote."""
+
+    def __init__(self, workdir: Path, process: subprocess.Popen, log_path: Path) -> None:
+        self.workdir, self.process, self.log_path = Path(workdir), process, log_path
+        self.info = json.loads((self.workdir / "simcloud.json").read_text())
+        self.ecs = json.loads((self.workdir / "ecs.json").read_text())
+        self.kubeconfig = self.workdir / "kubeconfig"
+        self.connections_file = self.workdir / "connections.json"
+        self.k8s_url: str = self.info["k8s_url"]
+        self.ecs_endpoint: str = self.ecs["endpoint"]
+        self.region: str = self.ecs["region"]
+        self._api_client = None
+
+    @classmethod
+    @contextlib.contextmanager
+    def start(cls, fleet: dict | str | Path, workdir: Path, *, ready_timeout: float = 30.0,
+              stop_timeout: float = 10.0, seed: int | None = None, extra_args: list[str] | None = None
+              ) -> Iterator["SimCloud"]:
+        """Start the server, wait for `simcloud ready` (or fail with its log), stop it on exit."""
+        workdir = Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        fleet_path = cls._fleet_file(fleet, workdir)
+        log_path = workdir / "simcloud.log"
+        args = [sys.executable, "-m", "simcloud", "serve", "--fleet", str(fleet_path), "--workdir", str(workdir)]
+        if seed is not None:
+            args += ["--seed", str(seed)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
+                                                                         os.environ.get("PYTHONPATH")]))}
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(args + (extra_args or []), stdout=log, stderr=subprocess.STDOUT,
+                                       cwd=REPO_ROOT, env=env)
+        try:
+            wait_until(lambda: process.poll() is not None or b"simcloud ready" in log_path.read_bytes(),
+                       timeout=ready_timeout, interval=0.05,
+                       message=lambda: f"simcloud not ready in {ready_timeout}s:\n{_tail(log_path)}")
+            if process.poll() is not None:
+                raise RuntimeError(f"simcloud exited with {process.returncode}:\n{_tail(log_path)}")
+            cloud = cls(workdir, process, log_path)
+        except BaseException:
+            _terminate(process, stop_timeout)
+            raise
+        try:
+            yield cloud
+        finally:
+            cloud.stop(stop_timeout)
+
+    @staticmethod
+    def _fleet_file(fleet: dict | str | Path, workdir: Path) -> Path:
+        if isinstance(fleet, dict):
+            path = workdir / "fleet.yaml"
+            path.write_text(yaml.safe_dump(fleet, sort_keys=False))
+            return path
+        return Path(fleet).resolve()
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, then SIGKILL after `timeout`; returns the exit code."""
+        return _terminate(self.process, timeout)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    # -- admin --------------------------------------------------------------
+    def set_faults(self, **changes) -> dict:
+        return admin.set_faults(self.workdir, **changes)
+
+    def faults(self) -> dict:
+        return admin.get_faults(self.workdir)
+
+    def state(self) -> dict:
+        return admin.get_state(self.workdir)
+
+    def instance_id(self, node_name: str) -> str:
+        return next(n["instance_id"] for n in self.state()["nodes"] if n["name"] == node_name)
+
+    # -- clients ------------------------------------------------------------
+    def api_client(self):
+        """A `kubernetes` ApiClient on the kubeconfig (one per SimCloud, reused)."""
+        if self._api_client is None:
+            from kubernetes import config
+            self._api_client = config.new_client_from_config(config_file=str(self.kubeconfig))
+        return self._api_client
+
+    def core_v1(self):
+        from kubernetes import client
+        return client.CoreV1Api(self.api_client())
+
+    def ecs_client(self):
+        from alibabacloud_ecs20140526.client import Client
+        from alibabacloud_tea_openapi import models as open_api_models
+        return Client(open_api_models.Config(
+            access_key_id=self.ecs["access_key_id"], access_key_secret=self.ecs["access_key_secret"],
+            endpoint=self.ecs_endpoint.removeprefix("http://"), protocol="http", region_id=self.region))
+
+    def node_ready(self, name: str) -> bool:
+        node = self.core_v1().read_node(name)
+        return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+
+
+def _terminate(process: subprocess.Popen, timeout: float) -> int:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return process.wait()
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"

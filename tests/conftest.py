@@ -1,0 +1,38 @@
+"""Shared fixtures: a factory that runs `python -m simcloud serve` per test, stopped afterwards."""
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+from simcloud.testing import SimCloud, small_fleet, wait_until  # noqa: F401  (re-exported for tests)
+
+REPO = Path(__file__).resolve().parents[1]
+KUBECTL_CANDIDATES = [Path("/usr/bin/kubectl"), REPO / ".tools/debian-kubectl/usr/bin/kubectl"]
+
+
+def kubectl_binaries() -> list[Path]:
+    """Every kubectl the tests should drive: the system one and Debian's (unpacked by .ci/run)."""
+    found = [p for p in KUBECTL_CANDIDATES if p.exists()]
+    on_path = shutil.which("kubectl")
+    if on_path and Path(on_path).resolve() not in {p.resolve() for p in found}:
+        found.append(Path(on_path))
+    return found
+
+
+@pytest.fixture
+def simcloud_factory(tmp_path):
+    """simcloud_factory(fleet_dict_or_path=None, **SimCloud.start kwargs) -> a running SimCloud."""
+    with contextlib.ExitStack() as stack:
+        count = 0
+
+        def start(fleet: dict | str | Path | None = None, **kwargs) -> SimCloud:
+            nonlocal count
+            count += 1
+            workdir = tmp_path / f"simcloud-{count}"
+            return stack.enter_context(SimCloud.start(fleet if fleet is not None else small_fleet(), workdir,
+                                                      **kwargs))
+
+        yield start
