@@ -1,0 +1,137 @@
+"""Kubernetes access for gpuboot through the cncf-kubernetes provider's hooks.
+
+Everything returned is a plain dict in API form (camelCase), as the pure core expects.
+Lists are read raw (no model deserialization) and paged, which keeps a 2,000-node,
+20,000-pod cluster cheap to read.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from functools import cached_property
+from typing import Any
+
+ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+PAGE = 500
+
+
+class Conflict(Exception):
+    """409 from the API server: the object changed since it was read (or already exists)."""
+
+
+class Gone(Exception):
+    """410 from a watch: the resourceVersion is too old; re-list and watch again."""
+
+
+def _raw(response) -> dict:
+    return json.loads(response.data)
+
+
+class KubeClient:
+    """Synchronous access for operators (KubernetesHook(conn_id=...))."""
+
+    def __init__(self, kubernetes_conn_id: str = "kubernetes_default") -> None:
+        self.kubernetes_conn_id = kubernetes_conn_id
+
+    @cached_property
+    def hook(self):
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+        return KubernetesHook(conn_id=self.kubernetes_conn_id)
+
+    @cached_property
+    def core(self):
+        return self.hook.core_v1_client
+
+    def _list(self, method, **kwargs) -> list[dict]:
+        items: list[dict] = []
+        token = None
+        while True:
+            page = _raw(method(limit=PAGE, _continue=token, _preload_content=False, **kwargs))
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+
+    def list_nodes(self, label_selector: str | None = None) -> list[dict]:
+        return self._list(self.core.list_node, label_selector=label_selector)
+
+    def list_active_pods(self, label_selector: str | None = None) -> list[dict]:
+        """Non-terminated pods in every namespace (what still holds node resources)."""
+        return self._list(self.core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS,
+                          label_selector=label_selector)
+
+    def get_node(self, name: str) -> dict:
+        return _raw(self.core.read_node(name, _preload_content=False))
+
+    def read_configmap(self, namespace: str, name: str) -> dict | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return _raw(self.core.read_namespaced_config_map(name, namespace, _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create_configmap(self, namespace: str, body: dict) -> dict:
+        return self._write(self.core.create_namespaced_config_map, namespace, body)
+
+    def replace_configmap(self, namespace: str, body: dict) -> dict:
+        """Replace guarded by body.metadata.resourceVersion (compare-and-swap)."""
+        return self._write(self.core.replace_namespaced_config_map, body["metadata"]["name"], namespace, body)
+
+    @staticmethod
+    def _write(method, *args) -> dict:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return _raw(method(*args, _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(f"{exc.status} {exc.reason}") from None
+            raise
+
+
+class AsyncKubeClient:
+    """Asynchronous access for triggers (AsyncKubernetesHook), one node at a time."""
+
+    def __init__(self, kubernetes_conn_id: str = "kubernetes_default") -> None:
+        self.kubernetes_conn_id = kubernetes_conn_id
+
+    @cached_property
+    def hook(self):
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+
+        return AsyncKubernetesHook(conn_id=self.kubernetes_conn_id)
+
+    async def get_node(self, name: str) -> dict:
+        from kubernetes_asyncio import client
+
+        async with self.hook.get_conn() as api:
+            response = await client.CoreV1Api(api).read_node(name, _preload_content=False)
+            return json.loads(await response.read())
+
+    async def watch_node(self, name: str, resource_version: str | None,
+                         timeout_seconds: int) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Yield (event type, node dict) for one Node until the server ends the watch
+        after `timeout_seconds`; raises Gone when `resource_version` is too old."""
+        from kubernetes_asyncio import client, watch
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        async with self.hook.get_conn() as api:
+            w = watch.Watch()
+            try:
+                async for event in w.stream(client.CoreV1Api(api).list_node,
+                                            field_selector=f"metadata.name={name}",
+                                            resource_version=resource_version,
+                                            timeout_seconds=max(1, int(timeout_seconds)),
+                                            _request_timeout=timeout_seconds + 30):
+                    if event["type"] != "BOOKMARK":
+                        yield event["type"], event["raw_object"]
+            except ApiException as exc:
+                if exc.status == 410:
+                    raise Gone(str(exc.reason)) from None
+                raise
+            finally:
+                w.stop()

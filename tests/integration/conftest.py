@@ -1,0 +1,37 @@
+"""A local cloud per test for the gpuboot adapters and operators, with short emulated timings,
+and the Airflow connections it writes exposed as AIRFLOW_CONN_* for the hooks."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from simcloud.testing import SimCloud, small_fleet, wait_until  # noqa: F401  (re-exported for the tests)
+
+T4 = "ecs.gn6i-c4g1.xlarge"
+T4X2 = "ecs.gn6i-c24g1.12xlarge"
+CPU = "ecs.g7.xlarge"
+
+# One running and two stopped GPU nodes (4 GPUs in all) and a CPU node. The stale phase
+# (new bootID, Ready, old GPU count) is long enough for the weakened-rule test to bind a
+# pod inside it, and shorter than the settle window the readiness tests use.
+FLEET = small_fleet([
+    {"name": "gpu-run", "instance_type": T4, "status": "Running"},
+    {"name": "gpu-stop", "instance_type": T4, "status": "Stopped"},
+    {"name": "gpu2-stop", "instance_type": T4X2, "status": "Stopped"},
+    {"name": "cpu-1", "instance_type": CPU, "status": "Running"},
+], timings={"stale_seconds": 1.0, "device_plugin_seconds": 0.5})
+SETTLE_SECONDS = 2.0
+
+
+def expose_connections(connections_file, monkeypatch) -> None:
+    for conn_id, conn in json.loads(open(connections_file).read()).items():
+        monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(conn))
+
+
+@pytest.fixture
+def cloud(tmp_path, monkeypatch):
+    """The test fleet above, running, with kubernetes_default / alibaba_ecs_default pointing at it."""
+    with SimCloud.start(FLEET, tmp_path / "simcloud") as sim:
+        expose_connections(sim.connections_file, monkeypatch)
+        yield sim

@@ -1,0 +1,131 @@
+"""NodeGpuReadyTrigger against a real boot in the local cloud (stale -> 0 -> real GPUs).
+
+The strong rule must not fire before the device plugin registered the real count and it
+held for the settle window; a deliberately weakened rule (Ready and GPU > 0) fires
+during the stale phase, and a GPU pod bound at that moment fails admission, which is
+what proves the rule matters."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from gpuboot.ecs import EcsHook
+from gpuboot.kube import AsyncKubeClient, KubeClient
+from gpuboot.readiness import Verdict
+from gpuboot.triggers import NodeGpuReadyTrigger
+
+from .conftest import SETTLE_SECONDS as SETTLE, wait_until
+
+NODE = "gpu-stop"
+
+
+def gpus(node: dict) -> str | None:
+    return (node.get("status") or {}).get("allocatable", {}).get("nvidia.com/gpu")
+
+
+def is_ready(node: dict) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions") or [])
+
+
+def instance_of(node: dict) -> str:
+    return node["spec"]["providerID"].split(".", 1)[1]
+
+
+class WeakTracker:
+    """The first version's rule: Ready and allocatable GPU > 0, nothing else."""
+
+    def observe(self, node: dict, now: float) -> Verdict:
+        ok = is_ready(node) and int(gpus(node) or 0) > 0
+        return Verdict(ok, "weak rule", {"ready": is_ready(node), "gpus_allocatable": gpus(node)})
+
+    def next_check_in(self, now: float) -> None:
+        return None
+
+
+class WeakTrigger(NodeGpuReadyTrigger):
+    def make_tracker(self):
+        return WeakTracker()
+
+
+def gpu_pod(name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": NODE, "restartPolicy": "Never",
+                     "containers": [{"name": "main", "image": "python:3.11",
+                                     "command": ["python", "-c", "print('gpu ok')"],
+                                     "resources": {"requests": {"nvidia.com/gpu": "1"},
+                                                   "limits": {"nvidia.com/gpu": "1"}}}]}}
+
+
+def pod_phase(kube: KubeClient, name: str) -> tuple[str, str | None]:
+    status = kube.core.read_namespaced_pod(name, "default").status
+    return status.phase, status.reason
+
+
+async def boot_and_wait(trigger_cls, timeout: float = 30):
+    """Start the stopped node, run the trigger, and record every Node state seen meanwhile."""
+    kube, watcher = KubeClient(), AsyncKubeClient()
+    before = kube.get_node(NODE)
+    timeline: list[tuple[float, bool, str | None, str]] = []
+
+    async def record():
+        version = before["metadata"]["resourceVersion"]
+        while True:
+            async with contextlib.aclosing(watcher.watch_node(NODE, version, 5)) as events:
+                async for _, node in events:
+                    version = node["metadata"]["resourceVersion"]
+                    timeline.append((time.time(), is_ready(node), gpus(node), node["status"]["nodeInfo"]["bootID"]))
+
+    recorder = asyncio.create_task(record())
+    started = time.time()
+    outcome = await asyncio.to_thread(EcsHook().start_instances, [instance_of(before)])
+    assert outcome[instance_of(before)].outcome == "done"
+    trigger = trigger_cls(baseline={"node": NODE, "start_requested_at": started,
+                                    "boot_id_before": before["status"]["nodeInfo"]["bootID"], "gpus_needed": 1},
+                          deadline=started + timeout, settle_seconds=SETTLE)
+    event = await trigger.run().__anext__()
+    fired = time.time()
+    recorder.cancel()
+    await asyncio.gather(recorder, return_exceptions=True)
+    return event.payload, fired, timeline, started
+
+
+def test_trigger_waits_through_stale_and_zero_and_fires_after_settle(cloud):
+    payload, fired, timeline, started = asyncio.run(boot_and_wait(NodeGpuReadyTrigger))
+    assert payload["status"] == "ready", payload
+    zero_seen = [t for t, _, g, _ in timeline if g == "0" and t > started]
+    assert zero_seen and zero_seen[0] < fired, "must not fire before the kubelet zeroed the stale count"
+    registered = min(t for t, _, g, _ in timeline if g == "1" and t > zero_seen[0])
+    assert fired >= registered + SETTLE - 0.1, "must hold the real count for the settle window"
+    kube = KubeClient()
+    kube.core.create_namespaced_pod("default", gpu_pod("after-strong"))
+    phase, reason = wait_until(lambda: pod_phase(kube, "after-strong")[0] in ("Succeeded", "Failed")
+                               and pod_phase(kube, "after-strong"), timeout=20)
+    assert (phase, reason) == ("Succeeded", None)
+
+
+def test_weakened_rule_fires_on_the_stale_count_and_the_pod_fails_admission(cloud):
+    payload, fired, timeline, started = asyncio.run(boot_and_wait(WeakTrigger))
+    assert payload["status"] == "ready"
+    assert not [t for t, _, g, _ in timeline if g == "0" and started < t < fired], "fired before the zero phase"
+    kube = KubeClient()
+    kube.core.create_namespaced_pod("default", gpu_pod("after-weak"))
+    phase, reason = wait_until(lambda: pod_phase(kube, "after-weak")[0] in ("Succeeded", "Failed")
+                               and pod_phase(kube, "after-weak"), timeout=20)
+    assert (phase, reason) == ("Failed", "UnexpectedAdmissionError")
+
+
+def test_trigger_times_out_with_what_it_last_saw(cloud):
+    cloud.set_faults(device_plugin_never=[NODE])
+    payload, fired, _, started = asyncio.run(boot_and_wait(NodeGpuReadyTrigger, timeout=5))
+    assert payload["status"] == "timeout" and fired >= started + 5
+    assert payload["node"] == NODE and payload["reason"]
+    assert payload["evidence"], "the timeout must carry what was last seen"
+
+
+def test_trigger_serializes_to_an_importable_path():
+    trigger = NodeGpuReadyTrigger(baseline={"node": "n", "start_requested_at": None, "boot_id_before": None,
+                                            "gpus_needed": 0}, deadline=1.0)
+    path, kwargs = trigger.serialize()
+    assert path == "gpuboot.triggers.NodeGpuReadyTrigger"
+    assert NodeGpuReadyTrigger(**kwargs).serialize() == (path, kwargs)
