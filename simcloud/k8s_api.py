@@ -490,14 +490,11 @@ def make_k8s_app(store: Store, log_source: LogSource, faults: Faults, *, debug: 
         return _json(_resource_list(gv))
 
     app = web.Application(middlewares=[middleware], client_max_size=64 * 1024 * 1024)
-    app.router.add_get("/version", version)
-    for path in ("/healthz", "/readyz", "/livez"):
-        app.router.add_get(path, health)
-    app.router.add_get("/api", core_versions)
-    app.router.add_get("/api/v1", core_resources)
-    app.router.add_get("/apis", group_list)
-    app.router.add_get("/apis/{group}", group)
-    app.router.add_get("/apis/{group}/{version}", group_resources)
+    for path, handler in (("/version", version), ("/healthz", health), ("/readyz", health), ("/livez", health),
+                          ("/api", core_versions), ("/api/v1", core_resources), ("/apis", group_list),
+                          ("/apis/{group}", group), ("/apis/{group}/{version}", group_resources)):
+        app.router.add_get(path, handler)
+        app.router.add_get(path + "/", handler)    # the generated clients ask for "/version/", "/api/v1/"
     app.router.add_route("*", "/api/{version:v1}/{tail:.+}", api.resource)
     app.router.add_route("*", "/apis/{group}/{version}/{tail:.+}", api.resource)
     return app

@@ -173,13 +173,13 @@ current-context: simcloud
     return path
 
 
-def start_server(workdir: Path, *, scheduler: bool = True) -> K8sServer:
+def start_server(workdir: Path, *, scheduler: bool = True, history_limit: int = 10_000) -> K8sServer:
     loop = asyncio.new_event_loop()
     ready = threading.Event()
     holder: dict = {}
 
     async def boot():
-        store = Store()
+        store = Store(history_limit=history_limit)
         faults = Faults()
         logs = MemoryLogs(store)
         runner = web.AppRunner(make_k8s_app(store, logs, faults), access_log=None, shutdown_timeout=0.5)
