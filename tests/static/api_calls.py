@@ -9,7 +9,6 @@ or to `Watch().stream(...)` counts as used.
 from __future__ import annotations
 
 import ast
-import inspect
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -30,19 +29,26 @@ class Use:
         return f"{self.name}{suffix} at {self.where}"
 
 
-@cache
-def kube_methods() -> dict[str, list[type]]:
-    """Public method name -> the `kubernetes.client` API classes defining it."""
-    import kubernetes.client as k8s
+def _installed(distribution_name: str, path: str) -> Path:
+    """A file of an installed distribution, found without importing it (imports are slow)."""
+    from importlib.metadata import distribution
 
-    found: dict[str, list[type]] = {}
-    for cls_name in dir(k8s):
-        cls = getattr(k8s, cls_name)
-        if not (inspect.isclass(cls) and cls_name.endswith("Api") and cls.__module__.startswith("kubernetes.client.api.")):
-            continue
-        for name, _ in inspect.getmembers(cls, inspect.isfunction):
-            if not name.startswith("_") and not name.endswith("_with_http_info"):
-                found.setdefault(name, []).append(cls)
+    return Path(distribution(distribution_name).locate_file(path))
+
+
+_KUBE_DEF = re.compile(r"^    def ([a-z]\w*)\(self", re.MULTILINE)
+
+
+@cache
+def kube_methods() -> dict[str, list[str]]:
+    """Public method name -> the `kubernetes.client` API modules defining it (CoreV1Api first)."""
+    api_dir = _installed("kubernetes", "kubernetes/client/api")
+    modules = sorted(api_dir.glob("*_api.py"), key=lambda p: (p.name != "core_v1_api.py", p.name))
+    found: dict[str, list[str]] = {}
+    for module in modules:
+        for name in _KUBE_DEF.findall(module.read_text()):
+            if not name.endswith("_with_http_info"):
+                found.setdefault(name, []).append(module.name)
     return found
 
 
@@ -51,12 +57,13 @@ _API_PREFIX = re.compile(r"^/(?:api/v1|apis/([^/]+)/[^/]+)(/.*)?$")
 _HTTP_VERB = {"POST": "create", "PUT": "update", "PATCH": "patch"}
 
 
-def kube_rest(name: str, cls: type | None = None) -> tuple[str, str, str]:
+def kube_rest(name: str, module: str | None = None) -> tuple[str, str, str]:
     """(apiGroup, resource[/subresource], RBAC verb) a client method requests, read from the
     generated client's own URL template and HTTP method, so the mapping is not guessed."""
-    cls = cls or kube_methods()[name][0]
-    source = inspect.getsource(getattr(cls, f"{name}_with_http_info"))
-    path, http = _CALL_API.search(source).groups()
+    module = module or kube_methods()[name][0]
+    source = _installed("kubernetes", f"kubernetes/client/api/{module}").read_text()
+    body = source[source.index(f"    def {name}_with_http_info(self"):]
+    path, http = _CALL_API.search(body).groups()
     group, rest = _API_PREFIX.match(path).groups()
     parts = [p for p in (rest or "").split("/") if p]
     if parts[:2] == ["namespaces", "{namespace}"]:
@@ -78,9 +85,7 @@ def kube_rest(name: str, cls: type | None = None) -> tuple[str, str, str]:
 @cache
 def ecs_methods() -> dict[str, str]:
     """ECS SDK client method name (sync, async, *_with_options) -> OpenAPI action name."""
-    from alibabacloud_ecs20140526 import client as ecs_client
-
-    tree = ast.parse(Path(ecs_client.__file__).read_text())
+    tree = ast.parse(_installed("alibabacloud-ecs20140526", "alibabacloud_ecs20140526/client.py").read_text())
     found: dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
@@ -139,9 +144,7 @@ def scan_files(paths: list[Path], root: Path) -> list[Use]:
 
 
 def provider_dir() -> Path:
-    import airflow.providers.cncf.kubernetes as provider
-
-    return Path(provider.__file__).parent
+    return _installed("apache-airflow-providers-cncf-kubernetes", "airflow/providers/cncf/kubernetes")
 
 
 # The modules that make up KubernetesPodOperator at run time (sync and deferrable paths).

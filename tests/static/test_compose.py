@@ -68,6 +68,26 @@ def _command(service: dict) -> list[str]:
     return command.split() if isinstance(command, str) else command
 
 
+# Compose-spec keys this file may use: a typo (`restrat:`) would be an error for `docker
+# compose`, which we cannot run, so catch it here.
+SERVICE_KEYS = {"build", "command", "depends_on", "entrypoint", "environment", "expose", "healthcheck",
+                "hostname", "image", "ports", "profiles", "restart", "user", "volumes", "working_dir"}
+HEALTHCHECK_KEYS = {"test", "interval", "timeout", "retries", "start_period"}
+DURATION = re.compile(r"^(\d+(h|m|s|ms|us))+$")
+
+
+def test_services_use_only_known_keys_and_valid_values(services):
+    for name, service in services.items():
+        assert set(service) <= SERVICE_KEYS, f"{name}: unknown keys {set(service) - SERVICE_KEYS}"
+        assert service.get("restart", "always") in ("no", "always", "on-failure", "unless-stopped")
+        check = service.get("healthcheck", {})
+        assert set(check) <= HEALTHCHECK_KEYS, f"{name}: unknown healthcheck keys {set(check) - HEALTHCHECK_KEYS}"
+        if check:
+            assert check["test"][0] in ("CMD", "CMD-SHELL"), f"{name}: healthcheck test must start CMD/CMD-SHELL"
+            assert all(DURATION.match(str(check[k])) for k in ("interval", "timeout", "start_period") if k in check)
+            assert isinstance(check.get("retries", 1), int)
+
+
 def test_required_services_present(services):
     missing = [s for s in REQUIRED if s not in services]
     assert not missing, f"docker-compose.yaml lacks services {missing}"
