@@ -113,13 +113,13 @@ def filter_node(pod: dict, requests: dict[str, Decimal], node: dict, used: dict[
         free = parse_quantity(allocatable.get(res, 0)) - used.get(res, Decimal(0))
         if free < qty:
             reasons.append("Too many pods" if res == "pods" else f"Insufficient {res}")
-    return reasons
+    return sorted(reasons)
 
 
 def unschedulable_message(total_nodes: int, reasons: Counter) -> str:
     if total_nodes == 0:
         return "no nodes available to schedule pods"
-    detail = ", ".join(f"{count} {reason}" for reason, count in sorted(reasons.items()))
+    detail = ", ".join(sorted(f"{count} {reason}" for reason, count in reasons.items()))   # as the real FitError
     return (f"0/{total_nodes} nodes are available: {detail}. preemption: 0/{total_nodes} nodes are available: "
             f"{total_nodes} Preemption is not helpful for scheduling.")
 
