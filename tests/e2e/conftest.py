@@ -1,0 +1,81 @@
+"""End-to-end fixtures: one throwaway Airflow home per session, the local cloud per test.
+
+AIRFLOW_HOME must be set before Airflow is first imported (it fixes the config file and
+the SQLite path at import), so it is set here at collection time unless some earlier
+conftest already imported Airflow; the session fixture then migrates whatever database
+the imported Airflow really uses, so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# One running GPU node too small for a 2-GPU job, a stopped 1-GPU node (never to be
+# chosen for it: per-node fit) and a stopped 2-GPU node, the only one that can hold it alone.
+FLEET_NODES = [
+    {"name": "t4-running", "instance_type": "ecs.gn6i-c4g1.xlarge", "status": "Running"},
+    {"name": "t4-stopped", "instance_type": "ecs.gn6i-c4g1.xlarge", "status": "Stopped"},
+    {"name": "t4x2-stopped", "instance_type": "ecs.gn6i-c24g1.12xlarge", "status": "Stopped"},
+]
+
+if "airflow" not in sys.modules:
+    _home = tempfile.mkdtemp(prefix="gpuboot-e2e-airflow-")
+    os.environ["AIRFLOW_HOME"] = _home
+    os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_home}/airflow.db"
+# Read by Airflow at every lookup, so these hold even if Airflow is already imported.
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
+os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(REPO / "plugins")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def airflow_db():
+    """`airflow db migrate` once per session, on the database this process uses."""
+    import airflow.configuration
+    from airflow.configuration import conf
+
+    env = dict(
+        os.environ,
+        AIRFLOW_HOME=airflow.configuration.AIRFLOW_HOME,
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=conf.get("database", "sql_alchemy_conn"),
+    )
+    airflow_cli = Path(sys.executable).with_name("airflow")
+    done = subprocess.run([str(airflow_cli), "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"airflow db migrate failed:\n{done.stdout}\n{done.stderr}"
+    yield
+
+
+@pytest.fixture
+def cloud(tmp_path):
+    """The local cloud with the e2e fleet (fast emulated timings), fresh for each test."""
+    from simcloud.testing import SimCloud, small_fleet
+
+    with SimCloud.start(small_fleet(FLEET_NODES), tmp_path / "cloud") as sim:
+        yield sim
+
+
+def task_log(output: str, task_id: str) -> str:
+    """The part of a dag.test() run's output written while `task_id` ran (all its tries).
+
+    dag.test() runs tasks (and their triggers) in-process and brackets each with
+    "[DAG TEST] starting task_id=..." / "[DAG TEST] end task task_id=..." lines.
+    """
+    start = re.compile(rf"\[DAG TEST\] starting task_id={re.escape(task_id)} ")
+    end = re.compile(rf"\[DAG TEST\] end task task_id={re.escape(task_id)} ")
+    parts, inside = [], False
+    for line in output.splitlines():
+        if start.search(line):
+            inside = True
+        elif end.search(line):
+            inside = False
+        elif inside:
+            parts.append(line)
+    return "\n".join(parts)
