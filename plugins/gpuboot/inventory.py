@@ -141,15 +141,32 @@ def node_condition(node: Mapping, kind: str = "Ready") -> dict:
 
 # --- pod requests -------------------------------------------------------------
 
-def _container_requests(container: Mapping, where: str) -> Resources:
+def _requests(raw: Mapping | None, pod: Mapping, what: str) -> Resources:
+    """Parse one requests mapping; the error (rare) names the pod and the part of it."""
+    try:
+        return Resources.parse(raw)
+    except QuantityError:
+        meta = pod.get("metadata") or {}
+        return Resources.parse(raw, field=f"pod {meta.get('namespace', '')}/{meta.get('name', '')} {what}")
+
+
+def _container_requests(container: Mapping, pod: Mapping) -> Resources:
     resources = container.get("resources") or {}
+    requests, limits = resources.get("requests"), resources.get("limits")
     # the API server defaults requests to limits where only limits are set
-    merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
-    return Resources.parse(merged, field=f"{where}.resources.requests")
+    merged = {**limits, **(requests or {})} if limits else requests
+    return _requests(merged, pod, f"container {container.get('name')} resources.requests")
 
 
-def _max(a: Resources, b: Resources) -> Resources:
-    return Resources({name: max(a.get(name), b.get(name)) for name in set(a) | set(b)})
+def _add(total: dict[str, int], more: Mapping[str, int]) -> None:
+    for name, amount in more.items():
+        total[name] = total.get(name, 0) + amount
+
+
+def _raise_to(peak: dict[str, int], value: Mapping[str, int]) -> None:
+    for name, amount in value.items():
+        if amount > peak.get(name, 0):
+            peak[name] = amount
 
 
 def pod_requests(pod: Mapping) -> Resources:
@@ -159,28 +176,28 @@ def pod_requests(pod: Mapping) -> Resources:
     before it) + spec.overhead; pod-level spec.resources.requests win where set.
     """
     spec = pod.get("spec") or {}
-    meta = pod.get("metadata") or {}
-    where = f"pod {meta.get('namespace', '')}/{meta.get('name', '')}"
-    total = Resources()
+    total: dict[str, int] = {}
     for container in spec.get("containers") or ():
-        total += _container_requests(container, f"{where} container {container.get('name')}")
-    sidecars = Resources()
-    init_peak = Resources()
+        _add(total, _container_requests(container, pod))
+    sidecars: dict[str, int] = {}
+    init_peak: dict[str, int] = {}
     for container in spec.get("initContainers") or ():
-        own = _container_requests(container, f"{where} initContainer {container.get('name')}")
+        own = _container_requests(container, pod)
         if container.get("restartPolicy") == "Always":
-            total += own
-            sidecars += own
-            init_peak = _max(init_peak, sidecars)
+            _add(total, own)
+            _add(sidecars, own)
+            _raise_to(init_peak, sidecars)
         else:
-            init_peak = _max(init_peak, own + sidecars)
-    total = _max(total, init_peak)
+            running = dict(sidecars)
+            _add(running, own)
+            _raise_to(init_peak, running)
+    _raise_to(total, init_peak)
     pod_level = (spec.get("resources") or {}).get("requests")
     if pod_level:
-        total = Resources({**total, **Resources.parse(pod_level, field=f"{where}.spec.resources.requests")})
+        total.update(_requests(pod_level, pod, "spec.resources.requests"))
     if spec.get("overhead"):
-        total += Resources.parse(spec["overhead"], field=f"{where}.spec.overhead")
-    return total
+        _add(total, _requests(spec["overhead"], pod, "spec.overhead"))
+    return Resources(total)
 
 
 def pod_is_active(pod: Mapping) -> bool:
@@ -277,13 +294,13 @@ def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],
                     now: float, boot_grace_seconds: float = 900) -> list[NodeView]:
     """Join Nodes to instances by providerID and give each node a state, capacity and usage."""
     by_instance = {i.get("InstanceId"): i for i in instances}
-    used: dict[str, Resources] = defaultdict(Resources)
+    used: dict[str, dict[str, int]] = defaultdict(dict)
     backed: set[tuple[str, str, str]] = set()
     for pod in pods:
         if not pod_is_active(pod):
             continue
         node_name = pod["spec"]["nodeName"]
-        used[node_name] += pod_requests(pod)
+        _add(used[node_name], pod_requests(pod))
         labels = (pod.get("metadata") or {}).get("labels") or {}
         if LABEL_JOB in labels and LABEL_TASK in labels:
             backed.add((node_name, labels[LABEL_JOB], labels[LABEL_TASK]))
@@ -340,7 +357,7 @@ def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],
             state=state,
             reason=reason,
             allocatable=allocatable,
-            allocated=used.get(name, Resources()) + reserved.get(name, Resources()),
+            allocated=Resources(used.get(name, {})) + reserved.get(name, Resources()),
             labels=MappingProxyType(labels),
             taints=tuple(spec.get("taints") or ()),
             instance_id=parsed[1] if parsed else None,

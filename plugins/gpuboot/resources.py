@@ -8,6 +8,7 @@ units, where a fraction is an error, as the API server says.
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterator, Mapping
@@ -78,6 +79,15 @@ def _canonical(name: str, quantity: Fraction, field: str) -> int:
     return int(quantity)
 
 
+@functools.lru_cache(maxsize=4096)
+def _amount(name: str, value: str | int | float, field: str = "") -> int:
+    """One quantity of resource `name` in canonical units (cached: clusters repeat the same few)."""
+    quantity = parse_quantity(value, field)
+    if quantity < 0:
+        raise QuantityError(f"{field}: {value!r} is negative; resource amounts must be >= 0, e.g. 1")
+    return _canonical(name, quantity, field)
+
+
 def _format(name: str, amount: int) -> str:
     """Canonical integer unit -> the shortest exact Kubernetes quantity string."""
     if name == CPU:
@@ -136,11 +146,10 @@ class Resources(Mapping[str, int]):
                 'e.g. {"cpu": "500m", "memory": "16Gi"}')
         amounts = {}
         for name, value in mapping.items():
-            where = f"{field}.{name}"
-            quantity = parse_quantity(value, where)
-            if quantity < 0:
-                raise QuantityError(f"{where}: {value!r} is negative; resource amounts must be >= 0, e.g. 1")
-            amounts[name] = _canonical(name, quantity, where)
+            try:
+                amounts[name] = _amount(name, value)
+            except (QuantityError, TypeError):  # TypeError: unhashable value; redo it to name the field
+                amounts[name] = _amount.__wrapped__(name, value, f"{field}.{name}")
         return cls(amounts)
 
     # Mapping protocol -------------------------------------------------------

@@ -3,7 +3,7 @@ import pytest
 
 from gpuboot.inventory import (NodeState, Reservation, build_inventory, gpu_model_matches, normalize_gpu_model,
                                parse_provider_id, pod_requests)
-from gpuboot.resources import GPU, Resources
+from gpuboot.resources import GPU, QuantityError, Resources
 
 from .builders import TYPES, instance, node, pod
 
@@ -179,6 +179,19 @@ def test_pod_requests_sidecars_add_to_everything_after_them():
     p = pod("p", "a", requests={"cpu": "1"}, init=init)
     # app phase: 1 + 0.5 sidecar = 1.5; "late" runs beside the sidecar: 3 + 0.5 = 3.5; "early" alone: 2
     assert pod_requests(p) == Resources.parse({"cpu": "3500m", "memory": "1Gi"})
+
+
+def test_pod_requests_init_peak_does_not_stack_with_later_sidecars():
+    init = [{"name": "migrate", "resources": {"requests": {"cpu": "3"}}},
+            {"name": "proxy", "restartPolicy": "Always", "resources": {"requests": {"cpu": "500m"}}}]
+    p = pod("p", "a", requests={"cpu": "1"}, init=init)
+    assert pod_requests(p) == Resources.parse({"cpu": "3"})   # max(3, 1 + 0.5)
+
+
+def test_bad_pod_quantity_names_the_pod_and_container():
+    p = pod("bad", "a", requests={"cpu": "lots"}, namespace="ml")
+    with pytest.raises(QuantityError, match=r"pod ml/bad container main resources\.requests\.cpu"):
+        pod_requests(p)
 
 
 def test_pod_requests_default_to_limits_and_pod_level_requests_win():
