@@ -69,6 +69,21 @@ def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: floa
         time.sleep(interval)
 
 
+def pod_log(v1, name: str, namespace: str = "default", **params) -> str:
+    """A pod's log as text through a `kubernetes` CoreV1Api. kubernetes 36.0.x turns a preloaded text
+    body into "b'...'" (kubernetes-client/python#2596), so read the raw body, as KubernetesPodOperator does."""
+    return v1.read_namespaced_pod_log(name, namespace, _preload_content=False, **params).data.decode()
+
+
+def process_alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie waiting to be reaped counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def small_fleet(nodes: list[dict] | None = None, *, timings: dict | None = None, faults: dict | None = None,
                 region: str = "cn-hangzhou", zone: str = "cn-hangzhou-h", managed: bool = True,
                 pods_per_node: int = 0) -> dict:

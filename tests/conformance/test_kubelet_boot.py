@@ -16,7 +16,7 @@ from kubernetes_asyncio import client as aclient
 from kubernetes_asyncio import config as aconfig
 from kubernetes_asyncio import watch as awatch
 
-from simcloud.testing import small_fleet, wait_until
+from simcloud.testing import pod_log, process_alive, small_fleet, wait_until
 
 GPU_NODE = "gpu-v100x4-1"
 FLEET = small_fleet([
@@ -25,6 +25,7 @@ FLEET = small_fleet([
 ])
 BOOT_TOTAL = sum(FLEET["timings"][k] for k in ("start_seconds", "boot_seconds", "stale_seconds",
                                                "device_plugin_seconds"))
+
 
 
 def start_instance(cloud, node: str) -> None:
@@ -117,7 +118,7 @@ def test_stop_makes_node_not_ready_tainted_and_fails_its_pod(simcloud_factory):
             "name": "main", "image": "python:3.11",
             "command": ["python", "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(60)"]}]}})
     wait_until(lambda: v1.read_namespaced_pod("long", "default").status.phase == "Running", timeout=10)
-    pid = int(wait_until(lambda: v1.read_namespaced_pod_log("long", "default").strip(), timeout=10))
+    pid = int(wait_until(lambda: pod_log(v1, "long").strip(), timeout=10))
 
     stop_instance(cloud, "gpu-1")
     pod = wait_until(lambda: (p := v1.read_namespaced_pod("long", "default")).status.phase == "Failed" and p,
@@ -126,7 +127,7 @@ def test_stop_makes_node_not_ready_tainted_and_fails_its_pod(simcloud_factory):
     assert pod.status.message == "Pod was terminated in response to imminent node shutdown."
     assert any(c.type == "DisruptionTarget" and c.status == "True" for c in pod.status.conditions)
     assert pod.status.container_statuses[0].state.terminated is not None
-    wait_until(lambda: not _alive(pid), timeout=5, message=f"container process {pid} survived the stop")
+    wait_until(lambda: not process_alive(pid), timeout=5, message=f"container process {pid} survived the stop")
 
     node = v1.read_node("gpu-1")
     ready = next(c for c in node.status.conditions if c.type == "Ready")
@@ -142,7 +143,7 @@ def test_never_ready_fault_holds_the_boot_until_cleared_through_the_cli(simcloud
                                          faults={"never_ready": ["gpu-1"]}))
     start_instance(cloud, "gpu-1")
     wait_until(lambda: _instance_status(cloud, "gpu-1") == "Running", timeout=5)
-    window = BOOT_TOTAL * 3
+    window = BOOT_TOTAL * 2
     states = asyncio.run(watch_node(cloud.kubeconfig, "gpu-1", until=lambda s: s[-1]["ready"] == "True",
                                     timeout=window))
     assert all(s["ready"] == "Unknown" for s in states), states
@@ -173,10 +174,3 @@ def _instance_status(cloud, node: str) -> str:
     iid = cloud.instance_id(node)
     return next(i["status"] for i in cloud.state()["instances"] if i["instance_id"] == iid)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False

@@ -9,6 +9,7 @@ import pytest
 
 from simcloud.containers import CannotRun, ContainerRunner
 from simcloud.store import ApiError
+from simcloud.testing import process_alive
 
 
 def pod(*containers: dict, name: str = "p", annotations: dict | None = None) -> dict:
@@ -20,15 +21,6 @@ def pod(*containers: dict, name: str = "p", annotations: dict | None = None) -> 
 
 async def collect(stream) -> bytes:
     return b"".join([chunk async for chunk in stream])
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie waiting for a reaper counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def run(coro):
@@ -130,10 +122,10 @@ def test_stop_terminates_then_kills_the_whole_process_group(tmp_path):
         code = await ctr.stop(0.3)
         assert code == 128 + signal.SIGKILL
         for _ in range(100):
-            if not alive(child):
+            if not process_alive(child):
                 break
             await asyncio.sleep(0.02)
-        assert not alive(child)
+        assert not process_alive(child)
         c2 = {"name": "c", "command": ["sleep", "30"]}
         p2 = pod(c2, name="q")
         ctr2 = await runner.start(p2, c2)
