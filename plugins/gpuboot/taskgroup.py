@@ -1,0 +1,41 @@
+"""gpu_job_group: the whole GPU job as one task group inside a user's DAG.
+
+    place >> start >> wait_gpu_ready >> launch >> release
+
+`launch` is mapped over the plan's tasks (one pod per assignment), so gangs
+(replicas > 1) need nothing more; a single-task job gives one mapped instance.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from airflow.sdk import TaskGroup
+
+from gpuboot.operators import (GpuPodOperator, PlaceGpuJobOperator, ReleaseReservationOperator,
+                               StartGpuNodesOperator)
+from gpuboot.sensors import GpuReadySensor
+
+
+def gpu_job_group(job: Mapping | None = None, *, group_id: str = "gpu_job",
+                  kubernetes_conn_id: str = "kubernetes_default", ecs_conn_id: str = "alibaba_ecs_default",
+                  ledger_namespace: str = "default", deferrable: bool = True,
+                  busy_poll_seconds: float = 30.0, poke_interval: float = 2.0) -> TaskGroup:
+    """Build the group in the current DAG. `job` is a job spec mapping (see gpuboot.jobspec);
+    None takes it from the DAG run's params (the `gpu_job` DAG's form)."""
+    with TaskGroup(group_id=group_id) as group:
+        place = PlaceGpuJobOperator(task_id="place", job=job, kubernetes_conn_id=kubernetes_conn_id,
+                                    ecs_conn_id=ecs_conn_id, ledger_namespace=ledger_namespace,
+                                    busy_poll_seconds=busy_poll_seconds)
+        spec = place.output["job"]
+        start = StartGpuNodesOperator(task_id="start", plan=place.output, kubernetes_conn_id=kubernetes_conn_id,
+                                      ecs_conn_id=ecs_conn_id)
+        wait = GpuReadySensor(task_id="wait_gpu_ready", boots=start.output["boots"], job=spec,
+                              kubernetes_conn_id=kubernetes_conn_id, deferrable=deferrable,
+                              poke_interval=poke_interval)
+        launch = GpuPodOperator.partial(task_id="launch", job=spec, plan=place.output,
+                                        kubernetes_conn_id=kubernetes_conn_id).expand(
+            task_name=place.output["tasks"])
+        release = ReleaseReservationOperator(task_id="release", kubernetes_conn_id=kubernetes_conn_id,
+                                             ledger_namespace=ledger_namespace)
+        place >> start >> wait >> launch >> release
+    return group
