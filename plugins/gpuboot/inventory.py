@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
 from functools import cached_property
-from types import MappingProxyType
 
 from .resources import CPU, GPU, MEMORY, QuantityError, Resources
 
@@ -32,6 +31,24 @@ TAG_MANAGED = "gpuboot:managed"
 
 _PROVIDER_ID = re.compile(r"(?:alicloud://)?(?P<region>[a-z0-9-]+)\.(?P<instance>i-[A-Za-z0-9]+)")
 _TERMINATED = ("Succeeded", "Failed")
+
+
+class FrozenDict(dict):
+    """A read-only dict: JSON-, pickle- and deepcopy-friendly (Airflow copies operators), hashable."""
+
+    def _readonly(self, *args, **kwargs):
+        raise TypeError(f"{type(self).__name__} is read-only; build a new one instead")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _readonly
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self.items()))
+
+    def __reduce__(self):
+        return (type(self), (dict(self),))
+
+    def __repr__(self) -> str:
+        return f"FrozenDict({dict.__repr__(self)})"
 
 
 class NodeState(str, Enum):
@@ -70,7 +87,7 @@ class NodeView:
     reason: str
     allocatable: Resources
     allocated: Resources
-    labels: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=FrozenDict)
     taints: tuple[dict, ...] = ()
     instance_id: str | None = None
     instance_type: str | None = None
@@ -358,7 +375,7 @@ def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],
             reason=reason,
             allocatable=allocatable,
             allocated=Resources(used.get(name, {})) + reserved.get(name, Resources()),
-            labels=MappingProxyType(labels),
+            labels=FrozenDict(labels),
             taints=tuple(spec.get("taints") or ()),
             instance_id=parsed[1] if parsed else None,
             instance_type=instance.get("InstanceType") or labels.get(LABEL_INSTANCE_TYPE),

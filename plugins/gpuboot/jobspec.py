@@ -10,10 +10,9 @@ import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from types import MappingProxyType
 from typing import Any
 
-from .inventory import gpu_model_tokens
+from .inventory import FrozenDict, gpu_model_tokens
 from .placement import JobRequest, TaskRequest
 from .resources import CPU, GPU, MEMORY, QuantityError, Resources, format_quantity
 
@@ -44,17 +43,13 @@ class JobSpecError(ValueError):
         super().__init__(f"{source}: {field}: {problem}. {fix}")
 
 
-def _frozen(mapping: Mapping | None) -> Mapping:
-    return MappingProxyType(dict(mapping or {}))
-
-
 @dataclass(frozen=True)
 class JobSpec:
     name: str
     image: str
     command: tuple[str, ...]
     args: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=FrozenDict)
     gpus: int = 1
     cpu: str = "1"
     memory: str = "4Gi"
@@ -62,17 +57,17 @@ class JobSpec:
     namespace: str = "default"
     replicas: int = 1
     min_available: int | None = None          # None = replicas (a gang: all or nothing)
-    node_selector: Mapping[str, str] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=FrozenDict)
     tolerations: tuple[dict, ...] = ()
     queue_timeout_seconds: int = 3600
     boot_timeout_seconds: int = 900
     settle_seconds: int = 5
     reservation_ttl_seconds: int | None = None
-    extra_resources: Mapping[str, str] = field(default_factory=dict)
+    extra_resources: Mapping[str, str] = field(default_factory=FrozenDict)
 
     def __post_init__(self):
         for name in ("env", "node_selector", "extra_resources"):
-            object.__setattr__(self, name, _frozen(getattr(self, name)))
+            object.__setattr__(self, name, FrozenDict(getattr(self, name) or {}))
 
     @classmethod
     def from_dict(cls, data: Mapping, source: str = "job spec") -> "JobSpec":

@@ -12,9 +12,8 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from types import MappingProxyType
 
-from .inventory import NodeState, NodeView, gpu_model_matches
+from .inventory import FrozenDict, NodeState, NodeView, gpu_model_matches
 from .resources import CPU, GPU, MEMORY, Resources, format_quantity
 
 _RANK = {NodeState.READY: 0, NodeState.BOOTING: 1, NodeState.STOPPED: 2, NodeState.STOPPING: 3}
@@ -28,9 +27,13 @@ _TABLE_LIMIT = 500   # candidate rows kept in XCom / the task log; the rest are 
 class TaskRequest:
     name: str
     requests: Resources
-    node_selector: Mapping[str, str] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=FrozenDict)
     tolerations: tuple[dict, ...] = ()
     gpu_model: str | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "node_selector", FrozenDict(self.node_selector or {}))
+        object.__setattr__(self, "tolerations", tuple(dict(t) for t in self.tolerations))
 
     def shape(self) -> tuple:
         """Tasks with equal shapes are interchangeable for placement."""
@@ -390,7 +393,7 @@ def place(job: JobRequest, nodes: Sequence[NodeView]) -> Plan:
 
 def _empty(node: NodeView) -> NodeView:
     return NodeView(name=node.name, hostname=node.hostname, state=NodeState.READY, reason="empty",
-                    allocatable=node.allocatable, allocated=Resources(), labels=MappingProxyType(dict(node.labels)),
+                    allocatable=node.allocatable, allocated=Resources(), labels=node.labels,
                     taints=node.taints, instance_id=node.instance_id, instance_type=node.instance_type,
                     zone=node.zone, gpu_model=node.gpu_model, price_per_hour=node.price_per_hour,
                     managed=node.managed)

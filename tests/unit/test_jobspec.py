@@ -162,3 +162,19 @@ def test_params_schema_agrees_with_from_dict(key, value):
     except JobSpecError:
         spec_ok = False
     assert schema_ok == spec_ok
+
+
+def test_specs_and_job_requests_survive_deepcopy_pickle_and_json():
+    """Airflow deep-copies operators and pickles/serializes their arguments."""
+    import copy
+    import json
+    import pickle
+    s = JobSpec.from_dict(FULL)
+    assert copy.deepcopy(s) == s and pickle.loads(pickle.dumps(s)) == s
+    req = s.to_job_request("job-1")
+    assert copy.deepcopy(req) == req and pickle.loads(pickle.dumps(req)) == req
+    assert json.loads(json.dumps(s.env)) == {"EPOCHS": "3", "SEED": "7"}
+    with pytest.raises(TypeError, match="read-only"):
+        s.env["X"] = "1"  # type: ignore[index]
+    with pytest.raises(TypeError, match="read-only"):
+        req.tasks[0].node_selector.update({"x": "y"})  # type: ignore[attr-defined]

@@ -241,3 +241,12 @@ def test_placement_is_fast_on_ten_thousand_nodes():
     gang = time.perf_counter() - t0
     assert plan.outcome is Outcome.FITS and len(plan.assignments) == 64
     assert single < 1.0 and gang < 2.0, (single, gang)
+
+
+def test_plans_and_views_survive_deepcopy_and_pickle():
+    import copy
+    import pickle
+    nodes = [nv("r", labels={"pool": "a"}), nv("s", STOPPED, gpus=2)]
+    plan = place(job(task(gpus=2)), nodes)
+    assert pickle.loads(pickle.dumps(plan)) == plan and copy.deepcopy(plan) == plan
+    assert pickle.loads(pickle.dumps(nodes)) == nodes
