@@ -280,3 +280,32 @@ def test_kubernetes_asyncio_watches_one_node_by_field_selector(k8s: K8sServer):
             return seen
 
     assert asyncio.run(watch_node()) == [("ADDED", "gpu-a", "1"), ("MODIFIED", "gpu-a", "0")]
+
+
+def test_followed_log_of_a_quiet_container_streams_lines_as_they_come(k8s: K8sServer):
+    import threading
+    v1 = k8s.core_v1()
+    v1.create_namespaced_pod(NS, pod_body("quiet", node_selector={"none": "x"}))
+    k8s.on_loop(lambda: k8s.store.bind(NS, "quiet", "gpu-a"))
+    lines = k8s.logs.lines.setdefault((NS, "quiet"), [])
+
+    def speak():
+        lines.append(b"warming up\n")
+        k8s.on_loop(lambda: k8s.store.mutate("pods", NS, "quiet", lambda p: p["status"].update(phase="Succeeded")))
+    threading.Timer(0.5, speak).start()    # later than the server waits before committing to 200
+    stream = v1.read_namespaced_pod_log("quiet", NS, follow=True, _preload_content=False)
+    assert stream.status == 200
+    assert b"".join(stream.stream(amt=1024)) == b"warming up\n"
+
+
+def test_latency_fault_and_deletecollection(k8s: K8sServer):
+    v1 = k8s.core_v1()
+    for i in range(3):
+        v1.create_namespaced_config_map(NS, {"metadata": {"name": f"r{i}", "labels": {"kind": "reservation"}}})
+    v1.create_namespaced_config_map(NS, {"metadata": {"name": "keep"}})
+    k8s.faults.k8s_latency_ms = 300
+    started = time.monotonic()
+    v1.delete_collection_namespaced_config_map(NS, label_selector="kind=reservation")
+    assert time.monotonic() - started >= 0.3
+    k8s.faults.k8s_latency_ms = 0
+    assert [c.metadata.name for c in v1.list_namespaced_config_map(NS).items] == ["keep"]
