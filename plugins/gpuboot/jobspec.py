@@ -14,7 +14,7 @@ from typing import Any
 
 from .inventory import FrozenDict, gpu_model_tokens
 from .placement import JobRequest, TaskRequest
-from .resources import CPU, GPU, MEMORY, QuantityError, Resources, format_quantity
+from .resources import CPU, GPU, MEMORY, QUANTITY_PATTERN, QuantityError, Resources, format_quantity
 
 # Normalized names (see inventory.normalize_gpu_model) of the NVIDIA GPUs ECS GPU families carry.
 KNOWN_GPU_MODELS: tuple[str, ...] = (
@@ -31,7 +31,6 @@ _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 _NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
-_QUANTITY_PATTERN = r"^\s*[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?\s*$"
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 
 
@@ -331,7 +330,7 @@ _EXAMPLES = {
 def params_schema() -> dict[str, dict]:
     """field -> {"default", "schema", "description"}: Airflow Params that validate like from_dict."""
     string_list = {"type": ["array", "string"], "items": {"type": "string"}}
-    quantity = {"type": ["string", "number"], "pattern": _QUANTITY_PATTERN, "exclusiveMinimum": 0}
+    quantity = {"type": ["string", "number"], "pattern": QUANTITY_PATTERN, "exclusiveMinimum": 0}
     seconds = {"type": "integer", "minimum": 1, "maximum": MAX_TIMEOUT_SECONDS}
     spec = {
         "name": (None, {"type": "string", "pattern": DNS_LABEL}, "Job name: a DNS label, e.g. train-resnet"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from .inventory import FrozenDict, NodeState, NodeView, gpu_model_matches
@@ -392,8 +392,5 @@ def place(job: JobRequest, nodes: Sequence[NodeView]) -> Plan:
 
 
 def _empty(node: NodeView) -> NodeView:
-    return NodeView(name=node.name, hostname=node.hostname, state=NodeState.READY, reason="empty",
-                    allocatable=node.allocatable, allocated=Resources(), labels=node.labels,
-                    taints=node.taints, instance_id=node.instance_id, instance_type=node.instance_type,
-                    zone=node.zone, gpu_model=node.gpu_model, price_per_hour=node.price_per_hour,
-                    managed=node.managed)
+    """The node as if nothing ran or was reserved on it and it were up (for the "never fits" check)."""
+    return replace(node, state=NodeState.READY, reason="empty", allocated=Resources())

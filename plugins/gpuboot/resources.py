@@ -23,10 +23,11 @@ _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei"
 _DECIMAL = {"m": Fraction(1, 1000), "": 1, "k": 10**3, "M": 10**6, "G": 10**9,
             "T": 10**12, "P": 10**15, "E": 10**18}
 # <signedNumber><suffix> from k8s.io/apimachinery/pkg/api/resource/quantity.go
-_QUANTITY = re.compile(
-    r"(?P<number>[+-]?(?:\d+(?:\.\d*)?|\.\d+))"
-    r"(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)|[eE](?P<exp>[+-]?\d+))?"
-)
+_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
+_SUFFIX = r"Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E"
+_QUANTITY = re.compile(rf"(?P<number>[+-]?{_NUMBER})(?:(?P<suffix>{_SUFFIX})|[eE](?P<exp>[+-]?\d+))?")
+# the same grammar, non-negative, as a JSON-schema (ECMA) pattern for UI forms
+QUANTITY_PATTERN = rf"^\s*\+?{_NUMBER}(?:{_SUFFIX}|[eE][+-]?\d+)?\s*$"
 _MAX_EXPONENT = 64  # far beyond any real quantity; bounds the work on hostile input
 _EXAMPLES = "e.g. 500m, 2, 1.5, 16Gi, 100Mi, 2k or 1e3"
 
