@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import json
 import logging
+import urllib.error
 import urllib.request
 from dataclasses import fields
 from pathlib import Path
-from typing import Callable
-
-from aiohttp import web
+from typing import TYPE_CHECKING, Callable
 
 from simcloud.config import Faults
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger(__name__)
 ADMIN_PREFIX = "/_simcloud"
 
 
 def admin_routes(faults: Faults, state: Callable[[], dict]) -> list[web.RouteDef]:
+    from aiohttp import web   # server side only: keeps the fault CLI quick to start
+
     async def get_faults(_request: web.Request) -> web.Response:
         return web.json_response(faults.to_dict())
 
