@@ -34,3 +34,13 @@ lock:
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# The demo (scripts/demo.py): local cloud + Airflow standalone + one gpu_job run.
+# DEMO_ONESHOT=1 exits after the job with its status.
+demo: install
+	$(PY) scripts/demo.py
+
+# The demo end to end in oneshot mode (slow: boots Airflow standalone), kept out of `make test`.
+.PHONY: test-demo
+test-demo: install
+	GPUBOOT_TEST_DEMO=1 $(PY) -m pytest tests/e2e/test_demo.py

@@ -1,0 +1,61 @@
+"""The `gpu_job` DAG: run one GPU job on demand, from the Airflow UI's trigger form.
+
+Composition only: the form comes from gpuboot.jobspec.params_schema() (so the UI
+validates types, bounds, patterns and GPU models at trigger time) and the work from
+gpuboot.taskgroup.gpu_job_group(), which re-validates the run's params as a JobSpec.
+"""
+
+from __future__ import annotations
+
+from airflow.sdk import DAG, Param
+
+from gpuboot.jobspec import params_schema
+from gpuboot.taskgroup import gpu_job_group
+
+# Fields shown first in the trigger form; the rest go under "Advanced".
+MAIN_FIELDS = ("name", "image", "command", "args", "gpus", "gpu_model", "cpu", "memory")
+
+DOC_MD = """
+### Run a GPU job
+
+Fill in the form and trigger. The job runs as four audited steps:
+
+1. **place**: looks at *every* node, running and stopped, keeps those that can hold
+   each task **alone** (GPU, CPU, memory, GPU model, node selector, taints), prefers
+   running nodes, and reserves the capacity. A job bigger than any node in the fleet
+   fails here at once with the node size it would need; a job that fits the fleet but
+   not its free capacity right now waits (up to the queue timeout).
+2. **start**: powers on the chosen ECS instance, only if it is stopped.
+3. **wait_gpu_ready**: waits (deferred, in the triggerer) until the node is Ready
+   *after this boot* and its `nvidia.com/gpu` are registered, held for the settle window.
+4. **launch**: runs the pod pinned to that node; its log is in this task's log.
+
+The place task's log shows a table of every candidate node with its verdict.
+"""
+
+
+def trigger_form() -> dict[str, Param]:
+    """Airflow Params built from the JobSpec schema, main fields first."""
+    schema = params_schema()
+    order = [f for f in MAIN_FIELDS if f in schema] + [f for f in schema if f not in MAIN_FIELDS]
+    params = {}
+    for field in order:
+        entry = schema[field]
+        rules = dict(entry["schema"])
+        if field not in MAIN_FIELDS:
+            rules.setdefault("section", "Advanced")
+        params[field] = Param(entry["default"], description=entry.get("description"), **rules)
+    return params
+
+
+with DAG(
+    dag_id="gpu_job",
+    schedule=None,
+    catchup=False,
+    max_active_runs=16,
+    tags=["gpuboot"],
+    description="Run one GPU job on a node booted on demand",
+    doc_md=DOC_MD,
+    params=trigger_form(),
+) as dag:
+    gpu_job_group()

@@ -1,0 +1,343 @@
+"""The demo: the local cloud, Airflow standalone, and one `gpu_job` run that needs a stopped GPU node.
+
+`make demo` runs this. It starts simcloud with the demo fleet, starts `airflow standalone`
+(SQLite, AIRFLOW_HOME under the demo folder, this repo's dags/ and plugins/, the cloud's
+connections as AIRFLOW_CONN_* variables), triggers `gpu_job` through the REST API for a
+job only a stopped node can hold, and follows it: task states as they change, then the
+pod's log lines from the launch task's log. Airflow then stays up until Ctrl-C.
+
+Environment: DEMO_ONESHOT=1 exits after the job (0 = succeeded; otherwise the failing
+task's log is printed and the status is 1). DEMO_DIR (default .demo/), DEMO_PASSWORD
+(default admin), DEMO_FLEET (default simcloud/fleets/demo.yaml).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "plugins"), str(REPO)]
+
+from simcloud.testing import SimCloud  # noqa: E402  (needs the repo on sys.path)
+
+DAG_ID = "gpu_job"
+ADMIN_USER = "admin"
+# The job: 2 GPUs, which only a stopped node of the demo fleet can hold.
+JOB = {
+    "name": "demo-train",
+    "image": "python:3.11-slim",
+    "command": [
+        "python",
+        "-c",
+        "import time\n"
+        "for epoch in range(1, 11):\n"
+        "    print(f'epoch {epoch}/10 loss={2.0 / epoch:.3f} gpus=2', flush=True)\n"
+        "    time.sleep(1)\n"
+        "print('training done, checkpoint saved', flush=True)\n",
+    ],
+    "gpus": 2,
+    "cpu": "2",
+    "memory": "8Gi",
+}
+FINISHED = {"success", "failed"}
+POD_LINE = re.compile(r"^\[(?P<container>[a-z0-9]([-a-z0-9]*[a-z0-9])?)\] (?P<line>.*)$")
+
+
+class DemoError(RuntimeError):
+    """A step of the demo failed; the message says which and where to look."""
+
+
+def say(message: str) -> None:
+    print(f"[demo] {message}", flush=True)
+
+
+def wait_until(what: str, predicate: Callable[[], Any], timeout: float, interval: float = 1.0) -> Any:
+    """Poll until predicate returns something truthy, or fail naming what we waited for."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise DemoError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def conn_env(connections_file: Path) -> dict[str, str]:
+    """AIRFLOW_CONN_<ID> variables (JSON form) from the cloud's connections file."""
+    connections = json.loads(connections_file.read_text())
+    return {
+        f"AIRFLOW_CONN_{conn_id.upper()}": value if isinstance(value, str) else json.dumps(value)
+        for conn_id, value in connections.items()
+    }
+
+
+def airflow_env(home: Path, port: int, password_file: Path, connections_file: Path) -> dict[str, str]:
+    venv_bin = str(Path(sys.executable).parent)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "AIRFLOW_CONN_"))}
+    env.update(
+        {
+            "PATH": f"{venv_bin}{os.pathsep}{env.get('PATH', '')}",  # standalone runs `airflow` from PATH
+            "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO)]),
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(password_file),
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(64),
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "300",
+        }
+    )
+    env.update(conn_env(connections_file))
+    return env
+
+
+@contextlib.contextmanager
+def running_cloud(fleet: Path, workdir: Path) -> Iterator[SimCloud]:
+    say(f"starting the local cloud with fleet {fleet.relative_to(REPO) if fleet.is_relative_to(REPO) else fleet}")
+    with SimCloud.start(fleet, workdir) as cloud:
+        say(f"local cloud ready (kubectl --kubeconfig {cloud.kubeconfig} get nodes -o wide)")
+        try:
+            yield cloud
+        finally:
+            say("stopping the local cloud")
+
+
+@contextlib.contextmanager
+def running_airflow(env: dict[str, str], log_path: Path) -> Iterator[subprocess.Popen]:
+    """`airflow standalone` in its own process group, always stopped with all its children."""
+    say(f"starting airflow standalone (output in {log_path})")
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "airflow"), "standalone"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    try:
+        yield proc
+    finally:
+        say("stopping airflow")
+        stop_group(proc)
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """Interrupt standalone (it stops its components), then end whatever is left of its group."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGINT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=30)
+    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        with contextlib.suppress(DemoError):
+            wait_until("airflow processes to exit", lambda: not _group_alive(proc), grace, interval=0.2)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+def _group_alive(proc: subprocess.Popen) -> bool:
+    proc.poll()  # reap standalone itself so it does not count as alive
+    try:
+        os.killpg(proc.pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+class AirflowApi:
+    """The few REST API v2 calls the demo needs, authenticated with a JWT from /auth/token."""
+
+    def __init__(self, base_url: str):
+        self.base_url = base_url
+        self.http = httpx.Client(base_url=base_url, timeout=30)
+
+    def healthy(self) -> bool:
+        try:
+            health = self.http.get("/api/v2/monitor/health").json()
+        except (httpx.HTTPError, ValueError):
+            return False
+        parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+        return all((health.get(p) or {}).get("status") == "healthy" for p in parts)
+
+    def login(self, user: str, password: str) -> None:
+        r = self.http.post("/auth/token", json={"username": user, "password": password})
+        if r.status_code != 201:
+            raise DemoError(f"login as {user!r} refused: HTTP {r.status_code}")
+        self.http.headers["Authorization"] = f"Bearer {r.json()['access_token']}"
+
+    def get(self, path: str, **params) -> httpx.Response:
+        return self.http.get(f"/api/v2{path}", params=params)
+
+    def dag_loaded(self, dag_id: str) -> bool:
+        if self.get(f"/dags/{dag_id}").status_code == 200:
+            return True
+        errors = self.get("/importErrors").json().get("import_errors", [])
+        for error in errors:
+            if Path(error.get("filename", "")).name == f"{dag_id}.py":
+                raise DemoError(f"{error['filename']} failed to import:\n{error.get('stack_trace')}")
+        return False
+
+    def trigger(self, dag_id: str, conf: dict) -> str:
+        self.http.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False}).raise_for_status()
+        r = self.http.post(f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})
+        if r.status_code >= 300:
+            raise DemoError(f"trigger of {dag_id} refused: HTTP {r.status_code} {r.text}")
+        return r.json()["dag_run_id"]
+
+    def run_state(self, dag_id: str, run_id: str) -> str:
+        return self.get(f"/dags/{dag_id}/dagRuns/{run_id}").json()["state"]
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
+        return self.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
+
+    def log_lines(self, dag_id: str, run_id: str, ti: dict) -> list[str]:
+        """A task try's log as text lines (the structured log's events)."""
+        try_number = max(ti.get("try_number") or 1, 1)
+        r = self.get(
+            f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{ti['task_id']}/logs/{try_number}",
+            full_content="true",
+        )
+        if r.status_code != 200:
+            return []
+        lines = []
+        for entry in r.json().get("content", []):
+            text = entry.get("event", "") if isinstance(entry, dict) else str(entry)
+            lines.extend(str(text).splitlines())
+        return lines
+
+
+def follow(api: AirflowApi, run_id: str, timeout: float) -> str:
+    """Print task state changes and the launch task's pod log lines until the run ends."""
+    started = time.monotonic()
+    states: dict[str, str] = {}
+    pod_lines_shown = 0
+    deadline = started + timeout
+    while True:
+        state = api.run_state(DAG_ID, run_id)
+        tis = api.task_instances(DAG_ID, run_id)
+        for ti in sorted(tis, key=lambda t: t.get("start_date") or "~"):
+            now = ti.get("state") or "none"
+            if states.get(ti["task_id"]) != now:
+                states[ti["task_id"]] = now
+                say(f"{time.monotonic() - started:6.1f}s  {ti['task_id']:<28} {now}")
+        for ti in tis:
+            if ti["task_id"].rsplit(".", 1)[-1] == "launch" and ti.get("state") in {"running", "success", "failed"}:
+                pod_lines = [m["line"] for m in map(POD_LINE.match, api.log_lines(DAG_ID, run_id, ti)) if m]
+                for line in pod_lines[pod_lines_shown:]:
+                    print(f"    pod | {line}", flush=True)
+                pod_lines_shown = max(pod_lines_shown, len(pod_lines))
+        if state in FINISHED:
+            say(f"run {run_id} finished: {state}")
+            return state
+        if time.monotonic() > deadline:
+            raise DemoError(f"run {run_id} still {state} after {timeout:.0f}s")
+        time.sleep(1)
+
+
+def print_failed_logs(api: AirflowApi, run_id: str) -> None:
+    for ti in api.task_instances(DAG_ID, run_id):
+        if ti.get("state") == "failed":
+            say(f"log of failed task {ti['task_id']}:")
+            for line in api.log_lines(DAG_ID, run_id, ti):
+                print(f"    {line}", flush=True)
+
+
+def main() -> int:
+    oneshot = os.environ.get("DEMO_ONESHOT") == "1"
+    demo_dir = Path(os.environ.get("DEMO_DIR", REPO / ".demo")).resolve()
+    password = os.environ.get("DEMO_PASSWORD", "admin")
+    fleet = Path(os.environ.get("DEMO_FLEET", REPO / "simcloud" / "fleets" / "demo.yaml")).resolve()
+
+    shutil.rmtree(demo_dir, ignore_errors=True)  # every demo starts from a fresh cloud and database
+    home = demo_dir / "airflow"
+    home.mkdir(parents=True)
+    password_file = home / "passwords.json"
+    password_file.write_text(json.dumps({ADMIN_USER: password}) + "\n")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup on SIGTERM too
+    api = None
+    try:
+        with running_cloud(fleet, demo_dir / "cloud") as cloud:
+            env = airflow_env(home, port, password_file, Path(cloud.connections_file))
+            with running_airflow(env, home / "standalone.log") as proc:
+                api = AirflowApi(url)
+                try:
+                    wait_until(
+                        "Airflow to be healthy",
+                        lambda: api.healthy() or (proc.poll() is not None and _died(proc)),
+                        timeout=300,
+                    )
+                except DemoError:
+                    _tail(home / "standalone.log")
+                    raise
+                api.login(ADMIN_USER, password)
+                say(f"Airflow UI: {url}   login: {ADMIN_USER} / {password}")
+                wait_until(f"DAG {DAG_ID} to be parsed", lambda: api.dag_loaded(DAG_ID), timeout=180)
+                say(f"triggering {DAG_ID}: {JOB['gpus']} GPUs, cpu {JOB['cpu']}, memory {JOB['memory']}")
+                run_id = api.trigger(DAG_ID, JOB)
+                say(f"run {run_id}: {url}/dags/{DAG_ID}/runs/{run_id}")
+                state = follow(api, run_id, timeout=600)
+                if state != "success":
+                    print_failed_logs(api, run_id)
+                if oneshot:
+                    return 0 if state == "success" else 1
+                say(f"Airflow stays up for exploring: {url}  login: {ADMIN_USER} / {password}")
+                say(f"kubectl --kubeconfig {cloud.kubeconfig} get nodes,pods -o wide")
+                say("press Ctrl-C to stop everything")
+                while proc.poll() is None:
+                    time.sleep(1)
+                raise DemoError(f"airflow standalone exited with status {proc.returncode}")
+    except KeyboardInterrupt:
+        say("interrupted; everything is stopped")
+        return 0 if not oneshot else 130
+    except DemoError as e:
+        say(f"FAILED: {e}")
+        return 1
+
+
+def _died(proc: subprocess.Popen) -> bool:
+    raise DemoError(f"airflow standalone exited early with status {proc.returncode}")
+
+
+def _tail(path: Path, lines: int = 40) -> None:
+    with contextlib.suppress(OSError):
+        for line in path.read_text(errors="replace").splitlines()[-lines:]:
+            print(f"    {line}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
