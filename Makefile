@@ -44,3 +44,14 @@ demo: install
 .PHONY: test-demo
 test-demo: install
 	GPUBOOT_TEST_DEMO=1 $(PY) -m pytest tests/e2e/test_demo.py
+
+# Trace replay (gpuboot.replay) of ../shared/traces under four boot policies: table on stdout,
+# results/replay/summary.json and replay.png. Options: make replay REPLAY_ARGS="--start 115d --duration 7d".
+.PHONY: replay
+replay: install
+	$(PY) -m gpuboot.replay $(REPLAY_ARGS)
+
+# Benchmarks (bench/): placement cost at 1k/10k nodes, readiness detection lag, end-to-end overhead.
+# Tables on stdout, JSON under results/bench/. BENCH_ARGS="--quick" for a smoke run.
+bench: install
+	$(PY) -m bench $(BENCH_ARGS)

@@ -1,0 +1,59 @@
+"""Helpers shared by the benchmark parts: timing, the local cloud with Airflow connections, growth."""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from gpuboot.replay.metrics import percentile
+
+
+def best_of(call: Callable[[], object], repeat: int) -> tuple[float, object]:
+    """Fastest of `repeat` runs (seconds) and the last result: the usual way to time pure code."""
+    best, result = math.inf, None
+    for _ in range(repeat):
+        began = time.perf_counter()
+        result = call()
+        best = min(best, time.perf_counter() - began)
+    return best, result
+
+
+def timed(call: Callable[[], object]) -> tuple[float, object]:
+    return best_of(call, 1)
+
+
+def growth_exponent(n1: float, t1: float, n2: float, t2: float) -> float:
+    """k in t ~ n^k from two points: 1 = linear, 2 = quadratic."""
+    return math.log(t2 / t1) / math.log(n2 / n1)
+
+
+def stats(values: list[float]) -> dict:
+    """median, p95, mean, min, max of `values` (seconds), rounded to the millisecond."""
+    def r(v):
+        return None if v is None else round(v, 3)
+    if not values:
+        return {"n": 0}
+    return {"n": len(values), "median": r(statistics.median(values)), "p95": r(percentile(values, 95)),
+            "mean": r(statistics.fmean(values)), "min": r(min(values)), "max": r(max(values))}
+
+
+@contextlib.contextmanager
+def local_cloud(fleet: dict, workdir: Path, ready_timeout: float = 120.0) -> Iterator:
+    """simcloud running `fleet`, with its Airflow connections exported as AIRFLOW_CONN_* for the hooks."""
+    from simcloud.testing import SimCloud
+
+    saved = dict(os.environ)
+    os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+    with SimCloud.start(fleet, workdir, ready_timeout=ready_timeout) as cloud:
+        try:
+            for conn_id, conn in json.loads(cloud.connections_file.read_text()).items():
+                os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(conn)
+            yield cloud
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)

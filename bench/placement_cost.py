@@ -1,0 +1,80 @@
+"""Placement cost: reading the cluster (API) vs building the inventory and placing (pure), 1k and 10k nodes.
+
+The fleet runs in simcloud with 10 placeholder pods per running node; the API
+part is what `gpuboot.operators.read_inventory` does (list Nodes and active Pods
+through the provider's hook, DescribeInstances in batches of 100, instance types),
+the pure part is `build_inventory` and `place` on those very objects.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from gpuboot.inventory import build_inventory, parse_provider_id
+from gpuboot.placement import JobRequest, TaskRequest, place
+from gpuboot.resources import Resources
+
+from .common import best_of, growth_exponent, local_cloud, timed
+
+PODS_PER_NODE = 10
+GANG = 64
+# Mixed GPU fleet: 1/4 of each type; 80 % of the nodes running (with pods), 20 % stopped.
+TYPES = ["ecs.gn6i-c4g1.xlarge", "ecs.gn6i-c24g1.12xlarge", "ecs.gn7i-c32g1.16xlarge", "ecs.gn6v-c8g1.8xlarge"]
+
+
+def fleet(size: int) -> dict:
+    from simcloud.testing import small_fleet
+
+    nodes = []
+    for i, itype in enumerate(TYPES):
+        share = size // len(TYPES) + (1 if i < size % len(TYPES) else 0)
+        running = share * 4 // 5
+        nodes.append({"name": f"run-{i}", "instance_type": itype, "status": "Running", "count": running})
+        nodes.append({"name": f"stop-{i}", "instance_type": itype, "status": "Stopped", "count": share - running})
+    # slow heartbeats: nothing changes during the measurement, and 10k kubelets would eat the CPU
+    return small_fleet(nodes, timings={"heartbeat_seconds": 3600}, pods_per_node=PODS_PER_NODE)
+
+
+def jobs() -> dict[str, JobRequest]:
+    one = Resources.parse({"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": 1})
+    return {
+        "1 task": JobRequest("bench-one", (TaskRequest("t", one),), 1),
+        f"{GANG}-task gang": JobRequest("bench-gang", tuple(TaskRequest(f"t-{i}", one) for i in range(GANG)), GANG),
+    }
+
+
+def measure(size: int, workdir: Path, repeat: int) -> dict:
+    from gpuboot.ecs import EcsHook
+    from gpuboot.kube import KubeClient
+
+    with local_cloud(fleet(size), workdir / f"cloud-{size}", ready_timeout=600) as cloud:
+        kube, ecs = KubeClient(), EcsHook()
+        kube.core, ecs.get_conn()   # client set-up is not part of a read
+        t_nodes, nodes = timed(kube.list_nodes)
+        t_pods, pods = timed(kube.list_active_pods)
+        ids = sorted({p[1] for n in nodes if (p := parse_provider_id((n.get("spec") or {}).get("providerID")))})
+        t_instances, instances = timed(lambda: ecs.describe_instances(ids))
+        t_types, types = timed(lambda: ecs.describe_instance_types({i["InstanceType"] for i in instances}))
+    now = time.time()
+    t_build, views = best_of(lambda: build_inventory(nodes, pods, instances, types, [], now), repeat)
+    row = {"nodes": len(nodes), "pods": len(pods), "instances": len(instances),
+           "api_list_nodes_s": t_nodes, "api_list_pods_s": t_pods, "api_describe_instances_s": t_instances,
+           "api_instance_types_s": t_types, "api_total_s": t_nodes + t_pods + t_instances + t_types,
+           "build_inventory_s": t_build}
+    for label, job in jobs().items():
+        t_place, plan = best_of(lambda: place(job, views), repeat)
+        row[f"place {label}_s"] = t_place
+        row[f"place {label}_outcome"] = plan.outcome.value
+    return row
+
+
+def run(workdir: Path, quick: bool = False) -> dict:
+    sizes = (100, 1000) if quick else (1000, 10000)
+    rows = [measure(size, workdir, repeat=3 if quick else 5) for size in sizes]
+    small, large = rows
+    keys = [k for k in small if k.endswith("_s")]
+    growth = {k.removesuffix("_s"): round(growth_exponent(small["nodes"], small[k], large["nodes"], large[k]), 2)
+              for k in keys if small[k] > 0 and large[k] > 0}
+    return {"pods_per_node": PODS_PER_NODE, "gang_tasks": GANG, "rows": rows,
+            "growth_exponent": growth,
+            "note": "growth exponent k in time ~ nodes^k between the two fleet sizes: 1.0 = linear"}

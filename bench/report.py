@@ -1,0 +1,48 @@
+"""The tables `make bench` prints, one per part, from the JSON it writes."""
+from __future__ import annotations
+
+from gpuboot.replay.report import format_table
+
+
+def _ms(seconds):
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+def placement(result: dict) -> str:
+    rows = []
+    for r in result["rows"]:
+        rows.append({"nodes": r["nodes"], "pods": r["pods"],
+                     "list nodes": _ms(r["api_list_nodes_s"]), "list pods": _ms(r["api_list_pods_s"]),
+                     "describe instances": _ms(r["api_describe_instances_s"]), "API total": _ms(r["api_total_s"]),
+                     "build inventory": _ms(r["build_inventory_s"]),
+                     "place 1 task": _ms(r["place 1 task_s"]),
+                     f"place {result['gang_tasks']}-gang": _ms(r[f"place {result['gang_tasks']}-task gang_s"])})
+    columns = [(k, k) for k in rows[0]]
+    growth = ", ".join(f"{k} {v:g}" for k, v in result["growth_exponent"].items())
+    return (f"== Placement cost (ms; API = reads from the local cloud, the rest is pure), "
+            f"{result['pods_per_node']} pods per running node\n"
+            + format_table(rows, columns) + f"\ngrowth exponent (time ~ nodes^k, 1 = linear): {growth}\n")
+
+
+def readiness(result: dict) -> str:
+    rows = [{"detector": name, **{k: v for k, v in s.items() if k in ("n", "median", "p95", "mean", "max")}}
+            for name, s in result["lag_seconds"].items()]
+    columns = [("detector", "detector"), ("n", "boots"), ("median", "median s"), ("p95", "p95 s"),
+               ("mean", "mean s"), ("max", "max s")]
+    return (f"== Readiness detection lag: GPUs registered -> detector fires (settle window "
+            f"{result['settle_seconds']:g} s included; {result['boots']} boots)\n"
+            + format_table(rows, columns) + "\n" + "\n".join(result.get("notes", [])) + "\n")
+
+
+def overhead(result: dict) -> str:
+    rows = result["rows"]
+    columns = [("case", "case"), ("trigger_to_running_s", "trigger->Running s"),
+               ("emulated_physical_s", "emulated boot s"), ("overhead_s", "overhead s")]
+    return ("== End-to-end: DAG run triggered -> pod Running, minus the emulated boot + device-plugin time\n"
+            + format_table(rows, columns) + "\n" + "\n".join(result.get("notes", [])) + "\n")
+
+
+def render(part: str, result: dict) -> str:
+    if "error" in result:
+        return f"== {part}: FAILED: {result['error']}\n"
+    return {"placement": placement, "readiness": readiness, "overhead": overhead}[part](result)
