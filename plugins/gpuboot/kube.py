@@ -119,8 +119,7 @@ class AsyncKubeClient:
         from kubernetes_asyncio import client, watch
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        async with self.hook.get_conn() as api:
-            w = watch.Watch()
+        async with self.hook.get_conn() as api, watch.Watch() as w:   # Watch owns a session: close it
             try:
                 async for event in w.stream(client.CoreV1Api(api).list_node,
                                             field_selector=f"metadata.name={name}",
@@ -133,5 +132,3 @@ class AsyncKubeClient:
                 if exc.status == 410:
                     raise Gone(str(exc.reason)) from None
                 raise
-            finally:
-                w.stop()

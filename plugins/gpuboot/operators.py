@@ -23,7 +23,6 @@ from gpuboot.jobspec import JobSpec, JobSpecError, params_schema
 from gpuboot.kube import KubeClient
 from gpuboot.ledger import LedgerConflict, ReservationLedger
 from gpuboot.placement import Assignment, Outcome, Plan, place
-from gpuboot.triggers import baseline_to_json
 from gpuboot.readiness import BootBaseline
 
 JOB_LABEL = "gpuboot.io/job"
@@ -229,7 +228,7 @@ class StartGpuNodesOperator(_GpuJobMixin, BaseOperator):
                 since = None
             baseline = BootBaseline(node=node, start_requested_at=since, boot_id_before=boot_ids[node],
                                     gpus_needed=sum(a.requests.gpus for a in assigned))
-            boots.append(baseline_to_json(baseline))
+            boots.append(baseline.to_json())
             self.log.info("node %s (%s, %s): start requested at %s, bootID before %s, needs %d GPU(s)",
                           node, iid, assigned[0].state.value, since, boot_ids[node], baseline.gpus_needed)
         started = sorted(i for i in to_start.values() if i and outcomes[i].outcome == "done")

@@ -15,8 +15,8 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from gpuboot.jobspec import JobSpec
 from gpuboot.kube import KubeClient
-from gpuboot.readiness import ReadinessTracker
-from gpuboot.triggers import NodeGpuReadyTrigger, baseline_from_json
+from gpuboot.readiness import BootBaseline, ReadinessTracker
+from gpuboot.triggers import NodeGpuReadyTrigger
 
 
 def describe_evidence(evidence: Mapping[str, Any]) -> str:
@@ -94,7 +94,7 @@ class GpuReadySensor(BaseSensorOperator):
         now = time.time()
         verdicts = {}
         for b in self.boots:
-            tracker = self._trackers.setdefault(b["node"], ReadinessTracker(baseline_from_json(b), settle))
+            tracker = self._trackers.setdefault(b["node"], ReadinessTracker(BootBaseline.from_json(b), settle))
             verdicts[b["node"]] = tracker.observe(kube.get_node(b["node"]), now)
         waiting = {n: v for n, v in verdicts.items() if not v.ready}
         if not waiting:

@@ -22,16 +22,6 @@ MAX_WATCH_SECONDS = 60      # re-open the watch at least this often (cheap; surv
 ERROR_BACKOFF_SECONDS = 2.0
 
 
-def baseline_to_json(b: BootBaseline) -> dict:
-    return {"node": b.node, "start_requested_at": b.start_requested_at,
-            "boot_id_before": b.boot_id_before, "gpus_needed": b.gpus_needed}
-
-
-def baseline_from_json(d: dict) -> BootBaseline:
-    return BootBaseline(node=d["node"], start_requested_at=d.get("start_requested_at"),
-                        boot_id_before=d.get("boot_id_before"), gpus_needed=int(d.get("gpus_needed") or 0))
-
-
 class NodeGpuReadyTrigger(BaseTrigger):
     """Fires once: {"status": "ready"|"timeout", "node", "reason", "evidence"}."""
 
@@ -54,7 +44,7 @@ class NodeGpuReadyTrigger(BaseTrigger):
 
     def make_tracker(self):
         """The readiness rule to apply (a seam for tests that prove the rule matters)."""
-        return ReadinessTracker(baseline_from_json(self.baseline), settle_seconds=self.settle_seconds)
+        return ReadinessTracker(BootBaseline.from_json(self.baseline), settle_seconds=self.settle_seconds)
 
     def _event(self, status: str, verdict: Verdict | None, message: str) -> TriggerEvent:
         return TriggerEvent({"status": status, "node": self.node, "message": message,
@@ -91,8 +81,7 @@ class NodeGpuReadyTrigger(BaseTrigger):
                         resource_version = obj["metadata"]["resourceVersion"]
                         if kind == "DELETED":
                             self.log.warning("node %s was deleted; waiting for it to come back", self.node)
-                            continue
-                        node = obj
+                        node = {} if kind == "DELETED" else obj   # {}: observed as "not found"
                         verdict = tracker.observe(node, time.time())
                         self.log.info("node %s: %s", self.node, verdict.reason)
                         if verdict.ready:
