@@ -186,8 +186,8 @@ class K8sApi:
                 obj = self.store.patch(target.resource, target.namespace, target.name, body,
                                        request.headers.get("Content-Type", ""), target.sub)
             else:
-                obj = self.store.replace(target.resource, target.namespace, target.name, self._decode(body),
-                                         target.sub)
+                obj = self.store.replace(target.resource, target.namespace, target.name,
+                                         self._decode(body, request.headers.get("Content-Type", "")), target.sub)
             return self.respond(request, target, obj)
         if method == "DELETE":
             if target.sub:
@@ -196,7 +196,13 @@ class K8sApi:
         raise _method_not_allowed()
 
     @staticmethod
-    def _decode(body: bytes) -> dict:
+    def _decode(body: bytes, content_type: str = "application/json") -> dict:
+        """A JSON request body. Protobuf/CBOR bodies (kubectl 1.32's typed `create` generators) are 415."""
+        media = content_type.split(";")[0].strip().lower()
+        if body and media not in ("", "application/json", "*/*"):
+            raise ApiError(415, "UnsupportedMediaType",
+                           f'the body of the request was in an unknown format - accepted media types include: '
+                           f'application/json (simcloud does not speak "{media}")', {})
         try:
             obj = json.loads(body or b"{}")
         except ValueError as exc:
@@ -244,7 +250,7 @@ class K8sApi:
         return _json(body, pretty=_truthy(query.get("pretty")))
 
     async def create(self, request: web.Request, target: Target) -> web.Response:
-        obj = self._decode(await request.read())
+        obj = self._decode(await request.read(), request.headers.get("Content-Type", ""))
         meta = obj.setdefault("metadata", {})
         if target.info.namespaced:
             if target.namespace is None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.error
+import urllib.request
 
 import kubernetes
 import kubernetes_asyncio
@@ -94,6 +96,12 @@ def test_error_statuses_are_the_real_ones(k8s: K8sServer):
     with pytest.raises(ApiException) as err:
         v1.patch_namespaced_pod("p", NS, {"metadata": {"labels": {"a": "b"}}}, _content_type="application/json")
     assert err.value.status == 415
+    # protobuf bodies (kubectl 1.32's `create configmap` generator) are refused as unsupported, not misread
+    request = urllib.request.Request(f"{k8s.url}/api/v1/namespaces/{NS}/configmaps", data=b"k8s\x00...",
+                                     method="POST", headers={"Content-Type": "application/vnd.kubernetes.protobuf"})
+    with pytest.raises(urllib.error.HTTPError) as http_err:
+        urllib.request.urlopen(request)
+    assert http_err.value.code == 415 and json.loads(http_err.value.read())["reason"] == "UnsupportedMediaType"
     with pytest.raises(ApiException) as err:     # pod specs are immutable beyond images/tolerations
         v1.patch_namespaced_pod("p", NS, {"spec": {"restartPolicy": "Always"}})
     assert err.value.status == 422 and "Forbidden: pod updates may not change fields" in _status(err.value)["message"]
