@@ -404,7 +404,7 @@ class K8sApi:
                 if remaining <= 0 or request.transport is None or request.transport.is_closing():
                     break
                 try:
-                    event = await asyncio.wait_for(queue.get(), timeout=min(remaining, 1.0))
+                    event = await asyncio.wait_for(queue.get(), timeout=min(remaining, 1.0, BOOKMARK_EVERY))
                 except asyncio.TimeoutError:
                     if bookmarks and time.monotonic() - last_sent >= BOOKMARK_EVERY:
                         await send("BOOKMARK", {"kind": target.info.kind, "apiVersion": target.info.api_version,

@@ -317,3 +317,18 @@ def test_latency_fault_and_deletecollection(k8s: K8sServer):
     assert time.monotonic() - started >= 0.3
     k8s.faults.k8s_latency_ms = 0
     assert [c.metadata.name for c in v1.list_namespaced_config_map(NS).items] == ["keep"]
+
+
+def test_watch_bookmarks_carry_the_current_resource_version(k8s: K8sServer, monkeypatch):
+    import simcloud.k8s_api
+    monkeypatch.setattr(simcloud.k8s_api, "BOOKMARK_EVERY", 0.1)    # an idle watch gets a bookmark soon
+    v1 = k8s.core_v1()
+    v1.create_namespaced_config_map(NS, {"metadata": {"name": "cm"}})
+    current = v1.list_namespaced_config_map(NS).metadata.resource_version
+    watch = kubernetes.watch.Watch()
+    events = []
+    for event in watch.stream(v1.list_namespaced_config_map, NS, resource_version=current,
+                              allow_watch_bookmarks=True, timeout_seconds=5, deserialize=False):
+        events.append((event["type"], event["object"]["metadata"]["resourceVersion"]))
+        watch.stop()
+    assert events == [("BOOKMARK", current)]
