@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -24,21 +23,10 @@ from simcloud.config import Faults
 from simcloud.k8s_api import make_k8s_app
 from simcloud.scheduler import Scheduler
 from simcloud.store import ApiError, Store
+from simcloud.testing import wait_until  # noqa: F401 - re-exported for the K8S tests
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
-
-
-def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02) -> T:
-    """Poll `predicate` until it returns something truthy; fail with a clear message at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s: {predicate}")
-        time.sleep(interval)
 
 
 class MemoryLogs:

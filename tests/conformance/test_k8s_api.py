@@ -12,7 +12,7 @@ import kubernetes_asyncio
 import pytest
 from kubernetes.client.rest import ApiException
 
-from tests.conformance.k8s_harness import K8sServer, k8s, make_node, pod_body, start_server, wait_until  # noqa: F401
+from tests.conformance.k8s_harness import K8sServer, k8s, make_node, pod_body, start_server  # noqa: F401
 
 NS = "default"
 
