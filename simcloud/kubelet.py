@@ -100,6 +100,7 @@ class _Node:
     pods: dict[str, _Pod] = field(default_factory=dict)   # uid -> pod known to this kubelet
     finished: set[str] = field(default_factory=set)       # uids this kubelet has completed or rejected
     next_ip: int = 2
+    uid: str = ""
 
     @property
     def name(self) -> str:
@@ -145,7 +146,7 @@ class Kubelets:
             _set_ready(node_obj, now, node.boot_id)
         else:
             _set_unknown(node_obj, now)
-        self.store.create("nodes", node_obj)
+        node.uid = self.store.create("nodes", node_obj)["metadata"]["uid"]
 
     def _write_node(self, node: _Node, fn) -> None:
         try:
@@ -244,10 +245,13 @@ class Kubelets:
             if spec.get("nodeName") and meta.get("deletionTimestamp"):
                 self._remove(meta)     # bound to a node no kubelet serves: nothing to stop
             return
-        if kind == "DELETED":
+        if kind == "DELETED":   # force-deleted (grace 0) or removed: kill whatever still runs
             known = node.pods.pop(uid, None)
             node.finished.discard(uid)
-            if known is not None and known.running:
+            if known is not None:
+                known.closing = True
+                if known.task is not None:
+                    known.task.cancel()
                 self._spawn(self._stop_containers(known, 0))
             self.runner.forget(uid)
             return
@@ -345,7 +349,7 @@ class Kubelets:
 
     async def _start_container(self, node, p, pod, c, statuses) -> tuple[Container | None, int]:
         image = c.get("image", "")
-        self._event_pod(pod, "Pulled", f'Container image "{image}" already present on machine', field_path=c)
+        self._event_pod(pod, "Pulled", f'Container image "{image}" already present on machine')
         extra = {"NVIDIA_VISIBLE_DEVICES": ",".join(map(str, p.gpus))} if p.gpus else {}
         try:
             ctr = await self.runner.start(pod, c, extra)
@@ -353,10 +357,10 @@ class Kubelets:
             now = rfc3339()
             statuses[c["name"]]["state"] = {"terminated": {
                 "exitCode": 127, "reason": "StartError", "message": str(exc), "startedAt": now, "finishedAt": now}}
-            self._event_pod(pod, "Failed", f"Error: {exc}", "Warning", field_path=c)
+            self._event_pod(pod, "Failed", f"Error: {exc}", "Warning")
             return None, 127
-        self._event_pod(pod, "Created", f"Created container {c['name']}", field_path=c)
-        self._event_pod(pod, "Started", f"Started container {c['name']}", field_path=c)
+        self._event_pod(pod, "Created", f"Created container {c['name']}")
+        self._event_pod(pod, "Started", f"Started container {c['name']}")
         return ctr, 0
 
     def _finish(self, node: _Node, p: _Pod, phase: str, **extra) -> None:
@@ -372,7 +376,7 @@ class Kubelets:
         grace = pod["metadata"].get("deletionGracePeriodSeconds",
                                     pod["spec"].get("terminationGracePeriodSeconds", 30))
         for name in p.running:
-            self._event_pod(pod, "Killing", f"Stopping container {name}", field_path={"name": name})
+            self._event_pod(pod, "Killing", f"Stopping container {name}")
         await self._stop_containers(p, float(grace or 0))
         if p.task is not None:
             p.task.cancel()
@@ -440,16 +444,12 @@ class Kubelets:
         except ApiError:
             pass   # the pod is gone; nothing to report
 
-    def _event_pod(self, pod: dict, reason: str, message: str, kind: str = "Normal",
-                   field_path: dict | None = None) -> None:
-        involved = pod
-        if field_path is not None:
-            involved = {**pod, "fieldPath": f"spec.containers{{{field_path['name']}}}"}
-        self._event(involved, reason, message, kind, "kubelet")
+    def _event_pod(self, pod: dict, reason: str, message: str, kind: str = "Normal") -> None:
+        self._event(pod, reason, message, kind, "kubelet")
 
     def _event_node(self, node: _Node, reason: str, message: str, kind: str = "Normal",
                     component: str = "kubelet") -> None:
-        self._event({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name, "uid": node.name}},
+        self._event({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name, "uid": node.uid}},
                     reason, message, kind, component)
 
     def _event(self, involved: dict, reason: str, message: str, kind: str, component: str) -> None:

@@ -153,14 +153,18 @@ def test_pod_bound_to_a_stopped_node_waits_pending(cloud):
                timeout=5)
 
 
-def test_deleting_a_running_pod_kills_its_process_then_removes_it(cloud):
+@pytest.mark.parametrize("grace", [5, 0], ids=["graceful", "forced"])
+def test_deleting_a_running_pod_kills_its_process_then_removes_it(cloud, grace):
     v1 = cloud.core_v1()
+    name = f"sleeper-{grace}"
     v1.create_namespaced_pod("default", make_pod(
-        "sleeper", ["python", "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(60)"],
-        node="cpu-1"))
-    wait_until(lambda: phase_of(v1, "sleeper", "Running"), timeout=10)
-    pid = int(wait_until(lambda: pod_log(v1, "sleeper").strip(), timeout=10))
-    v1.delete_namespaced_pod("sleeper", "default", grace_period_seconds=5)
-    wait_until(lambda: not v1.list_namespaced_pod("default", field_selector="metadata.name=sleeper").items,
+        name, ["python", "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(60)"],
+        node="cpu-1", restart="Always"))
+    wait_until(lambda: phase_of(v1, name, "Running"), timeout=10)
+    pid = int(wait_until(lambda: pod_log(v1, name).strip(), timeout=10))
+    v1.delete_namespaced_pod(name, "default", grace_period_seconds=grace)
+    wait_until(lambda: not v1.list_namespaced_pod("default", field_selector=f"metadata.name={name}").items,
                timeout=10)
-    assert not process_alive(pid)
+    wait_until(lambda: not process_alive(pid), timeout=5, message=f"process {pid} outlived its pod")
+    node = next(n for n in cloud.state()["nodes"] if n["name"] == "cpu-1")
+    assert node["pods"] == 0, "restartPolicy Always must not bring a deleted pod's container back"
