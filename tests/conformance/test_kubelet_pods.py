@@ -16,7 +16,7 @@ FLEET = small_fleet([
     {"name": "gpu-run", "instance_type": "ecs.gn6i-c24g1.12xlarge", "status": "Running"},
     {"name": "gpu-off", "instance_type": "ecs.gn6i-c24g1.12xlarge", "status": "Stopped"},
     {"name": "gpu-off-2", "instance_type": "ecs.gn6i-c4g1.xlarge", "status": "Stopped"},
-])
+], timings={"device_plugin_seconds": 1.5})   # a wide window for binding "too early" even on a slow CI box
 
 
 @pytest.fixture(scope="module")
