@@ -214,7 +214,7 @@ class Kubelets:
     async def _heartbeats(self) -> None:
         """One loop for all nodes: heartbeats for Ready ones, and boot steps a cleared fault unblocks."""
         while True:
-            await asyncio.sleep(self.timings.heartbeat_seconds)
+            await asyncio.sleep(max(self.timings.heartbeat_seconds, 0.05))
             now = rfc3339()
             for i, node in enumerate(list(self._nodes.values())):
                 if node.up:
