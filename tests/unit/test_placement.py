@@ -1,7 +1,6 @@
 """Placement: per-node fit, running first, bin-packing / least waste, gangs, never vs busy."""
 import json
 import random
-import time
 
 import pytest
 
@@ -230,17 +229,13 @@ def big_fleet(n):
             for i in range(n)]
 
 
-def test_placement_is_fast_on_ten_thousand_nodes():
+def test_large_fleet_plans_keep_the_candidate_table_bounded():
+    """Timing lives in `make bench`; here only what a 10,000-node plan must contain."""
     nodes = big_fleet(10_000)
-    t0 = time.perf_counter()
     plan = place(job(task(gpus=2)), nodes)
-    single = time.perf_counter() - t0
     assert plan.outcome is Outcome.FITS and len(plan.candidates) <= 500 and plan.candidates_omitted > 0
-    t0 = time.perf_counter()
     plan = place(job(*(task(f"w{i}", gpus=2) for i in range(64))), nodes)
-    gang = time.perf_counter() - t0
     assert plan.outcome is Outcome.FITS and len(plan.assignments) == 64
-    assert single < 1.0 and gang < 2.0, (single, gang)
 
 
 def test_plans_and_views_survive_deepcopy_and_pickle():
