@@ -13,8 +13,11 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="run the local cloud until SIGTERM/SIGINT")
     serve.add_argument("--fleet", required=True, type=Path, help="fleet YAML (see simcloud/fleets/demo.yaml)")
     serve.add_argument("--workdir", required=True, type=Path, help="where kubeconfig, ecs.json, ... are written")
-    serve.add_argument("--k8s-port", type=int, default=0, help="Kubernetes API port on 127.0.0.1 (0 = free port)")
-    serve.add_argument("--ecs-port", type=int, default=0, help="ECS API port on 127.0.0.1 (0 = free port)")
+    serve.add_argument("--k8s-port", type=int, default=0, help="Kubernetes API port (0 = free port)")
+    serve.add_argument("--ecs-port", type=int, default=0, help="ECS API port (0 = free port)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to bind and to write into kubeconfig/ecs.json/connections.json "
+                            "(default 127.0.0.1; a container name such as `simcloud` under docker compose)")
     serve.add_argument("--seed", type=int, default=None, help="seed for boot ids and injected API faults")
     fault = sub.add_parser("fault", help="show or change the faults of a running local cloud")
     fault.add_argument("--workdir", required=True, type=Path)
@@ -33,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
             fleet = load_fleet(args.fleet)
         except (FleetError, OSError) as exc:
             parser.error(f"--fleet {args.fleet}: {exc}")
-        return main_serve(fleet, args.workdir, args.k8s_port, args.ecs_port, args.seed)
+        return main_serve(fleet, args.workdir, args.k8s_port, args.ecs_port, args.seed, args.host)
 
     from simcloud import admin
     try:

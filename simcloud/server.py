@@ -4,7 +4,7 @@ Store + Scheduler + EcsCloud + Kubelets + ContainerRunner, the Kubernetes API (w
 admin routes `/_simcloud/faults` and `/_simcloud/state`) on one port and the ECS API on
 another. Once both listen it writes, in the workdir:
 
-* `kubeconfig`        cluster http://127.0.0.1:K8SPORT, a token user, current-context set
+* `kubeconfig`        cluster http://HOST:K8SPORT (HOST 127.0.0.1 unless --host), a token user, current-context set
 * `ecs.json`          endpoint, region, access_key_id, access_key_secret   (mode 0600)
 * `connections.json`  Airflow connections `kubernetes_default` and `alibaba_ecs_default`
                       (the `dag.test(conn_file_path=...)` format; each value also works as
@@ -48,8 +48,8 @@ log = logging.getLogger("simcloud")
 class Cloud:
     """Everything one simcloud process holds, wired together but not yet listening."""
 
-    def __init__(self, fleet: Fleet, workdir: Path, seed: int | None = None) -> None:
-        self.fleet, self.workdir = fleet, Path(workdir)
+    def __init__(self, fleet: Fleet, workdir: Path, seed: int | None = None, host: str = "127.0.0.1") -> None:
+        self.fleet, self.workdir, self.host = fleet, Path(workdir), host
         self.rng = random.Random(seed)
         self.faults: Faults = fleet.faults
         self.store = Store()
@@ -111,7 +111,7 @@ class Cloud:
     async def _listen(self, app: web.Application, port: int) -> int:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", port))
+        sock.bind((self.host, port))
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
         self._runners.append(runner)
@@ -129,11 +129,11 @@ class Cloud:
     # ------------------------------------------------------------------ workdir files
     @property
     def k8s_url(self) -> str:
-        return f"http://127.0.0.1:{self.k8s_port}"
+        return f"http://{self.host}:{self.k8s_port}"
 
     @property
     def ecs_endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.ecs_port}"
+        return f"http://{self.host}:{self.ecs_port}"
 
     def write_files(self) -> None:
         fleet, wd = self.fleet, self.workdir
@@ -155,7 +155,7 @@ class Cloud:
                                    "extra": {"kube_config_path": str(kubeconfig.resolve()), "namespace": "default"}},
             "alibaba_ecs_default": {"conn_type": "alibaba_cloud", "login": fleet.access_key_id,
                                     "password": fleet.access_key_secret,
-                                    "extra": {"region_id": fleet.region, "endpoint": f"127.0.0.1:{self.ecs_port}",
+                                    "extra": {"region_id": fleet.region, "endpoint": f"{self.host}:{self.ecs_port}",
                                               "protocol": "http"}},
         }, indent=2), private=True)
         _write(wd / "simcloud.json", json.dumps({
@@ -173,7 +173,8 @@ def _write(path: Path, text: str, private: bool = False) -> None:
     os.replace(tmp, path)
 
 
-async def serve(fleet: Fleet, workdir: Path, k8s_port: int = 0, ecs_port: int = 0, seed: int | None = None) -> None:
+async def serve(fleet: Fleet, workdir: Path, k8s_port: int = 0, ecs_port: int = 0, seed: int | None = None,
+                host: str = "127.0.0.1") -> None:
     """Run until SIGTERM/SIGINT."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -181,7 +182,7 @@ async def serve(fleet: Fleet, workdir: Path, k8s_port: int = 0, ecs_port: int = 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    cloud = Cloud(fleet, workdir, seed)
+    cloud = Cloud(fleet, workdir, seed, host)
     try:
         await cloud.start(k8s_port, ecs_port)
         cloud.write_files()
@@ -195,8 +196,9 @@ async def serve(fleet: Fleet, workdir: Path, k8s_port: int = 0, ecs_port: int = 
     print("simcloud stopped", flush=True)
 
 
-def main_serve(fleet: Fleet, workdir: Path, k8s_port: int, ecs_port: int, seed: int | None) -> int:
+def main_serve(fleet: Fleet, workdir: Path, k8s_port: int, ecs_port: int, seed: int | None,
+               host: str = "127.0.0.1") -> int:
     logging.basicConfig(level=os.environ.get("SIMCLOUD_LOG_LEVEL", "INFO"), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(fleet, workdir, k8s_port, ecs_port, seed))
+    asyncio.run(serve(fleet, workdir, k8s_port, ecs_port, seed, host))
     return 0

@@ -211,8 +211,6 @@ def test_simcloud_serves_the_demo_fleet_to_the_other_containers(services):
     assert host_fleet.is_file(), f"compose serves {fleet}, but {host_fleet.relative_to(ROOT)} does not exist"
 
 
-@pytest.mark.xfail(strict=True, reason="simcloud serve has no --host yet (requested: bind to HOST and "
-                   "write HOST into kubeconfig/ecs.json/connections.json); drop this mark when it lands")
 def test_simcloud_cli_accepts_the_compose_options(services):
     """The options compose passes exist in the real CLI (`serve --help`)."""
     command = _command(services["simcloud"])
