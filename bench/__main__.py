@@ -12,7 +12,11 @@ if "airflow" not in __import__("sys").modules:
     os.environ["AIRFLOW_HOME"] = _home
     os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_home}/airflow.db"
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
-os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
+# dag.test() needs its DAG in a bundle folder: a scratch one with gpu_job and the bench's baseline DAG.
+_dags = Path(tempfile.mkdtemp(prefix="gpuboot-bench-dags-"))
+for _source in (REPO / "dags" / "gpu_job.py", REPO / "bench" / "dags" / "bench_plain_kpo.py"):
+    (_dags / _source.name).symlink_to(_source)
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_dags)
 os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(REPO / "plugins")
 
 import argparse  # noqa: E402
@@ -23,6 +27,7 @@ import time  # noqa: E402
 import traceback  # noqa: E402
 
 from bench import report  # noqa: E402
+from bench.common import output_to  # noqa: E402
 
 PARTS = ("placement", "readiness", "overhead")
 
@@ -32,6 +37,17 @@ def machine() -> dict:
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
             "platform": platform.platform()}
+
+
+def run_part(part: str, workdir: Path, args) -> dict:
+    if part == "placement":
+        from bench import placement_cost
+        return placement_cost.run(workdir, quick=args.quick)
+    if part == "readiness":
+        from bench import readiness_lag
+        return readiness_lag.run(workdir, quick=args.quick, boots=args.boots)
+    from bench import overhead
+    return overhead.run(workdir, quick=args.quick)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,23 +67,21 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for part in parts:
         began = time.perf_counter()
+        out.mkdir(parents=True, exist_ok=True)
+        log_path = out / f"{part}.log"
+        log_path.write_text("")
+        os.environ["GPUBOOT_BENCH_LOG"] = str(log_path)
+        print(f"-- {part}: running (its log: {log_path})", flush=True)
         try:
-            if part == "placement":
-                from bench import placement_cost as module
-                result = module.run(work / part, quick=args.quick)
-            elif part == "readiness":
-                from bench import readiness_lag as module
-                result = module.run(work / part, quick=args.quick, boots=args.boots)
-            else:
-                from bench import overhead as module
-                result = module.run(work / part, quick=args.quick)
+            with output_to(log_path):   # Airflow, simcloud and trigger logs go to the part's log file
+                result = run_part(part, work / part, args)
         except Exception as error:  # one broken part must not hide the others' figures
             failed = True
-            traceback.print_exc()
+            with open(log_path, "a") as log:
+                traceback.print_exc(file=log)
             result = {"error": f"{type(error).__name__}: {error}"}
         result["wall_seconds"] = round(time.perf_counter() - began, 1)
         summary["parts"][part] = result
-        out.mkdir(parents=True, exist_ok=True)
         (out / f"{part}.json").write_text(json.dumps(result, indent=2) + "\n")
         print(report.render(part, result), flush=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -57,3 +58,18 @@ def local_cloud(fleet: dict, workdir: Path, ready_timeout: float = 120.0) -> Ite
         finally:
             os.environ.clear()
             os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def output_to(path: Path):
+    """Send this process's stdout/stderr (file descriptors, so Airflow's log handlers too) to `path`."""
+    sys.stdout.flush(), sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "a") as log:
+        os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+            os.close(saved[0]), os.close(saved[1])

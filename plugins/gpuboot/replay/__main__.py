@@ -1,3 +1,5 @@
-from .cli import main
+"""`python -m gpuboot.replay`. Runs only as that (never when some loader execs the file by path)."""
+if __name__ == "__main__" and __package__ == "gpuboot.replay":
+    from gpuboot.replay.cli import main
 
-raise SystemExit(main())
+    raise SystemExit(main())
