@@ -24,6 +24,7 @@ from gpuboot.kube import KubeClient
 from gpuboot.ledger import LedgerConflict, ReservationLedger
 from gpuboot.placement import Assignment, Outcome, Plan, place
 from gpuboot.readiness import BootBaseline
+from gpuboot.triggers import WakeUpTrigger
 
 JOB_LABEL = "gpuboot.io/job"
 TASK_LABEL = "gpuboot.io/task"
@@ -122,9 +123,9 @@ class PlaceGpuJobOperator(_GpuJobMixin, BaseOperator):
         spec = resolve_job(self.job, context)
         return self._attempt(context, spec, time.time() + spec.queue_timeout_seconds)
 
-    def resume(self, context, event: Any = None, deadline: float = 0.0):
-        """Back from the busy-wait timer: place again."""
-        return self._attempt(context, resolve_job(self.job, context), deadline)
+    def resume(self, context, event: Mapping):
+        """Back from the busy-wait timer: place again (the queue deadline comes back in the event)."""
+        return self._attempt(context, resolve_job(self.job, context), float(event["echo"]["deadline"]))
 
     def _attempt(self, context, spec: JobSpec, deadline: float):
         job_id = self.job_id or context_job_id(self, context)
@@ -140,14 +141,10 @@ class PlaceGpuJobOperator(_GpuJobMixin, BaseOperator):
             wake = min(deadline, now + self.busy_poll_seconds)
             self.log.info("capacity busy (%s); re-planning in %.0fs, giving up in %.0fs",
                           plan.message, wake - now, deadline - now)
-            from airflow.providers.standard.triggers.temporal import DateTimeTrigger
-
-            self.defer(trigger=DateTimeTrigger(dt.datetime.fromtimestamp(wake, dt.timezone.utc)),
-                       method_name="resume", kwargs={"deadline": deadline})
+            self.defer(trigger=WakeUpTrigger(wake, {"deadline": deadline}), method_name="resume")
         self.log.info("decision: %s; nodes to start: %s", plan.message, list(plan.nodes_to_start) or "none")
         push(context, "job", spec.to_dict())
         push(context, "job_id", job_id)
-        push(context, "tasks", [a.task for a in plan.assignments])
         return plan.to_json()
 
     def place_and_reserve(self, spec: JobSpec, job_id: str) -> Plan:
@@ -270,13 +267,17 @@ class GpuPodOperator(KubernetesPodOperator):
     """KubernetesPodOperator pinned to the planned node (nodeSelector kubernetes.io/hostname),
     requesting the job's GPUs/CPU/memory as requests and limits, labelled with the job and task.
     `task_name` picks one assignment of the plan (map it over the plan's tasks for gangs).
-    Succeeded pods are deleted; failed pods are kept for `kubectl describe/logs`."""
+    Pods are kept when they finish (on_finish_action="keep_pod"): a terminated pod holds no
+    capacity, and its record (node, exit code, log) stays for `kubectl logs` and audits;
+    Kubernetes' terminated-pod GC or a retention job removes them later."""
 
     template_fields = (*KubernetesPodOperator.template_fields, "job", "plan", "task_name")
 
     def __init__(self, *, job: Mapping | Any = None, plan: Mapping | Any = None, task_name: str | None = None,
-                 get_logs: bool = True, on_finish_action: str = "delete_succeeded_pod", **kwargs) -> None:
-        super().__init__(get_logs=get_logs, on_finish_action=on_finish_action, **kwargs)
+                 get_logs: bool = True, on_finish_action: str = "keep_pod",
+                 startup_check_interval_seconds: int = 1, **kwargs) -> None:
+        super().__init__(get_logs=get_logs, on_finish_action=on_finish_action,
+                         startup_check_interval_seconds=startup_check_interval_seconds, **kwargs)
         self.job, self.plan, self.task_name = job, plan, task_name
 
     def execute(self, context):

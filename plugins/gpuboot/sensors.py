@@ -31,12 +31,14 @@ class GpuReadySensor(BaseSensorOperator):
     """Wait until every node of the plan passes the GPU-readiness rule.
 
     `boots` is the start step's list of baselines (XCom key "boots"); settle window and
-    boot timeout come from the job (XCom key "job" of the place step) unless given."""
+    boot timeout come from the job (XCom key "job" of the place step) unless given.
+    Returns the plan's task names, now cleared to launch (what `launch` is mapped over);
+    the per-node evidence goes to XCom key "evidence"."""
 
-    template_fields = ("boots", "job")
+    template_fields = ("boots", "job", "plan")
     ui_color = "#e8f5e9"
 
-    def __init__(self, *, boots: Sequence[Mapping] | Any, job: Mapping | Any = None,
+    def __init__(self, *, boots: Sequence[Mapping] | Any, job: Mapping | Any = None, plan: Mapping | Any = None,
                  settle_seconds: float | None = None, boot_timeout_seconds: float | None = None,
                  kubernetes_conn_id: str = "kubernetes_default", deferrable: bool = True,
                  poke_interval: float = 2.0, **kwargs) -> None:
@@ -44,7 +46,7 @@ class GpuReadySensor(BaseSensorOperator):
             raise ValueError("mode='reschedule' would restart the settle window on every poke; "
                              "use deferrable=True or mode='poke'")
         super().__init__(poke_interval=poke_interval, **kwargs)
-        self.boots, self.job = boots, job
+        self.boots, self.job, self.plan = boots, job, plan
         self.settle_seconds, self.boot_timeout_seconds = settle_seconds, boot_timeout_seconds
         self.kubernetes_conn_id, self.deferrable = kubernetes_conn_id, deferrable
         self._trackers: dict[str, ReadinessTracker] = {}
@@ -61,7 +63,7 @@ class GpuReadySensor(BaseSensorOperator):
         settle, timeout = self._timing()
         if not self.boots:
             self.log.info("no node to wait for")
-            return {}
+            return self._cleared(context, {})
         if not self.deferrable:
             self.timeout = timeout + 60            # our own deadline fails first, with evidence
             self._deadline = time.time() + timeout
@@ -73,12 +75,15 @@ class GpuReadySensor(BaseSensorOperator):
         self.log.info("waiting for node %s (%d/%d) until %s", baseline["node"], index + 1, len(self.boots),
                       time.strftime("%H:%M:%S", time.gmtime(deadline)))
         self.defer(trigger=NodeGpuReadyTrigger(baseline=dict(baseline), deadline=deadline, settle_seconds=settle,
-                                               kubernetes_conn_id=self.kubernetes_conn_id),
-                   method_name="execute_complete",
-                   kwargs={"index": index, "deadline": deadline, "settle": settle, "seen": seen})
+                                               kubernetes_conn_id=self.kubernetes_conn_id,
+                                               echo={"index": index, "deadline": deadline, "settle": settle,
+                                                     "seen": seen}),
+                   method_name="execute_complete")
 
-    def execute_complete(self, context, event: Mapping, index: int, deadline: float, settle: float, seen: dict):
-        node = event.get("node")
+    def execute_complete(self, context, event: Mapping):
+        """Back from the trigger; where we were (which node, deadline) comes back in event["echo"]."""
+        node, state = event.get("node"), event["echo"]
+        index, deadline, settle, seen = state["index"], state["deadline"], state["settle"], state["seen"]
         if event.get("status") != "ready":
             raise AirflowFailException(f"node {node} not GPU-ready before the boot timeout: {event.get('reason')}; "
                                        f"last seen: {describe_evidence(event.get('evidence') or {})}")
@@ -86,7 +91,11 @@ class GpuReadySensor(BaseSensorOperator):
         seen = {**seen, node: event.get("evidence") or {}}
         if index + 1 < len(self.boots):
             self._defer_for(index + 1, deadline, settle, seen)
-        return seen
+        return self._cleared(context, seen)
+
+    def _cleared(self, context, evidence: dict) -> list[str]:
+        context["ti"].xcom_push(key="evidence", value=evidence)
+        return [a["task"] for a in (self.plan or {}).get("assignments", [])]
 
     def poke(self, context):
         settle, _ = self._timing()
@@ -98,7 +107,8 @@ class GpuReadySensor(BaseSensorOperator):
             verdicts[b["node"]] = tracker.observe(kube.get_node(b["node"]), now)
         waiting = {n: v for n, v in verdicts.items() if not v.ready}
         if not waiting:
-            return PokeReturnValue(is_done=True, xcom_value={n: dict(v.evidence) for n, v in verdicts.items()})
+            cleared = self._cleared(context, {n: dict(v.evidence) for n, v in verdicts.items()})
+            return PokeReturnValue(is_done=True, xcom_value=cleared)
         for node, verdict in waiting.items():
             self.log.info("node %s not ready yet: %s", node, verdict.reason)
         if self._deadline is not None and now >= self._deadline:

@@ -2,8 +2,9 @@
 
     place >> start >> wait_gpu_ready >> launch >> release
 
-`launch` is mapped over the plan's tasks (one pod per assignment), so gangs
-(replicas > 1) need nothing more; a single-task job gives one mapped instance.
+`launch` is mapped over the task names `wait_gpu_ready` clears (one pod per
+assignment of the plan), so gangs (replicas > 1) need nothing more; a single-task job
+gives one mapped instance.
 """
 from __future__ import annotations
 
@@ -29,12 +30,12 @@ def gpu_job_group(job: Mapping | None = None, *, group_id: str = "gpu_job",
         spec = place.output["job"]
         start = StartGpuNodesOperator(task_id="start", plan=place.output, kubernetes_conn_id=kubernetes_conn_id,
                                       ecs_conn_id=ecs_conn_id)
-        wait = GpuReadySensor(task_id="wait_gpu_ready", boots=start.output["boots"], job=spec,
+        wait = GpuReadySensor(task_id="wait_gpu_ready", boots=start.output["boots"], job=spec, plan=place.output,
                               kubernetes_conn_id=kubernetes_conn_id, deferrable=deferrable,
                               poke_interval=poke_interval)
         launch = GpuPodOperator.partial(task_id="launch", job=spec, plan=place.output,
                                         kubernetes_conn_id=kubernetes_conn_id).expand(
-            task_name=place.output["tasks"])
+            task_name=wait.output)
         release = ReleaseReservationOperator(task_id="release", kubernetes_conn_id=kubernetes_conn_id,
                                              ledger_namespace=ledger_namespace)
         place >> start >> wait >> launch >> release

@@ -22,21 +22,40 @@ MAX_WATCH_SECONDS = 60      # re-open the watch at least this often (cheap; surv
 ERROR_BACKOFF_SECONDS = 2.0
 
 
+class WakeUpTrigger(BaseTrigger):
+    """Fires {"status": "wake", "echo": echo} at `moment` (epoch seconds).
+
+    Why `echo`: the state a resumed task needs travels in the event itself, so it
+    survives every runner (dag.test() passes only the event to the resume method)."""
+
+    def __init__(self, moment: float, echo: dict | None = None) -> None:
+        super().__init__()
+        self.moment, self.echo = float(moment), dict(echo or {})
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{type(self).__module__}.{type(self).__qualname__}", {"moment": self.moment, "echo": self.echo}
+
+    async def run(self):
+        await asyncio.sleep(max(0.0, self.moment - time.time()))
+        yield TriggerEvent({"status": "wake", "echo": self.echo})
+
+
 class NodeGpuReadyTrigger(BaseTrigger):
-    """Fires once: {"status": "ready"|"timeout", "node", "reason", "evidence"}."""
+    """Fires once: {"status": "ready"|"timeout", "node", "reason", "evidence", "echo"}."""
 
     def __init__(self, baseline: dict, deadline: float, settle_seconds: float = 5.0,
-                 kubernetes_conn_id: str = "kubernetes_default") -> None:
+                 kubernetes_conn_id: str = "kubernetes_default", echo: dict | None = None) -> None:
         super().__init__()
         self.baseline = dict(baseline)
         self.deadline = float(deadline)
         self.settle_seconds = float(settle_seconds)
         self.kubernetes_conn_id = kubernetes_conn_id
+        self.echo = dict(echo or {})
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
-                {"baseline": self.baseline, "deadline": self.deadline,
-                 "settle_seconds": self.settle_seconds, "kubernetes_conn_id": self.kubernetes_conn_id})
+                {"baseline": self.baseline, "deadline": self.deadline, "settle_seconds": self.settle_seconds,
+                 "kubernetes_conn_id": self.kubernetes_conn_id, "echo": self.echo})
 
     @property
     def node(self) -> str:
@@ -47,7 +66,7 @@ class NodeGpuReadyTrigger(BaseTrigger):
         return ReadinessTracker(BootBaseline.from_json(self.baseline), settle_seconds=self.settle_seconds)
 
     def _event(self, status: str, verdict: Verdict | None, message: str) -> TriggerEvent:
-        return TriggerEvent({"status": status, "node": self.node, "message": message,
+        return TriggerEvent({"status": status, "node": self.node, "message": message, "echo": self.echo,
                              "reason": verdict.reason if verdict else "no status read yet",
                              "evidence": dict(verdict.evidence) if verdict else {}})
 

@@ -51,7 +51,7 @@ def test_place_prefers_the_running_node_and_reserves_it(cloud):
     plan, pushed = place(JOB)
     assert plan["outcome"] == "fits"
     assert [a["node"] for a in plan["assignments"]] == ["gpu-run"] and plan["nodes_to_start"] == []
-    assert pushed["tasks"] == ["train"] and pushed["job"]["image"] == "python:3.11"
+    assert pushed["job"]["image"] == "python:3.11" and pushed["job_id"] == "job-1"
     assert [(r.job_id, r.node) for r in ReservationLedger(KubeClient()).live()] == [("job-1", "gpu-run")]
 
 
@@ -80,9 +80,13 @@ def test_busy_defers_on_a_timer_then_gives_up_at_the_queue_timeout(cloud):
     op = PlaceGpuJobOperator(task_id="place", job=JOB, job_id="late", busy_poll_seconds=1)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(context("place"))
-    assert deferred.value.method_name == "resume" and deferred.value.kwargs["deadline"] > 0
+    assert deferred.value.method_name == "resume"
+    woke = run_deferred(deferred.value)              # the timer fires and carries the queue deadline back
+    assert woke["echo"]["deadline"] > 0
+    with pytest.raises(TaskDeferred):                # still busy, deadline not reached: wait again
+        op.resume(context("place"), woke)
     with pytest.raises(AirflowFailException, match="still waiting for capacity"):
-        op.resume(context("place"), deadline=1.0)
+        op.resume(context("place"), {"status": "wake", "echo": {"deadline": 1.0}})
 
 
 def test_invalid_job_fails_without_retry_naming_the_field(cloud):
@@ -113,13 +117,14 @@ def test_start_wait_launch_release_on_a_stopped_node(cloud):
     again = StartGpuNodesOperator(task_id="start", plan=plan).execute(context("start"))
     assert again["started"] == []                    # a retry does not start it twice
 
-    sensor = GpuReadySensor(task_id="wait", boots=started["boots"], job=pushed["job"])
+    sensor = GpuReadySensor(task_id="wait", boots=started["boots"], job=pushed["job"], plan=plan)
     with pytest.raises(TaskDeferred) as deferred:
         sensor.execute(context("wait"))
     assert isinstance(deferred.value.trigger, NodeGpuReadyTrigger)
     event = run_deferred(deferred.value)
-    seen = sensor.execute_complete(context("wait"), event, **deferred.value.kwargs)
-    assert int(seen["gpu2-stop"]["gpus_allocatable"]) == 2
+    ctx = context("wait")
+    assert sensor.execute_complete(ctx, event) == ["train"]
+    assert int(ctx["ti"].pushed["evidence"]["gpu2-stop"]["gpus_allocatable"]) == 2
 
     launch = GpuPodOperator(task_id="launch", job=pushed["job"], plan=plan, task_name="train",
                             startup_timeout_seconds=30)
@@ -159,5 +164,5 @@ def test_a_deferred_wait_that_times_out_fails_with_what_it_saw(cloud):
         sensor.execute(context("wait"))
     event = run_deferred(deferred.value)
     with pytest.raises(AirflowFailException, match="gpu-stop not GPU-ready") as err:
-        sensor.execute_complete(context("wait"), event, **deferred.value.kwargs)
+        sensor.execute_complete(context("wait"), event)
     assert "ready=" in str(err.value)
