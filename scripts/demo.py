@@ -266,12 +266,11 @@ def follow(api: AirflowApi, run_id: str, timeout: float) -> str:
         time.sleep(1)
 
 
-def print_failed_logs(api: AirflowApi, run_id: str) -> None:
-    for ti in api.task_instances(DAG_ID, run_id):
-        if ti.get("state") == "failed":
-            say(f"log of failed task {ti['task_id']}:")
-            for line in api.log_lines(DAG_ID, run_id, ti):
-                print(f"    {line}", flush=True)
+def print_failed_logs(failed: list[dict], api: AirflowApi, run_id: str) -> None:
+    for ti in failed:
+        say(f"log of failed task {ti['task_id']}:")
+        for line in api.log_lines(DAG_ID, run_id, ti):
+            print(f"    {line}", flush=True)
 
 
 def main() -> int:
@@ -311,10 +310,15 @@ def main() -> int:
                 run_id = api.trigger(DAG_ID, JOB)
                 say(f"run {run_id}: {url}/dags/{DAG_ID}/runs/{run_id}")
                 state = follow(api, run_id, timeout=600)
-                if state != "success":
-                    print_failed_logs(api, run_id)
+                failed = [ti for ti in api.task_instances(DAG_ID, run_id) if ti.get("state") == "failed"]
+                ok = state == "success" and not failed  # a cleanup leaf must not turn a failed job green
+                if ok:
+                    say("the job succeeded")
+                else:
+                    say(f"the job FAILED (run {state}; failed tasks: {[ti['task_id'] for ti in failed]})")
+                    print_failed_logs(failed, api, run_id)
                 if oneshot:
-                    return 0 if state == "success" else 1
+                    return 0 if ok else 1
                 say(f"Airflow stays up for exploring: {url}  login: {ADMIN_USER} / {password}")
                 say(f"kubectl --kubeconfig {cloud.kubeconfig} get nodes,pods -o wide")
                 say("press Ctrl-C to stop everything")

@@ -8,8 +8,10 @@ the imported Airflow really uses, so the two can never disagree.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -62,20 +64,43 @@ def cloud(tmp_path):
         yield sim
 
 
-def task_log(output: str, task_id: str) -> str:
-    """The part of a dag.test() run's output written while `task_id` ran (all its tries).
+@pytest.fixture
+def connections(cloud) -> Path:
+    """The cloud's Airflow connections at one fixed path for the whole session.
 
-    dag.test() runs tasks (and their triggers) in-process and brackets each with
-    "[DAG TEST] starting task_id=..." / "[DAG TEST] end task task_id=..." lines.
+    Pass this, not cloud.connections_file, to dag.test(conn_file_path=...): the Task SDK
+    builds a custom secrets backend once per process (airflow.sdk.configuration.
+    ensure_secrets_loaded), so a later dag.test() with another file path would still read
+    the first file. The backend re-reads its file on every lookup, so a fixed path works.
     """
-    start = re.compile(rf"\[DAG TEST\] starting task_id={re.escape(task_id)} ")
-    end = re.compile(rf"\[DAG TEST\] end task task_id={re.escape(task_id)} ")
+    import airflow.configuration
+
+    path = Path(airflow.configuration.AIRFLOW_HOME) / "e2e-connections.json"
+    shutil.copyfile(cloud.connections_file, path)
+    return path
+
+
+def task_log(output: str, dag_run, task: str) -> str:
+    """What was logged while task `task` (the id after the group prefix; every map index) ran.
+
+    dag.test() runs tasks and their triggers in-process, one at a time, logging to stdout
+    with a UTC timestamp per entry; an entry belongs to the task instance whose
+    start..end window holds its timestamp (continuation lines follow their entry).
+    """
+    windows = [
+        (ti.start_date, ti.end_date)
+        for ti in dag_run.get_task_instances()
+        if ti.task_id.rsplit(".", 1)[-1] == task and ti.start_date and ti.end_date
+    ]
     parts, inside = [], False
     for line in output.splitlines():
-        if start.search(line):
-            inside = True
-        elif end.search(line):
-            inside = False
-        elif inside:
+        stamp = _TIMESTAMP.match(line)
+        if stamp:
+            at = dt.datetime.fromisoformat(stamp.group(1)).replace(tzinfo=dt.timezone.utc)
+            inside = any(start <= at <= end for start, end in windows)
+        if inside:
             parts.append(line)
     return "\n".join(parts)
+
+
+_TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z ")
