@@ -1,0 +1,53 @@
+"""The `gpuboot_idle_scaledown` DAG: every 5 minutes, stop managed GPU instances left idle.
+
+Composition only: the work and its safety argument live in gpuboot.scaledown.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from airflow.sdk import DAG, Param
+
+from gpuboot.scaledown import IdleScaleDownOperator
+
+DOC_MD = """
+### Stop idle GPU nodes
+
+Every 5 minutes, for each **managed** node (label `gpuboot.io/managed=true` or ECS tag
+`gpuboot:managed=true`; other nodes are never touched): a node with no workload pod
+(DaemonSet and static pods do not count) and no live reservation is *idle* from the
+first run that sees it so (annotation `gpuboot.io/idle-since`). Once idle for
+`idle_minutes`, it is cordoned, the pods and the reservation ledger are checked again
+(with a ledger write that makes any concurrent placement re-read), and only then its
+ECS instance is stopped in economical mode (`StopCharging`); it is un-cordoned once
+Stopped. The task log has one line per managed node with its verdict and reason.
+
+Trigger with `dry_run` on to see what would be stopped without changing anything.
+"""
+
+with DAG(
+    dag_id="gpuboot_idle_scaledown",
+    schedule=dt.timedelta(minutes=5),
+    start_date=dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc),
+    catchup=False,
+    max_active_runs=1,
+    render_template_as_native_obj=True,
+    tags=["gpuboot"],
+    description="Stop managed GPU instances idle longer than the idle time (StopCharging)",
+    doc_md=DOC_MD,
+    default_args={"retries": 0},
+    params={
+        "idle_minutes": Param(10, type="integer", minimum=1, maximum=1440,
+                              description="Stop a managed node once idle this long (minutes)."),
+        "dry_run": Param(False, type="boolean",
+                         description="Log the decisions without cordoning or stopping anything."),
+    },
+) as dag:
+    IdleScaleDownOperator(
+        task_id="scale_down",
+        idle_seconds="{{ params.idle_minutes * 60 }}",
+        dry_run="{{ params.dry_run }}",
+        stop_timeout_seconds=150,       # a node still Stopping is un-cordoned by a later run
+        execution_timeout=dt.timedelta(minutes=4),
+    )
