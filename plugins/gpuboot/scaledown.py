@@ -368,8 +368,8 @@ class IdleScaleDownOperator(BaseOperator):
         if not cordoned:
             return result
         names = [d.node for d in cordoned]
-        self.on_cordoned(names)
         try:
+            self.on_cordoned(names)
             reservations = self.fence(ledger, names)
             busy = recheck(nodes, names, kube.list_active_pods(), reservations, self.now())
             for name, why in busy.items():

@@ -243,3 +243,16 @@ def test_bad_idle_time_fails_the_task_naming_the_field():
     with pytest.raises(AirflowFailException, match="idle_seconds"):
         op.execute({})
 
+
+
+def test_a_failure_inside_the_cordon_window_leaves_the_node_running_and_schedulable(cloud):
+    ScaleDown().execute({})
+
+    def api_outage(nodes):
+        raise ConnectionError("API server went away")
+
+    with pytest.raises(ConnectionError):
+        ScaleDown(offset=LATER, in_window=api_outage).execute({})
+
+    assert status(cloud, "idle-1")["Status"] == "Running"
+    assert not cordoned("idle-1") and ANNOTATION_CORDONED_BY not in annotations("idle-1")
