@@ -55,3 +55,12 @@ replay: install
 # Tables on stdout, JSON under results/bench/. BENCH_ARGS="--quick" for a smoke run.
 bench: install
 	$(PY) -m bench $(BENCH_ARGS)
+
+# The distributed run (tests/distributed): PostgreSQL, Redis and Airflow on CeleryExecutor as separate
+# processes (api-server, scheduler, dag-processor, triggerer, Celery worker); gpu_job triggered through
+# the REST API. Installs the two servers from Debian when missing (needs root); kept out of `make test`.
+.PHONY: test-distributed
+test-distributed: install
+	@if ! command -v redis-server >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql redis-server; fi
+	GPUBOOT_DISTRIBUTED=1 $(PY) -m pytest tests/distributed --durations=5
