@@ -54,9 +54,7 @@ NOT_REACHED = {
 
 # Grants shipped ahead of the code that needs them, with why. Tolerated only while unused:
 # once the code makes the call, the entry must go (test_planned_grants_are_still_planned).
-PLANNED: dict[tuple[str, str, str], str] = {
-    ("", "nodes", "patch"): "idle scale-down cordons a node before stopping it (issue 4)",
-}
+PLANNED: dict[tuple[str, str, str], str] = {}
 
 # Resources used only in the ledger namespace: granted by a Role there, never cluster-wide.
 LEDGER_RESOURCES = {"configmaps"}
