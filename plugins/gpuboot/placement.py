@@ -58,6 +58,45 @@ class JobRequest:
                              f"{len(self.tasks)} (the number of tasks), got {self.min_available}")
 
 
+@dataclass(frozen=True)
+class Unavailable:
+    """Capacity placement must not count on until `expires_at` (epoch seconds).
+
+    Either an offering, an instance type in a zone whose start just failed for lack of stock
+    (it blocks only nodes that would need a start: Karpenter's insufficient-capacity cache),
+    or one node that did not become GPU-ready in time (it blocks that node in any state)."""
+
+    reason: str
+    expires_at: float
+    instance_type: str | None = None
+    zone: str | None = None
+    node: str | None = None
+
+    def __post_init__(self):
+        if (self.node is None) == (self.instance_type is None or self.zone is None):
+            raise ValueError("Unavailable: give either node, or instance_type and zone")
+
+    @property
+    def what(self) -> str:
+        return f"node {self.node}" if self.node else f"offering {self.instance_type} in {self.zone}"
+
+    def blocks(self, node: NodeView) -> bool:
+        if self.node is not None:
+            return node.name == self.node
+        return (node.state in (NodeState.STOPPED, NodeState.STOPPING)
+                and (node.instance_type, node.zone) == (self.instance_type, self.zone))
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in (("reason", self.reason), ("expires_at", self.expires_at),
+                                  ("instance_type", self.instance_type), ("zone", self.zone),
+                                  ("node", self.node)) if v is not None}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "Unavailable":
+        return cls(reason=str(d["reason"]), expires_at=float(d["expires_at"]), instance_type=d.get("instance_type"),
+                   zone=d.get("zone"), node=d.get("node"))
+
+
 class Outcome(str, Enum):
     FITS = "fits"
     BUSY = "busy"
@@ -162,13 +201,19 @@ def _tolerates(tolerations: Sequence[Mapping], taint: Mapping) -> bool:
     return False
 
 
-def _exclusion(task: TaskRequest, node: NodeView, whole_fleet: bool) -> str | None:
+def _exclusion(task: TaskRequest, node: NodeView, whole_fleet: bool,
+               unavailable: Sequence[Unavailable] = ()) -> str | None:
     """Why `task` may never run on `node` regardless of load (None = it may).
 
-    `whole_fleet` ignores the node's current condition (used for the "never fits" check).
+    `whole_fleet` ignores the node's current condition and unavailability, both temporary
+    (used for the "never fits" check).
     """
     if not whole_fleet and node.state not in _RANK:
         return f"node {node.state.value}: {node.reason}"
+    if not whole_fleet:
+        for u in unavailable:
+            if u.blocks(node):
+                return f"{u.what} unavailable: {u.reason}"
     for key, value in task.node_selector.items():
         if node.labels.get(key) != value:
             return f"nodeSelector {key}={value} (node has {node.labels.get(key, 'no such label')})"
@@ -230,7 +275,8 @@ class _Group:
     excluded: dict[int, str]
 
 
-def _groups(job: JobRequest, nodes: Sequence[NodeView], whole_fleet: bool) -> list[_Group]:
+def _groups(job: JobRequest, nodes: Sequence[NodeView], whole_fleet: bool,
+            unavailable: Sequence[Unavailable] = ()) -> list[_Group]:
     by_shape: dict[tuple, _Group] = {}
     # biggest tasks first (first-fit decreasing), stable by name for determinism
     ordered = sorted(job.tasks, key=lambda t: (-t.requests.gpus, -t.requests.get(CPU),
@@ -240,7 +286,7 @@ def _groups(job: JobRequest, nodes: Sequence[NodeView], whole_fleet: bool) -> li
         if shape not in by_shape:
             group = _Group([], [], {})
             for i, node in enumerate(nodes):
-                why = _exclusion(task, node, whole_fleet)
+                why = _exclusion(task, node, whole_fleet, unavailable)
                 if why is None:
                     group.eligible.append(i)
                 else:
@@ -351,10 +397,14 @@ def _never_message(job: JobRequest, nodes: Sequence[NodeView], groups: list[_Gro
             f"even the whole fleet, empty, holds only {len(placed)}")
 
 
-def place(job: JobRequest, nodes: Sequence[NodeView]) -> Plan:
-    """Plan `job` on `nodes`: FITS with assignments, or BUSY / NEVER with a message that says why."""
+def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unavailable] = ()) -> Plan:
+    """Plan `job` on `nodes`: FITS with assignments, or BUSY / NEVER with a message that says why.
+
+    `unavailable` (the caller passes only unexpired entries) keeps offerings that ran out of
+    stock, and nodes that failed to boot, out of this plan; being temporary, they make a job
+    that only they could hold BUSY, never NEVER."""
     nodes = sorted(nodes, key=lambda n: n.name)
-    groups = _groups(job, nodes, whole_fleet=False)
+    groups = _groups(job, nodes, whole_fleet=False, unavailable=unavailable)
     placed = _assign(groups, nodes, [n.free for n in nodes])
     rows = _candidates(groups, nodes, placed)
     kept = _keep(rows)
@@ -388,6 +438,9 @@ def place(job: JobRequest, nodes: Sequence[NodeView]) -> Plan:
         busy = [c for c in rows if c.task == first and c.verdict == "busy"]
         if busy:
             message += f". {first}: {len(busy)} big-enough node(s) busy, e.g. {busy[0].node} ({busy[0].reason})"
+    blocked = sorted({u.what + ": " + u.reason for u in unavailable if any(u.blocks(n) for n in nodes)})
+    if blocked:
+        message += ". Unavailable for now: " + "; ".join(blocked)
     return Plan(job.job_id, Outcome.BUSY, message, candidates=tuple(kept), candidates_omitted=omitted)
 
 
