@@ -222,46 +222,65 @@ class AirflowApi:
     def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
         return self.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
 
-    def log_lines(self, dag_id: str, run_id: str, ti: dict) -> list[str]:
-        """A task try's log as text lines (the structured log's events)."""
+    def log_events(self, dag_id: str, run_id: str, ti: dict) -> list[str]:
+        """A task try's log: the text of each structured entry (may span lines)."""
         try_number = max(ti.get("try_number") or 1, 1)
         r = self.get(
             f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{ti['task_id']}/logs/{try_number}",
             full_content="true",
+            map_index=ti.get("map_index", -1),
         )
         if r.status_code != 200:
             return []
-        lines = []
-        for entry in r.json().get("content", []):
-            text = entry.get("event", "") if isinstance(entry, dict) else str(entry)
-            lines.extend(str(text).splitlines())
-        return lines
+        return [str(e.get("event", "")) if isinstance(e, dict) else str(e) for e in r.json().get("content", [])]
 
 
-def follow(api: AirflowApi, run_id: str, timeout: float) -> str:
-    """Print task state changes and the launch task's pod log lines until the run ends."""
+class CloudWatcher:
+    """Prints each GPU node's ECS status, Ready condition and allocatable GPUs when they change."""
+
+    def __init__(self, cloud: SimCloud):
+        self.cloud, self.seen = cloud, {}
+
+    def poll(self, started: float) -> None:
+        state = self.cloud.state()
+        instances = {i["name"]: i["status"] for i in state["instances"]}
+        for node in sorted(state["nodes"], key=lambda n: n["name"]):
+            if node.get("allocatable_gpu") is None:
+                continue
+            line = (f"ECS {instances.get(node['name'], '?'):<8} Ready={node['ready']:<7} "
+                    f"nvidia.com/gpu={node['allocatable_gpu']}")
+            if self.seen.get(node["name"]) != line:
+                self.seen[node["name"]] = line
+                say(f"{time.monotonic() - started:6.1f}s  node {node['name']:<21} {line}")
+
+
+def follow(api: AirflowApi, cloud: SimCloud, run_id: str, timeout: float) -> str:
+    """Print node and task state changes, the placement decision and the pod's log lines until the run ends."""
     started = time.monotonic()
+    watcher = CloudWatcher(cloud)
     states: dict[str, str] = {}
-    pod_lines_shown = 0
-    deadline = started + timeout
+    shown: dict[str, int] = {}
     while True:
         state = api.run_state(DAG_ID, run_id)
-        tis = api.task_instances(DAG_ID, run_id)
-        for ti in sorted(tis, key=lambda t: t.get("start_date") or "~"):
-            now = ti.get("state") or "none"
-            if states.get(ti["task_id"]) != now:
-                states[ti["task_id"]] = now
-                say(f"{time.monotonic() - started:6.1f}s  {ti['task_id']:<28} {now}")
-        for ti in tis:
-            if ti["task_id"].rsplit(".", 1)[-1] == "launch" and ti.get("state") in {"running", "success", "failed"}:
-                pod_lines = [m["line"] for m in map(POD_LINE.match, api.log_lines(DAG_ID, run_id, ti)) if m]
-                for line in pod_lines[pod_lines_shown:]:
+        watcher.poll(started)
+        for ti in sorted(api.task_instances(DAG_ID, run_id), key=lambda t: t.get("start_date") or "~"):
+            key, now, short = ti["task_id"], ti.get("state"), ti["task_id"].rsplit(".", 1)[-1]
+            if now and states.get(key) != now:
+                states[key] = now
+                say(f"{time.monotonic() - started:6.1f}s  task {key:<26} {now}")
+                if short == "place" and now in FINISHED:
+                    for event in api.log_events(DAG_ID, run_id, ti):
+                        if event.startswith(("placement of job", "decision:")):
+                            print("\n".join(f"    place | {line}" for line in event.splitlines()), flush=True)
+            if short == "launch" and now in {"running", "success", "failed"}:
+                lines = [m["line"] for e in api.log_events(DAG_ID, run_id, ti) for m in [POD_LINE.match(e)] if m]
+                for line in lines[shown.get(key, 0):]:
                     print(f"    pod | {line}", flush=True)
-                pod_lines_shown = max(pod_lines_shown, len(pod_lines))
+                shown[key] = max(shown.get(key, 0), len(lines))
         if state in FINISHED:
             say(f"run {run_id} finished: {state}")
             return state
-        if time.monotonic() > deadline:
+        if time.monotonic() - started > timeout:
             raise DemoError(f"run {run_id} still {state} after {timeout:.0f}s")
         time.sleep(1)
 
@@ -269,8 +288,8 @@ def follow(api: AirflowApi, run_id: str, timeout: float) -> str:
 def print_failed_logs(failed: list[dict], api: AirflowApi, run_id: str) -> None:
     for ti in failed:
         say(f"log of failed task {ti['task_id']}:")
-        for line in api.log_lines(DAG_ID, run_id, ti):
-            print(f"    {line}", flush=True)
+        for event in api.log_events(DAG_ID, run_id, ti):
+            print("\n".join(f"    {line}" for line in event.splitlines()), flush=True)
 
 
 def main() -> int:
@@ -309,7 +328,7 @@ def main() -> int:
                 say(f"triggering {DAG_ID}: {JOB['gpus']} GPUs, cpu {JOB['cpu']}, memory {JOB['memory']}")
                 run_id = api.trigger(DAG_ID, JOB)
                 say(f"run {run_id}: {url}/dags/{DAG_ID}/runs/{run_id}")
-                state = follow(api, run_id, timeout=600)
+                state = follow(api, cloud, run_id, timeout=600)
                 failed = [ti for ti in api.task_instances(DAG_ID, run_id) if ti.get("state") == "failed"]
                 ok = state == "success" and not failed  # a cleanup leaf must not turn a failed job green
                 if ok:
