@@ -1,0 +1,103 @@
+"""Pieces shared by the stress test and `make chaos`: a GPU job DAG, the cloud's connections
+for the hooks, many runs at once, injected 409 bursts, and what pods and instances are left."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from chaos.runner import DagRunner, RunResult
+
+JOB_LABEL = "gpuboot.io/job"
+
+
+@contextlib.contextmanager
+def cloud_connections(connections_file: Path) -> Iterator[None]:
+    """The cloud's Airflow connections as AIRFLOW_CONN_* (what the hooks read), for the block."""
+    saved = dict(os.environ)
+    for conn_id, conn in json.loads(Path(connections_file).read_text()).items():
+        os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(conn)
+    try:
+        yield
+    finally:
+        for key in [k for k in os.environ if k.startswith("AIRFLOW_CONN_")]:
+            if key in saved:
+                os.environ[key] = saved[key]
+            else:
+                del os.environ[key]
+
+
+def api_client_factory(kubeconfig: Path) -> Callable:
+    def new_client():
+        from kubernetes import config
+        return config.new_client_from_config(config_file=str(kubeconfig))
+    return new_client
+
+
+def job_dag(dag_id: str = "gpu_job", **group_kwargs):
+    """A DAG that is just the product's task group, taking the job from the run's params (as
+    dags/gpu_job.py does; built here so tests can shorten timings such as busy_poll_seconds)."""
+    from airflow.sdk import DAG
+
+    from gpuboot.taskgroup import gpu_job_group
+
+    with DAG(dag_id=dag_id, schedule=None, catchup=False) as dag:
+        gpu_job_group(**group_kwargs)
+    return dag
+
+
+def run_all(runner: DagRunner, confs: Sequence[dict], prefix: str = "run") -> list[RunResult]:
+    """Start every run at once (one thread each) and wait for all of them."""
+    with ThreadPoolExecutor(max_workers=len(confs), thread_name_prefix=prefix) as pool:
+        futures = [pool.submit(runner.run, f"{prefix}-{i:03d}", conf) for i, conf in enumerate(confs)]
+        return [f.result() for f in futures]
+
+
+class ConflictBursts:
+    """Every `every` seconds, make the next `size` ConfigMap writes fail with 409 Conflict."""
+
+    def __init__(self, cloud, size: int = 3, every: float = 1.0) -> None:
+        self.cloud, self.size, self.every = cloud, size, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="conflict-bursts")
+        self.bursts = 0
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            self.cloud.set_faults(k8s_conflict_burst=self.size)
+            self.bursts += 1
+
+    def __enter__(self) -> "ConflictBursts":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.cloud.set_faults(k8s_conflict_burst=0)
+
+
+def job_pods(core_v1) -> dict[str, list]:
+    """Pods launched by gpuboot, by job id."""
+    pods: dict[str, list] = {}
+    for pod in core_v1.list_pod_for_all_namespaces(label_selector=JOB_LABEL).items:
+        pods.setdefault(pod.metadata.labels[JOB_LABEL], []).append(pod)
+    return pods
+
+
+def first_placement(result: RunResult) -> str | None:
+    """What the first decisive placement of a run said: 'fits' (a plan), 'busy' (deferred to
+    wait for capacity) or 'refused'; tries that failed for other reasons (contention) are skipped."""
+    for attempt in result.history:
+        if attempt.task_id.endswith(".place") and attempt.map_index == -1:
+            if attempt.status == "success":
+                return "fits"
+            if attempt.status == "deferred" and attempt.detail.endswith("WakeUpTrigger"):
+                return "busy"
+            if attempt.status == "failed" and "can never run" in attempt.detail:
+                return "refused"
+    return None
