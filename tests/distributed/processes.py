@@ -30,6 +30,7 @@ class Service:
     process: subprocess.Popen
     log_path: Path
     stop_signal: signal.Signals
+    layer: int
 
     def tail(self, lines: int = 60) -> str:
         return tail(self.log_path, lines)
@@ -75,14 +76,15 @@ class Processes:
 
     def start(self, name: str, args: Sequence[str], *, env: dict[str, str] | None = None,
               cwd: Path | None = None, user: str | None = None,
-              stop_signal: signal.Signals = signal.SIGTERM) -> Service:
-        """Start `args` in a new session with stdout+stderr in `<log_dir>/<name>.log`."""
+              stop_signal: signal.Signals = signal.SIGTERM, layer: int = 0) -> Service:
+        """Start `args` in a new session with stdout+stderr in `<log_dir>/<name>.log`; higher
+        layers are stopped first."""
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as log:
             process = subprocess.Popen(list(args), env=env, cwd=cwd, user=user, stdout=log,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        start_new_session=True)
-        service = Service(name, process, log_path, stop_signal)
+        service = Service(name, process, log_path, stop_signal, layer)
         self.services.append(service)
         return service
 
@@ -108,23 +110,30 @@ class Processes:
 
     def stop_all(self, grace: float = 20.0) -> None:
         while self.services:
-            stop(self.services.pop(), grace)
+            top = max(s.layer for s in self.services)
+            stop([s for s in self.services if s.layer == top], grace)
+            self.services = [s for s in self.services if s.layer != top]
 
 
-def stop(service: Service, grace: float = 20.0) -> None:
-    """Signal the leader, wait up to `grace` for its session to drain, then SIGKILL the rest."""
-    sid = service.process.pid
-    with contextlib.suppress(ProcessLookupError):
-        service.process.send_signal(service.stop_signal)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        service.process.poll()  # reap the leader so it stops counting
-        if not session_members(sid):
-            break
-        time.sleep(0.1)
-    for pid in session_members(sid):
+def stop(services: list[Service], grace: float = 20.0) -> None:
+    """Signal the leaders, wait up to `grace` for their sessions to drain, then SIGKILL the rest."""
+    started = time.monotonic()
+    for service in services:
+        with contextlib.suppress(ProcessLookupError):
+            service.process.send_signal(service.stop_signal)
+    sessions = {service.process.pid for service in services}
+
+    def left() -> list[int]:
+        for service in services:
+            service.process.poll()  # reap the leaders so they stop counting
+        return [pid for sid in sessions for pid in session_members(sid)]
+
+    with contextlib.suppress(TimeoutError):
+        wait_until(lambda: not left(), timeout=grace, interval=0.1)
+    for pid in left():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        service.process.wait(timeout=5)
-    print(f"stopped {service.name} in {time.monotonic() - deadline + grace:.1f}s", flush=True)
+    for service in services:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            service.process.wait(timeout=5)
+    print(f"stopped {', '.join(s.name for s in services)} in {time.monotonic() - started:.1f}s", flush=True)

@@ -31,7 +31,7 @@ from tests.distributed.processes import Processes
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 ADMIN = "admin"
-COMPONENTS = ("scheduler", "dag-processor", "triggerer", "celery-worker")
+AIRFLOW_LAYER = 1  # stopped before PostgreSQL and Redis (layer 0), all components together
 
 
 def _pg_bin(name: str) -> str:
@@ -177,14 +177,17 @@ def start_airflow(procs: Processes, home: Path, pg: Postgres, broker: Redis, dag
     if migrate.returncode:
         raise RuntimeError(f"airflow db migrate failed:\n{migrate.stdout[-3000:]}\n{migrate.stderr[-3000:]}")
 
-    procs.start("api-server", [airflow, "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                env=env, cwd=home)
-    procs.start("scheduler", [airflow, "scheduler"], env=env, cwd=home)
-    procs.start("dag-processor", [airflow, "dag-processor"], env=env, cwd=home)
     # --skip-serve-logs: the log servers bind every interface; all components share AIRFLOW_HOME/logs here.
-    procs.start("triggerer", [airflow, "triggerer", "--skip-serve-logs"], env=env, cwd=home)
-    worker = procs.start("celery-worker", [airflow, "celery", "worker", "--skip-serve-logs", "--without-mingle",
-                                           "--without-gossip"], env=env, cwd=home)
+    commands = {
+        "api-server": ["api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        "scheduler": ["scheduler"],
+        "dag-processor": ["dag-processor"],
+        "triggerer": ["triggerer", "--skip-serve-logs"],
+        "celery-worker": ["celery", "worker", "--skip-serve-logs", "--without-mingle", "--without-gossip"],
+    }
+    started = {name: procs.start(name, [airflow, *args], env=env, cwd=home, layer=AIRFLOW_LAYER)
+               for name, args in commands.items()}
+    worker = started["celery-worker"]
     api = AirflowApi(f"http://127.0.0.1:{port}")
 
     def healthy() -> bool:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpuboot.inventory import Reservation
 from gpuboot.ledger import CONFIGMAP, DATA_KEY
@@ -76,6 +77,7 @@ def distributed(request):
                 raise
             print(f"stack up in {time.monotonic() - started:.0f}s", flush=True)
             yield cloud, airflow, procs
+            airflow.api.http.close()  # no idle keep-alive connection for the api-server to wait on
             report = getattr(request.node, "rep_call", None)
             if report is None or report.failed:
                 print(procs.tails(80), flush=True)
@@ -109,13 +111,31 @@ def follow(api, run_id: str, procs: Processes, timeout: float) -> tuple[str, dic
     return state, seen
 
 
-def plan_of(api, run_id: str) -> dict:
-    """The place task's return value (the plan) from the REST API."""
-    r = api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/gpu_job.place/xcomEntries/return_value",
-                deserialize="true")
-    r.raise_for_status()
-    value = r.json()["value"]
-    return json.loads(value) if isinstance(value, str) else value
+def xcoms(api, run_id: str) -> dict[tuple[str, str, int], object]:
+    """Every XCom value of the run, by (short task id, key, map index), through the REST API."""
+    listing = api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/~/xcomEntries", limit=100)
+    listing.raise_for_status()
+    values = {}
+    for entry in listing.json()["xcom_entries"]:
+        r = api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{entry['task_id']}/xcomEntries/{entry['key']}",
+                    map_index=entry["map_index"], deserialize="true")
+        r.raise_for_status()
+        value = r.json()["value"]
+        values[short(entry["task_id"]), entry["key"], entry["map_index"]] = (
+            json.loads(value) if isinstance(value, str) and value[:1] in "[{" else value)
+    return values
+
+
+def secrets_of(cloud) -> dict[str, str]:
+    """The credentials the plugin is handed: the ECS AccessKey secret and the Kubernetes token."""
+    kubeconfig = yaml.safe_load(cloud.kubeconfig.read_text())
+    return {"ECS AccessKey secret": cloud.ecs["access_key_secret"],
+            "Kubernetes token": kubeconfig["users"][0]["user"]["token"]}
+
+
+def files_mentioning(folders: list[Path], secret: str) -> list[str]:
+    return [str(f) for folder in folders for f in folder.rglob("*")
+            if f.is_file() and secret in f.read_text(errors="replace")]
 
 
 def live_reservations(cloud) -> list[Reservation]:
@@ -161,8 +181,11 @@ def test_gpu_job_runs_across_celery_worker_and_triggerer(distributed):
         f"--- {step} ---\n{task_log(api, run_id, step)[-3000:]}" for step in STEPS if seen.get(step, [""])[-1] != "success")
     assert {step: seen[step][-1] for step in STEPS} == dict.fromkeys(STEPS, "success")
 
-    # The sensor gave its worker slot back and its trigger ran in the triggerer process.
-    assert "deferred" in seen["wait_gpu_ready"], seen["wait_gpu_ready"]
+    # The sensor gave its worker slot back (deferred), its trigger ran in the triggerer process,
+    # and the task resumed on a worker with the trigger's event.
+    wait_log = task_log(api, run_id, "wait_gpu_ready")
+    assert "Pausing task as DEFERRED" in wait_log, wait_log[-3000:]
+    assert f"node {TWO_GPU_NODE} is GPU-ready" in wait_log, wait_log[-3000:]
     trigger_events = trigger_log_events(airflow.home, run_id, "wait_gpu_ready")
     messages = [e["event"] for e in trigger_events]
     assert any(m.startswith(f"trigger {DAG_ID}/{run_id}/gpu_job.wait_gpu_ready/") and m.endswith("starting")
@@ -171,10 +194,10 @@ def test_gpu_job_runs_across_celery_worker_and_triggerer(distributed):
                for e in trigger_events), messages
     fired = [e["result"] for e in trigger_events if e["event"] == "Trigger fired event"]
     assert len(fired) == 1 and "'status': 'ready'" in fired[0] and f"'node': '{TWO_GPU_NODE}'" in fired[0], fired
-    assert f"node {TWO_GPU_NODE} is GPU-ready" in task_log(api, run_id, "wait_gpu_ready")
 
     # The pod ran to completion on the node the plan chose, which this run booted.
-    plan = plan_of(api, run_id)
+    values = xcoms(api, run_id)
+    plan = values["place", "return_value", -1]
     assert [a["node"] for a in plan["assignments"]] == [TWO_GPU_NODE]
     assert TWO_GPU_NODE in plan["nodes_to_start"]
     assert cloud.core_v1().read_node(TWO_GPU_NODE).status.node_info.boot_id != boot_id_before
@@ -186,3 +209,8 @@ def test_gpu_job_runs_across_celery_worker_and_triggerer(distributed):
 
     # Nothing stays promised.
     assert live_reservations(cloud) == []
+
+    # No credential reached a log of any Airflow process, a task or trigger log, or an XCom.
+    for name, secret in secrets_of(cloud).items():
+        assert files_mentioning([procs.log_dir, airflow.home / "logs"], secret) == [], f"{name} in logs"
+        assert [k for k, v in values.items() if secret in json.dumps(v, default=str)] == [], f"{name} in XCom"
