@@ -128,7 +128,7 @@ def dag_from_spec_file(path: str | Path):
             source, "schedule", f"{spec.schedule!r} is not a valid schedule ({e})", f"Use {DAG_KEYS['schedule']}"
         ) from None
     with dag:
-        gpu_job_group(spec.job)
+        gpu_job_group(spec.job.to_dict())
     return dag
 
 

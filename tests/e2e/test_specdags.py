@@ -113,3 +113,20 @@ def test_dags_folder_copy_is_self_contained(tmp_path):
     bag = dagbag(tmp_path)
     assert bag.import_errors == {}
     assert {"nightly-finetune", "weekly-eval"} <= set(bag.dags)
+
+
+def test_shipped_nightly_job_runs_on_the_running_t4_without_booting_anything(cloud, connections, capfd):
+    """The YAML path end to end: the 1-T4 nightly job fits the running T4 node, so nothing is started."""
+    from tests.e2e.conftest import task_log
+
+    dag = dagbag(JOBS).dags["nightly-finetune"]
+    stopped_boot_ids = {n: cloud.core_v1().read_node(n).status.node_info.boot_id for n in ("t4-stopped", "t4x2-stopped")}
+
+    dag_run = dag.test(conn_file_path=str(connections))
+    output = capfd.readouterr().out
+
+    assert dag_run.state == "success", output[-4000:]
+    pods = [p for p in cloud.core_v1().list_pod_for_all_namespaces().items if (p.metadata.labels or {}).get("gpuboot.io/job")]
+    assert [(p.spec.node_name, p.status.phase) for p in pods] == [("t4-running", "Succeeded")]
+    assert {n: cloud.core_v1().read_node(n).status.node_info.boot_id for n in stopped_boot_ids} == stopped_boot_ids
+    assert "finetune done" in task_log(output, dag_run, "launch")
