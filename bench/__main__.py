@@ -89,4 +89,5 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-raise SystemExit(main())
+if __name__ == "__main__":
+    raise SystemExit(main())
