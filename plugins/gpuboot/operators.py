@@ -7,7 +7,6 @@ validated once, by `place`, which hands the canonical spec to the other steps vi
 """
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import time
 from collections.abc import Mapping
@@ -17,18 +16,17 @@ from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperato
 from airflow.sdk import BaseOperator, TriggerRule
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from gpuboot.ecs import EcsError, EcsHook, InstanceOutcome
-from gpuboot.inventory import NodeState, NodeView, Reservation, build_inventory, parse_provider_id
+from gpuboot.boot import DEFAULT_UNAVAILABLE_TTL_SECONDS, CapacityUnavailable, JobBoot  # noqa: F401 (re-export)
+from gpuboot.booking import LAUNCH_MARGIN_SECONDS, Booker, LedgerContended  # noqa: F401 (re-export)
+from gpuboot.ecs import EcsHook
 from gpuboot.jobspec import JobSpec, JobSpecError, params_schema
 from gpuboot.kube import KubeClient
-from gpuboot.ledger import LedgerConflict, ReservationLedger
-from gpuboot.placement import Assignment, Outcome, Plan, place
-from gpuboot.readiness import BootBaseline
+from gpuboot.ledger import ReservationLedger
+from gpuboot.placement import Outcome, Plan
 from gpuboot.triggers import WakeUpTrigger
 
 JOB_LABEL = "gpuboot.io/job"
 TASK_LABEL = "gpuboot.io/task"
-LAUNCH_MARGIN_SECONDS = 900     # reservation lifetime beyond the boot timeout (launch + scheduling)
 
 
 # -- shared helpers ------------------------------------------------------------------------
@@ -60,35 +58,6 @@ def context_job_id(task: BaseOperator, context: Mapping) -> str:
 
 def push(context: Mapping, key: str, value: Any) -> None:
     context["ti"].xcom_push(key=key, value=value)
-
-
-def instance_id_of(node: Mapping) -> str | None:
-    parsed = parse_provider_id((node.get("spec") or {}).get("providerID"))
-    return parsed[1] if parsed else None
-
-
-def read_inventory(kube: KubeClient, ecs: EcsHook, reservations: list[Reservation], now: float,
-                   boot_grace_seconds: float = 900) -> list[NodeView]:
-    """Nodes and active pods from Kubernetes joined to their ECS instances and types."""
-    nodes = kube.list_nodes()
-    pods = kube.list_active_pods()
-    ids = sorted({i for i in map(instance_id_of, nodes) if i})
-    instances = ecs.describe_instances(ids) if ids else []
-    types = ecs.describe_instance_types({i["InstanceType"] for i in instances if i.get("InstanceType")})
-    return build_inventory(nodes, pods, instances, types, reservations, now,
-                           boot_grace_seconds=boot_grace_seconds)
-
-
-def parse_ecs_time(value: str | None) -> float | None:
-    """ECS times look like 2024-05-01T08:30Z (minutes) or with seconds; returns epoch seconds."""
-    if not value:
-        return None
-    for fmt in ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%MZ"):
-        try:
-            return dt.datetime.strptime(value, fmt).replace(tzinfo=dt.timezone.utc).timestamp()
-        except ValueError:
-            continue
-    return None
 
 
 class _GpuJobMixin:
@@ -148,112 +117,62 @@ class PlaceGpuJobOperator(_GpuJobMixin, BaseOperator):
         return plan.to_json()
 
     def place_and_reserve(self, spec: JobSpec, job_id: str) -> Plan:
-        """Read ledger then cluster, place, commit with compare-and-swap; re-place on conflict.
-        The ledger is read first so that a reservation released after this read belongs to a
-        pod that the (later) pod listing already shows."""
+        """The shared place-and-reserve transaction (gpuboot.booking), committed when the job fits."""
         kube, ecs = self._clients()
-        ledger = ReservationLedger(kube, self.ledger_namespace)
-        request = spec.to_job_request(job_id)
-        ttl = spec.reservation_ttl_seconds or spec.boot_timeout_seconds + LAUNCH_MARGIN_SECONDS
-        for attempt in range(1, self.max_commit_attempts + 1):
-            entries, version = ledger.read()
-            now = time.time()
-            others = [r for r in entries if r.job_id != job_id and r.expires_at > now]
-            plan = place(request, read_inventory(kube, ecs, others, now, self.boot_grace_seconds))
-            if plan.outcome != Outcome.FITS:
-                return plan
-            reservations = [Reservation(job_id=job_id, task=a.task, node=a.node, resources=a.requests,
-                                        expires_at=now + ttl) for a in plan.assignments]
-            try:
-                ledger.commit(job_id, reservations, version)
-            except LedgerConflict as exc:
-                self.log.info("ledger changed while placing (%s); re-placing (attempt %d)", exc, attempt)
-                continue
-            self.log.info("reserved until %s: %s", dt.datetime.fromtimestamp(now + ttl, dt.timezone.utc)
-                          .isoformat(timespec="seconds"),
-                          "; ".join(f"{r.task} -> {r.node} ({r.resources})" for r in reservations))
-            return plan
-        raise AirflowException(f"ledger stayed contended for {self.max_commit_attempts} attempts; retry later")
+        booker = Booker(kube, ecs, ReservationLedger(kube, self.ledger_namespace), self.log,
+                        max_commit_attempts=self.max_commit_attempts, boot_grace_seconds=self.boot_grace_seconds)
+        try:
+            return booker.book(spec, job_id).plan
+        except LedgerContended as exc:
+            raise AirflowException(str(exc)) from None
 
 
 # -- start ---------------------------------------------------------------------------------
-class CapacityUnavailable(AirflowException):
-    """ECS has no stock for an instance the plan chose (OperationDenied.NoStock and friends)."""
-
-
 class StartGpuNodesOperator(_GpuJobMixin, BaseOperator):
     """Power on exactly the plan's stopped instances and record, per planned node, what the
-    readiness rule needs (start time, bootID before the start, GPUs placed there)."""
+    readiness rule needs (start time, bootID before the start, GPUs placed there).
 
-    template_fields = ("plan",)
+    Capacity fallback (gpuboot.boot): an instance ECS cannot start for lack of stock marks
+    its type in its zone unavailable for `unavailable_ttl_seconds` (shared by every run,
+    in the ledger), and the job is re-placed and its new nodes started within this try, up
+    to `max_capacity_attempts` failures; then the task fails naming each offering tried.
+    Re-placing needs the job (`job`, the place step's XCom "job"); without it a capacity
+    error fails the task. The plan the job ends up on is pushed as XCom "plan" (with
+    "boots" and "started"); the sensor and the launch take it from there.
+    """
+
+    template_fields = ("plan", "job")
     ui_color = "#fff3e0"
 
-    def __init__(self, *, plan: Mapping | Any, kubernetes_conn_id: str = "kubernetes_default",
-                 ecs_conn_id: str = "alibaba_ecs_default", stopping_timeout_seconds: float = 600,
+    def __init__(self, *, plan: Mapping | Any, job: Mapping | Any = None,
+                 kubernetes_conn_id: str = "kubernetes_default", ecs_conn_id: str = "alibaba_ecs_default",
+                 ledger_namespace: str = "default", stopping_timeout_seconds: float = 600,
+                 max_capacity_attempts: int = 3, unavailable_ttl_seconds: float = DEFAULT_UNAVAILABLE_TTL_SECONDS,
                  **kwargs) -> None:
         super().__init__(**kwargs)
-        self.plan = plan
+        self.plan, self.job = plan, job
         self.kubernetes_conn_id, self.ecs_conn_id = kubernetes_conn_id, ecs_conn_id
+        self.ledger_namespace = ledger_namespace
         self.stopping_timeout_seconds = stopping_timeout_seconds
+        self.max_capacity_attempts, self.unavailable_ttl_seconds = max_capacity_attempts, unavailable_ttl_seconds
 
     def execute(self, context):
         plan = Plan.from_json(self.plan)
-        kube, ecs = self._clients()
-        by_node: dict[str, list[Assignment]] = {}
-        for a in plan.assignments:
-            by_node.setdefault(a.node, []).append(a)
-        to_start = {n: by_node[n][0].instance_id for n in plan.nodes_to_start}
-        boot_ids = {n: ((kube.get_node(n).get("status") or {}).get("nodeInfo") or {}).get("bootID")
-                    for n in by_node}
-        requested_at = time.time()
-        outcomes = self.start(ecs, [i for i in to_start.values() if i])
-        started_elsewhere = {n for n, assigned in by_node.items()
-                             if n not in to_start and assigned[0].state == NodeState.BOOTING}
-        needs_start_time = [to_start[n] for n in to_start if outcomes[to_start[n]].outcome == "already"]
-        needs_start_time += [by_node[n][0].instance_id for n in started_elsewhere if by_node[n][0].instance_id]
-        start_times = ({i["InstanceId"]: parse_ecs_time(i.get("StartTime"))
-                        for i in ecs.describe_instances(needs_start_time)} if needs_start_time else {})
-        boots = []
-        for node, assigned in sorted(by_node.items()):
-            iid = assigned[0].instance_id
-            if node in to_start:
-                # A start done by an earlier try of this task shows as "already": trust ECS's StartTime.
-                since = requested_at if outcomes[iid].outcome == "done" else start_times.get(iid) or requested_at
-            elif node in started_elsewhere:
-                since = start_times.get(iid)
-            else:
-                since = None
-            baseline = BootBaseline(node=node, start_requested_at=since, boot_id_before=boot_ids[node],
-                                    gpus_needed=sum(a.requests.gpus for a in assigned))
-            boots.append(baseline.to_json())
-            self.log.info("node %s (%s, %s): start requested at %s, bootID before %s, needs %d GPU(s)",
-                          node, iid, assigned[0].state.value, since, boot_ids[node], baseline.gpus_needed)
-        started = sorted(i for i in to_start.values() if i and outcomes[i].outcome == "done")
-        push(context, "boots", boots)
-        push(context, "started", started)
-        return {"boots": boots, "started": started}
+        boot = job_boot(self, plan, max_attempts=self.max_capacity_attempts,
+                        stopping_timeout_seconds=self.stopping_timeout_seconds)
+        result = boot.bring_up(boot.current_plan(plan))
+        out = {"boots": result.boots, "started": result.started, "plan": result.plan.to_json()}
+        for key, value in out.items():
+            push(context, key, value)
+        return out
 
-    def start(self, ecs: EcsHook, instance_ids: list[str]) -> dict[str, InstanceOutcome]:
-        """Start the instances; wait out any still Stopping, then start those too."""
-        outcomes = ecs.start_instances(instance_ids) if instance_ids else {}
-        stopping = [i for i, o in outcomes.items() if o.outcome == "stopping"]
-        if stopping:
-            self.log.info("waiting for %s to finish stopping before starting them", stopping)
-            statuses = ecs.wait_for_status(stopping, {"Stopped"}, self.stopping_timeout_seconds)
-            stuck = {i: s for i, s in statuses.items() if s != "Stopped"}
-            if stuck:
-                raise AirflowException(f"instances still not Stopped after {self.stopping_timeout_seconds}s: {stuck}")
-            outcomes.update(ecs.start_instances(stopping))
-        for iid, outcome in outcomes.items():
-            if not outcome.ok:
-                self.on_start_failure(iid, outcome.error)
-        return outcomes
 
-    def on_start_failure(self, instance_id: str, error: EcsError | None) -> None:
-        """Seam for capacity fallback (release, mark the type/zone unavailable, re-place)."""
-        if error is not None and error.kind == "capacity":
-            raise CapacityUnavailable(f"instance {instance_id} cannot start, no capacity: {error}")
-        raise AirflowException(f"instance {instance_id} failed to start: {error}")
+def job_boot(task, plan: Plan, **kwargs) -> JobBoot:
+    """The JobBoot for `plan`'s job, with `task`'s connections, ledger and job spec."""
+    kube, ecs = KubeClient(task.kubernetes_conn_id), EcsHook(task.ecs_conn_id)
+    spec = JobSpec.from_dict(dict(task.job), source="job") if task.job else None
+    return JobBoot(kube, ecs, ReservationLedger(kube, task.ledger_namespace), task.log, spec=spec,
+                   job_id=plan.job_id, unavailable_ttl_seconds=task.unavailable_ttl_seconds, **kwargs)
 
 
 # -- launch --------------------------------------------------------------------------------

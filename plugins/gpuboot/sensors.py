@@ -2,7 +2,18 @@
 
 Deferred, it hands one node at a time to NodeGpuReadyTrigger (a watch in the
 triggerer, no worker slot held); in poke mode it applies the same ReadinessTracker to
-Node reads. Either way the boot timeout fails the task with what was last seen.
+Node reads.
+
+Boot timeout. A node not GPU-ready within the boot timeout is given up inside this
+task (gpuboot.boot.JobBoot.fail_over): it is marked unavailable, the job's reservation
+is moved to another node in the same ledger commit, the instance is stopped again if
+this job started it and no other job claims it, the new node is started, and the
+wait starts over for it, up to `max_boot_attempts` boots. Why here and not by
+retrying upstream tasks: Airflow cannot re-run `place`/`start` from a downstream
+failure, while one task that logs "timed out on X (evidence), stopped X, re-placed on
+Y, started Y" keeps the audit trail in one place. The plan the job ends on is pushed
+as XCom "plan" for `launch`. When the attempts are used up (or the sensor was wired
+without the job), the task fails with the evidence, after the same release and stop.
 """
 from __future__ import annotations
 
@@ -13,8 +24,12 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException
 
+from gpuboot.boot import DEFAULT_UNAVAILABLE_TTL_SECONDS, BringUp, CapacityUnavailable, JobBoot
+from gpuboot.ecs import EcsHook
 from gpuboot.jobspec import JobSpec
 from gpuboot.kube import KubeClient
+from gpuboot.ledger import ReservationLedger
+from gpuboot.placement import Plan
 from gpuboot.readiness import BootBaseline, ReadinessTracker
 from gpuboot.triggers import NodeGpuReadyTrigger
 
@@ -30,27 +45,35 @@ def describe_evidence(evidence: Mapping[str, Any]) -> str:
 class GpuReadySensor(BaseSensorOperator):
     """Wait until every node of the plan passes the GPU-readiness rule.
 
-    `boots` is the start step's list of baselines (XCom key "boots"); settle window and
-    boot timeout come from the job (XCom key "job" of the place step) unless given.
-    Returns the plan's task names, now cleared to launch (what `launch` is mapped over);
-    the per-node evidence goes to XCom key "evidence"."""
+    `boots` is the start step's list of baselines (XCom key "boots"), `plan` the start
+    step's plan (XCom key "plan"); settle window and boot timeout come from the job (XCom
+    key "job" of the place step) unless given. Returns the plan's task names, now cleared
+    to launch (what `launch` is mapped over); the per-node evidence goes to XCom key
+    "evidence" and the plan the job ended on to key "plan"."""
 
     template_fields = ("boots", "job", "plan")
     ui_color = "#e8f5e9"
 
     def __init__(self, *, boots: Sequence[Mapping] | Any, job: Mapping | Any = None, plan: Mapping | Any = None,
                  settle_seconds: float | None = None, boot_timeout_seconds: float | None = None,
-                 kubernetes_conn_id: str = "kubernetes_default", deferrable: bool = True,
+                 kubernetes_conn_id: str = "kubernetes_default", ecs_conn_id: str = "alibaba_ecs_default",
+                 ledger_namespace: str = "default", max_boot_attempts: int = 2,
+                 unavailable_ttl_seconds: float = DEFAULT_UNAVAILABLE_TTL_SECONDS, deferrable: bool = True,
                  poke_interval: float = 2.0, **kwargs) -> None:
         if not deferrable and kwargs.get("mode") == "reschedule":
             raise ValueError("mode='reschedule' would restart the settle window on every poke; "
                              "use deferrable=True or mode='poke'")
+        if max_boot_attempts < 1:
+            raise ValueError(f"max_boot_attempts must be >= 1, got {max_boot_attempts}")
         super().__init__(poke_interval=poke_interval, **kwargs)
         self.boots, self.job, self.plan = boots, job, plan
         self.settle_seconds, self.boot_timeout_seconds = settle_seconds, boot_timeout_seconds
-        self.kubernetes_conn_id, self.deferrable = kubernetes_conn_id, deferrable
+        self.kubernetes_conn_id, self.ecs_conn_id, self.deferrable = kubernetes_conn_id, ecs_conn_id, deferrable
+        self.ledger_namespace, self.max_boot_attempts = ledger_namespace, max_boot_attempts
+        self.unavailable_ttl_seconds = unavailable_ttl_seconds
         self._trackers: dict[str, ReadinessTracker] = {}
         self._deadline: float | None = None
+        self._state: dict = {}
 
     def _timing(self) -> tuple[float, float]:
         spec = JobSpec.from_dict(dict(self.job), source="job") if self.job else None
@@ -61,58 +84,89 @@ class GpuReadySensor(BaseSensorOperator):
 
     def execute(self, context):
         settle, timeout = self._timing()
-        if not self.boots:
+        state = {"plan": dict(self.plan) if self.plan else None, "boots": [dict(b) for b in self.boots or ()],
+                 "tried": []}
+        if not state["boots"]:
             self.log.info("no node to wait for")
-            return self._cleared(context, {})
+            return self._cleared(context, {}, state)
         if not self.deferrable:
-            self.timeout = timeout + 60            # our own deadline fails first, with evidence
-            self._deadline = time.time() + timeout
+            self.timeout = timeout * self.max_boot_attempts + 60     # our own deadlines fail first, with evidence
+            self._deadline, self._state = time.time() + timeout, state
             return super().execute(context)
-        return self._defer_for(0, time.time() + timeout, settle, {})
+        return self._defer_for(0, time.time() + timeout, settle, {}, state)
 
-    def _defer_for(self, index: int, deadline: float, settle: float, seen: dict):
-        baseline = self.boots[index]
-        self.log.info("waiting for node %s (%d/%d) until %s", baseline["node"], index + 1, len(self.boots),
+    def _defer_for(self, index: int, deadline: float, settle: float, seen: dict, state: dict):
+        baseline = state["boots"][index]
+        self.log.info("waiting for node %s (%d/%d) until %s", baseline["node"], index + 1, len(state["boots"]),
                       time.strftime("%H:%M:%S", time.gmtime(deadline)))
         self.defer(trigger=NodeGpuReadyTrigger(baseline=dict(baseline), deadline=deadline, settle_seconds=settle,
                                                kubernetes_conn_id=self.kubernetes_conn_id,
                                                echo={"index": index, "deadline": deadline, "settle": settle,
-                                                     "seen": seen}),
+                                                     "seen": seen, **state}),
                    method_name="execute_complete")
 
     def execute_complete(self, context, event: Mapping):
-        """Back from the trigger; where we were (which node, deadline) comes back in event["echo"]."""
-        node, state = event.get("node"), event["echo"]
-        index, deadline, settle, seen = state["index"], state["deadline"], state["settle"], state["seen"]
+        """Back from the trigger; where we were (node, deadline, plan, attempts) comes back in event["echo"]."""
+        node, echo = event.get("node"), event["echo"]
+        index, deadline, settle, seen = echo["index"], echo["deadline"], echo["settle"], echo["seen"]
+        state = {"plan": echo.get("plan", self.plan), "boots": echo.get("boots", self.boots),
+                 "tried": echo.get("tried", [])}
         if event.get("status") != "ready":
-            raise AirflowFailException(f"node {node} not GPU-ready before the boot timeout: {event.get('reason')}; "
-                                       f"last seen: {describe_evidence(event.get('evidence') or {})}")
+            result = self._fail_over(context, state, node, event.get("reason"), event.get("evidence") or {})
+            state = {"plan": result.plan.to_json(), "boots": result.boots, "tried": result.tried}
+            if not result.boots:
+                return self._cleared(context, {}, state)
+            return self._defer_for(0, time.time() + self._timing()[1], settle, {}, state)
         self.log.info("node %s is GPU-ready: %s", node, describe_evidence(event.get("evidence") or {}))
         seen = {**seen, node: event.get("evidence") or {}}
-        if index + 1 < len(self.boots):
-            self._defer_for(index + 1, deadline, settle, seen)
-        return self._cleared(context, seen)
+        if index + 1 < len(state["boots"]):
+            self._defer_for(index + 1, deadline, settle, seen, state)
+        return self._cleared(context, seen, state)
 
-    def _cleared(self, context, evidence: dict) -> list[str]:
+    def _fail_over(self, context, state: dict, node: str, reason: str | None, evidence: Mapping) -> BringUp:
+        """Node `node` timed out: re-place the job elsewhere (see the module doc) or fail with the evidence."""
+        what = (f"node {node} not GPU-ready before the boot timeout: {reason}; "
+                f"last seen: {describe_evidence(evidence)}")
+        self.log.warning("%s", what)
+        if not state.get("plan"):
+            raise AirflowFailException(what)
+        plan = Plan.from_json(state["plan"])
+        kube, ecs = KubeClient(self.kubernetes_conn_id), EcsHook(self.ecs_conn_id)
+        spec = JobSpec.from_dict(dict(self.job), source="job") if self.job else None
+        boot = JobBoot(kube, ecs, ReservationLedger(kube, self.ledger_namespace), self.log, spec=spec,
+                       job_id=plan.job_id, max_attempts=self.max_boot_attempts,
+                       unavailable_ttl_seconds=self.unavailable_ttl_seconds)
+        _, timeout = self._timing()
+        try:
+            result = boot.fail_over(plan, {node: f"not GPU-ready within {timeout:g}s ({reason})"}, state["tried"])
+        except CapacityUnavailable as exc:
+            raise AirflowFailException(f"{what}. {exc}") from None
+        context["ti"].xcom_push(key="plan", value=result.plan.to_json())
+        return result
+
+    def _cleared(self, context, evidence: dict, state: dict) -> list[str]:
         context["ti"].xcom_push(key="evidence", value=evidence)
-        return [a["task"] for a in (self.plan or {}).get("assignments", [])]
+        if state.get("plan"):
+            context["ti"].xcom_push(key="plan", value=state["plan"])
+        return [a["task"] for a in (state.get("plan") or {}).get("assignments", [])]
 
     def poke(self, context):
-        settle, _ = self._timing()
+        settle, timeout = self._timing()
         kube = KubeClient(self.kubernetes_conn_id)
         now = time.time()
         verdicts = {}
-        for b in self.boots:
+        for b in self._state["boots"]:
             tracker = self._trackers.setdefault(b["node"], ReadinessTracker(BootBaseline.from_json(b), settle))
             verdicts[b["node"]] = tracker.observe(kube.get_node(b["node"]), now)
         waiting = {n: v for n, v in verdicts.items() if not v.ready}
         if not waiting:
-            cleared = self._cleared(context, {n: dict(v.evidence) for n, v in verdicts.items()})
+            cleared = self._cleared(context, {n: dict(v.evidence) for n, v in verdicts.items()}, self._state)
             return PokeReturnValue(is_done=True, xcom_value=cleared)
         for node, verdict in waiting.items():
             self.log.info("node %s not ready yet: %s", node, verdict.reason)
         if self._deadline is not None and now >= self._deadline:
             node, verdict = next(iter(waiting.items()))
-            raise AirflowFailException(f"node {node} not GPU-ready before the boot timeout: {verdict.reason}; "
-                                       f"last seen: {describe_evidence(verdict.evidence)}")
+            result = self._fail_over(context, self._state, node, verdict.reason, verdict.evidence)
+            self._state = {"plan": result.plan.to_json(), "boots": result.boots, "tried": result.tried}
+            self._trackers, self._deadline = {}, time.time() + timeout
         return False

@@ -5,6 +5,10 @@
 `launch` is mapped over the task names `wait_gpu_ready` clears (one pod per
 assignment of the plan), so gangs (replicas > 1) need nothing more; a single-task job
 gives one mapped instance.
+
+The plan flows place -> start -> wait_gpu_ready -> launch through XCom key "plan":
+`start` may move the job when ECS has no stock, and `wait_gpu_ready` when a node does
+not boot in time (see gpuboot.boot), so each step takes the plan from the step before.
 """
 from __future__ import annotations
 
@@ -28,15 +32,19 @@ def gpu_job_group(job: Mapping | None = None, *, group_id: str = "gpu_job",
                                     ecs_conn_id=ecs_conn_id, ledger_namespace=ledger_namespace,
                                     busy_poll_seconds=busy_poll_seconds)
         spec = place.output["job"]
-        start = StartGpuNodesOperator(task_id="start", plan=place.output, kubernetes_conn_id=kubernetes_conn_id,
-                                      ecs_conn_id=ecs_conn_id)
-        wait = GpuReadySensor(task_id="wait_gpu_ready", boots=start.output["boots"], job=spec, plan=place.output,
-                              kubernetes_conn_id=kubernetes_conn_id, deferrable=deferrable,
+        start = StartGpuNodesOperator(task_id="start", plan=place.output, job=spec,
+                                      kubernetes_conn_id=kubernetes_conn_id, ecs_conn_id=ecs_conn_id,
+                                      ledger_namespace=ledger_namespace)
+        wait = GpuReadySensor(task_id="wait_gpu_ready", boots=start.output["boots"], job=spec,
+                              plan=start.output["plan"], kubernetes_conn_id=kubernetes_conn_id,
+                              ecs_conn_id=ecs_conn_id, ledger_namespace=ledger_namespace, deferrable=deferrable,
                               poke_interval=poke_interval)
-        launch = GpuPodOperator.partial(task_id="launch", job=spec, plan=place.output,
+        launch = GpuPodOperator.partial(task_id="launch", job=spec, plan=wait.output["plan"],
                                         kubernetes_conn_id=kubernetes_conn_id).expand(
             task_name=wait.output)
         release = ReleaseReservationOperator(task_id="release", kubernetes_conn_id=kubernetes_conn_id,
                                              ledger_namespace=ledger_namespace)
-        place >> start >> wait >> launch >> release
+        # release is the teardown of place's reservation: it runs whatever happens after place
+        # succeeded, and, as a teardown, does not turn a failed run green.
+        place >> start >> wait >> launch >> release.as_teardown(setups=place)
     return group
