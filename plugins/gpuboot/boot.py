@@ -147,8 +147,8 @@ class JobBoot:
             iid = assigned[0].instance_id
             if node in to_start:
                 since = requested_at if outcomes[iid].outcome == "done" else start_times.get(iid) or requested_at
-            elif node in booting:
-                since = start_times.get(iid)
+            elif node in booting:     # started by someone else; no StartTime while Pending/Starting
+                since = start_times.get(iid) or requested_at
             else:
                 since = None
             baseline = BootBaseline(node=node, start_requested_at=since, boot_id_before=boot_ids.get(node),

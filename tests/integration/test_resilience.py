@@ -1,0 +1,235 @@
+"""Capacity fallback and boot-timeout failover against the local cloud (real ECS SDK and
+Kubernetes client; faults injected in simcloud; waits are on conditions, never fixed sleeps)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+
+from gpuboot.ecs import EcsHook
+from gpuboot.kube import KubeClient
+from gpuboot.ledger import ReservationLedger
+from gpuboot.operators import CapacityUnavailable, StartGpuNodesOperator
+from gpuboot.sensors import GpuReadySensor
+
+from .conftest import T4, T4X2, SimCloud, expose_connections, small_fleet, wait_until
+from .test_operators import JOB, context, place, run_deferred
+
+ZONE = "cn-hangzhou-h"
+FAST_BOOT = {**JOB, "boot_timeout_seconds": 6, "settle_seconds": 1}   # a boot takes ~3s here
+
+
+def ledger() -> ReservationLedger:
+    return ReservationLedger(KubeClient())
+
+
+def held(job_id: str) -> list[str]:
+    return sorted(r.node for r in ledger().live() if r.job_id == job_id)
+
+
+def status(cloud, node: str) -> str:
+    iid = cloud.instance_id(node)
+    return EcsHook().statuses([iid])[iid]
+
+
+def start(plan: dict, job: dict | None, **kwargs):
+    ctx = context("start")
+    out = StartGpuNodesOperator(task_id="start", plan=plan, job=job, **kwargs).execute(ctx)
+    return out, ctx["ti"].pushed
+
+
+def starts_of(cloud, node: str) -> int:
+    """How many StartInstances took effect on the node's instance (simcloud logs each transition)."""
+    return cloud.log_text().count(f"ecs {cloud.instance_id(node)}: Stopped -> Starting")
+
+
+def logged(capfd) -> str:
+    """What the operators logged (Airflow's task logger writes to the captured stdout)."""
+    out, err = capfd.readouterr()
+    return out + err
+
+
+def hog_running_node() -> None:
+    """Reserve the running 1-GPU node so that 1-GPU jobs must boot a stopped one."""
+    plan, _ = place(JOB, job_id="hog")
+    assert [a["node"] for a in plan["assignments"]] == ["gpu-run"]
+
+
+# -- capacity fallback -------------------------------------------------------------------------
+def test_no_stock_marks_the_offering_and_moves_the_job_within_the_same_try(cloud, capfd):
+    hog_running_node()
+    plan, pushed = place(JOB, job_id="job")
+    assert plan["nodes_to_start"] == ["gpu-stop"]              # the 1-GPU T4 wastes least
+    cloud.set_faults(no_stock=[T4])
+
+    out, xcom = start(plan, pushed["job"])
+
+    assert [a["node"] for a in out["plan"]["assignments"]] == ["gpu2-stop"]
+    assert xcom["plan"] == out["plan"] and out["started"] == [cloud.instance_id("gpu2-stop")]
+    assert [b["node"] for b in out["boots"]] == ["gpu2-stop"]
+    assert held("job") == ["gpu2-stop"]                        # the old reservation went with the move
+    (mark,) = ledger().live_unavailable()
+    assert (mark.instance_type, mark.zone) == (T4, ZONE) and "NoStock" in mark.reason
+    assert 500 < mark.expires_at - time.time() <= 600
+    assert status(cloud, "gpu-stop") == "Stopped"
+    assert status(cloud, "gpu2-stop") in ("Starting", "Running")
+    assert "re-placed job job (out of capacity" in logged(capfd)
+
+
+def test_the_capacity_mark_is_shared_by_later_placements_until_it_expires(cloud):
+    hog_running_node()
+    plan, pushed = place(JOB, job_id="first")
+    cloud.set_faults(no_stock=[T4])
+    start(plan, pushed["job"])
+    cloud.set_faults(no_stock=[])
+    # another run, another worker: it reads the mark from the ledger and does not try the T4 offering
+    later, _ = place({**JOB, "name": "second"}, job_id="second")
+    row = next(c for c in later["candidates"] if c["node"] == "gpu-stop")
+    assert row["verdict"] == "excluded" and f"offering {T4} in {ZONE} unavailable" in row["reason"]
+    assert [a["node"] for a in later["assignments"]] == ["gpu2-stop"]
+
+
+def test_when_no_offering_has_stock_start_fails_naming_each_one_and_holds_nothing(cloud):
+    hog_running_node()
+    plan, pushed = place(JOB, job_id="job")
+    cloud.set_faults(no_stock=[T4, T4X2])
+    with pytest.raises(CapacityUnavailable) as err:
+        start(plan, pushed["job"])
+    text = str(err.value)
+    assert f"offering {T4} in {ZONE}: OperationDenied.NoStock" in text
+    assert f"offering {T4X2} in {ZONE}: OperationDenied.NoStock" in text
+    assert held("job") == [] and held("hog") == ["gpu-run"]
+    assert {(m.instance_type, m.zone) for m in ledger().live_unavailable()} == {(T4, ZONE), (T4X2, ZONE)}
+    assert status(cloud, "gpu-stop") == status(cloud, "gpu2-stop") == "Stopped"
+
+
+def test_capacity_attempts_are_bounded(cloud):
+    hog_running_node()
+    plan, pushed = place(JOB, job_id="job")
+    cloud.set_faults(no_stock=[T4])
+    with pytest.raises(CapacityUnavailable, match=r"gave up after 1 failure\(s\) \(max_attempts=1\)"):
+        start(plan, pushed["job"], max_capacity_attempts=1)
+    assert held("job") == [] and status(cloud, "gpu2-stop") == "Stopped"
+
+
+def test_without_the_job_a_capacity_error_fails_and_releases(cloud):
+    hog_running_node()
+    plan, _ = place(JOB, job_id="job")
+    cloud.set_faults(no_stock=[T4])
+    with pytest.raises(CapacityUnavailable, match="no job spec given"):
+        start(plan, None)
+    assert held("job") == []
+
+
+def test_a_start_retry_follows_the_ledger_not_the_stale_plan(cloud):
+    """A try that fell back to gpu2-stop died before pushing its XCom; the retry gets the place
+    step's plan (gpu-stop) again, finds the ledger holds gpu2-stop, and does not start anything twice."""
+    hog_running_node()
+    plan, pushed = place(JOB, job_id="job")
+    cloud.set_faults(no_stock=[T4])
+    first, _ = start(plan, pushed["job"])
+    cloud.set_faults(no_stock=[])
+    again, _ = start(plan, pushed["job"])
+    assert [a["node"] for a in again["plan"]["assignments"]] == ["gpu2-stop"]
+    assert again["started"] == [] and first["started"] == [cloud.instance_id("gpu2-stop")]
+    assert starts_of(cloud, "gpu2-stop") == 1 and starts_of(cloud, "gpu-stop") == 0
+    assert status(cloud, "gpu-stop") == "Stopped" and held("job") == ["gpu2-stop"]
+
+
+def test_an_instance_caught_stopping_is_started_once_stopped(tmp_path, monkeypatch):
+    fleet = small_fleet([{"name": "gpu-a", "instance_type": T4, "status": "Running"}],
+                        timings={"stop_seconds": 2.0})
+    with SimCloud.start(fleet, tmp_path / "sim") as sim:
+        expose_connections(sim.connections_file, monkeypatch)
+        iid = sim.instance_id("gpu-a")
+        EcsHook().stop_instances([iid])
+        plan, pushed = place(JOB, job_id="job")
+        assert plan["assignments"][0]["state"] == "stopping" and plan["nodes_to_start"] == ["gpu-a"]
+        out, _ = start(plan, pushed["job"])
+        assert out["started"] == [iid]                              # waited for Stopped, then started
+        assert EcsHook().statuses([iid])[iid] in ("Starting", "Running")
+
+
+# -- boot timeout ------------------------------------------------------------------------------
+def run_sensor(sensor: GpuReadySensor, ctx: dict) -> list[str]:
+    """Drive a deferrable sensor like the triggerer does until it returns (or raises)."""
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(ctx)
+    event = run_deferred(deferred.value)
+    while True:
+        try:
+            return sensor.execute_complete(ctx, event)
+        except TaskDeferred as again:
+            event = run_deferred(again)
+
+
+@pytest.mark.parametrize("fault", ["never_ready", "device_plugin_never"])
+def test_a_node_not_ready_in_time_is_stopped_again_and_the_job_moves(cloud, capfd, fault):
+    hog_running_node()
+    cloud.set_faults(**{fault: ["gpu-stop"]})
+    plan, pushed = place(FAST_BOOT, job_id="job")
+    out, _ = start(plan, pushed["job"])
+    assert [b["node"] for b in out["boots"]] == ["gpu-stop"]
+
+    ctx = context("wait")
+    sensor = GpuReadySensor(task_id="wait", boots=out["boots"], job=pushed["job"], plan=out["plan"])
+    assert run_sensor(sensor, ctx) == ["train"]
+
+    moved = ctx["ti"].pushed["plan"]
+    assert [a["node"] for a in moved["assignments"]] == ["gpu2-stop"]
+    assert int(ctx["ti"].pushed["evidence"]["gpu2-stop"]["gpus_allocatable"]) == 2
+    assert held("job") == ["gpu2-stop"]
+    wait_until(lambda: status(cloud, "gpu-stop") == "Stopped", timeout=10)
+    (mark,) = ledger().live_unavailable()
+    assert mark.node == "gpu-stop" and "not GPU-ready within 6s" in mark.reason
+    text = logged(capfd)
+    assert "gpu-stop not GPU-ready before the boot timeout" in text
+    assert "stopped again (StopCharging): this job started it and no other job claims it" in text
+
+
+def test_poke_mode_fails_over_the_same_way(cloud):
+    hog_running_node()
+    cloud.set_faults(never_ready=["gpu-stop"])
+    plan, pushed = place(FAST_BOOT, job_id="job")
+    out, _ = start(plan, pushed["job"])
+    ctx = context("wait")
+    sensor = GpuReadySensor(task_id="wait", boots=out["boots"], job=pushed["job"], plan=out["plan"],
+                            deferrable=False, poke_interval=0.2)
+    assert sensor.execute(ctx) == ["train"]
+    assert [a["node"] for a in ctx["ti"].pushed["plan"]["assignments"]] == ["gpu2-stop"]
+    wait_until(lambda: status(cloud, "gpu-stop") == "Stopped", timeout=10)
+
+
+def test_boot_attempts_are_bounded_and_the_last_failure_leaves_nothing_behind(cloud):
+    hog_running_node()
+    cloud.set_faults(never_ready=["gpu-stop", "gpu2-stop"])
+    plan, pushed = place(FAST_BOOT, job_id="job")
+    out, _ = start(plan, pushed["job"])
+    sensor = GpuReadySensor(task_id="wait", boots=out["boots"], job=pushed["job"], plan=out["plan"])
+    with pytest.raises(AirflowFailException) as err:
+        run_sensor(sensor, context("wait"))
+    text = str(err.value)
+    assert "gpu2-stop not GPU-ready before the boot timeout" in text and "last seen: ready=" in text
+    assert "gave up after 2 failure(s) (max_attempts=2)" in text
+    assert "node gpu-stop: not GPU-ready" in text and "node gpu2-stop: not GPU-ready" in text
+    assert held("job") == []
+    wait_until(lambda: status(cloud, "gpu-stop") == status(cloud, "gpu2-stop") == "Stopped", timeout=10)
+
+
+def test_a_node_another_job_claims_is_not_stopped(cloud, capfd):
+    """Jobs A and B share the 2-GPU node; A gives up on it, B still holds it: it keeps running."""
+    hog_running_node()
+    place({**JOB, "name": "hog2"}, job_id="hog2")             # takes gpu-stop
+    cloud.set_faults(never_ready=["gpu2-stop"])
+    plan_a, pushed_a = place(FAST_BOOT, job_id="a")
+    plan_b, _ = place({**FAST_BOOT, "name": "b"}, job_id="b")
+    assert plan_a["nodes_to_start"] == plan_b["nodes_to_start"] == ["gpu2-stop"]
+    out, _ = start(plan_a, pushed_a["job"])
+    sensor = GpuReadySensor(task_id="wait", boots=out["boots"], job=pushed_a["job"], plan=out["plan"],
+                            max_boot_attempts=1)
+    with pytest.raises(AirflowFailException, match="gave up"):
+        run_sensor(sensor, context("wait"))
+    assert "not stopping it, another job claims it: reserved by job b" in logged(capfd)
+    assert status(cloud, "gpu2-stop") == "Running"
+    assert held("a") == [] and held("b") == ["gpu2-stop"]
