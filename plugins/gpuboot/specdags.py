@@ -123,7 +123,7 @@ def dag_from_spec_file(path: str | Path):
             doc_md=_doc_md(spec),
         )
         dag.timetable.validate()
-    except Exception as e:  # Airflow raises several types for a bad schedule
+    except Exception as e:  # every other argument is validated above; Airflow raises several types here
         raise SpecFileError(
             source, "schedule", f"{spec.schedule!r} is not a valid schedule ({e})", f"Use {DAG_KEYS['schedule']}"
         ) from None
@@ -162,8 +162,10 @@ def _start_date(source: str, value: Any) -> dt.datetime:
 
 
 def _tags(source: str, value: Any) -> tuple[str, ...]:
-    if not isinstance(value, (list, tuple)) or not all(isinstance(t, str) and t for t in value):
-        raise SpecFileError(source, "tags", f"must be a list of strings, got {value!r}", "Write e.g. tags: [nightly, llm]")
+    if not isinstance(value, (list, tuple)) or not all(isinstance(t, str) and 0 < len(t) <= 100 for t in value):
+        raise SpecFileError(
+            source, "tags", f"must be a list of strings (1-100 characters), got {value!r}", "Write e.g. tags: [nightly, llm]"
+        )
     return tuple(value)
 
 
