@@ -1,0 +1,64 @@
+"""Bad input through the operators' own validation path: a malformed `job` mapping fails the
+place step at once (AirflowFailException: no retry) naming the field, before anything is
+reserved or booted. One local cloud serves the whole catalogue."""
+from __future__ import annotations
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException
+
+from gpuboot.ecs import EcsHook
+from gpuboot.kube import KubeClient
+from gpuboot.ledger import CONFIGMAP
+from gpuboot.operators import PlaceGpuJobOperator
+
+from .conftest import FLEET, SimCloud, expose_connections
+from .test_operators import JOB, context
+
+CATALOGUE = [
+    ({"gpus": -1}, "gpus"),
+    ({"gpus": "two"}, "gpus"),
+    ({"extra_resources": {"fpga": 1}}, "extra_resources.fpga"),              # unknown resource name
+    ({"extra_resources": {"nvidia.com/gpu": 1}}, "extra_resources.nvidia.com/gpu"),
+    ({"memory": "16GB"}, "memory"),                                           # bad quantity
+    ({"cpu": "lots"}, "cpu"),
+    ({"image": ""}, "image"),                                                 # missing image
+    ({"image": None}, "image"),
+    ({"namespace": "Team_A"}, "namespace"),                                   # not a DNS label
+    ({"boot_timeout_seconds": 8 * 24 * 3600}, "boot_timeout_seconds"),        # absurd timeouts
+    ({"queue_timeout_seconds": 0}, "queue_timeout_seconds"),
+    ({"settle_seconds": -1}, "settle_seconds"),
+    ({"gpu_model": "Voodoo5"}, "gpu_model"),                                  # unknown GPU model
+    ({"gpuz": 1}, "gpuz"),                                                    # unknown field
+]
+
+
+@pytest.fixture(scope="module")
+def shared_cloud(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp, SimCloud.start(FLEET, tmp_path_factory.mktemp("bad-input")) as sim:
+        expose_connections(sim.connections_file, mp)
+        yield sim
+
+
+@pytest.mark.parametrize(("change", "field"), CATALOGUE, ids=[f for _, f in CATALOGUE])
+def test_malformed_job_fails_place_naming_the_field_and_reserves_nothing(shared_cloud, change, field):
+    op = PlaceGpuJobOperator(task_id="place", job={**JOB, **change}, job_id="bad")
+    with pytest.raises(AirflowFailException) as err:
+        op.execute(context("place"))
+    assert str(err.value).startswith(f"job: {field}: "), str(err.value)
+    assert KubeClient().read_configmap("default", CONFIGMAP) is None       # no ledger write at all
+    stopped = [shared_cloud.instance_id(n) for n in ("gpu-stop", "gpu2-stop")]
+    assert set(EcsHook().statuses(stopped).values()) == {"Stopped"}        # nothing was booted
+
+
+def test_bad_dag_run_params_name_their_source(shared_cloud):
+    op = PlaceGpuJobOperator(task_id="place")            # job=None: the run's params are the job
+    with pytest.raises(AirflowFailException, match=r"^DAG run params: gpus: "):
+        op.execute(context("place", params={**JOB, "gpus": -2}))
+
+
+@pytest.mark.parametrize("kwargs", [{"max_boot_attempts": 0}, {"deferrable": False, "mode": "reschedule"}])
+def test_sensor_arguments_that_cannot_work_are_refused_at_dag_parse_time(kwargs):
+    from gpuboot.sensors import GpuReadySensor
+
+    with pytest.raises(ValueError, match="max_boot_attempts|reschedule"):
+        GpuReadySensor(task_id="wait", boots=[], **kwargs)
