@@ -1,8 +1,10 @@
 """The object store shared by the Kubernetes API and the in-process controllers.
 
 A versioned map per resource, like etcd behind the real API server: one global,
-monotonic resourceVersion, a bounded change history so watches can resume from a
-resourceVersion (older -> 410 Gone), and queues for in-process watchers.
+monotonic resourceVersion, a bounded change history per resource (like the apiserver's
+watch cache) so watches can resume from a resourceVersion (older -> 410 Gone), and
+queues for in-process watchers. Each resource keeps its keys sorted, so a list page
+(`limit` + continue after the last key) costs O(log n + page), not a scan of everything.
 
 Stored objects are never edited in place: every write stores a new dict. Public
 methods hand out deep copies; the API's hot paths read the stored objects
@@ -12,10 +14,10 @@ Everything runs in one asyncio loop, so there are no locks.
 from __future__ import annotations
 
 import asyncio
-import copy
 import random
 import time
 import uuid
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -83,6 +85,12 @@ RESOURCES: dict[str, ResourceInfo] = {r.name: r for r in (
 )}
 
 
+class Page(NamedTuple):
+    items: list[dict]      # stored objects (read-only), in key order
+    more: bool             # more matching objects follow the last item
+    remaining: int         # objects of the scanned range after the last item (exact without selectors)
+
+
 class WatchEvent(NamedTuple):
     rv: int
     type: str          # ADDED | MODIFIED | DELETED
@@ -94,6 +102,19 @@ class WatchEvent(NamedTuple):
 class _Subscriber:
     queue: asyncio.Queue
     raw: bool          # True: WatchEvent with shared read-only objects (the API); False: (type, copy)
+
+
+def clone(obj):
+    """A deep copy of JSON data (dicts, lists, scalars): what stored objects are made of.
+
+    About three times faster than copy.deepcopy, which dominated creating and listing
+    thousands of objects.
+    """
+    if type(obj) is dict:
+        return {k: clone(v) for k, v in obj.items()}
+    if type(obj) is list:
+        return [clone(v) for v in obj]
+    return obj
 
 
 def now_rfc3339(offset_seconds: float = 0) -> str:
@@ -126,10 +147,11 @@ def _is_terminal(pod: dict) -> bool:
 class Store:
     def __init__(self, history_limit: int = HISTORY_LIMIT):
         self._objects: dict[str, dict[tuple[str, str], dict]] = {name: {} for name in RESOURCES}
+        self._keys: dict[str, list[tuple[str, str]]] = {name: [] for name in RESOURCES}   # sorted
         self._rv = 0
-        self._history: deque[tuple[str, WatchEvent]] = deque()
+        self._history: dict[str, deque[WatchEvent]] = {name: deque() for name in RESOURCES}
         self._history_limit = history_limit
-        self._compacted_rv = 0
+        self._compacted_rv: dict[str, int] = {name: 0 for name in RESOURCES}
         self._subscribers: dict[str, list[_Subscriber]] = {name: [] for name in RESOURCES}
         self._event_keys: dict[tuple, tuple[str, str]] = {}
         for ns in INITIAL_NAMESPACES:
@@ -158,11 +180,12 @@ class Store:
 
     def _emit(self, resource: str, kind: str, obj: dict, old: dict | None) -> None:
         event = WatchEvent(self._rv, kind, obj, old)
-        self._history.append((resource, event))
-        while len(self._history) > self._history_limit:
-            self._compacted_rv = self._history.popleft()[1].rv
+        history = self._history[resource]
+        history.append(event)
+        while len(history) > self._history_limit:
+            self._compacted_rv[resource] = history.popleft().rv
         for sub in self._subscribers[resource]:
-            sub.queue.put_nowait(event if sub.raw else (kind, copy.deepcopy(obj)))
+            sub.queue.put_nowait(event if sub.raw else (kind, clone(obj)))
 
     def _commit(self, resource: str, key: tuple[str, str], new: dict, old: dict | None) -> dict:
         """Store `new` under a fresh resourceVersion unless nothing changed (the real no-op update)."""
@@ -170,6 +193,8 @@ class Store:
             new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
             if new == old:
                 return old
+        else:
+            insort(self._keys[resource], key)
         self._rv += 1
         new["metadata"]["resourceVersion"] = str(self._rv)
         self._objects[resource][key] = new
@@ -178,7 +203,7 @@ class Store:
 
     # ------------------------------------------------------------------ reads
     def get(self, resource: str, namespace: str | None, name: str) -> dict:
-        return copy.deepcopy(self._stored(resource, namespace, name))
+        return clone(self._stored(resource, namespace, name))
 
     def read(self, resource: str, namespace: str | None, name: str) -> dict:
         """The stored object itself (read-only, never edit it): for serializing without a copy."""
@@ -191,30 +216,50 @@ class Store:
     def select(self, resource: str, namespace: str | None = None, label_selector: str | None = None,
                field_selector: str | None = None) -> list[dict]:
         """Matching stored objects (read-only), in namespace/name order as etcd lists them."""
+        return self.page(resource, namespace, label_selector, field_selector).items
+
+    def page(self, resource: str, namespace: str | None = None, label_selector: str | None = None,
+             field_selector: str | None = None, *, after: tuple[str, str] | None = None,
+             limit: int | None = None) -> Page:
+        """Up to `limit` matching stored objects (read-only) with keys after `after`, in key order.
+
+        Costs O(log n) to find the start plus the objects scanned, so paging through a
+        resource is linear overall (the list verb's `limit`/`continue`).
+        """
         info = self.info(resource)
         try:
             labels = parse_label_selector(label_selector)
             fields = parse_field_selector(field_selector, resource)
         except SelectorError as exc:
             raise ApiError(400, "BadRequest", str(exc)) from None
-        objects = self._objects[resource]
+        keys = self._keys[resource]
         name = fields.value_for("metadata.name")
         if name is not None:   # one-object lookups (a watch of one node) need no scan
             if info.namespaced and namespace:
-                candidates = [objects.get((namespace, name))]
+                keys = [(namespace, name)]
             elif info.namespaced:
-                candidates = [o for (_, n), o in objects.items() if n == name]
+                keys = [k for k in keys if k[1] == name]
             else:
-                candidates = [objects.get(("", name))]
-            candidates = sorted((o for o in candidates if o is not None), key=self.key_of)
+                keys = [("", name)]
+            keys = [k for k in keys if k in self._objects[resource]]
+            lo, hi = 0, len(keys)
+        elif info.namespaced and namespace:
+            lo, hi = bisect_left(keys, (namespace,)), bisect_left(keys, (namespace + "\0",))
         else:
-            keys = sorted(objects)
-            if info.namespaced and namespace:
-                keys = [k for k in keys if k[0] == namespace]
-            candidates = [objects[k] for k in keys]
-        return [o for o in candidates
-                if (labels.empty or labels.matches(o["metadata"].get("labels")))
-                and (fields.empty or fields.matches(o))]
+            lo, hi = 0, len(keys)
+        if after is not None:
+            lo = max(lo, bisect_right(keys, tuple(after)))
+        objects, items = self._objects[resource], []
+        filtered = not (labels.empty and fields.empty)
+        i = lo
+        while i < hi:
+            obj = objects[keys[i]]
+            if not filtered or (labels.matches(obj["metadata"].get("labels")) and fields.matches(obj)):
+                if limit is not None and 0 < limit <= len(items):
+                    return Page(items, True, hi - i)
+                items.append(obj)
+            i += 1
+        return Page(items, False, 0)
 
     @staticmethod
     def key_of(obj: dict) -> tuple[str, str]:
@@ -223,12 +268,12 @@ class Store:
     def list(self, resource: str, namespace: str | None = None, label_selector: str | None = None,
              field_selector: str | None = None) -> tuple[list[dict], str]:
         items = self.select(resource, namespace, label_selector, field_selector)
-        return copy.deepcopy(items), self.resource_version
+        return clone(items), self.resource_version
 
     # ------------------------------------------------------------------ writes
     def create(self, resource: str, obj: dict) -> dict:
         info = self.info(resource)
-        obj = copy.deepcopy(obj)
+        obj = clone(obj)
         meta = obj.setdefault("metadata", {})
         if info.namespaced:
             namespace = meta.setdefault("namespace", "default")
@@ -254,7 +299,7 @@ class Store:
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_rfc3339()
         meta["generation"] = 1
-        return copy.deepcopy(self._commit(resource, key, obj, None))
+        return clone(self._commit(resource, key, obj, None))
 
     def _update(self, resource: str, current: dict, new: dict, subresource: str | None) -> dict:
         info = RESOURCES[resource]
@@ -269,12 +314,12 @@ class Store:
         if meta.get("resourceVersion") not in (None, "", old_meta["resourceVersion"]):
             raise conflict(resource, name)
         if subresource == "status":
-            result = copy.deepcopy(current)
-            result["status"] = copy.deepcopy(new.get("status") or {})
+            result = clone(current)
+            result["status"] = clone(new.get("status") or {})
         elif subresource:
             raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
         else:
-            result = copy.deepcopy(new)
+            result = clone(new)
             rmeta = result["metadata"]
             for fixed in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp",
                           "deletionGracePeriodSeconds", "generation"):
@@ -284,12 +329,12 @@ class Store:
                     rmeta.pop(fixed, None)
             result["kind"], result["apiVersion"] = info.kind, info.api_version
             if "status" in info.subresources:
-                result["status"] = copy.deepcopy(current.get("status", {}))
+                result["status"] = clone(current.get("status", {}))
             if resource == "pods":
                 admission.check_pod_update(current, result)
             if result.get("spec") != current.get("spec"):
                 rmeta["generation"] = old_meta.get("generation", 1) + 1
-        return copy.deepcopy(self._commit(resource, self._key_of_resource(resource, current), result, current))
+        return clone(self._commit(resource, self._key_of_resource(resource, current), result, current))
 
     def _key_of_resource(self, resource: str, obj: dict) -> tuple[str, str]:
         return self._key(resource, obj["metadata"].get("namespace"), obj["metadata"]["name"])
@@ -303,7 +348,7 @@ class Store:
               subresource: str | None = None) -> dict:
         current = self._stored(resource, namespace, name)
         try:
-            patched = apply_patch(copy.deepcopy(current), body, content_type)
+            patched = apply_patch(clone(current), body, content_type)
         except PatchError as exc:
             reasons = {400: "BadRequest", 415: "UnsupportedMediaType", 422: "Invalid"}
             raise ApiError(exc.code, reasons.get(exc.code, "Invalid"), str(exc)) from None
@@ -314,12 +359,12 @@ class Store:
     def mutate(self, resource: str, namespace: str | None, name: str, fn: Callable[[dict], None]) -> dict:
         """For in-process controllers: `fn` edits a copy; the store versions it and emits MODIFIED."""
         current = self._stored(resource, namespace, name)
-        new = copy.deepcopy(current)
+        new = clone(current)
         fn(new)
         new["metadata"]["name"] = current["metadata"]["name"]
         if "namespace" in current["metadata"]:
             new["metadata"]["namespace"] = current["metadata"]["namespace"]
-        return copy.deepcopy(self._commit(resource, self._key_of_resource(resource, current), new, current))
+        return clone(self._commit(resource, self._key_of_resource(resource, current), new, current))
 
     def delete(self, resource: str, namespace: str | None, name: str, grace_period_seconds: int | None = None,
                preconditions: dict | None = None) -> dict:
@@ -339,7 +384,7 @@ class Store:
             if grace != 0:
                 existing = meta.get("deletionGracePeriodSeconds")
                 if existing is not None and existing <= grace:
-                    return copy.deepcopy(current)
+                    return clone(current)
 
                 def mark(pod: dict) -> None:
                     pod["metadata"]["deletionTimestamp"] = now_rfc3339(grace)
@@ -372,13 +417,16 @@ class Store:
             ns = current["metadata"]["name"]
             for other, info in RESOURCES.items():
                 if info.namespaced:
-                    for key in [k for k in self._objects[other] if k[0] == ns]:
-                        self._remove(other, self._objects[other][key])
-        del self._objects[resource][self._key_of_resource(resource, current)]
+                    for obj in self.select(other, ns):
+                        self._remove(other, obj)
+        key = self._key_of_resource(resource, current)
+        del self._objects[resource][key]
+        keys = self._keys[resource]
+        del keys[bisect_left(keys, key)]
         self._rv += 1
         gone = {**current, "metadata": {**current["metadata"], "resourceVersion": str(self._rv)}}
         self._emit(resource, "DELETED", gone, current)
-        return copy.deepcopy(gone)
+        return clone(gone)
 
     # ------------------------------------------------------------------ watching
     def subscribe(self, resource: str) -> asyncio.Queue:
@@ -398,9 +446,11 @@ class Store:
         info = self.info(resource)
         backlog: list[WatchEvent] = []
         if since is not None:
-            if since < self._compacted_rv:
-                raise ApiError(410, "Expired", f"too old resource version: {since} ({self._compacted_rv})")
-            backlog = [e for r, e in self._history if r == resource and e.rv > since]
+            compacted = self._compacted_rv[info.name]
+            if since < compacted:
+                raise ApiError(410, "Expired", f"too old resource version: {since} ({compacted})")
+            history = self._history[info.name]
+            backlog = [e for e in history if e.rv > since] if history and history[-1].rv > since else []
         queue: asyncio.Queue = asyncio.Queue()
         self._subscribers[info.name].append(_Subscriber(queue, raw=True))
         return backlog, queue

@@ -332,3 +332,25 @@ def test_watch_bookmarks_carry_the_current_resource_version(k8s: K8sServer, monk
         events.append((event["type"], event["object"]["metadata"]["resourceVersion"]))
         watch.stop()
     assert events == [("BOOKMARK", current)]
+
+
+def test_paging_all_namespaces_resumes_after_the_last_key_at_the_first_pages_version(k8s: K8sServer):
+    v1 = k8s.core_v1()
+    for ns in ("team-a", "team-b"):
+        v1.create_namespace({"metadata": {"name": ns}})
+        for i in range(3):
+            v1.create_namespaced_config_map(ns, {"metadata": {"name": f"c{i}"}})
+    first = v1.list_config_map_for_all_namespaces(limit=4)
+    assert [(c.metadata.namespace, c.metadata.name) for c in first.items] == [
+        ("team-a", "c0"), ("team-a", "c1"), ("team-a", "c2"), ("team-b", "c0")]
+    assert first.metadata.remaining_item_count == 2
+    v1.delete_namespaced_config_map("c0", "team-b")        # the cursor's own object
+    v1.create_namespaced_config_map("team-b", {"metadata": {"name": "c9"}})
+    rest = v1.list_config_map_for_all_namespaces(limit=4, _continue=first.metadata._continue)
+    assert [(c.metadata.namespace, c.metadata.name) for c in rest.items] == [
+        ("team-b", "c1"), ("team-b", "c2"), ("team-b", "c9")]
+    assert not rest.metadata._continue
+    assert rest.metadata.resource_version == first.metadata.resource_version   # a watch from it misses nothing
+    with pytest.raises(ApiException) as err:
+        v1.list_config_map_for_all_namespaces(limit=4, _continue="bm90LWEtdG9rZW4=")
+    assert err.value.status == 400 and "continue key is not valid" in _status(err.value)["message"]
