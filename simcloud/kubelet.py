@@ -14,6 +14,11 @@ instance through `EcsCloud.add_listener`:
 * Stopping: conditions Unknown and taints again; running pods are killed and fail
   (reason Terminated, "Pod was terminated in response to imminent node shutdown.").
 
+Node Lease: like a real kubelet, each node holds the coordination.k8s.io/v1 Lease of
+its name in namespace `kube-node-lease` (created at registration, owned by the Node)
+and renews it (`spec.renewTime`) when it boots and on every heartbeat while it is up;
+a stopped node's Lease keeps its last renewTime. It is one small write per beat.
+
 Faults `never_ready` / `device_plugin_never` (instance id or node name) are read when
 the step is due and re-checked every heartbeat, so clearing one lets the boot go on.
 
@@ -30,7 +35,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
+import time
 from dataclasses import dataclass, field
 
 from simcloud.admission import parse_quantity
@@ -45,6 +52,8 @@ log = logging.getLogger(__name__)
 GPU = "nvidia.com/gpu"
 UNREACHABLE = "node.kubernetes.io/unreachable"
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
+LEASE_NAMESPACE = "kube-node-lease"
+LEASE_SECONDS = 40          # the kubelet's nodeLeaseDurationSeconds; it renews every quarter of it
 _HEALTHY = (
     ("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
     ("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
@@ -147,6 +156,23 @@ class Kubelets:
         else:
             _set_unknown(node_obj, now)
         node.uid = self.store.create("nodes", node_obj)["metadata"]["uid"]
+        self._renew_lease(node, micro_time())
+
+    def _renew_lease(self, node: _Node, now: str) -> None:
+        """Set the node Lease's renewTime to `now`, creating the Lease when it is missing (as kubelets do)."""
+        try:
+            self.store.mutate("leases", LEASE_NAMESPACE, node.name, lambda lease: lease["spec"].update(renewTime=now))
+            return
+        except ApiError as exc:
+            if exc.code != 404:
+                log.warning("kubelet %s: cannot renew lease: %s", node.name, exc)
+                return
+        # a period of 4 heartbeats keeps a slow-beating (benchmark) fleet's leases valid between renewals
+        duration = max(LEASE_SECONDS, math.ceil(4 * self.timings.heartbeat_seconds))
+        self.store.create("leases", {
+            "metadata": {"name": node.name, "namespace": LEASE_NAMESPACE, "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Node", "name": node.name, "uid": node.uid}]},
+            "spec": {"holderIdentity": node.name, "leaseDurationSeconds": duration, "renewTime": now}})
 
     def _write_node(self, node: _Node, fn) -> None:
         try:
@@ -180,6 +206,7 @@ class Kubelets:
         node.boot_id = new_boot_id(self.rng)
         now = rfc3339()
         self._write_node(node, lambda obj: _set_ready(obj, now, node.boot_id))
+        self._renew_lease(node, micro_time())
         self._event_node(node, "Starting", "Starting kubelet.")
         self._event_node(node, "Rebooted", f"Node {node.name} has been rebooted, boot id: {node.boot_id}", "Warning")
         self._event_node(node, "NodeReady", f"Node {node.name} status is now: NodeReady")
@@ -215,10 +242,11 @@ class Kubelets:
         """One loop for all nodes: heartbeats for Ready ones, and boot steps a cleared fault unblocks."""
         while True:
             await asyncio.sleep(max(self.timings.heartbeat_seconds, 0.05))
-            now = rfc3339()
+            now, renewed = rfc3339(), micro_time()
             for i, node in enumerate(list(self._nodes.values())):
                 if node.up:
                     self._write_node(node, lambda obj: _beat(obj, now))
+                    self._renew_lease(node, renewed)
                 if node.blocked == "ready" and not self._faulty("never_ready", node):
                     self._boot(node)
                 elif node.blocked == "plugin" and not self._faulty("device_plugin_never", node):
@@ -493,6 +521,12 @@ class Kubelets:
 
 
 # ---------------------------------------------------------------------- node status edits
+def micro_time() -> str:
+    """metav1.MicroTime, the format of a Lease's renewTime ("2006-01-02T15:04:05.000000Z")."""
+    ns = time.time_ns()
+    return f"{rfc3339(ns)[:-1]}.{ns // 1000 % 1_000_000:06d}Z"
+
+
 def _set_ready(obj: dict, now: str, boot_id: str) -> None:
     status = obj["status"]
     status["nodeInfo"]["bootID"] = boot_id
