@@ -1,8 +1,9 @@
 """The Kubernetes REST API of the local cloud, over the shared `Store`.
 
-Speaks the wire protocol real clients expect: discovery, CRUD with meta/v1 Status
-errors, list paging, chunked watch streams, pod logs, binding, and server-side
-Tables for kubectl. `make_k8s_app(store, log_source, faults)` returns the aiohttp app.
+Speaks the wire protocol real clients expect: discovery (incl. OpenAPI v3 paths),
+CRUD with meta/v1 Status errors and field validation (unknown fields: Warn by
+default, Strict refuses), list paging, chunked watch streams, pod logs, binding, and
+server-side Tables for kubectl. `make_k8s_app(store, log_source, faults)` returns the aiohttp app.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import AsyncIterator, Protocol
 import msgspec
 from aiohttp import web
 
+from simcloud import openapi
 from simcloud.config import Faults
 from simcloud.store import RESOURCES, ApiError, ResourceInfo, Store, WatchEvent, conflict, not_found
 from simcloud.selectors import SelectorError, parse_field_selector, parse_label_selector
@@ -189,14 +191,19 @@ class K8sApi:
             if target.resource == "configmaps" and self.faults.k8s_conflict_burst > 0:
                 self.faults.k8s_conflict_burst -= 1
                 raise conflict(target.resource, target.name)
-            body = await request.read()
+            body, content_type = await request.read(), request.headers.get("Content-Type", "")
             if method == "PATCH":
-                obj = self.store.patch(target.resource, target.namespace, target.name, body,
-                                       request.headers.get("Content-Type", ""), target.sub)
+                patch = self._patch_object(body, content_type)
+                warnings = self._check_fields(request, target, patch)
+                if patch is not None:   # the patch without the dropped fields
+                    body = _dumps(patch)
+                obj = self.store.patch(target.resource, target.namespace, target.name, body, content_type,
+                                       target.sub)
             else:
-                obj = self.store.replace(target.resource, target.namespace, target.name,
-                                         self._decode(body, request.headers.get("Content-Type", "")), target.sub)
-            return self.respond(request, target, obj)
+                new = self._decode(body, content_type)
+                warnings = self._check_fields(request, target, new)
+                obj = self.store.replace(target.resource, target.namespace, target.name, new, target.sub)
+            return self.respond(request, target, obj, warnings=warnings)
         if method == "DELETE":
             if target.sub:
                 raise _method_not_allowed()
@@ -219,12 +226,46 @@ class K8sApi:
             raise _bad_request("the body of the request must be a JSON object")
         return obj
 
-    def respond(self, request: web.Request, target: Target, obj: dict, status: int = 200) -> web.Response:
+    @staticmethod
+    def _patch_object(body: bytes, content_type: str) -> dict | None:
+        """The object a merge or strategic merge patch spells out (None for JSON patches and bad bodies)."""
+        if "merge-patch" not in content_type:
+            return None
+        try:
+            obj = json.loads(body or b"{}")
+        except ValueError:
+            return None      # the store answers the decode error
+        return obj if isinstance(obj, dict) else None
+
+    @staticmethod
+    def _check_fields(request: web.Request, target: Target, obj: dict | None) -> list[str]:
+        """Server-side field validation: unknown fields are dropped with a warning (Warn, the default,
+        and Ignore, silently) or refused with a 400 (Strict)."""
+        mode = request.query.get("fieldValidation") or "Warn"
+        if mode not in openapi.FIELD_VALIDATION:
+            raise _bad_request(f'fieldValidation: Invalid value: "{mode}": must be one of '
+                               f'{", ".join(openapi.FIELD_VALIDATION)}')
+        if obj is None or target.sub:
+            return []
+        problems = [f'unknown field "{path}"' for path in openapi.drop_unknown_fields(target.info, obj)]
+        if mode == "Ignore":
+            return []
+        if problems and mode == "Strict":
+            kind = f'{target.info.kind} in version "{target.info.version}"'
+            raise _bad_request(f"{kind} cannot be handled as a {target.info.kind}: strict decoding error: "
+                               + ", ".join(problems))
+        return problems
+
+    def respond(self, request: web.Request, target: Target, obj: dict, status: int = 200,
+                warnings: list[str] = ()) -> web.Response:
         table = _table_version(request.headers.get("Accept", ""))
         if table:
             obj = make_table(target.resource, [obj], obj["metadata"].get("resourceVersion", ""),
                              api_version=table, include_object=request.query.get("includeObject", "Metadata"))
-        return _json(obj, status, _truthy(request.query.get("pretty")))
+        response = _json(obj, status, _truthy(request.query.get("pretty")))
+        for warning in warnings:    # RFC 7234 warn-code 299, as the apiserver sends them (kubectl prints them)
+            response.headers.add("Warning", '299 - ' + json.dumps(warning))
+        return response
 
     # -------------------------------------------------------------- verbs
     def list(self, request: web.Request, target: Target) -> web.Response:
@@ -261,9 +302,10 @@ class K8sApi:
                 raise _bad_request("the namespace of the provided object does not match the namespace sent on "
                                    "the request")
             meta["namespace"] = target.namespace
+        warnings = self._check_fields(request, target, obj)
         if target.resource == "pods":
             obj["status"] = {}          # the server owns pod status
-        return self.respond(request, target, self.store.create(target.resource, obj), 201)
+        return self.respond(request, target, self.store.create(target.resource, obj), 201, warnings)
 
     async def delete(self, request: web.Request, target: Target) -> web.Response:
         options = self._decode(await request.read()) if request.can_read_body else {}
@@ -497,12 +539,23 @@ def make_k8s_app(store: Store, log_source: LogSource, faults: Faults, *, debug: 
             raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
         return _json(_resource_list(gv))
 
+    async def openapi_root(_: web.Request) -> web.Response:
+        return _json(openapi.v3_root())
+
+    async def openapi_document(request: web.Request) -> web.Response:
+        doc = openapi.v3_document(request.match_info["prefix"].strip("/"))
+        if doc is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        return web.Response(body=doc, content_type="application/json")
+
     app = web.Application(middlewares=[middleware], client_max_size=64 * 1024 * 1024)
     for path, handler in (("/version", version), ("/healthz", health), ("/readyz", health), ("/livez", health),
                           ("/api", core_versions), ("/api/v1", core_resources), ("/apis", group_list),
-                          ("/apis/{group}", group), ("/apis/{group}/{version}", group_resources)):
+                          ("/apis/{group}", group), ("/apis/{group}/{version}", group_resources),
+                          ("/openapi/v3", openapi_root)):
         app.router.add_get(path, handler)
         app.router.add_get(path + "/", handler)    # the generated clients ask for "/version/", "/api/v1/"
+    app.router.add_get("/openapi/v3/{prefix:.+}", openapi_document)
     app.router.add_route("*", "/api/{version:v1}/{tail:.+}", api.resource)
     app.router.add_route("*", "/apis/{group}/{version}/{tail:.+}", api.resource)
     return app
