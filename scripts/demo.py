@@ -104,7 +104,9 @@ def airflow_env(home: Path, port: int, password_file: Path, connections_file: Pa
             "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            # Only gpu_job is unpaused (at trigger): the recurring YAML jobs would otherwise run at
+            # once (their latest interval is due) and compete with the demo job for the GPUs.
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(password_file),
             "AIRFLOW__API__HOST": "127.0.0.1",
@@ -127,6 +129,7 @@ def running_cloud(fleet: Path, workdir: Path) -> Iterator[SimCloud]:
         try:
             yield cloud
         finally:
+            ignore_interrupts()
             say("stopping the local cloud")
 
 
@@ -146,8 +149,15 @@ def running_airflow(env: dict[str, str], log_path: Path) -> Iterator[subprocess.
     try:
         yield proc
     finally:
-        say("stopping airflow")
+        ignore_interrupts()
+        say("stopping airflow (a few seconds)")
         stop_group(proc)
+
+
+def ignore_interrupts() -> None:
+    """Cleanup has begun: a second Ctrl-C (or SIGTERM) must not cut it short and leak processes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def stop_group(proc: subprocess.Popen) -> None:
@@ -340,6 +350,7 @@ def main() -> int:
                     return 0 if ok else 1
                 say(f"Airflow stays up for exploring: {url}  login: {ADMIN_USER} / {password}")
                 say(f"kubectl --kubeconfig {cloud.kubeconfig} get nodes,pods -o wide")
+                say("the recurring YAML jobs (dags/jobs/) are loaded paused: unpause one in the UI to run it")
                 say("press Ctrl-C to stop everything")
                 while proc.poll() is None:
                     time.sleep(1)
