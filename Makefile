@@ -64,3 +64,11 @@ test-distributed: install
 	@if ! command -v redis-server >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql redis-server; fi
 	GPUBOOT_DISTRIBUTED=1 $(PY) -m pytest tests/distributed --durations=5
+
+# Fault-injection run (chaos/): concurrent gpu_job runs on the local cloud with ECS throttling, NoStock,
+# a node never Ready, a device plugin never registering, 409 bursts and one worker SIGKILLed; ends with
+# the `chaos: J jobs, ...` summary line, non-zero exit on any overcommit, leak or idle instance left.
+# Options: make chaos CHAOS_ARGS="--jobs 30 --seed 3 --kill-step start". Its core cases run in make test.
+.PHONY: chaos
+chaos: install
+	$(PY) -m chaos $(CHAOS_ARGS)

@@ -127,7 +127,12 @@ class InlineWorkers:
         pass
 
 
-def _child(call: StepCall, conn) -> None:
+def _child(call: StepCall, conn, log_path: str | None) -> None:
+    if log_path:   # the worker's output (operator logs, pod logs) goes to the run's log file
+        import os
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
     conn.send(run_step(call))
     conn.close()
 
@@ -139,15 +144,16 @@ class ProcessWorkers:
 
     PRELOAD = ["chaos.runner", "gpuboot.operators", "gpuboot.sensors", "gpuboot.triggers"]
 
-    def __init__(self) -> None:
+    def __init__(self, log_path: str | None = None) -> None:
         import multiprocessing
 
+        self.log_path = log_path
         self.ctx = multiprocessing.get_context("forkserver")
         self.ctx.set_forkserver_preload(self.PRELOAD)
 
     def run(self, call: StepCall, on_spawn: Callable | None = None) -> StepResult:
         receive, send = self.ctx.Pipe(duplex=False)
-        process = self.ctx.Process(target=_child, args=(call, send), daemon=True,
+        process = self.ctx.Process(target=_child, args=(call, send, self.log_path), daemon=True,
                                    name=f"worker {call.run_id} {call.task_id}[{call.map_index}]#{call.try_number}")
         process.start()
         send.close()

@@ -1,0 +1,234 @@
+"""The chaos run: many GPU jobs against the local cloud while everything goes wrong.
+
+Faults, all at once: about 30% of ECS calls throttled, no stock for the preferred GPU
+instance type (the cheapest 1-GPU type, which placement picks first among stopped
+nodes), one node whose kubelet never becomes Ready, one whose device plugin never
+registers its GPUs, Kubernetes API latency and recurring bursts of 409 Conflicts on
+the ledger, and one worker process SIGKILLed in the middle of a job's step (by default
+`launch`, while its pod runs; Airflow would fail that try and retry it). Every step try
+runs in its own forked worker process (chaos.runner.ProcessWorkers), so the kill is real.
+
+Afterwards the idle scale-down runs, as its DAG would, until nothing it should stop is
+left, and the run is judged: every job succeeded or failed with a reason; no node was
+ever promised more than it has (chaos.monitor); no reservation is left in the ledger; no
+instance this run started is left running idle; the killed step's job has one pod.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chaos.harness import (ConflictBursts, api_client_factory, cloud_connections, job_dag, job_pods, run_all)
+from chaos.monitor import Monitor, MonitorReport
+from chaos.runner import DagRunner, InlineWorkers, ProcessWorkers, RunResult, StepCall, Triggerer
+from simcloud.testing import SimCloud, small_fleet, wait_until
+
+log = logging.getLogger(__name__)
+
+T4, A10, V100 = "ecs.gn6i-c4g1.xlarge", "ecs.gn7i-c8g1.2xlarge", "ecs.gn6v-c8g1.2xlarge"
+T4X2, V100X4 = "ecs.gn6i-c24g1.12xlarge", "ecs.gn6v-c8g1.8xlarge"
+PREFERRED = T4                      # cheapest, least-waste 1-GPU type: what placement tries first
+NEVER_READY, NO_DEVICE_PLUGIN = "v100-a", "v100-b"
+NODES = [
+    {"name": "t4-running", "instance_type": T4, "status": "Running"},
+    {"name": "t4-a", "instance_type": T4, "status": "Stopped"},
+    {"name": "t4-b", "instance_type": T4, "status": "Stopped"},
+    {"name": "a10-a", "instance_type": A10, "status": "Stopped"},
+    {"name": "a10-b", "instance_type": A10, "status": "Stopped"},
+    {"name": "t4x2-a", "instance_type": T4X2, "status": "Stopped"},
+    {"name": NEVER_READY, "instance_type": V100, "status": "Stopped"},
+    {"name": NO_DEVICE_PLUGIN, "instance_type": V100, "status": "Stopped"},
+    {"name": "v100x4", "instance_type": V100X4, "status": "Stopped"},
+]
+FAULTS = {"ecs_throttle_rate": 0.3, "no_stock": [PREFERRED], "never_ready": [NEVER_READY],
+          "device_plugin_never": [NO_DEVICE_PLUGIN], "k8s_latency_ms": 10}
+ACTIVE = ("Pending", "Starting", "Running")
+
+
+def jobs(count: int, seed: int, run_seconds: float = 2, boot_timeout: int = 8) -> list[dict]:
+    """Mostly 1-GPU jobs of any model; some ask for V100 (they meet the two broken V100 nodes
+    first) and some for 2 GPUs. The seed shuffles the mix."""
+    rng = random.Random(seed)
+    kinds = [{}, {}, {}, {"gpu_model": "V100"}, {"gpus": 2}]
+    out = []
+    for n in range(count):
+        kind = kinds[n % len(kinds)] if n < len(kinds) else rng.choice(kinds)
+        out.append({"name": f"chaos-{n:02d}", "image": "busybox", "gpus": 1, "cpu": "1", "memory": "1Gi",
+                    "command": ["sh", "-c", f"echo chaos-{n:02d} start; sleep {run_seconds}; echo chaos-{n:02d} done"],
+                    "settle_seconds": 1, "boot_timeout_seconds": boot_timeout, "queue_timeout_seconds": 300,
+                    **kind})
+    rng.shuffle(out)
+    return out
+
+
+class WorkerKiller:
+    """SIGKILLs one worker process running task `step` (first try), at the moment that hurts:
+    for `launch`, once its pod runs; for `start`, once ECS shows one of its instances starting;
+    otherwise as soon as it is up. Stays armed until a kill hits a live process."""
+
+    def __init__(self, cloud: SimCloud, step: str = "launch", timeout: float = 30.0) -> None:
+        self.cloud, self.step, self.timeout = cloud, step, timeout
+        self.lock = threading.Lock()
+        self.busy = False
+        self.killed: StepCall | None = None
+
+    def on_spawn(self, call: StepCall, process) -> None:
+        if not call.task_id.endswith("." + self.step) or call.try_number != 1 or call.method != "execute":
+            return
+        with self.lock:
+            if self.killed or self.busy:
+                return
+            self.busy = True
+        threading.Thread(target=self._kill_when_it_hurts, args=(call, process), daemon=True).start()
+
+    def _moment(self, call: StepCall) -> Callable[[], bool]:
+        if self.step == "launch":
+            core = self.cloud.core_v1()
+            return lambda: any(p.status.phase == "Running" for p in core.list_pod_for_all_namespaces(
+                label_selector=f"run_id={call.run_id}").items)
+        if self.step == "start":
+            wanted = {a["instance_id"] for a in (call.kwargs.get("plan") or {}).get("assignments", [])
+                      if a.get("node") in (call.kwargs.get("plan") or {}).get("nodes_to_start", [])}
+            return lambda: any(i.get("status") in ACTIVE for i in self.cloud.state()["instances"]
+                               if i.get("instance_id") in wanted)
+        return lambda: True
+
+    def _kill_when_it_hurts(self, call: StepCall, process) -> None:
+        try:
+            moment = self._moment(call)
+            wait_until(lambda: not process.is_alive() or moment(), timeout=self.timeout, interval=0.1)
+            if process.is_alive():
+                process.kill()
+                self.killed = call
+                log.warning("chaos: SIGKILLed the worker of %s %s (pid %s)", call.run_id, call.task_id, process.pid)
+        except Exception as exc:  # noqa: BLE001 - a missed moment only re-arms the killer
+            log.info("chaos: kill of %s %s skipped (%s)", call.run_id, call.task_id, exc)
+        finally:
+            self.busy = False
+
+
+@dataclass
+class ChaosOutcome:
+    results: list[RunResult]
+    report: MonitorReport
+    idle_running: list[str] = field(default_factory=list)     # instances we started, idle, still running
+    duplicate_pods: dict[str, int] = field(default_factory=dict)
+    killed: StepCall | None = None
+    killed_retried: bool = False
+    scaledown_passes: int = 0
+
+    @property
+    def succeeded(self) -> list[RunResult]:
+        return [r for r in self.results if r.state == "success"]
+
+    @property
+    def failed_with_reason(self) -> list[RunResult]:
+        return [r for r in self.results if r.state != "success" and r.reason]
+
+    @property
+    def without_reason(self) -> list[RunResult]:
+        return [r for r in self.results if r.state != "success" and not r.reason]
+
+    def summary(self) -> str:
+        return (f"chaos: {len(self.results)} jobs, {len(self.succeeded)} succeeded, "
+                f"{len(self.failed_with_reason)} failed with a reason, {len(self.report.overcommits)} overcommitted, "
+                f"{len(self.report.leaked())} leaked reservations, {len(self.idle_running)} idle instances left running")
+
+    def problems(self) -> list[str]:
+        """Everything that makes the run fail (empty: it passed)."""
+        out = list(self.report.problems())
+        out += [f"job {r.run_id} ended {r.state} without a reason: {r.short_states()}" for r in self.without_reason]
+        out += [f"instance {i} was started by this run and is left running idle" for i in self.idle_running]
+        out += [f"job {job} has {n} pods (crash safety: one expected)" for job, n in self.duplicate_pods.items()]
+        if self.killed is not None and not self.killed_retried:
+            out.append(f"the killed step {self.killed.run_id} {self.killed.task_id} was not retried to an end")
+        return out
+
+
+def _instances(cloud: SimCloud) -> dict[str, str]:
+    return {i["instance_id"]: i["status"] for i in cloud.state()["instances"]}
+
+
+def _idle_started(cloud: SimCloud, before: dict[str, str], report_ledger) -> list[str]:
+    """Instances that were stopped before the run, are up now, and hold no workload pod or reservation."""
+    core = cloud.core_v1()
+    busy_nodes = {p.spec.node_name for p in core.list_pod_for_all_namespaces(
+        field_selector="status.phase!=Succeeded,status.phase!=Failed").items if p.spec.node_name}
+    busy_nodes |= {r.node for r in report_ledger if any(r.resources.values()) and r.expires_at > time.time()}
+    node_of = {n["instance_id"]: n["name"] for n in cloud.state()["nodes"] if n.get("instance_id")}
+    return sorted(f"{iid} ({node_of.get(iid, '?')})" for iid, status in _instances(cloud).items()
+                  if before.get(iid) == "Stopped" and status in ACTIVE and node_of.get(iid) not in busy_nodes)
+
+
+def scale_down(cloud: SimCloud, before: dict[str, str], idle_seconds: float = 2, timeout: float = 90) -> int:
+    """Run the idle scale-down (the operator its DAG runs) until no instance we started is idle
+    and running; returns the number of passes."""
+    from airflow.sdk import DAG
+
+    from gpuboot.ledger import ReservationLedger
+    from gpuboot.kube import KubeClient
+    from gpuboot.scaledown import IdleScaleDownOperator
+
+    with DAG(dag_id="gpuboot_idle_scaledown", schedule=None) as dag:
+        IdleScaleDownOperator(task_id="scale_down", idle_seconds=idle_seconds, stop_timeout_seconds=60,
+                              stop_poll_seconds=0.5)
+    runner = DagRunner(dag, InlineWorkers(), min_retries=0)
+    passes = 0
+    try:
+        def done() -> bool:
+            nonlocal passes
+            passes += 1
+            result = runner.run(f"scaledown-{passes}")
+            log.info("scale-down pass %d: %s", passes, result.xcom.get(("scale_down", -1, "return_value")))
+            return not _idle_started(cloud, before, ReservationLedger(KubeClient()).live())
+        wait_until(done, timeout=timeout, interval=1.0)
+    except TimeoutError:
+        log.warning("scale-down left idle instances after %d passes", passes)
+    finally:
+        runner.close()
+    return passes
+
+
+def run_chaos(job_count: int = 16, seed: int = 7, workdir: Path | str = "chaos-run", kill_step: str = "launch",
+              progress: Callable[[str], None] = lambda line: None) -> ChaosOutcome:
+    workdir = Path(workdir)
+    fleet = small_fleet(NODES)
+    with SimCloud.start(fleet, workdir / "cloud", seed=seed, ready_timeout=120) as cloud, \
+            cloud_connections(cloud.connections_file):
+        before = _instances(cloud)
+        cloud.set_faults(**FAULTS)
+        killer = WorkerKiller(cloud, kill_step)
+        runner = DagRunner(job_dag("gpu_job_chaos", busy_poll_seconds=1, poke_interval=0.5),
+                           ProcessWorkers(log_path=str(workdir / "workers.log")), Triggerer(),
+                           on_spawn=killer.on_spawn)
+        confs = jobs(job_count, seed)
+        progress(f"chaos: {job_count} jobs (seed {seed}) on {len(NODES)} nodes; faults {FAULTS}; "
+                 f"killing one {kill_step} worker; logs in {workdir}")
+        try:
+            with Monitor(api_client_factory(cloud.kubeconfig)) as monitor, ConflictBursts(cloud, size=3, every=1.5):
+                results = run_all(runner, confs, prefix="chaos")
+                for r in results:
+                    progress(f"  {r.run_id} {r.conf['name']}: {r.state}" + (f" ({r.reason})" if r.reason else ""))
+                cloud.set_faults(k8s_conflict_burst=0, never_ready=[], device_plugin_never=[])
+                passes = scale_down(cloud, before)
+        finally:
+            runner.close()
+        outcome = ChaosOutcome(results=results, report=monitor.report, killed=killer.killed, scaledown_passes=passes)
+        outcome.idle_running = _idle_started(cloud, before, monitor.report.ledger)
+        outcome.duplicate_pods = {job: len(pods) for job, pods in job_pods(cloud.core_v1()).items() if len(pods) > 1}
+        if killer.killed is not None:
+            run = next(r for r in results if r.run_id == killer.killed.run_id)
+            outcome.killed_retried = any(a.task_id == killer.killed.task_id and a.try_number > 1
+                                         for a in run.history) and run.state == "success"
+            progress(f"  killed worker of {run.run_id} {killer.killed.task_id}: retried -> {run.state}, "
+                     f"{len(job_pods(cloud.core_v1()).get(_job_id(run), []))} pod(s)")
+        return outcome
+
+
+def _job_id(run: RunResult) -> str | None:
+    return next((v for (t, _, k), v in run.xcom.items() if t.endswith(".place") and k == "job_id"), None)
