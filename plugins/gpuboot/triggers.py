@@ -94,17 +94,26 @@ class NodeGpuReadyTrigger(BaseTrigger):
                 remaining = self.deadline - now
                 wait = tracker.next_check_in(now)
                 window = min(remaining, MAX_WATCH_SECONDS, wait if wait is not None else remaining)
-                async with contextlib.aclosing(kube.watch_node(
-                        self.node, resource_version, max(1, math.ceil(window)))) as events:
-                    async for kind, obj in events:
-                        resource_version = obj["metadata"]["resourceVersion"]
-                        if kind == "DELETED":
-                            self.log.warning("node %s was deleted; waiting for it to come back", self.node)
-                        node = {} if kind == "DELETED" else obj   # {}: observed as "not found"
-                        verdict = tracker.observe(node, time.time())
-                        self.log.info("node %s: %s", self.node, verdict.reason)
-                        if verdict.ready:
-                            break
+                loop = asyncio.get_running_loop()
+                try:
+                    # The timer leaves the watch as soon as a settle window can complete, so
+                    # readiness is seen then, not at the Node's next heartbeat.
+                    async with asyncio.timeout(window) as timer, contextlib.aclosing(kube.watch_node(
+                            self.node, resource_version, max(1, math.ceil(window)))) as events:
+                        async for kind, obj in events:
+                            resource_version = obj["metadata"]["resourceVersion"]
+                            if kind == "DELETED":
+                                self.log.warning("node %s was deleted; waiting for it to come back", self.node)
+                            node = {} if kind == "DELETED" else obj   # {}: observed as "not found"
+                            verdict = tracker.observe(node, time.time())
+                            self.log.info("node %s: %s", self.node, verdict.reason)
+                            if verdict.ready:
+                                break
+                            settle = tracker.next_check_in(time.time())
+                            if settle is not None:
+                                timer.reschedule(min(timer.when(), loop.time() + settle))
+                except TimeoutError:
+                    continue              # a timer tick: observe the last status again
                 if verdict.ready:
                     break
             except Gone:

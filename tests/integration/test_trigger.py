@@ -15,7 +15,8 @@ from gpuboot.kube import AsyncKubeClient, KubeClient
 from gpuboot.readiness import Verdict
 from gpuboot.triggers import NodeGpuReadyTrigger
 
-from .conftest import SETTLE_SECONDS as SETTLE, wait_until
+from .conftest import FLEET, SETTLE_SECONDS as SETTLE, expose_connections, wait_until
+from simcloud.testing import SimCloud
 
 NODE = "gpu-stop"
 
@@ -102,6 +103,20 @@ def test_trigger_waits_through_stale_and_zero_and_fires_after_settle(cloud):
     phase, reason = wait_until(lambda: pod_phase(kube, "after-strong")[0] in ("Succeeded", "Failed")
                                and pod_phase(kube, "after-strong"), timeout=20)
     assert (phase, reason) == ("Succeeded", None)
+
+
+def test_trigger_fires_when_the_settle_window_ends_not_at_a_later_node_change(tmp_path, monkeypatch):
+    """With heartbeats an hour apart no Node event follows the GPU registration: the trigger
+    must wake itself when the settle window completes instead of waiting for the deadline."""
+    quiet = {**FLEET, "timings": {**FLEET["timings"], "heartbeat_seconds": 3600}}
+    with SimCloud.start(quiet, tmp_path / "simcloud") as sim:
+        expose_connections(sim.connections_file, monkeypatch)
+        payload, fired, timeline, started = asyncio.run(boot_and_wait(NodeGpuReadyTrigger, timeout=120))
+    assert payload["status"] == "ready", payload
+    registered = max(t for t, _, g, _ in timeline if g == "1")
+    assert not [t for t, *_ in timeline if t > registered], "no Node change may follow the registration"
+    assert fired >= registered + SETTLE - 0.1
+    assert fired < started + 60, "fired at the deadline's end, not when the settle window completed"
 
 
 def test_weakened_rule_fires_on_the_stale_count_and_the_pod_fails_admission(cloud):
