@@ -21,6 +21,7 @@ _RANK = {NodeState.READY: 0, NodeState.BOOTING: 1, NodeState.STOPPED: 2, NodeSta
 _BOOT_TAINTS = frozenset({"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"})
 _CORDON_TAINT = "node.kubernetes.io/unschedulable"
 _TABLE_LIMIT = 500   # candidate rows kept in XCom / the task log; the rest are counted
+_NO_LIMIT = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -244,24 +245,40 @@ def _fit_count(free: Mapping[str, int], need: Resources, limit: int) -> int:
     return count
 
 
+def _headroom(node: NodeView, need: Resources) -> float:
+    """The node's CPU and memory per GPU as a multiple of the task's own (the scarcer of the two)."""
+    if not need.gpus or not node.allocatable.gpus:
+        return 0.0
+    per_gpu = need.gpus / node.allocatable.gpus
+    ratios = [node.allocatable.get(name) * per_gpu / need.get(name) for name in (CPU, MEMORY) if need.get(name) > 0]
+    return min(ratios, default=0.0)
+
+
 def _score(node: NodeView, free: Resources, need: Resources, remaining: int) -> tuple[tuple, int] | None:
     """(score, k): k = how many of the `remaining` same-shape tasks go on this node; None if none fits.
 
-    Lower wins: READY < BOOTING < STOPPED < STOPPING; then the least GPU left after placing
-    the k tasks (bin-packing running nodes, least waste on the others), then more tasks per
-    node (fewer boots), cpu and memory left, then price (only for nodes not yet running).
+    Lower wins: READY < BOOTING < STOPPED < STOPPING. A node that is up (or coming up) is
+    paid for, so bin-pack: least GPU left after placing the k tasks, then more tasks per
+    node, then cpu and memory left. A node that needs a start is chosen by what a slot
+    costs, a slot being one copy of the task on the empty node: price / slots, or, with no
+    price, GPUs / slots, so GPUs the node's CPU or memory could never feed count against
+    it (the old "least GPU left" booted 2-GPU nodes a 1-GPU task starves of CPU). Then
+    more tasks per boot, then the smaller node (least waste if no other task comes), then
+    the most CPU and memory per GPU relative to the task (the next, hungrier tasks still
+    find CPU next to each free GPU).
     The score only grows as `remaining` drops, which keeps the lazy heap in _assign exact.
     """
     k = _fit_count(free, need, remaining)
     if k == 0:
         return None
-    left = [free.get(name, 0) - k * need.get(name, 0) for name in (GPU, CPU, MEMORY)]
     rank = _RANK[node.state]
-    if rank == 0:
-        price_key = (0, 0.0)
-    else:
-        price_key = (0, float(node.price_per_hour)) if node.price_per_hour is not None else (1, 0.0)
-    return (rank, left[0], -k, left[1], left[2], *price_key), k
+    if rank <= 1:
+        left = [free.get(name, 0) - k * need.get(name, 0) for name in (GPU, CPU, MEMORY)]
+        return (rank, left[0], -k, left[1], left[2]), k
+    slots = _fit_count(node.allocatable, need, _NO_LIMIT)
+    priced = node.price_per_hour is not None
+    cost = (float(node.price_per_hour) if priced else float(node.allocatable.gpus)) / slots
+    return (rank, 0 if priced else 1, cost, -k, node.allocatable.gpus, -_headroom(node, need)), k
 
 
 # --- the greedy placer -----------------------------------------------------------

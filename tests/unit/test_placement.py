@@ -1,4 +1,4 @@
-"""Placement: per-node fit, running first, bin-packing / least waste, gangs, never vs busy."""
+"""Placement: per-node fit, running first, bin-packing, cheapest slot to boot, gangs, never vs busy."""
 import json
 import random
 
@@ -75,13 +75,41 @@ def test_bin_packing_among_running_nodes():
     assert chosen(place(job(task()), nodes)) == {"t": "tight"}
 
 
-def test_least_waste_then_price_among_stopped_nodes():
+def test_stopped_nodes_by_cost_per_slot_then_size_then_headroom_then_name():
+    """A slot = one copy of the task on the empty node; its cost = price (else GPUs) / slots."""
+    # every node feeds all its GPUs (2 GPUs per slot): the smallest wins
     nodes = [nv("eight", STOPPED, gpus=8), nv("two", STOPPED, gpus=2), nv("four", STOPPED, gpus=4)]
     assert chosen(place(job(task(gpus=2)), nodes)) == {"t": "two"}
+    # same size: the most CPU and memory per GPU (relative to the task) wins
+    twins = [nv("lean", STOPPED, gpus=2, cpu="8"), nv("rich", STOPPED, gpus=2, cpu="48", memory="186Gi")]
+    assert chosen(place(job(task()), twins)) == {"t": "rich"}
+    # with prices, the cheapest slot wins, whatever the size; a priced node beats an unpriced one
     same = [nv("pricey", STOPPED, price_per_hour=9.0), nv("cheap", STOPPED, price_per_hour=1.5),
             nv("unknown", STOPPED)]
     assert chosen(place(job(task()), same)) == {"t": "cheap"}
+    priced = [nv("g1", STOPPED, gpus=1, price_per_hour=1.0), nv("g4", STOPPED, gpus=4, price_per_hour=3.6,
+                                                             cpu="64", memory="256Gi")]
+    assert chosen(place(job(task()), priced)) == {"t": "g4"}          # 0.9 per slot vs 1.0
     assert chosen(place(job(task()), [nv("b", STOPPED), nv("a", STOPPED)])) == {"t": "a"}  # ties by name
+
+
+def test_a_booted_node_never_strands_gpus_its_cpu_cannot_feed():
+    """The old rule (least GPU left) booted `tight`: the task takes 12 of its 16 cpus, its 2nd GPU is dead.
+
+    `roomy` holds two such tasks (1 GPU per slot, not 2), so the next task runs there without a boot."""
+    hungry = dict(gpus=1, cpu="12", memory="48Gi")
+    nodes = [nv("tight", STOPPED, gpus=2, cpu="16", memory="64Gi"),
+             nv("roomy", STOPPED, gpus=4, cpu="48", memory="192Gi"),
+             nv("one", STOPPED, gpus=1, cpu="8", memory="32Gi")]          # too small: 8 cpu
+    plan = place(job(task("a", **hungry)), nodes)
+    assert chosen(plan) == {"a": "roomy"} and plan.nodes_to_start == ("roomy",)
+    rows = {c.node: c for c in plan.candidates}
+    assert rows["one"].verdict == "too small" and rows["tight"].score[2] == 2.0 and rows["roomy"].score[2] == 1.0
+    # roomy is up now, with the first task on it: the second task bin-packs there, no second boot
+    up = [n if n.name != "roomy" else nv("roomy", READY, gpus=4, cpu="48", memory="192Gi",
+                                          used={GPU: 1, "cpu": "12", "memory": "48Gi"}) for n in nodes]
+    plan = place(job(task("b", **hungry)), up)
+    assert chosen(plan) == {"b": "roomy"} and plan.nodes_to_start == ()
 
 
 def test_gang_is_placed_only_when_min_available_fits():
