@@ -11,7 +11,10 @@ apply builds strategic merge patches from its compiled-in types, as with a 404),
 `drop_unknown_fields` checks request bodies for real.
 
 Field names and types come from the `kubernetes` client's models, which are generated
-from the upstream OpenAPI document: the same fields a real API server knows.
+from the upstream OpenAPI document: the same fields a real API server knows. They are
+kept in `k8s_fields.json` (regenerate: `python -m simcloud.openapi`; a unit test checks
+it matches the installed client) because importing the client would add two seconds
+and 80 MB to every simcloud start.
 """
 from __future__ import annotations
 
@@ -19,10 +22,11 @@ import hashlib
 import json
 import re
 from functools import lru_cache
-
-import kubernetes.client as models
+from pathlib import Path
 
 from simcloud.store import RESOURCES, ResourceInfo
+
+FIELDS_FILE = Path(__file__).with_name("k8s_fields.json")
 
 FIELD_VALIDATION = ("Ignore", "Warn", "Strict")
 _CONTAINER = re.compile(r"(list)\[(.+)\]|dict\[str, (.+)\]")
@@ -35,10 +39,35 @@ def model_name(info: ResourceInfo) -> str:
 
 
 @lru_cache(maxsize=None)
-def _fields(model: str) -> dict[str, str]:
-    """JSON field name -> client type string ('str', 'list[V1Container]', 'dict[str, str]', 'V1PodSpec', ...)."""
-    cls = getattr(models, model)
-    return {cls.attribute_map[attr]: kind for attr, kind in cls.openapi_types.items()}
+def _models() -> dict[str, dict[str, str]]:
+    """Client model name -> {JSON field name -> type ('str', 'list[V1Container]', 'dict[str, str]', 'V1PodSpec')}."""
+    return json.loads(FIELDS_FILE.read_text())
+
+
+def generate_fields() -> dict[str, dict[str, str]]:
+    """The models the served kinds reach, read from the installed `kubernetes` client (for FIELDS_FILE)."""
+    import kubernetes.client as client   # slow: only when regenerating or checking the file
+
+    table: dict[str, dict[str, str]] = {}
+
+    def visit(name: str) -> None:
+        if name in table:
+            return
+        cls = getattr(client, name)
+        table[name] = {cls.attribute_map[attr]: kind for attr, kind in sorted(cls.openapi_types.items())}
+        for kind in table[name].values():
+            for ident in re.findall(r"\w+", kind):
+                if ident not in ("list", "dict", "str") and hasattr(client, ident):
+                    visit(ident)
+
+    for info in RESOURCES.values():
+        visit(model_name(info))
+    return dict(sorted(table.items()))
+
+
+def dump_fields(table: dict[str, dict[str, str]]) -> str:
+    """One model per line, so a client upgrade shows as a readable diff."""
+    return "{\n" + ",\n".join(f"{json.dumps(name)}: {json.dumps(fields)}" for name, fields in table.items()) + "\n}\n"
 
 
 def drop_unknown_fields(info: ResourceInfo, obj: dict) -> list[str]:
@@ -64,9 +93,9 @@ def _walk(kind: str, value, path: str, found: list[str]) -> None:
             for key, element in value.items():
                 _walk(item, element, f"{path}[{key}]", found)
         return
-    if not hasattr(models, kind) or not isinstance(value, dict):
+    fields = _models().get(kind)
+    if fields is None or not isinstance(value, dict):
         return      # a scalar, `object` (anything goes), or a type mismatch the store's checks report
-    fields = _fields(kind)
     for key in list(value):
         if key.startswith("$"):          # strategic merge patch directives ($patch, $setElementOrder/...)
             continue
@@ -122,3 +151,8 @@ def v3_root() -> dict:
     return {"paths": {prefix: {"serverRelativeURL": f"/openapi/v3/{prefix}?hash="
                                f"{hashlib.sha512(doc).hexdigest().upper()}"}
                       for prefix, doc in _documents().items()}}
+
+
+if __name__ == "__main__":
+    FIELDS_FILE.write_text(dump_fields(generate_fields()))
+    print(f"wrote {FIELDS_FILE}")

@@ -1,7 +1,7 @@
 """simcloud.openapi: field knowledge of the served kinds, and the OpenAPI v3 documents kubectl reads."""
 import json
 
-from simcloud.openapi import drop_unknown_fields, v3_document, v3_root
+from simcloud.openapi import FIELDS_FILE, drop_unknown_fields, dump_fields, generate_fields, v3_document, v3_root
 from simcloud.store import RESOURCES
 
 
@@ -40,3 +40,8 @@ def test_v3_documents_offer_field_validation_on_each_kinds_patch():
         in patch["parameters"]
     assert "/api/v1/nodes/{name}" in json.loads(v3_document("api/v1"))["paths"]
     assert v3_document("apis/apps/v1") is None
+
+
+def test_the_shipped_field_table_matches_the_installed_kubernetes_client():
+    # regenerate with `python -m simcloud.openapi` after upgrading the `kubernetes` pin
+    assert FIELDS_FILE.read_text() == dump_fields(generate_fields())
