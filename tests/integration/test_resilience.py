@@ -17,7 +17,7 @@ from .conftest import T4, T4X2, SimCloud, expose_connections, small_fleet, wait_
 from .test_operators import JOB, context, place, run_deferred
 
 ZONE = "cn-hangzhou-h"
-FAST_BOOT = {**JOB, "boot_timeout_seconds": 6, "settle_seconds": 1}   # a boot takes ~3s here
+FAST_BOOT = {**JOB, "boot_timeout_seconds": 10, "settle_seconds": 1}  # a boot takes ~3s here; slack for a loaded CI
 
 
 def ledger() -> ReservationLedger:
@@ -182,7 +182,7 @@ def test_a_node_not_ready_in_time_is_stopped_again_and_the_job_moves(cloud, capf
     assert held("job") == ["gpu2-stop"]
     wait_until(lambda: status(cloud, "gpu-stop") == "Stopped", timeout=10)
     (mark,) = ledger().live_unavailable()
-    assert mark.node == "gpu-stop" and "not GPU-ready within 6s" in mark.reason
+    assert mark.node == "gpu-stop" and "not GPU-ready within 10s" in mark.reason
     text = logged(capfd)
     assert "gpu-stop not GPU-ready before the boot timeout" in text
     assert "stopped again (StopCharging): this job started it and no other job claims it" in text
