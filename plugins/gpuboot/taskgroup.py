@@ -13,6 +13,7 @@ not boot in time (see gpuboot.boot), so each step takes the plan from the step b
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import timedelta
 
 from airflow.sdk import TaskGroup
 
@@ -24,10 +25,17 @@ from gpuboot.sensors import GpuReadySensor
 def gpu_job_group(job: Mapping | None = None, *, group_id: str = "gpu_job",
                   kubernetes_conn_id: str = "kubernetes_default", ecs_conn_id: str = "alibaba_ecs_default",
                   ledger_namespace: str = "default", deferrable: bool = True,
-                  busy_poll_seconds: float = 30.0, poke_interval: float = 2.0) -> TaskGroup:
+                  busy_poll_seconds: float = 30.0, poke_interval: float = 2.0,
+                  retries: int = 2, retry_delay: timedelta = timedelta(seconds=30)) -> TaskGroup:
     """Build the group in the current DAG. `job` is a job spec mapping (see gpuboot.jobspec);
-    None takes it from the DAG run's params (the `gpu_job` DAG's form)."""
-    with TaskGroup(group_id=group_id) as group:
+    None takes it from the DAG run's params (the `gpu_job` DAG's form).
+
+    Every step is retried (`retries`, exponential backoff from `retry_delay`): a worker that
+    dies mid-step is finished by the retry without a second start or a second pod (the steps
+    are idempotent, see gpuboot.boot). Failures that no retry can fix (a job that never fits,
+    bad input, no capacity left) raise AirflowFailException and are not retried."""
+    retry_args = {"retries": retries, "retry_delay": retry_delay, "retry_exponential_backoff": True}
+    with TaskGroup(group_id=group_id, default_args=retry_args) as group:
         place = PlaceGpuJobOperator(task_id="place", job=job, kubernetes_conn_id=kubernetes_conn_id,
                                     ecs_conn_id=ecs_conn_id, ledger_namespace=ledger_namespace,
                                     busy_poll_seconds=busy_poll_seconds)
