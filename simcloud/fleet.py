@@ -75,14 +75,9 @@ class FleetError(ValueError):
 
 
 @dataclass
-class TypeSpec:
-    instance_type_id: str
-    cpu: int
-    memory_gib: float
-    gpu: int = 0
-    gpu_spec: str = ""
-    family: str = ""
-    price_per_hour: float | None = None
+class TypeSpec(InstanceType):
+    """An ECS instance type as the fleet file gives it: what ECS reports, plus the GPU memory ACK labels."""
+
     gpu_memory_mib: int | None = None
 
     @property
@@ -213,14 +208,9 @@ def _parse_type(tid: str, spec: dict) -> TypeSpec:
     return TypeSpec(
         instance_type_id=tid, cpu=cpu, memory_gib=float(mem), gpu=gpu,
         gpu_spec=str(spec.get("gpu_spec", "")),
-        family=str(spec.get("family") or _family(tid)),
+        family=str(spec.get("family") or ""),   # "" = derived from the type id, as ECS names families
         price_per_hour=spec.get("price_per_hour"), gpu_memory_mib=spec.get("gpu_memory_mib"),
     )
-
-
-def _family(tid: str) -> str:
-    """ecs.gn6i-c4g1.xlarge -> ecs.gn6i; ecs.g7.xlarge -> ecs.g7."""
-    return tid.split("-", 1)[0] if "-" in tid else tid.rsplit(".", 1)[0]
 
 
 def _parse_nodes(specs, types: dict[str, TypeSpec], region: str) -> list[NodeSpec]:
@@ -378,15 +368,10 @@ def node_object(node: NodeSpec, region: str, boot_id: str) -> dict:
     }
 
 
-def ecs_instance_type(t: TypeSpec) -> InstanceType:
-    return InstanceType(instance_type_id=t.instance_type_id, cpu=t.cpu, memory_gib=t.memory_gib, gpu=t.gpu,
-                        gpu_spec=t.gpu_spec, family=t.family, price_per_hour=t.price_per_hour)
-
-
-def ecs_instance(node: NodeSpec, region: str, itype: InstanceType) -> Instance:
+def ecs_instance(node: NodeSpec, region: str) -> Instance:
     """The ECS instance behind a fleet node (HostName and InstanceName = the node name)."""
     return Instance(
-        instance_id=node.instance_id, instance_name=node.name, hostname=node.name, instance_type=itype,
+        instance_id=node.instance_id, instance_name=node.name, hostname=node.name, instance_type=node.instance_type,
         zone_id=node.zone, region_id=region, status=node.status, stopped_mode=node.stopped_mode,
         tags=dict(node.tags), private_ip=node.private_ip,
     )

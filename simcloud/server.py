@@ -35,7 +35,7 @@ from simcloud.admin import ADMIN_PREFIX, admin_routes
 from simcloud.containers import ContainerRunner, rfc3339
 from simcloud.ecs_api import make_ecs_app
 from simcloud.ecs_model import EcsCloud
-from simcloud.fleet import (BENCH_NAMESPACE, Fleet, ecs_instance, ecs_instance_type, new_boot_id, node_object,
+from simcloud.fleet import (BENCH_NAMESPACE, Fleet, ecs_instance, new_boot_id, node_object,
                             placeholder_pod)
 from simcloud.k8s_api import make_k8s_app
 from simcloud.kubelet import Kubelets
@@ -68,14 +68,13 @@ class Cloud:
 
     def _populate(self) -> None:
         fleet = self.fleet
-        types = {tid: ecs_instance_type(t) for tid, t in fleet.instance_types.items()}
-        for t in types.values():
+        for t in fleet.instance_types.values():   # a fleet TypeSpec is an ECS InstanceType
             self.cloud.add_instance_type(t)
         now = rfc3339()
         if fleet.pods_per_node:
             self.store.create("namespaces", {"metadata": {"name": BENCH_NAMESPACE}})
         for spec in fleet.nodes:
-            self.cloud.add_instance(ecs_instance(spec, fleet.region, types[spec.instance_type.instance_type_id]))
+            self.cloud.add_instance(ecs_instance(spec, fleet.region))
             running = spec.status == "Running"
             self.kubelets.register(spec, node_object(spec, fleet.region, new_boot_id(self.rng)), running)
             if running:
