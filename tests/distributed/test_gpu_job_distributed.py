@@ -22,6 +22,7 @@ from gpuboot.ledger import CONFIGMAP, DATA_KEY
 from simcloud.testing import SimCloud, small_fleet, wait_until
 from tests.distributed.processes import Processes
 from tests.distributed.stack import REPO, start_airflow, start_postgres, start_redis
+from tests.jobs import two_gpu_training_job
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(1500)]
 
@@ -36,24 +37,7 @@ NODES = [
 TWO_GPU_NODE = "t4x2-stopped"
 # A boot of a few seconds (not the unit tests' one second), so the sensor visibly defers.
 TIMINGS = {"boot_seconds": 3, "stale_seconds": 1, "device_plugin_seconds": 1}
-TRAIN = (
-    "import time\n"
-    "for epoch in range(1, 4):\n"
-    "    print(f'dist-epoch {epoch}/3', flush=True)\n"
-    "    time.sleep(0.2)\n"
-    "print('dist-training-done', flush=True)\n"
-)
-JOB = {
-    "name": "dist-train",
-    "image": "python:3.11-slim",
-    "command": ["python", "-c", TRAIN],
-    "gpus": 2,
-    "cpu": "2",
-    "memory": "8Gi",
-    "settle_seconds": 1,
-    "boot_timeout_seconds": 120,
-    "queue_timeout_seconds": 60,
-}
+JOB = two_gpu_training_job("dist")
 STEPS = ("place", "start", "wait_gpu_ready", "launch", "release")
 
 

@@ -9,25 +9,9 @@ import pytest
 
 from gpuboot.ledger import CONFIGMAP, DATA_KEY
 from tests.e2e.conftest import REPO, task_log
+from tests.jobs import two_gpu_training_job
 
-TRAIN = (
-    "import time\n"
-    "for epoch in range(1, 4):\n"
-    "    print(f'e2e-epoch {epoch}/3', flush=True)\n"
-    "    time.sleep(0.2)\n"
-    "print('e2e-training-done', flush=True)\n"
-)
-JOB = {
-    "name": "e2e-train",
-    "image": "python:3.11-slim",
-    "command": ["python", "-c", TRAIN],
-    "gpus": 2,
-    "cpu": "2",
-    "memory": "8Gi",
-    "settle_seconds": 1,
-    "boot_timeout_seconds": 120,
-    "queue_timeout_seconds": 60,
-}
+JOB = two_gpu_training_job("e2e")
 TWO_GPU_NODE = "t4x2-stopped"
 
 
