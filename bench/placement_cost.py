@@ -1,7 +1,7 @@
 """Placement cost: reading the cluster (API) vs building the inventory and placing (pure), 1k and 10k nodes.
 
 The fleet runs in simcloud with 10 placeholder pods per running node; the API
-part is what `gpuboot.operators.read_inventory` does (list Nodes and active Pods
+part is what `gpuboot.booking.survey` does (list Nodes and active Pods
 through the provider's hook, DescribeInstances in batches of 100, instance types),
 the pure part is `build_inventory` and `place` on those very objects.
 """
