@@ -44,7 +44,16 @@ DEFAULT_UNAVAILABLE_TTL_SECONDS = 600
 
 class CapacityUnavailable(AirflowFailException):
     """No capacity left for the job: every offering tried was out of stock (or failed to boot),
-    and nothing else fits now. The message names each one and why."""
+    and nothing else can ever hold it. The message names each one and why."""
+
+
+class CapacityBusy(AirflowException):
+    """The job was moved off capacity that failed, and what is left is busy right now: the
+    caller waits and re-places (`JobBoot.rebook`) like the place step does, holding nothing."""
+
+    def __init__(self, message: str, tried: Sequence[str]) -> None:
+        super().__init__(message)
+        self.tried = list(tried)
 
 
 @dataclass
@@ -158,6 +167,13 @@ class JobBoot:
                           node, iid, assigned[0].state.value, since, boot_ids.get(node), baseline.gpus_needed)
         return boots
 
+    def rebook(self) -> Plan | None:
+        """After CapacityBusy: place the job again; its plan when it fits, None while busy."""
+        plan = self.booker.book(self.spec, self.job_id).plan
+        if plan.outcome == Outcome.NEVER:
+            raise CapacityUnavailable(f"job {self.job_id} can no longer run in this fleet: {plan.message}")
+        return plan if plan.outcome == Outcome.FITS else None
+
     # -- boot timeout -------------------------------------------------------------------
     def fail_over(self, plan: Plan, bad: Mapping[str, str], tried: Sequence[str] = ()) -> BringUp:
         """Nodes in `bad` (node -> why) did not become GPU-ready: mark them, re-place the job in
@@ -188,6 +204,9 @@ class JobBoot:
                      else "no job spec given to re-place it with; pass job=...")
             raise CapacityUnavailable(f"job {self.job_id}: gave up after {len(tried)} failure(s) ({limit}); "
                                       f"tried: {'; '.join(tried)}")
+        if booking.plan.outcome == Outcome.BUSY:
+            raise CapacityBusy(f"job {self.job_id}: moved off {'; '.join(tried)}; the rest of the fleet is busy "
+                               f"now: {booking.plan.message}", tried)
         if booking.plan.outcome != Outcome.FITS:
             raise CapacityUnavailable(f"job {self.job_id}: nothing left to try; tried: {'; '.join(tried)}; "
                                       f"now: {booking.plan.message}")

@@ -16,7 +16,7 @@ from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperato
 from airflow.sdk import BaseOperator, TriggerRule
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from gpuboot.boot import DEFAULT_UNAVAILABLE_TTL_SECONDS, CapacityUnavailable, JobBoot  # noqa: F401 (re-export)
+from gpuboot.boot import DEFAULT_UNAVAILABLE_TTL_SECONDS, CapacityBusy, CapacityUnavailable, JobBoot  # noqa: F401 (re-export)
 from gpuboot.booking import LAUNCH_MARGIN_SECONDS, Booker, LedgerContended  # noqa: F401 (re-export)
 from gpuboot.ecs import EcsHook
 from gpuboot.jobspec import JobSpec, JobSpecError, params_schema
@@ -135,7 +135,9 @@ class StartGpuNodesOperator(_GpuJobMixin, BaseOperator):
     Capacity fallback (gpuboot.boot): an instance ECS cannot start for lack of stock marks
     its type in its zone unavailable for `unavailable_ttl_seconds` (shared by every run,
     in the ledger), and the job is re-placed and its new nodes started within this try, up
-    to `max_capacity_attempts` failures; then the task fails naming each offering tried.
+    to `max_capacity_attempts` failures; then the task fails naming each offering tried. When
+    the job fits the fleet but the rest of it is busy right now, the task waits (deferred,
+    holding nothing) and re-places every `busy_poll_seconds` until the job's queue timeout.
     Re-placing needs the job (`job`, the place step's XCom "job"); without it a capacity
     error fails the task. The plan the job ends up on is pushed as XCom "plan" (with
     "boots" and "started"); the sensor and the launch take it from there.
@@ -148,23 +150,55 @@ class StartGpuNodesOperator(_GpuJobMixin, BaseOperator):
                  kubernetes_conn_id: str = "kubernetes_default", ecs_conn_id: str = "alibaba_ecs_default",
                  ledger_namespace: str = "default", stopping_timeout_seconds: float = 600,
                  max_capacity_attempts: int = 3, unavailable_ttl_seconds: float = DEFAULT_UNAVAILABLE_TTL_SECONDS,
-                 **kwargs) -> None:
+                 busy_poll_seconds: float = 30.0, **kwargs) -> None:
         super().__init__(**kwargs)
         self.plan, self.job = plan, job
         self.kubernetes_conn_id, self.ecs_conn_id = kubernetes_conn_id, ecs_conn_id
         self.ledger_namespace = ledger_namespace
         self.stopping_timeout_seconds = stopping_timeout_seconds
         self.max_capacity_attempts, self.unavailable_ttl_seconds = max_capacity_attempts, unavailable_ttl_seconds
+        self.busy_poll_seconds = busy_poll_seconds
 
     def execute(self, context):
         plan = Plan.from_json(self.plan)
-        boot = job_boot(self, plan, max_attempts=self.max_capacity_attempts,
+        boot = self._boot(plan)
+        return self._bring_up(context, boot, boot.current_plan(plan), tried=[], deadline=None)
+
+    def resume(self, context, event: Mapping):
+        """Back from waiting for busy capacity after a fallback: place again, or wait more."""
+        echo = event["echo"]
+        boot = self._boot(Plan.from_json(self.plan))
+        plan = boot.rebook()
+        if plan is None:
+            return self._wait(boot, echo["tried"], float(echo["deadline"]), "capacity still busy")
+        self.log.info("re-placed job %s after waiting for capacity:\n%s", plan.job_id, plan.table())
+        return self._bring_up(context, boot, plan, echo["tried"], float(echo["deadline"]))
+
+    def _boot(self, plan: Plan) -> JobBoot:
+        return job_boot(self, plan, max_attempts=self.max_capacity_attempts,
                         stopping_timeout_seconds=self.stopping_timeout_seconds)
-        result = boot.bring_up(boot.current_plan(plan))
+
+    def _bring_up(self, context, boot: JobBoot, plan: Plan, tried: list[str], deadline: float | None):
+        try:
+            result = boot.bring_up(plan, tried)
+        except CapacityBusy as busy:
+            # Moved off failed capacity onto nothing: wait like the place step, holding no reservation.
+            deadline = deadline or time.time() + boot.spec.queue_timeout_seconds
+            return self._wait(boot, busy.tried, deadline, str(busy))
         out = {"boots": result.boots, "started": result.started, "plan": result.plan.to_json()}
         for key, value in out.items():
             push(context, key, value)
         return out
+
+    def _wait(self, boot: JobBoot, tried: list[str], deadline: float, why: str):
+        now = time.time()
+        if now >= deadline:
+            raise CapacityUnavailable(f"job {boot.job_id}: still no capacity after "
+                                      f"queue_timeout_seconds={boot.spec.queue_timeout_seconds}; tried: "
+                                      f"{'; '.join(tried)}")
+        wake = min(deadline, now + self.busy_poll_seconds)
+        self.log.info("%s; re-placing in %.0fs, giving up in %.0fs", why, wake - now, deadline - now)
+        self.defer(trigger=WakeUpTrigger(wake, {"deadline": deadline, "tried": tried}), method_name="resume")
 
 
 def job_boot(task, plan: Plan, **kwargs) -> JobBoot:

@@ -90,18 +90,51 @@ def test_the_capacity_mark_is_shared_by_later_placements_until_it_expires(cloud)
     assert [a["node"] for a in later["assignments"]] == ["gpu2-stop"]
 
 
-def test_when_no_offering_has_stock_start_fails_naming_each_one_and_holds_nothing(cloud):
+def test_when_no_offering_has_stock_start_waits_then_fails_naming_each_one_and_holds_nothing(cloud):
+    """Stock may come back (the marks expire), so the job waits up to its queue timeout."""
     hog_running_node()
-    plan, pushed = place(JOB, job_id="job")
+    plan, pushed = place({**JOB, "queue_timeout_seconds": 1}, job_id="job")
     cloud.set_faults(no_stock=[T4, T4X2])
+    ctx = context("start")
+    operator = StartGpuNodesOperator(task_id="start", plan=plan, job=pushed["job"], busy_poll_seconds=0.5)
+    with pytest.raises(TaskDeferred) as deferred:
+        operator.execute(ctx)
+    assert held("job") == []
+    event = run_deferred(deferred.value)
     with pytest.raises(CapacityUnavailable) as err:
-        start(plan, pushed["job"])
+        while True:
+            try:
+                operator.resume(ctx, event)
+            except TaskDeferred as again:
+                event = run_deferred(again)
     text = str(err.value)
+    assert "queue_timeout_seconds=1" in text
     assert f"offering {T4} in {ZONE}: OperationDenied.NoStock" in text
     assert f"offering {T4X2} in {ZONE}: OperationDenied.NoStock" in text
     assert held("job") == [] and held("hog") == ["gpu-run"]
     assert {(m.instance_type, m.zone) for m in ledger().live_unavailable()} == {(T4, ZONE), (T4X2, ZONE)}
     assert status(cloud, "gpu-stop") == status(cloud, "gpu2-stop") == "Stopped"
+
+
+def test_out_of_stock_with_the_rest_busy_waits_holding_nothing_then_runs_when_capacity_frees(cloud):
+    hog_running_node()
+    plan, pushed = place(JOB, job_id="job")
+    place({**JOB, "name": "big", "gpus": 2}, job_id="big")       # holds the 2-GPU node
+    cloud.set_faults(no_stock=[T4])
+    ctx = context("start")
+    operator = StartGpuNodesOperator(task_id="start", plan=plan, job=pushed["job"], busy_poll_seconds=0.5)
+    with pytest.raises(TaskDeferred) as deferred:
+        operator.execute(ctx)
+    assert held("job") == [] and held("big") == ["gpu2-stop"]   # waits without promising anything
+    assert status(cloud, "gpu-stop") == "Stopped"
+
+    with pytest.raises(TaskDeferred) as again:                   # still busy: waits again
+        operator.resume(ctx, run_deferred(deferred.value))
+    ledger().release("big")                                      # the 2-GPU node frees up
+    out = operator.resume(ctx, run_deferred(again.value))
+    assert [a["node"] for a in out["plan"]["assignments"]] == ["gpu2-stop"]
+    assert out["started"] == [cloud.instance_id("gpu2-stop")] and held("job") == ["gpu2-stop"]
+    assert ctx["ti"].pushed["plan"] == out["plan"]
 
 
 def test_capacity_attempts_are_bounded(cloud):
