@@ -116,7 +116,7 @@ def test_stop_makes_node_not_ready_tainted_and_fails_its_pod(simcloud_factory):
         "metadata": {"name": "long"},
         "spec": {"nodeName": "gpu-1", "restartPolicy": "Never", "containers": [{
             "name": "main", "image": "python:3.11",
-            "command": ["python", "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(60)"]}]}})
+            "command": ["python", "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(60)"]}]}})  # sleep-ok: the pod's own workload, not a wait
     wait_until(lambda: v1.read_namespaced_pod("long", "default").status.phase == "Running", timeout=10)
     pid = int(wait_until(lambda: pod_log(v1, "long").strip(), timeout=10))
 

@@ -68,7 +68,7 @@ def test_follow_streams_lines_as_they_come_and_ends_at_exit(tmp_path):
     async def main():
         runner = ContainerRunner(tmp_path)
         c = {"name": "c", "command": ["python", "-c",
-                                      "import time\nfor i in range(3):\n print('step', i); time.sleep(0.2)"]}
+                                      "import time\nfor i in range(3):\n print('step', i); time.sleep(0.2)"]}  # sleep-ok: the pod's own workload, not a wait
         p = pod(c)
         await runner.start(p, c)
         arrivals = []

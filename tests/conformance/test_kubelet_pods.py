@@ -158,7 +158,7 @@ def test_deleting_a_running_pod_kills_its_process_then_removes_it(cloud, grace):
     v1 = cloud.core_v1()
     name = f"sleeper-{grace}"
     v1.create_namespaced_pod("default", make_pod(
-        name, ["python", "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(60)"],
+        name, ["python", "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(60)"],  # sleep-ok: the pod's own workload, not a wait
         node="cpu-1", restart="Always"))
     wait_until(lambda: phase_of(v1, name, "Running"), timeout=10)
     pid = int(wait_until(lambda: pod_log(v1, name).strip(), timeout=10))

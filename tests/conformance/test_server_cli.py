@@ -63,7 +63,7 @@ def test_sigterm_stops_cleanly_killing_container_processes_and_closing_ports(tmp
         v1.create_namespaced_pod("default", {"metadata": {"name": "long"}, "spec": {
             "nodeName": "cpu-1", "restartPolicy": "Never", "containers": [{
                 "name": "main", "image": "python:3.11",
-                "command": ["sh", "-c", "python -c 'import time; time.sleep(60)' & echo $!; wait"]}]}})
+                "command": ["sh", "-c", "python -c 'import time; time.sleep(60)' & echo $!; wait"]}]}})  # sleep-ok: the pod's own workload, not a wait
         wait_until(lambda: v1.read_namespaced_pod("long", "default").status.phase == "Running", timeout=10)
         child = int(wait_until(lambda: pod_log(v1, "long").strip(), timeout=10))
         ports = [cloud.info["k8s_port"], cloud.info["ecs_port"]]

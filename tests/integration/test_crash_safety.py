@@ -19,7 +19,7 @@ from .test_operators import JOB, context, place
 from .test_resilience import held, ledger, starts_of, status
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = ("import time\nprint('crash-test begin', flush=True)\ntime.sleep(4)\n"
+SCRIPT = ("import time\nprint('crash-test begin', flush=True)\ntime.sleep(4)\n"  # sleep-ok: the pod's own workload, not a wait
           "print('crash-test done', flush=True)\n")
 CRASH_JOB = {**JOB, "gpus": 2, "command": ["python", "-c", SCRIPT], "boot_timeout_seconds": 30}
 
