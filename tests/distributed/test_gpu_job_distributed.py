@@ -17,12 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuboot.inventory import Reservation
-from gpuboot.ledger import CONFIGMAP, DATA_KEY
 from simcloud.testing import SimCloud, small_fleet, wait_until
 from tests.distributed.processes import Processes
 from tests.distributed.stack import REPO, start_airflow, start_postgres, start_redis
-from tests.jobs import two_gpu_training_job
+from tests.shared import live_reservations, two_gpu_training_job
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(1500)]
 
@@ -120,19 +118,6 @@ def secrets_of(cloud) -> dict[str, str]:
 def files_mentioning(folders: list[Path], secret: str) -> list[str]:
     return [str(f) for folder in folders for f in folder.rglob("*")
             if f.is_file() and secret in f.read_text(errors="replace")]
-
-
-def live_reservations(cloud) -> list[Reservation]:
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        cm = cloud.core_v1().read_namespaced_config_map(CONFIGMAP, "default")
-    except ApiException as e:
-        if e.status == 404:
-            return []
-        raise
-    entries = [Reservation.from_json(d) for d in json.loads((cm.data or {}).get(DATA_KEY) or "[]")]
-    return [r for r in entries if r.expires_at > time.time()]
 
 
 def task_log(api, run_id: str, step: str) -> str:

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import time
-
 import pytest
 
-from gpuboot.ledger import CONFIGMAP, DATA_KEY
 from tests.e2e.conftest import REPO, task_log
-from tests.jobs import two_gpu_training_job
+from tests.shared import live_reservations, two_gpu_training_job
 
 JOB = two_gpu_training_job("e2e")
 TWO_GPU_NODE = "t4x2-stopped"
@@ -47,19 +43,6 @@ def admission_failures(cloud) -> list[str]:
         if "AdmissionError" in (e.reason or "") or "devices unavailable" in (e.message or "")
     ]
     return bad
-
-
-def live_reservations(cloud) -> list[dict]:
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        cm = cloud.core_v1().read_namespaced_config_map(CONFIGMAP, "default")
-    except ApiException as e:
-        if e.status == 404:
-            return []
-        raise
-    entries = json.loads((cm.data or {}).get(DATA_KEY) or "[]")
-    return [e for e in entries if e["expires_at"] > time.time()]
 
 
 def node_boot_id(cloud, name: str) -> str:

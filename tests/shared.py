@@ -1,0 +1,35 @@
+"""Shared by the end-to-end and distributed tests: the job they trigger and how they read
+the reservation ledger afterwards."""
+from __future__ import annotations
+
+import json
+import time
+
+from gpuboot.inventory import Reservation
+from gpuboot.ledger import CONFIGMAP, DATA_KEY
+
+
+def two_gpu_training_job(tag: str) -> dict:
+    """A 2-GPU job whose lines, prefixed with `tag`, prove the pod's log reached the launch task's log."""
+    train = ("import time\n"
+             "for epoch in range(1, 4):\n"
+             f"    print(f'{tag}-epoch {{epoch}}/3', flush=True)\n"
+             "    time.sleep(0.2)\n"  # sleep-ok: the pod's own workload, not a wait
+             f"print('{tag}-training-done', flush=True)\n")
+    return {"name": f"{tag}-train", "image": "python:3.11-slim", "command": ["python", "-c", train],
+            "gpus": 2, "cpu": "2", "memory": "8Gi", "settle_seconds": 1,
+            "boot_timeout_seconds": 120, "queue_timeout_seconds": 60}
+
+
+def live_reservations(cloud) -> list[Reservation]:
+    """The unexpired reservations in the cloud's ledger ConfigMap (none when it does not exist)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        cm = cloud.core_v1().read_namespaced_config_map(CONFIGMAP, "default")
+    except ApiException as e:
+        if e.status == 404:
+            return []
+        raise
+    entries = [Reservation.from_json(d) for d in json.loads((cm.data or {}).get(DATA_KEY) or "[]")]
+    return [r for r in entries if r.expires_at > time.time()]
