@@ -24,7 +24,7 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException
 
-from gpuboot.boot import DEFAULT_UNAVAILABLE_TTL_SECONDS, BringUp, CapacityUnavailable, JobBoot
+from gpuboot.boot import DEFAULT_UNAVAILABLE_TTL_SECONDS, BringUp, CapacityBusy, CapacityUnavailable, JobBoot
 from gpuboot.ecs import EcsHook
 from gpuboot.jobspec import JobSpec
 from gpuboot.kube import KubeClient
@@ -139,7 +139,7 @@ class GpuReadySensor(BaseSensorOperator):
         _, timeout = self._timing()
         try:
             result = boot.fail_over(plan, {node: f"not GPU-ready within {timeout:g}s ({reason})"}, state["tried"])
-        except CapacityUnavailable as exc:
+        except (CapacityUnavailable, CapacityBusy) as exc:   # nothing to move to now: the run fails, holding nothing
             raise AirflowFailException(f"{what}. {exc}") from None
         context["ti"].xcom_push(key="plan", value=result.plan.to_json())
         return result
