@@ -81,12 +81,16 @@ class KubeClient:
         """Replace guarded by body.metadata.resourceVersion (compare-and-swap)."""
         return self._write(self.core.replace_namespaced_config_map, body["metadata"]["name"], namespace, body)
 
+    def merge_patch_node(self, name: str, body: dict) -> dict:
+        """JSON merge patch of a Node (None removes a key); guarded when body.metadata.resourceVersion is set."""
+        return self._write(self.core.patch_node, name, body, _content_type="application/merge-patch+json")
+
     @staticmethod
-    def _write(method, *args) -> dict:
+    def _write(method, *args, **kwargs) -> dict:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return _raw(method(*args, _preload_content=False))
+            return _raw(method(*args, _preload_content=False, **kwargs))
         except ApiException as exc:
             if exc.status == 409:
                 raise Conflict(f"{exc.status} {exc.reason}") from None

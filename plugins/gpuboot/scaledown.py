@@ -51,12 +51,11 @@ from enum import Enum
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
-from kubernetes.client.exceptions import ApiException
 
 from gpuboot.ecs import EcsHook
 from gpuboot.inventory import (LABEL_HOSTNAME, Reservation, build_inventory, parse_provider_id,
                                parse_time)
-from gpuboot.kube import KubeClient
+from gpuboot.kube import Conflict, KubeClient
 from gpuboot.ledger import LedgerConflict, ReservationLedger
 from gpuboot.resources import Resources
 
@@ -415,10 +414,7 @@ class IdleScaleDownOperator(BaseOperator):
         raise AirflowException(f"ledger stayed contended for {self.fence_attempts} attempts; nothing stopped")
 
 
-# --- node writes (kube.py has no node patch yet) ---------------------------------------------
-
-MERGE_PATCH = "application/merge-patch+json"
-
+# --- node writes ------------------------------------------------------------------------------
 
 def patch_node(kube, name: str, *, annotations: Mapping[str, str | None] | None = None,
                uncordon: bool = False, cordon: bool = False, resource_version: str | None = None) -> None:
@@ -433,7 +429,7 @@ def patch_node(kube, name: str, *, annotations: Mapping[str, str | None] | None 
         body["spec"] = {"unschedulable": True}
     if resource_version:
         body["metadata"]["resourceVersion"] = resource_version
-    kube.core.patch_node(name, body, _content_type=MERGE_PATCH, _preload_content=False)
+    kube.merge_patch_node(name, body)
 
 
 def cordon(kube, name: str, log, attempts: int = 5) -> bool:
@@ -447,8 +443,7 @@ def cordon(kube, name: str, log, attempts: int = 5) -> bool:
         try:
             patch_node(kube, name, cordon=True, resource_version=node["metadata"]["resourceVersion"])
             return True
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
+        except Conflict:
+            pass
     log.info("%s: node kept changing while cordoning; trying again next run", name)
     return False
