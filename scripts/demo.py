@@ -33,7 +33,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "plugins"), str(REPO)]
 
-from simcloud.testing import SimCloud  # noqa: E402  (needs the repo on sys.path)
+from simcloud.testing import SimCloud, wait_until as testing_wait_until  # noqa: E402  (needs the repo on sys.path)
 
 DAG_ID = "gpu_job"
 ADMIN_USER = "admin"
@@ -67,15 +67,11 @@ def say(message: str) -> None:
 
 
 def wait_until(what: str, predicate: Callable[[], Any], timeout: float, interval: float = 1.0) -> Any:
-    """Poll until predicate returns something truthy, or fail naming what we waited for."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise DemoError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
+    """simcloud.testing.wait_until, failing with a DemoError that names what we waited for."""
+    try:
+        return testing_wait_until(predicate, timeout, interval)
+    except TimeoutError:
+        raise DemoError(f"timed out after {timeout:.0f}s waiting for {what}") from None
 
 
 def free_port() -> int:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
 import pytest
 from aiohttp import web
 
+from simcloud.testing import wait_until  # noqa: F401  (re-exported for the ECS tests)
 from simcloud.config import Faults, Timings
 from simcloud.ecs_api import make_ecs_app
 from simcloud.ecs_model import EcsCloud, Instance, InstanceType
@@ -30,18 +30,6 @@ ACCESS_KEY_SECRET = "simcloud-test-secret"
 GPU_TYPE = InstanceType("ecs.gn6i-c4g1.xlarge", cpu=4, memory_gib=15.0, gpu=1, gpu_spec="NVIDIA T4")
 BIG_GPU_TYPE = InstanceType("ecs.gn7i-c32g1.8xlarge", cpu=32, memory_gib=188.0, gpu=1, gpu_spec="NVIDIA A10")
 CPU_TYPE = InstanceType("ecs.g7.xlarge", cpu=4, memory_gib=16.0)
-
-
-def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02) -> T:
-    """Poll `predicate` until it returns something truthy; fail with a clear message at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s: {predicate}")
-        time.sleep(interval)
 
 
 @dataclass
