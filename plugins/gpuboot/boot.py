@@ -100,11 +100,11 @@ class JobBoot:
             return plan
         self.log.info("the ledger holds %s for job %s, not the plan's %s: placing it again",
                       sorted(held) or "nothing", self.job_id, [(a.task, a.node) for a in plan.assignments])
-        booking = self.booker.book(self.spec, self.job_id, release_unplaced=True)
-        if booking.plan.outcome != Outcome.FITS:
-            raise CapacityUnavailable(f"job {self.job_id} lost its reservations and does not fit now: "
-                                      f"{booking.plan.message}")
-        return booking.plan
+        placed = self.rebook()
+        if placed.outcome == Outcome.BUSY:
+            raise CapacityBusy(f"job {self.job_id} lost its reservations and the fleet is busy now: "
+                               f"{placed.message}", [])
+        return placed
 
     # -- start --------------------------------------------------------------------------
     def bring_up(self, plan: Plan, tried: Sequence[str] = ()) -> BringUp:
@@ -167,12 +167,12 @@ class JobBoot:
                           node, iid, assigned[0].state.value, since, boot_ids.get(node), baseline.gpus_needed)
         return boots
 
-    def rebook(self) -> Plan | None:
-        """After CapacityBusy: place the job again; its plan when it fits, None while busy."""
-        plan = self.booker.book(self.spec, self.job_id).plan
+    def rebook(self) -> Plan:
+        """Place the job again, replacing whatever it held: FITS (reserved) or BUSY (holding nothing)."""
+        plan = self.booker.book(self.spec, self.job_id, release_unplaced=True).plan
         if plan.outcome == Outcome.NEVER:
             raise CapacityUnavailable(f"job {self.job_id} can no longer run in this fleet: {plan.message}")
-        return plan if plan.outcome == Outcome.FITS else None
+        return plan
 
     # -- boot timeout -------------------------------------------------------------------
     def fail_over(self, plan: Plan, bad: Mapping[str, str], tried: Sequence[str] = ()) -> BringUp:

@@ -162,27 +162,28 @@ class StartGpuNodesOperator(_GpuJobMixin, BaseOperator):
     def execute(self, context):
         plan = Plan.from_json(self.plan)
         boot = self._boot(plan)
-        return self._bring_up(context, boot, boot.current_plan(plan), tried=[], deadline=None)
+        return self._bring_up(context, boot, lambda: boot.bring_up(boot.current_plan(plan)), deadline=None)
 
     def resume(self, context, event: Mapping):
-        """Back from waiting for busy capacity after a fallback: place again, or wait more."""
+        """Back from waiting for busy capacity: place again, or wait more."""
         echo = event["echo"]
         boot = self._boot(Plan.from_json(self.plan))
         plan = boot.rebook()
-        if plan is None:
-            return self._wait(boot, echo["tried"], float(echo["deadline"]), "capacity still busy")
+        if plan.outcome == Outcome.BUSY:
+            return self._wait(boot, echo["tried"], float(echo["deadline"]), f"capacity still busy: {plan.message}")
         self.log.info("re-placed job %s after waiting for capacity:\n%s", plan.job_id, plan.table())
-        return self._bring_up(context, boot, plan, echo["tried"], float(echo["deadline"]))
+        return self._bring_up(context, boot, lambda: boot.bring_up(plan, echo["tried"]), float(echo["deadline"]))
 
     def _boot(self, plan: Plan) -> JobBoot:
         return job_boot(self, plan, max_attempts=self.max_capacity_attempts,
                         stopping_timeout_seconds=self.stopping_timeout_seconds)
 
-    def _bring_up(self, context, boot: JobBoot, plan: Plan, tried: list[str], deadline: float | None):
+    def _bring_up(self, context, boot: JobBoot, attempt, deadline: float | None):
+        """Run `attempt` (a JobBoot.bring_up); when it finds the fleet busy, wait like the place step,
+        holding no reservation, until the job's queue timeout."""
         try:
-            result = boot.bring_up(plan, tried)
+            result = attempt()
         except CapacityBusy as busy:
-            # Moved off failed capacity onto nothing: wait like the place step, holding no reservation.
             deadline = deadline or time.time() + boot.spec.queue_timeout_seconds
             return self._wait(boot, busy.tried, deadline, str(busy))
         out = {"boots": result.boots, "started": result.started, "plan": result.plan.to_json()}

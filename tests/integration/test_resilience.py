@@ -137,6 +137,19 @@ def test_out_of_stock_with_the_rest_busy_waits_holding_nothing_then_runs_when_ca
     assert ctx["ti"].pushed["plan"] == out["plan"]
 
 
+def test_a_start_retry_whose_reservation_is_gone_waits_while_the_fleet_is_busy(cloud):
+    """An earlier try's reservation expired and its node went to another job: the retry waits."""
+    hog_running_node()
+    plan, pushed = place(JOB, job_id="job")
+    place({**JOB, "name": "big", "gpus": 2}, job_id="big")       # holds the 2-GPU node
+    ledger().release("job")
+    place({**JOB, "name": "other"}, job_id="other")               # takes the job's 1-GPU node
+    operator = StartGpuNodesOperator(task_id="start", plan=plan, job=pushed["job"], busy_poll_seconds=0.5)
+    with pytest.raises(TaskDeferred):
+        operator.execute(context("start"))
+    assert held("job") == [] and status(cloud, "gpu-stop") == "Stopped"
+
+
 def test_capacity_attempts_are_bounded(cloud):
     hog_running_node()
     plan, pushed = place(JOB, job_id="job")
