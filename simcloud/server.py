@@ -60,7 +60,7 @@ class Cloud:
         self.scheduler = Scheduler(self.store)
         self._populate()
         self.k8s_app = make_k8s_app(self.store, self.runner, self.faults)
-        self.k8s_app.router.add_routes(admin_routes(self.faults, self.state))
+        self.k8s_app.router.add_routes(admin_routes(self.faults, self.state, self.store.compact))
         self.ecs_app = make_ecs_app(self.cloud, {fleet.access_key_id: fleet.access_key_secret}, self.faults,
                                     rng=random.Random(self.rng.random()))
         self._runners: list[web.AppRunner] = []
