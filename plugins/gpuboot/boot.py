@@ -111,7 +111,8 @@ class JobBoot:
         """Start the plan's stopped instances; on a capacity error re-place and start the new plan."""
         tried = list(tried)
         while True:
-            boot_ids = {n: self._boot_id(n) for n in {a.node for a in plan.assignments}}
+            # Read before the start request: the readiness watch resumes from these versions.
+            before = {n: self.kube.get_node(n) for n in sorted({a.node for a in plan.assignments})}
             requested_at = self.clock()
             outcomes = self.power_on([i for i in self._to_start(plan).values() if i])
             failed = {iid: o for iid, o in outcomes.items() if not o.ok}
@@ -119,7 +120,7 @@ class JobBoot:
             if hard:
                 raise AirflowException("; ".join(f"instance {iid} failed to start: {err}" for iid, err in hard.items()))
             if not failed:
-                boots = self.baselines(plan, outcomes, boot_ids, requested_at)
+                boots = self.baselines(plan, outcomes, before, requested_at)
                 started = sorted(i for i, o in outcomes.items() if o.outcome == "done")
                 return BringUp(slim(plan), boots, started, tried)
             marks = self._offering_marks(plan, {iid: o.error for iid, o in failed.items()})
@@ -139,11 +140,12 @@ class JobBoot:
             outcomes.update(self.ecs.start_instances(stopping))
         return outcomes
 
-    def baselines(self, plan: Plan, outcomes: Mapping[str, InstanceOutcome], boot_ids: Mapping[str, str | None],
+    def baselines(self, plan: Plan, outcomes: Mapping[str, InstanceOutcome], before: Mapping[str, dict],
                   requested_at: float) -> list[dict]:
         """Per planned node: when its start was asked for (None: not started by this job), its
-        bootID before, the GPUs placed there. A start made by an earlier try shows as "already":
-        ECS's StartTime says when it happened."""
+        bootID before, the GPUs placed there, and the Node's resourceVersion when it was read
+        before this very start request (only then does a watch from it see the whole boot). A
+        start made by an earlier try shows as "already": ECS's StartTime says when it happened."""
         by_node = _by_node(plan)
         to_start = self._to_start(plan)
         booting = {n for n, assigned in by_node.items() if n not in to_start and assigned[0].state == NodeState.BOOTING}
@@ -160,11 +162,16 @@ class JobBoot:
                 since = start_times.get(iid) or requested_at
             else:
                 since = None
-            baseline = BootBaseline(node=node, start_requested_at=since, boot_id_before=boot_ids.get(node),
-                                    gpus_needed=sum(a.requests.gpus for a in assigned))
+            read = before.get(node) or {}
+            started_now = node in to_start and outcomes[iid].outcome == "done"
+            baseline = BootBaseline(node=node, start_requested_at=since,
+                                    boot_id_before=((read.get("status") or {}).get("nodeInfo") or {}).get("bootID"),
+                                    gpus_needed=sum(a.requests.gpus for a in assigned),
+                                    resource_version_before=((read.get("metadata") or {}).get("resourceVersion")
+                                                             if started_now else None))
             boots.append(baseline.to_json())
             self.log.info("node %s (%s, %s): start requested at %s, bootID before %s, needs %d GPU(s)",
-                          node, iid, assigned[0].state.value, since, boot_ids.get(node), baseline.gpus_needed)
+                          node, iid, assigned[0].state.value, since, baseline.boot_id_before, baseline.gpus_needed)
         return boots
 
     def rebook(self) -> Plan:
@@ -254,9 +261,6 @@ class JobBoot:
     def _node_marks(self, bad: Mapping[str, str]) -> list[Unavailable]:
         until = self.clock() + self.unavailable_ttl_seconds
         return [Unavailable(reason=why, expires_at=until, node=node) for node, why in sorted(bad.items())]
-
-    def _boot_id(self, node: str) -> str | None:
-        return ((self.kube.get_node(node).get("status") or {}).get("nodeInfo") or {}).get("bootID")
 
     @staticmethod
     def _to_start(plan: Plan) -> dict[str, str | None]:
