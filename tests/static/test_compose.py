@@ -4,8 +4,9 @@ runs where this is tested.
 What would break `docker compose up` or the demo and can be seen without running it: the file
 does not parse, a service or mount is missing, services disagree on how to reach Redis,
 PostgreSQL, the api-server or the local cloud, on the JWT secret, the Fernet key or the uid
-files belong to, the dependency graph is broken, or the image lacks what a service runs or is
-built from a different Airflow or Python than requirements.txt and constraints.txt.
+files belong to, the dependency graph is broken, the image lacks what a service runs or is built
+from a different Airflow or Python than requirements.txt and constraints.txt, or the guide
+names a `python -m simcloud` option the CLI lacks or a .env that compose refuses.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+GUIDE = ROOT / "docs" / "docker-compose.md"
 AIRFLOW_SERVICES = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
                     "airflow-worker", "airflow-triggerer", "airflow-init")
 REQUIRED = ("postgres", "redis", "simcloud") + AIRFLOW_SERVICES
@@ -414,3 +416,44 @@ def test_simcloud_state_volume_has_explicit_ownership(compose, services):
     assert _mounts(services["simcloud"])[SIMCLOUD_WORKDIR] == "simcloud-state"
     for name in AIRFLOW_SERVICES:
         assert f"simcloud-state:{SIMCLOUD_WORKDIR}:ro" in services[name]["volumes"], f"{name} must mount it read-only"
+
+
+# -- the guide (issue 16, point 3) -------------------------------------------------------------
+
+def _simcloud_commands(text: str) -> list[str]:
+    """Every `python -m simcloud ...` command in a markdown text: in inline code spans, and on the
+    lines of fenced code blocks (backslash continuations joined)."""
+    fenced = re.compile(r"^```[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
+    spans = [line for block in fenced.findall(text) for line in re.sub(r"\\\n\s*", " ", block).splitlines()]
+    spans += re.findall(r"`([^`\n]+)`", fenced.sub("", text))
+    return [m.group(0) for span in spans for m in [re.search(r"python -m simcloud \S+.*", span)] if m]
+
+
+def test_every_simcloud_option_the_docs_name_exists_in_the_cli():
+    named = 0
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        for command in _simcloud_commands(doc.read_text()):
+            subcommand = command.split()[3]
+            assert subcommand in ("serve", "fault", "state"), f"{doc.name}: unknown command {command!r}"
+            for option in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", command):
+                named += 1
+                assert option in _cli_options(subcommand), \
+                    f"{doc.name} names `python -m simcloud {subcommand} {option}`, which the CLI does not have"
+    assert named, "the guide names no python -m simcloud option: this test checks nothing"
+
+
+def test_the_guides_env_file_is_one_compose_accepts(tmp_path):
+    """Run the guide's `.env` step (docs/docker-compose.md, "Run it"): compose must accept the file
+    it writes, and the Fernet key must be one Airflow can use."""
+    # Only a block that is nothing but `cat > .env <<EOF ... EOF` is run (never docker commands).
+    steps = re.findall(r"^```bash\n(cat > \.env <<EOF\n(?:\w+=.*\n)+EOF\n)```", GUIDE.read_text(), re.MULTILINE)
+    assert len(steps) == 1, "the guide must write .env in one bash block: cat > .env <<EOF, NAME=value lines, EOF"
+    subprocess.run(["bash", "-euo", "pipefail", "-c", steps[0]], cwd=tmp_path, check=True, timeout=60)
+    env = dict(line.split("=", 1) for line in (tmp_path / ".env").read_text().splitlines() if "=" in line)
+    compose = load_compose(env)  # raises Refused if a required variable is missing
+    assert set(REQUIRED_VARIABLES) <= set(env) and all(env[k] for k in REQUIRED_VARIABLES)
+    from cryptography.fernet import Fernet
+    token = Fernet(env["FERNET_KEY"]).encrypt(b"connection password")
+    assert Fernet(_env(compose["services"]["airflow-worker"])["AIRFLOW__CORE__FERNET_KEY"]).decrypt(token) \
+        == b"connection password"
+    assert env["AIRFLOW_UID"].isdigit()
