@@ -36,7 +36,7 @@ from gpuboot.jobspec import JobSpec
 from gpuboot.kube import KubeClient
 from gpuboot.ledger import ReservationLedger
 from gpuboot.placement import Assignment, Outcome, Plan, Unavailable
-from gpuboot.readiness import BootBaseline
+from gpuboot.readiness import BootBaseline, extended_needs
 from gpuboot.scaledown import find_work
 
 DEFAULT_UNAVAILABLE_TTL_SECONDS = 600
@@ -167,6 +167,8 @@ class JobBoot:
             baseline = BootBaseline(node=node, start_requested_at=since,
                                     boot_id_before=((read.get("status") or {}).get("nodeInfo") or {}).get("bootID"),
                                     gpus_needed=sum(a.requests.gpus for a in assigned),
+                                    extended_needed=extended_needs(sum((a.requests for a in assigned[1:]),
+                                                                       assigned[0].requests)),
                                     resource_version_before=((read.get("metadata") or {}).get("resourceVersion")
                                                              if started_now else None))
             boots.append(baseline.to_json())

@@ -91,6 +91,19 @@ class Verdict:
     evidence: dict = field(default_factory=dict)
 
 
+def is_extended_resource(name: str) -> bool:
+    """Kubernetes' IsExtendedResourceName: a domain-prefixed name outside kubernetes.io (what a
+    device plugin registers, and what a restarted kubelet zeroes)."""
+    domain, slash, _ = name.partition("/")
+    return bool(slash) and not (domain == "kubernetes.io" or domain.endswith(".kubernetes.io")) \
+        and not name.startswith("requests.")
+
+
+def extended_needs(requests: Mapping[str, int]) -> dict[str, int]:
+    """The extended resources besides nvidia.com/gpu in `requests` (a baseline's `extended_needed`)."""
+    return {name: int(v) for name, v in requests.items() if name != GPU and is_extended_resource(name) and v}
+
+
 def allocatable(node: Mapping, resource: str) -> int | None:
     raw = ((node.get("status") or {}).get("allocatable") or {}).get(resource)
     if raw is None:

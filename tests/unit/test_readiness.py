@@ -1,7 +1,7 @@
 """The GPU-readiness rule: never ready on a stale status, only after the kubelet's reset and the real count."""
 import pytest
 
-from gpuboot.readiness import BootBaseline, ReadinessTracker
+from gpuboot.readiness import BootBaseline, ReadinessTracker, extended_needs
 
 from .builders import node
 
@@ -240,3 +240,9 @@ def test_every_requested_extended_resource_needs_its_own_reset_and_count():
     assert not v.ready and f"allocatable {gpu_mem} is 0, 8 needed" in v.reason
     v = t.observe(gpu_node(1, heartbeat=T0 + 5, transition=T0 + 3, extra={gpu_mem: "16"}), T0 + 5)
     assert v.ready and v.evidence["allocatable"] == {gpu_mem: 16}
+
+
+def test_extended_needs_are_the_device_plugin_resources_besides_whole_gpus():
+    requests = {"cpu": 4000, "memory": 2**34, "nvidia.com/gpu": 1, "aliyun.com/gpu-mem": 8, "rdma/hca": 1,
+                "hugepages-2Mi": 0, "example.kubernetes.io/x": 1, "ephemeral-storage": 10}
+    assert extended_needs(requests) == {"aliyun.com/gpu-mem": 8, "rdma/hca": 1}
