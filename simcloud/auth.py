@@ -202,7 +202,14 @@ class Authorizer:
             ref = binding.get("roleRef") or {}
             if any(rule_allows(rule, attrs) for rule in self._rules(ref, namespace, errors)):
                 return Decision(True, _allowed_by(binding, ref, subject, namespace))
-        return Decision(False, f"RBAC: {', '.join(errors)}" if errors else "", errors)
+        return Decision(False, _rbac_reason(errors), errors)
+
+
+def _rbac_reason(errors: list[str]) -> str:
+    """The denial's reason: the roles a matching binding named but that do not exist (an aggregate)."""
+    if not errors:
+        return ""
+    return "RBAC: " + (errors[0] if len(errors) == 1 else f"[{', '.join(errors)}]")
 
 
 def _allowed_by(binding: dict, ref: dict, subject: dict, namespace: str) -> str:

@@ -18,7 +18,7 @@ from typing import AsyncIterator, Protocol
 import msgspec
 from aiohttp import web
 
-from simcloud import openapi, validation
+from simcloud import openapi, protobuf, validation
 from simcloud.admin import ADMIN_PREFIX
 from simcloud.auth import Auth, request_attributes, token_request
 from simcloud.config import Faults
@@ -181,8 +181,7 @@ class K8sApi:
         if target.resource in _CREATE_ONLY:
             if method != "POST" or target.name is not None:
                 raise _method_not_allowed()
-            review = self._decode(await request.read(), request.headers.get("Content-Type", ""))
-            return _json(self.auth.access_review(request[USER], review), 201)
+            return _json(self.auth.access_review(request[USER], await self._review(request)), 201)
         dry_run = validation.dry_run(request.query)
         if method == "GET":
             if target.sub == "log":
@@ -226,6 +225,16 @@ class K8sApi:
                 raise _method_not_allowed()
             return await self.delete(request, target, dry_run)
         raise _method_not_allowed()
+
+    async def _review(self, request: web.Request) -> dict:
+        """A review body: JSON, or the protobuf `kubectl auth can-i` always sends."""
+        body, content_type = await request.read(), request.headers.get("Content-Type", "")
+        if content_type.split(";")[0].strip() == "application/vnd.kubernetes.protobuf":
+            try:
+                return protobuf.self_subject_access_review(body)
+            except (protobuf.ProtobufError, UnicodeDecodeError) as exc:
+                raise _bad_request(f"the body of the request could not be decoded: {exc}") from None
+        return self._decode(body, content_type)
 
     @staticmethod
     def _check_types(target: Target, obj: dict) -> None:

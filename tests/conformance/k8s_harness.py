@@ -78,6 +78,8 @@ class K8sServer:
     kubeconfig: Path
     workdir: Path
     auth: Auth
+    ca_pem: bytes
+    https_port: int
     scheduler: Scheduler | None = None
     _stop: Callable[[], None] = field(default=lambda: None)
 
@@ -116,6 +118,12 @@ class K8sServer:
                 self.store.create("serviceaccounts", {"metadata": {"name": name, "namespace": namespace}})
             return self.auth.issue_token(namespace, name)
         return self.on_loop(issue)
+
+    def kubeconfig_for(self, user: str, token: str) -> Path:
+        """A kubeconfig on the HTTPS port acting as `user` with `token` (kubectl sends tokens only over TLS)."""
+        path = self.workdir / f"kubeconfig-{user.replace(':', '-')}"
+        path.write_text(kubeconfig_text(f"https://127.0.0.1:{self.https_port}", user, token, ca_pem=self.ca_pem))
+        return path
 
     def add_node(self, name: str, **kwargs) -> dict:
         return self.on_loop(lambda: self.store.create("nodes", make_node(name, **kwargs)))
@@ -213,7 +221,7 @@ def start_server(workdir: Path, *, scheduler: bool = True, history_limit: int = 
     kubeconfig.write_text(kubeconfig_text(f"https://127.0.0.1:{holder['https_port']}", "simcloud-admin",
                                           holder["auth"].admin_token, ca_pem=holder["ca_pem"]))
     return K8sServer(holder["store"], holder["faults"], holder["logs"], holder["port"], loop, kubeconfig, workdir,
-                     holder["auth"], holder["scheduler"], stop)
+                     holder["auth"], holder["ca_pem"], holder["https_port"], holder["scheduler"], stop)
 
 
 @pytest.fixture
@@ -235,10 +243,13 @@ KUBECTL_PARAMS = [
 ]
 
 
-def kubectl(binary: str, server: K8sServer, *args: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
-    """Run kubectl against `server` with a private HOME and discovery cache."""
-    env = {**os.environ, "HOME": str(server.workdir), "KUBECONFIG": str(server.kubeconfig)}
-    cmd = [binary, "--kubeconfig", str(server.kubeconfig), "--cache-dir", str(server.workdir / "kcache"), *args]
+def kubectl(binary: str, server: K8sServer, *args: str, check: bool = True, timeout: float = 30,
+            kubeconfig: Path | None = None) -> subprocess.CompletedProcess:
+    """Run kubectl against `server` (as the admin, or the identity of `kubeconfig`) with a private HOME
+    and discovery cache."""
+    kubeconfig = kubeconfig or server.kubeconfig
+    env = {**os.environ, "HOME": str(server.workdir), "KUBECONFIG": str(kubeconfig)}
+    cmd = [binary, "--kubeconfig", str(kubeconfig), "--cache-dir", str(server.workdir / "kcache"), *args]
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({result.returncode}):\n{result.stderr}\n{result.stdout}")
