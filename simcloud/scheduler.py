@@ -147,15 +147,18 @@ def _occupies(pod: dict) -> bool:
         (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
 
 
+def _ref(obj: dict) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta['namespace']}/{meta.get('name')}" if meta.get("namespace") else str(meta.get("name"))
+
+
 @contextlib.contextmanager
-def _isolated(kind: str, obj: dict):
+def _isolated(what: str):
     """Log and skip one malformed object instead of failing the whole scheduling pass."""
     try:
         yield
     except Exception:   # noqa: BLE001 - validation should have refused it; keep scheduling everything else
-        meta = obj.get("metadata") or {}
-        log.exception("skipping malformed %s %s/%s in this scheduling pass", kind, meta.get("namespace", ""),
-                      meta.get("name"))
+        log.exception("skipping malformed %s in this scheduling pass", what)
 
 
 # --------------------------------------------------------------------------- the controller
@@ -227,10 +230,10 @@ class Scheduler:
         used: dict[str, Counter] = {n["metadata"]["name"]: Counter() for n in nodes}
         for pod in self.store.peek("pods"):
             if _occupies(pod) and pod["spec"]["nodeName"] in used:
-                with _isolated("pod", pod):
+                with _isolated(f"pod {_ref(pod)}"):
                     used[pod["spec"]["nodeName"]].update(self._pod_requests(pod))
         for pod in pending:
-            with _isolated("pod", pod):     # one object the API should have refused never stalls the rest
+            with _isolated(f"pod {_ref(pod)}"):     # one object the API should have refused never stalls the rest
                 self._schedule_one(pod, nodes, used)
 
     def _schedule_one(self, pod: dict, nodes: list[dict], used: dict[str, Counter]) -> None:
@@ -239,7 +242,7 @@ class Scheduler:
         fitting = []
         for node in nodes:
             why = ["node(s) could not be evaluated"]
-            with _isolated("node", node):
+            with _isolated(f"pod {_ref(pod)} or node {_ref(node)}"):
                 why = filter_node(pod, requests, node, used[node["metadata"]["name"]])
             if why:
                 reasons.update(why)
