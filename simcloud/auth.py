@@ -187,14 +187,25 @@ class Authorizer:
             return []
         return [r for r in role.get("rules") or [] if isinstance(r, dict)]
 
+    def _bindings(self, namespace: str) -> list[tuple[dict, str]]:
+        bindings = [(b, "") for b in self.store.peek("clusterrolebindings")]
+        if namespace:
+            bindings += [(b, namespace) for b in self.store.select("rolebindings", namespace)]
+        return bindings
+
+    def user_rules(self, user: User, namespace: str) -> list[dict]:
+        """Every rule granted to `user` cluster-wide and in `namespace` (the rule resolver)."""
+        rules: list[dict] = []
+        for binding, ns in self._bindings(namespace):
+            if any(isinstance(s, dict) and _subject_applies(s, user, ns) for s in binding.get("subjects") or []):
+                rules += self._rules(binding.get("roleRef") or {}, ns, [])
+        return rules
+
     def authorize(self, attrs: Attributes) -> Decision:
         if MASTERS in attrs.user.groups:
             return Decision(True, "")
         errors: list[str] = []
-        bindings = [(b, "") for b in self.store.peek("clusterrolebindings")]
-        if attrs.namespace:
-            bindings += [(b, attrs.namespace) for b in self.store.select("rolebindings", attrs.namespace)]
-        for binding, namespace in bindings:
+        for binding, namespace in self._bindings(attrs.namespace):
             subject = next((s for s in binding.get("subjects") or [] if isinstance(s, dict)
                             and _subject_applies(s, attrs.user, namespace)), None)
             if subject is None:
@@ -220,6 +231,46 @@ def _allowed_by(binding: dict, ref: dict, subject: dict, namespace: str) -> str:
     if subject.get("kind") == "ServiceAccount":
         who = f"{who}/{subject.get('namespace') or namespace}"
     return f'RBAC: allowed by {kind} "{name}" of {ref.get("kind")} "{ref.get("name")}" to {subject.get("kind")} "{who}"'
+
+
+# --------------------------------------------------------------------------- escalation prevention
+def _simple_rules(rule: dict) -> list[tuple]:
+    """A rule broken into one-verb, one-group, one-resource, one-name (or one-URL) rules."""
+    verbs = rule.get("verbs") or []
+    if rule.get("nonResourceURLs"):
+        return [("url", verb, url) for verb in verbs for url in rule["nonResourceURLs"]]
+    return [(verb, group, resource, name) for verb in verbs for group in rule.get("apiGroups") or []
+            for resource in rule.get("resources") or [] for name in (rule.get("resourceNames") or [""])]
+
+
+def _covers(owner: dict, simple: tuple) -> bool:
+    """validation.ruleCovers: the owner's rule grants at least the simple rule."""
+    if not _matches(owner.get("verbs"), simple[1] if simple[0] == "url" else simple[0]):
+        return False
+    if simple[0] == "url":
+        url = simple[2]
+        return any(o == "*" or o == url or (o.endswith("*") and url.startswith(o[:-1]))
+                   for o in owner.get("nonResourceURLs") or ())
+    _, group, resource, name = simple
+    if not _matches(owner.get("apiGroups"), group):
+        return False
+    if not any(o == "*" or o == resource or (o.startswith("*/") and "/" in resource
+                                             and resource.split("/", 1)[1] == o[2:])
+               for o in owner.get("resources") or ()):
+        return False
+    names = owner.get("resourceNames") or ()
+    return not names or name in names
+
+
+def _compact(rule: dict) -> str:
+    """rbacv1helpers.CompactString: how the real refusal lists a rule not held."""
+    def q(values) -> str:
+        return "[" + " ".join(f'"{v}"' for v in values) + "]"
+    parts = [f"{label}:{q(rule[key])}" for key, label in (("apiGroups", "APIGroups"), ("resources", "Resources"),
+                                                         ("resourceNames", "ResourceNames"),
+                                                         ("nonResourceURLs", "NonResourceURLs"), ("verbs", "Verbs"))
+             if rule.get(key)]
+    return "{" + ", ".join(parts) + "}"
 
 
 # --------------------------------------------------------------------------- bootstrap policy
@@ -319,6 +370,34 @@ class Auth:
             if not decision.allowed:
                 raise forbidden(attrs, decision.reason)
         return User(target, groups + ((AUTHENTICATED,) if target != ANONYMOUS else ()))
+
+    def check_rbac_write(self, user: User, resource: str, namespace: str | None, obj: dict) -> None:
+        """The RBAC registry's escalation check: a Role may grant only what its author holds (or has
+        `escalate` on it), a binding only a role its author holds or has `bind` on."""
+        if MASTERS in user.groups or resource not in ("roles", "clusterroles", "rolebindings", "clusterrolebindings"):
+            return
+        namespace = namespace or ""
+        name = (obj.get("metadata") or {}).get("name") or ""
+        if resource in ("roles", "clusterroles"):
+            exempt = Attributes(user, "escalate", True, namespace=namespace, api_group=_RBAC, resource=resource,
+                                name=name)
+            rules = [r for r in obj.get("rules") or [] if isinstance(r, dict)]
+        else:
+            ref = obj.get("roleRef") or {}
+            role_resource = "roles" if ref.get("kind") == "Role" else "clusterroles"
+            exempt = Attributes(user, "bind", True, namespace=namespace,
+                                api_group=_RBAC, resource=role_resource, name=ref.get("name") or "")
+            rules = self.authorizer._rules(ref, namespace, [])
+        if self.authorizer.authorize(exempt).allowed:
+            return
+        held = self.authorizer.user_rules(user, namespace)
+        missing = [r for r in rules if not all(any(_covers(o, s) for o in held) for s in _simple_rules(r))]
+        if missing:
+            groups = "[" + " ".join(f'"{g}"' for g in user.groups) + "]"
+            raise ApiError(403, "Forbidden", f'{resource}.{_RBAC} "{name}" is forbidden: user "{user.name}" '
+                                             f'(groups={groups}) is attempting to grant RBAC permissions not '
+                                             f'currently held:\n' + "\n".join(_compact(r) for r in missing),
+                           {"name": name, "group": _RBAC, "kind": resource})
 
     def check(self, attrs: Attributes) -> None:
         decision = self.authorizer.authorize(attrs)

@@ -39,6 +39,7 @@ _SUBRESOURCE_VERBS = {"status": ("{kind}", ["get", "patch", "update"]), "log": (
                       "binding": ("Binding", ["create"]), "token": ("TokenRequest", ["create"])}
 _SUBRESOURCE_GROUPS = {"token": {"group": "authentication.k8s.io", "version": "v1"}}
 _CREATE_ONLY = {"selfsubjectaccessreviews"}     # reviews: answered, never stored
+_RBAC_WRITES = {"roles", "clusterroles", "rolebindings", "clusterrolebindings"}
 TOKEN_SECONDS = 3600
 USER = web.RequestKey("user", object)     # the authenticated (or impersonated) simcloud.auth.User
 
@@ -211,12 +212,16 @@ class K8sApi:
                 warnings = self._check_fields(request, target, patch)
                 if patch is not None:   # the patch without the dropped fields
                     body = _dumps(patch)
+                if target.resource in _RBAC_WRITES:    # judge the patched object, then apply for real
+                    self.auth.check_rbac_write(request[USER], target.resource, target.namespace, self.store.patch(
+                        target.resource, target.namespace, target.name, body, content_type, target.sub, dry_run=True))
                 obj = self.store.patch(target.resource, target.namespace, target.name, body, content_type,
                                        target.sub, dry_run=dry_run)
             else:
                 new = self._decode(body, content_type)
                 warnings = self._check_fields(request, target, new)
                 self._check_types(target, new)
+                self.auth.check_rbac_write(request[USER], target.resource, target.namespace, new)
                 obj = self.store.replace(target.resource, target.namespace, target.name, new, target.sub,
                                          dry_run=dry_run)
             return self.respond(request, target, obj, warnings=warnings)
@@ -337,6 +342,7 @@ class K8sApi:
             meta["namespace"] = target.namespace
         warnings = self._check_fields(request, target, obj)
         self._check_types(target, obj)
+        self.auth.check_rbac_write(request[USER], target.resource, target.namespace, obj)
         if target.resource == "pods":
             obj["status"] = {}          # the server owns pod status
         created = self.store.create(target.resource, obj, dry_run=dry_run)

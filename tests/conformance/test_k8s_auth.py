@@ -282,3 +282,39 @@ def test_a_test_gets_a_serviceaccount_kubeconfig_and_airflow_connection_from_the
         urllib.request.urlopen(request, timeout=5)
     assert refused.value.code == 403
     assert admin.list_namespaced_service_account("gpuboot").items
+
+
+def test_rbac_writes_cannot_grant_more_than_their_author_holds(k8s: K8sServer):
+    """The RBAC registry's escalation check (what `escalate` and `bind` exist for)."""
+    rbac_admin = kubernetes.client.RbacAuthorizationV1Api(k8s.core_v1().api_client)
+    k8s.core_v1().create_namespace({"metadata": {"name": "team"}})
+    rbac_admin.create_namespaced_role("team", {"metadata": {"name": "lead"}, "rules": [
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"],
+         "verbs": ["create", "patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]})
+    rbac_admin.create_namespaced_role_binding("team", {"metadata": {"name": "lead"}, "roleRef": {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "lead"},
+        "subjects": [{"kind": "ServiceAccount", "name": "lead", "namespace": "team"}]})
+    rbac = kubernetes.client.RbacAuthorizationV1Api(k8s.core_v1(k8s.token_for("team", "lead")).api_client)
+    rbac.create_namespaced_role("team", {"metadata": {"name": "reader"}, "rules": [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]})         # held: fine
+    with pytest.raises(ApiException) as err:
+        rbac.create_namespaced_role("team", {"metadata": {"name": "deleter"}, "rules": [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "delete"]}]})
+    assert _forbidden(err.value) == (
+        'roles.rbac.authorization.k8s.io "deleter" is forbidden: user "system:serviceaccount:team:lead" '
+        '(groups=["system:serviceaccounts" "system:serviceaccounts:team" "system:authenticated"]) is attempting '
+        'to grant RBAC permissions not currently held:\n{APIGroups:[""], Resources:["pods"], Verbs:["get" "delete"]}')
+    with pytest.raises(ApiException) as err:                                   # a patch is judged on its result
+        rbac.patch_namespaced_role("reader", "team", {"rules": [{"apiGroups": ["*"], "resources": ["*"],
+                                                                 "verbs": ["*"]}]})
+    assert "is attempting to grant RBAC permissions not currently held" in _forbidden(err.value)
+    rbac.create_namespaced_role_binding("team", {"metadata": {"name": "reader"}, "roleRef": {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"},
+        "subjects": [{"kind": "User", "name": "alice"}]})
+    with pytest.raises(ApiException) as err:
+        rbac.create_namespaced_role_binding("team", {"metadata": {"name": "root"}, "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+            "subjects": [{"kind": "ServiceAccount", "name": "lead", "namespace": "team"}]})
+    assert _forbidden(err.value).startswith('rolebindings.rbac.authorization.k8s.io "root" is forbidden: user '
+                                            '"system:serviceaccount:team:lead"')
