@@ -427,6 +427,21 @@ class Auth:
                 "metadata": {"creationTimestamp": None}, "spec": spec, "status": status}
 
 
+    def rules_review(self, user: User, review: dict) -> dict:
+        """SelfSubjectRulesReview (`kubectl auth can-i --list`): the rules `user` holds in a namespace."""
+        spec = review.get("spec") if isinstance(review.get("spec"), dict) else {}
+        namespace = spec.get("namespace") or ""
+        rules = self.authorizer.user_rules(user, namespace) if MASTERS not in user.groups else \
+            BOOTSTRAP_ROLES[0]["rules"]
+        keys = ("verbs", "apiGroups", "resources", "resourceNames")
+        resource_rules = [{k: list(r[k]) for k in keys if r.get(k)} for r in rules if not r.get("nonResourceURLs")]
+        non_resource = [{"verbs": list(r.get("verbs") or []), "nonResourceURLs": list(r["nonResourceURLs"])}
+                        for r in rules if r.get("nonResourceURLs")]
+        return {"kind": "SelfSubjectRulesReview", "apiVersion": "authorization.k8s.io/v1",
+                "metadata": {"creationTimestamp": None}, "spec": {"namespace": namespace},
+                "status": {"resourceRules": resource_rules, "nonResourceRules": non_resource, "incomplete": False}}
+
+
 def service_account_user(namespace: str, name: str, uid: str = "") -> User:
     return User(f"{SA_PREFIX}{namespace}:{name}",
                 ("system:serviceaccounts", f"system:serviceaccounts:{namespace}", AUTHENTICATED), uid)

@@ -38,7 +38,7 @@ _WRITE_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", 
 _SUBRESOURCE_VERBS = {"status": ("{kind}", ["get", "patch", "update"]), "log": ("Pod", ["get"]),
                       "binding": ("Binding", ["create"]), "token": ("TokenRequest", ["create"])}
 _SUBRESOURCE_GROUPS = {"token": {"group": "authentication.k8s.io", "version": "v1"}}
-_CREATE_ONLY = {"selfsubjectaccessreviews"}     # reviews: answered, never stored
+_CREATE_ONLY = {"selfsubjectaccessreviews", "selfsubjectrulesreviews"}     # reviews: answered, never stored
 _RBAC_WRITES = {"roles", "clusterroles", "rolebindings", "clusterrolebindings"}
 TOKEN_SECONDS = 3600
 USER = web.RequestKey("user", object)     # the authenticated (or impersonated) simcloud.auth.User
@@ -182,7 +182,10 @@ class K8sApi:
         if target.resource in _CREATE_ONLY:
             if method != "POST" or target.name is not None:
                 raise _method_not_allowed()
-            return _json(self.auth.access_review(request[USER], await self._review(request)), 201)
+            review = await self._review(request)
+            if target.resource == "selfsubjectrulesreviews":
+                return _json(self.auth.rules_review(request[USER], review), 201)
+            return _json(self.auth.access_review(request[USER], review), 201)
         dry_run = validation.dry_run(request.query)
         if method == "GET":
             if target.sub == "log":
@@ -236,7 +239,7 @@ class K8sApi:
         body, content_type = await request.read(), request.headers.get("Content-Type", "")
         if content_type.split(";")[0].strip() == "application/vnd.kubernetes.protobuf":
             try:
-                return protobuf.self_subject_access_review(body)
+                return protobuf.review(body)
             except (protobuf.ProtobufError, UnicodeDecodeError) as exc:
                 raise _bad_request(f"the body of the request could not be decoded: {exc}") from None
         return self._decode(body, content_type)

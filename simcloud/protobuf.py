@@ -1,9 +1,10 @@
-"""Just enough of Kubernetes' protobuf encoding to read the SelfSubjectAccessReview kubectl sends.
+"""Just enough of Kubernetes' protobuf encoding to read the reviews `kubectl auth can-i` sends.
 
-`kubectl auth can-i` posts its review as `application/vnd.kubernetes.protobuf` whatever
-the server prefers, so the API reads that one body: the `k8s\\0` envelope
-(runtime.Unknown: typeMeta, raw) around an authorization/v1 SelfSubjectAccessReview,
-turned into the JSON shape the rest of the server handles. Everything else stays JSON-only.
+`kubectl auth can-i` (and `--list`) posts its review as `application/vnd.kubernetes.protobuf`
+whatever the server prefers, so the API reads those bodies: the `k8s\\0` envelope
+(runtime.Unknown: typeMeta, raw) around an authorization/v1 SelfSubjectAccessReview or
+SelfSubjectRulesReview, turned into the JSON shape the rest of the server handles.
+Everything else stays JSON-only.
 """
 from __future__ import annotations
 
@@ -57,16 +58,18 @@ def _message(message: dict[int, list], number: int) -> dict[int, list] | None:
     return fields(values[-1]) if values and isinstance(values[-1], bytes) else None
 
 
-def self_subject_access_review(body: bytes) -> dict:
-    """The JSON form of a protobuf-encoded authorization.k8s.io/v1 SelfSubjectAccessReview."""
+def review(body: bytes) -> dict:
+    """The JSON form of a protobuf-encoded authorization.k8s.io/v1 SelfSubject{Access,Rules}Review."""
     if not body.startswith(MAGIC):
         raise ProtobufError("missing the k8s protobuf envelope")
     unknown = fields(body[len(MAGIC):])
     type_meta = _message(unknown, 1) or {}
-    if _text(type_meta, 2) != "SelfSubjectAccessReview":
-        raise ProtobufError(f"expected a SelfSubjectAccessReview, got {_text(type_meta, 2)!r}")
-    review = fields((unknown.get(2) or [b""])[-1])
-    spec = _message(review, 2) or {}
+    kind = _text(type_meta, 2)
+    if kind not in ("SelfSubjectAccessReview", "SelfSubjectRulesReview"):
+        raise ProtobufError(f"expected a SelfSubjectAccessReview or SelfSubjectRulesReview, got {kind!r}")
+    spec = _message(fields((unknown.get(2) or [b""])[-1]), 2) or {}
+    if kind == "SelfSubjectRulesReview":
+        return {"apiVersion": _text(type_meta, 1), "kind": kind, "spec": {"namespace": _text(spec, 1)}}
     out: dict = {}
     res, non_res = _message(spec, 1), _message(spec, 2)
     if res is not None:

@@ -88,6 +88,7 @@ RESOURCES: dict[str, ResourceInfo] = {r.name: r for r in (
     _r("clusterrolebindings", "ClusterRoleBinding", False, group="rbac.authorization.k8s.io"),
     # create-only reviews: answered by simcloud.auth, never stored
     _r("selfsubjectaccessreviews", "SelfSubjectAccessReview", False, group="authorization.k8s.io"),
+    _r("selfsubjectrulesreviews", "SelfSubjectRulesReview", False, group="authorization.k8s.io"),
 )}
 
 

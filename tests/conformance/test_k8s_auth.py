@@ -173,6 +173,11 @@ def test_kubectl_auth_can_i_answers_for_the_serviceaccount_and_through_impersona
     assert can_i("create", "secrets", "--as", SA, "-n", "default") == "no"
     with pytest.raises(AssertionError, match="cannot impersonate resource"):         # the SA may not
         kubectl(binary, k8s, "get", "pods", "--as", "system:serviceaccount:kube-system:default", kubeconfig=as_sa)
+    rows = [line.split() for line in kubectl(binary, k8s, "auth", "can-i", "--list", "-n", "default",
+                                             kubeconfig=as_sa).stdout.splitlines()]   # SelfSubjectRulesReview
+    assert ["nodes", "[]", "[]", "[get", "list", "watch", "patch]"] in rows
+    assert ["configmaps", "[]", "[gpuboot-reservations]", "[get", "update]"] in rows
+    assert not any(row[0] == "secrets" for row in rows)
     forbidden = kubectl(binary, k8s, "get", "secrets", "-n", "default", check=False, kubeconfig=as_sa)
     assert forbidden.returncode == 1 and (f'Error from server (Forbidden): secrets is forbidden: User "{SA}" cannot '
                                           f'list resource "secrets" in API group "" in the namespace "default"'

@@ -2,7 +2,7 @@
 from multidict import MultiDict
 
 from simcloud.auth import Attributes, User, forbidden_message, request_attributes, rule_allows
-from simcloud.protobuf import self_subject_access_review
+from simcloud import protobuf
 
 USER = User("system:serviceaccount:ml:runner", ("system:serviceaccounts", "system:authenticated"))
 
@@ -73,5 +73,5 @@ def test_the_protobuf_review_kubectl_sends_is_read():
     review = field(1, b"") + field(2, field(1, attributes))
     body = b"k8s\x00" + field(1, field(1, b"authorization.k8s.io/v1") + field(2, b"SelfSubjectAccessReview")) \
         + field(2, review)
-    assert self_subject_access_review(body)["spec"] == {"resourceAttributes": {
+    assert protobuf.review(body)["spec"] == {"resourceAttributes": {
         "namespace": "ml", "verb": "get", "resource": "pods", "subresource": "log"}}
