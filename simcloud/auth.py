@@ -84,11 +84,11 @@ def request_attributes(user: User, method: str, path: str, query) -> Attributes:
     """RequestInfoFactory: the verb, namespace, resource, subresource and name a request names."""
     parts = [p for p in path.strip("/").split("/") if p]
     verb_of = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
-    if not parts or parts[0] not in ("api", "apis") or len(parts) < (2 if parts[0] == "api" else 3) \
-            or (parts[0] == "api" and len(parts) == 2) or (parts[0] == "apis" and len(parts) == 3):
+    prefix = {"api": 2, "apis": 3}.get(parts[0] if parts else "")    # /api/v1, /apis/GROUP/VERSION
+    if prefix is None or len(parts) <= prefix:      # discovery, /version, /healthz, ...: non-resource
         return Attributes(user, method.lower(), False, path=path)
     group = "" if parts[0] == "api" else parts[1]
-    rest = parts[2:] if parts[0] == "api" else parts[3:]
+    rest = parts[prefix:]
     verb = verb_of.get(method, method.lower())
     if rest and rest[0] == "watch":
         verb, rest = "watch", rest[1:]

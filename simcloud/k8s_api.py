@@ -1,9 +1,11 @@
 """The Kubernetes REST API of the local cloud, over the shared `Store`.
 
-Speaks the wire protocol real clients expect: discovery (incl. OpenAPI v3 paths),
-CRUD with meta/v1 Status errors and field validation (unknown fields: Warn by
-default, Strict refuses), list paging, chunked watch streams, pod logs, binding, and
-server-side Tables for kubectl. `make_k8s_app(store, log_source, faults)` returns the aiohttp app.
+Speaks the wire protocol real clients expect: every request authenticated and authorized
+first (simcloud.auth: 401/403), discovery (incl. OpenAPI v3 paths), CRUD with meta/v1
+Status errors, field validation (unknown fields: Warn by default, Strict refuses), the
+typed decode and field rules of simcloud.validation (400/422), `dryRun=All`, list paging,
+chunked watch streams, pod logs, binding, TokenRequest, access reviews, and server-side
+Tables for kubectl. `make_k8s_app(store, log_source, faults, auth)` returns the aiohttp app.
 """
 from __future__ import annotations
 

@@ -6,6 +6,10 @@ watch cache) so watches can resume from a resourceVersion (older -> 410 Gone), a
 queues for in-process watchers. Each resource keeps its keys sorted, so a list page
 (`limit` + continue after the last key) costs O(log n + page), not a scan of everything.
 
+Creates and API updates are defaulted and validated (simcloud.admission, simcloud.validation:
+422 with causes) before they are stored, and take `dry_run` (validated, nothing stored);
+in-process controllers write through `mutate`, which trusts them.
+
 Stored objects are never edited in place: every write stores a new dict. Public
 methods hand out deep copies; the API's hot paths read the stored objects
 through `select`/`peek`/`watch` and only serialize them (read-only by contract).
