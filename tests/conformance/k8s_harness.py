@@ -1,8 +1,10 @@
 """An in-process Kubernetes API server (store + scheduler + API app) for the K8S conformance tests.
 
 The aiohttp app runs in its own event loop on a background thread, bound to
-127.0.0.1 on a free port, so synchronous clients and kubectl can call it from the
-test thread. `on_loop` runs a function inside that loop, the only place the
+127.0.0.1 on a free port over HTTP (the Python clients, `core_v1()`, `configure()`) and on
+another over HTTPS (the `kubeconfig` kubectl uses: client-go sends tokens only over TLS),
+so synchronous clients and kubectl can call it from the test thread. Every request needs
+a token: the admin's (`admin_token`) or a ServiceAccount's (`token_for`, `kubeconfig_for`). `on_loop` runs a function inside that loop, the only place the
 store may be touched. Logs come from a tiny in-memory LogSource.
 """
 from __future__ import annotations
