@@ -27,6 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--show", action="store_true")
     state = sub.add_parser("state", help="print the instances/nodes summary of a running local cloud")
     state.add_argument("--workdir", required=True, type=Path)
+    token = sub.add_parser("token", help="a bearer token (or kubeconfig / Airflow connections) acting as a "
+                                         "ServiceAccount of a running local cloud")
+    token.add_argument("--workdir", required=True, type=Path)
+    token.add_argument("--serviceaccount", required=True, metavar="NAMESPACE/NAME")
+    token.add_argument("--kubeconfig", type=Path, help="write a kubeconfig for the ServiceAccount here")
+    token.add_argument("--connections", type=Path,
+                       help="also write an Airflow connections.json whose kubernetes_default uses that kubeconfig")
+    token.add_argument("--namespace", default="default", help="the kubeconfig context's namespace")
     args = parser.parse_args(argv)
 
     if args.command == "serve":
@@ -39,6 +47,23 @@ def main(argv: list[str] | None = None) -> int:
         return main_serve(fleet, args.workdir, args.k8s_port, args.ecs_port, args.seed, args.host)
 
     from simcloud import admin
+    if args.command == "token":
+        namespace, sep, name = args.serviceaccount.partition("/")
+        if not sep or not namespace or not name:
+            parser.error("--serviceaccount: expected NAMESPACE/NAME")
+        if args.connections and not args.kubeconfig:
+            parser.error("--connections needs --kubeconfig")
+        try:
+            if args.kubeconfig:
+                admin.write_serviceaccount_files(args.workdir, namespace, name, args.kubeconfig, args.connections,
+                                                 args.namespace)
+                print(args.kubeconfig)
+            else:
+                print(admin.serviceaccount_token(args.workdir, namespace, name))
+        except (admin.AdminError, OSError) as exc:
+            print(f"simcloud token: {exc}", file=sys.stderr)
+            return 2
+        return 0
     try:
         if args.command == "state":
             result = admin.get_state(args.workdir)

@@ -2,7 +2,9 @@
 
 Served on the Kubernetes port: `GET /_simcloud/faults`, `PATCH /_simcloud/faults` (a JSON
 object of fault -> new value, see simcloud.config.Faults), `GET /_simcloud/state`, and
-`POST /_simcloud/compact` (drop the watch history and end open watches: 410 on resume).
+`POST /_simcloud/compact` (drop the watch history and end open watches: 410 on resume), and
+`POST /_simcloud/serviceaccount-token` ({"namespace", "name"} -> {"token", "user"}: a token of
+an existing ServiceAccount; only with the admin bearer token of the workdir's kubeconfig).
 The client helpers find the server through `WORKDIR/simcloud.json`.
 """
 from __future__ import annotations
@@ -20,12 +22,18 @@ from simcloud.config import Faults
 if TYPE_CHECKING:
     from aiohttp import web
 
+    from simcloud.auth import Auth
+
 log = logging.getLogger(__name__)
 ADMIN_PREFIX = "/_simcloud"
 
 
-def admin_routes(faults: Faults, state: Callable[[], dict], compact: Callable[[], int]) -> list[web.RouteDef]:
+def admin_routes(faults: Faults, state: Callable[[], dict], compact: Callable[[], int],
+                 auth: "Auth") -> list[web.RouteDef]:
     from aiohttp import web   # server side only: keeps the fault CLI quick to start
+
+    from simcloud.auth import MASTERS, service_account_user
+    from simcloud.store import ApiError
 
     async def get_faults(_request: web.Request) -> web.Response:
         return web.json_response(faults.to_dict())
@@ -49,8 +57,23 @@ def admin_routes(faults: Faults, state: Callable[[], dict], compact: Callable[[]
         so every watcher resuming from its resourceVersion gets 410 Gone and must re-list."""
         return web.json_response({"compacted_resource_version": compact()})
 
+    async def post_token(request: web.Request) -> web.Response:
+        """A token for a named ServiceAccount, so a test can act as it (the admin token is required)."""
+        try:
+            if MASTERS not in auth.authenticate(request.headers.get("Authorization"), request.path).groups:
+                return web.json_response({"error": "the admin token is required"}, status=403)
+            body = await request.json()
+            namespace, name = body["namespace"], body["name"]
+            token = auth.issue_token(namespace, name)
+        except ApiError as err:
+            return web.json_response({"error": err.message}, status=err.code)
+        except (KeyError, ValueError, TypeError):
+            return web.json_response({"error": 'expected {"namespace": ..., "name": ...}'}, status=400)
+        return web.json_response({"token": token, "user": service_account_user(namespace, name).name})
+
     return [web.get(f"{ADMIN_PREFIX}/faults", get_faults), web.patch(f"{ADMIN_PREFIX}/faults", patch_faults),
-            web.get(f"{ADMIN_PREFIX}/state", get_state), web.post(f"{ADMIN_PREFIX}/compact", post_compact)]
+            web.get(f"{ADMIN_PREFIX}/state", get_state), web.post(f"{ADMIN_PREFIX}/compact", post_compact),
+            web.post(f"{ADMIN_PREFIX}/serviceaccount-token", post_token)]
 
 
 # ---------------------------------------------------------------------- client side
@@ -66,10 +89,11 @@ def admin_url(workdir: Path) -> str:
         raise AdminError(f"{info} not found: is `python -m simcloud serve --workdir {workdir}` running?") from None
 
 
-def request(workdir: Path, path: str, method: str = "GET", body: dict | None = None, timeout: float = 10) -> dict:
+def request(workdir: Path, path: str, method: str = "GET", body: dict | None = None, timeout: float = 10,
+            token: str | None = None) -> dict:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(admin_url(workdir) + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    req = urllib.request.Request(admin_url(workdir) + path, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read())
@@ -96,6 +120,25 @@ def get_state(workdir: Path) -> dict:
 
 def compact(workdir: Path) -> int:
     return request(workdir, "/compact", "POST", {})["compacted_resource_version"]
+
+
+def serviceaccount_token(workdir: Path, namespace: str, name: str) -> str:
+    """A bearer token of ServiceAccount `namespace/name` (which must exist)."""
+    from simcloud.workdir import token_of
+    admin_token = token_of(Path(workdir) / "kubeconfig")
+    return request(workdir, "/serviceaccount-token", "POST", {"namespace": namespace, "name": name},
+                   token=admin_token)["token"]
+
+
+def write_serviceaccount_files(workdir: Path, namespace: str, name: str, kubeconfig: Path,
+                               connections: Path | None = None, context_namespace: str = "default") -> str:
+    """A kubeconfig (and optionally an Airflow connections.json) acting as the ServiceAccount; returns its token."""
+    from simcloud.auth import service_account_user
+    from simcloud.workdir import write_identity
+    token = serviceaccount_token(workdir, namespace, name)
+    write_identity(workdir, service_account_user(namespace, name).name, token, kubeconfig, connections,
+                   context_namespace)
+    return token
 
 
 def parse_assignments(items: list[str]) -> dict:

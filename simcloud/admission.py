@@ -9,10 +9,6 @@ import re
 from decimal import Decimal, InvalidOperation
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_SUBDOMAIN_MSG = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
-                  "and must start and end with an alphanumeric character (e.g. 'example.com', regex used for "
-                  "validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')")
 _LABEL_MSG = ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start "
               "and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is "
               "'[a-z0-9]([-a-z0-9]*[a-z0-9])?')")
@@ -50,12 +46,6 @@ def invalid(kind: str, name: str, causes: list[tuple[str, str, str]]):
     return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {text}', {
         "name": name, "kind": kind,
         "causes": [{"reason": r, "message": m, "field": f} for f, r, m in causes]})
-
-
-def check_name(kind: str, name: str, label_only: bool = False) -> None:
-    pattern, msg, limit = (_DNS_LABEL, _LABEL_MSG, 63) if label_only else (_DNS_SUBDOMAIN, _SUBDOMAIN_MSG, 253)
-    if len(name) > limit or not pattern.match(name):
-        raise invalid(kind, name, [("metadata.name", "FieldValueInvalid", f'Invalid value: "{name}": {msg}')])
 
 
 # --------------------------------------------------------------------------- pods

@@ -1,9 +1,11 @@
 """The Kubernetes REST API of the local cloud, over the shared `Store`.
 
-Speaks the wire protocol real clients expect: discovery (incl. OpenAPI v3 paths),
-CRUD with meta/v1 Status errors and field validation (unknown fields: Warn by
-default, Strict refuses), list paging, chunked watch streams, pod logs, binding, and
-server-side Tables for kubectl. `make_k8s_app(store, log_source, faults)` returns the aiohttp app.
+Speaks the wire protocol real clients expect: every request authenticated and authorized
+first (simcloud.auth: 401/403), discovery (incl. OpenAPI v3 paths), CRUD with meta/v1
+Status errors, field validation (unknown fields: Warn by default, Strict refuses), the
+typed decode and field rules of simcloud.validation (400/422), `dryRun=All`, list paging,
+chunked watch streams, pod logs, binding, TokenRequest, access reviews, and server-side
+Tables for kubectl. `make_k8s_app(store, log_source, faults, auth)` returns the aiohttp app.
 """
 from __future__ import annotations
 
@@ -18,9 +20,11 @@ from typing import AsyncIterator, Protocol
 import msgspec
 from aiohttp import web
 
-from simcloud import openapi
+from simcloud import openapi, protobuf, validation
+from simcloud.admin import ADMIN_PREFIX
+from simcloud.auth import Auth, request_attributes, token_request
 from simcloud.config import Faults
-from simcloud.store import RESOURCES, ApiError, ResourceInfo, Store, WatchEvent, conflict, not_found
+from simcloud.store import RESOURCES, ApiError, ResourceInfo, Store, WatchEvent, conflict, not_found, now_rfc3339
 from simcloud.selectors import SelectorError, parse_field_selector, parse_label_selector
 from simcloud.tables import make_table
 
@@ -34,7 +38,12 @@ BOOKMARK_EVERY = 10.0                 # seconds of silence before a BOOKMARK (wh
 LOG_FIRST_CHUNK_WAIT = 0.25           # how long a log stream may take to fail before we commit to 200
 _WRITE_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 _SUBRESOURCE_VERBS = {"status": ("{kind}", ["get", "patch", "update"]), "log": ("Pod", ["get"]),
-                      "binding": ("Binding", ["create"])}
+                      "binding": ("Binding", ["create"]), "token": ("TokenRequest", ["create"])}
+_SUBRESOURCE_GROUPS = {"token": {"group": "authentication.k8s.io", "version": "v1"}}
+_CREATE_ONLY = {"selfsubjectaccessreviews", "selfsubjectrulesreviews"}     # reviews: answered, never stored
+_RBAC_WRITES = {"roles", "clusterroles", "rolebindings", "clusterrolebindings"}
+TOKEN_SECONDS = 3600
+USER = web.RequestKey("user", object)     # the authenticated (or impersonated) simcloud.auth.User
 
 
 class LogSource(Protocol):
@@ -97,7 +106,7 @@ def _resource_list(group_version: str) -> dict:
         if info.api_version != group_version:
             continue
         entry = {"name": info.name, "singularName": info.singular, "namespaced": info.namespaced,
-                 "kind": info.kind, "verbs": _WRITE_VERBS}
+                 "kind": info.kind, "verbs": ["create"] if info.name in _CREATE_ONLY else _WRITE_VERBS}
         if info.short_names:
             entry["shortNames"] = list(info.short_names)
         if info.name == "pods":
@@ -106,7 +115,8 @@ def _resource_list(group_version: str) -> dict:
         for sub in info.subresources:
             kind, verbs = _SUBRESOURCE_VERBS[sub]
             resources.append({"name": f"{info.name}/{sub}", "singularName": "", "namespaced": info.namespaced,
-                              "kind": kind.format(kind=info.kind), "verbs": verbs})
+                              **_SUBRESOURCE_GROUPS.get(sub, {}), "kind": kind.format(kind=info.kind),
+                              "verbs": verbs})
     return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}
 
 
@@ -162,8 +172,8 @@ def _decode_continue(token: str) -> tuple[str, tuple[str, str]]:
 
 
 class K8sApi:
-    def __init__(self, store: Store, log_source: LogSource, faults: Faults):
-        self.store, self.log_source, self.faults = store, log_source, faults
+    def __init__(self, store: Store, log_source: LogSource, faults: Faults, auth: Auth):
+        self.store, self.log_source, self.faults, self.auth = store, log_source, faults, auth
 
     # -------------------------------------------------------------- dispatch
     async def resource(self, request: web.Request) -> web.StreamResponse:
@@ -171,6 +181,14 @@ class K8sApi:
         group_version = f"{group}/{request.match_info['version']}" if group else request.match_info["version"]
         target = Target(group_version, request.match_info["tail"])
         method = request.method
+        if target.resource in _CREATE_ONLY:
+            if method != "POST" or target.name is not None:
+                raise _method_not_allowed()
+            review = await self._review(request)
+            if target.resource == "selfsubjectrulesreviews":
+                return _json(self.auth.rules_review(request[USER], review), 201)
+            return _json(self.auth.access_review(request[USER], review), 201)
+        dry_run = validation.dry_run(request.query)
         if method == "GET":
             if target.sub == "log":
                 return await self.pod_log(request, target)
@@ -182,9 +200,11 @@ class K8sApi:
         if method == "POST":
             if target.sub == "binding":
                 return await self.bind(request, target)
+            if target.sub == "token":
+                return await self.create_token(request, target)
             if target.name is not None or target.sub:
                 raise _method_not_allowed()
-            return await self.create(request, target)
+            return await self.create(request, target, dry_run)
         if method in ("PUT", "PATCH"):
             if target.name is None or target.sub not in (None, "status"):
                 raise _method_not_allowed()
@@ -197,18 +217,41 @@ class K8sApi:
                 warnings = self._check_fields(request, target, patch)
                 if patch is not None:   # the patch without the dropped fields
                     body = _dumps(patch)
+                if target.resource in _RBAC_WRITES:    # judge the patched object, then apply for real
+                    self.auth.check_rbac_write(request[USER], target.resource, target.namespace, self.store.patch(
+                        target.resource, target.namespace, target.name, body, content_type, target.sub, dry_run=True))
                 obj = self.store.patch(target.resource, target.namespace, target.name, body, content_type,
-                                       target.sub)
+                                       target.sub, dry_run=dry_run)
             else:
                 new = self._decode(body, content_type)
                 warnings = self._check_fields(request, target, new)
-                obj = self.store.replace(target.resource, target.namespace, target.name, new, target.sub)
+                self._check_types(target, new)
+                self.auth.check_rbac_write(request[USER], target.resource, target.namespace, new)
+                obj = self.store.replace(target.resource, target.namespace, target.name, new, target.sub,
+                                         dry_run=dry_run)
             return self.respond(request, target, obj, warnings=warnings)
         if method == "DELETE":
             if target.sub:
                 raise _method_not_allowed()
-            return await self.delete(request, target)
+            return await self.delete(request, target, dry_run)
         raise _method_not_allowed()
+
+    async def _review(self, request: web.Request) -> dict:
+        """A review body: JSON, or the protobuf `kubectl auth can-i` always sends."""
+        body, content_type = await request.read(), request.headers.get("Content-Type", "")
+        if content_type.split(";")[0].strip() == "application/vnd.kubernetes.protobuf":
+            try:
+                return protobuf.review(body)
+            except (protobuf.ProtobufError, UnicodeDecodeError) as exc:
+                raise _bad_request(f"the body of the request could not be decoded: {exc}") from None
+        return self._decode(body, content_type)
+
+    @staticmethod
+    def _check_types(target: Target, obj: dict) -> None:
+        """The typed decode of a create/update body: a field of the wrong JSON type is 400."""
+        errors = validation.decode_errors(target.info, obj)
+        if errors:
+            raise validation.undecodable_body(target.info, errors)
 
     @staticmethod
     def _decode(body: bytes, content_type: str = "application/json") -> dict:
@@ -292,7 +335,7 @@ class K8sApi:
                     "metadata": meta, "items": items}
         return _json(body, pretty=_truthy(query.get("pretty")))
 
-    async def create(self, request: web.Request, target: Target) -> web.Response:
+    async def create(self, request: web.Request, target: Target, dry_run: bool = False) -> web.Response:
         obj = self._decode(await request.read(), request.headers.get("Content-Type", ""))
         meta = obj.setdefault("metadata", {})
         if target.info.namespaced:
@@ -303,11 +346,20 @@ class K8sApi:
                                    "the request")
             meta["namespace"] = target.namespace
         warnings = self._check_fields(request, target, obj)
+        self._check_types(target, obj)
+        self.auth.check_rbac_write(request[USER], target.resource, target.namespace, obj)
         if target.resource == "pods":
             obj["status"] = {}          # the server owns pod status
-        return self.respond(request, target, self.store.create(target.resource, obj), 201, warnings)
+        created = self.store.create(target.resource, obj, dry_run=dry_run)
+        return self.respond(request, target, created, 201, warnings)
 
-    async def delete(self, request: web.Request, target: Target) -> web.Response:
+    async def create_token(self, request: web.Request, target: Target) -> web.Response:
+        """TokenRequest (`kubectl create token SA`): a bearer token for an existing ServiceAccount."""
+        spec = self._decode(await request.read()).get("spec")
+        token = self.auth.issue_token(target.namespace or "default", target.name)
+        return _json(token_request(token, spec if isinstance(spec, dict) else None, now_rfc3339(TOKEN_SECONDS)), 201)
+
+    async def delete(self, request: web.Request, target: Target, dry_run: bool = False) -> web.Response:
         options = self._decode(await request.read()) if request.can_read_body else {}
         grace = options.get("gracePeriodSeconds")
         if grace is None:
@@ -317,10 +369,11 @@ class K8sApi:
                                                          request.query.get("labelSelector"),
                                                          request.query.get("fieldSelector"))]
             deleted = [self.store.delete(target.resource, o["metadata"].get("namespace"), o["metadata"]["name"],
-                                         grace) for o in items]
+                                         grace, dry_run=dry_run) for o in items]
             return _json({"kind": f"{target.info.kind}List", "apiVersion": target.info.api_version,
                           "metadata": {"resourceVersion": self.store.resource_version}, "items": deleted})
-        obj = self.store.delete(target.resource, target.namespace, target.name, grace, options.get("preconditions"))
+        obj = self.store.delete(target.resource, target.namespace, target.name, grace, options.get("preconditions"),
+                                dry_run)
         return self.respond(request, target, obj)
 
     async def bind(self, request: web.Request, target: Target) -> web.Response:
@@ -485,9 +538,18 @@ class K8sApi:
 
 
 # --------------------------------------------------------------------------- app
-def make_k8s_app(store: Store, log_source: LogSource, faults: Faults, *, debug: bool = False) -> web.Application:
-    """The Kubernetes API server app; `debug=True` logs every request (off by default)."""
-    api = K8sApi(store, log_source, faults)
+def make_k8s_app(store: Store, log_source: LogSource, faults: Faults, auth: Auth, *,
+                 debug: bool = False) -> web.Application:
+    """The Kubernetes API server app; every request authenticated and authorized by `auth`
+    (the admin routes under /_simcloud excepted); `debug=True` logs every request."""
+    api = K8sApi(store, log_source, faults, auth)
+
+    def admit(request: web.Request) -> None:
+        """Authentication (401), impersonation and RBAC (403), before anything is read or decoded."""
+        user = auth.authenticate(request.headers.get("Authorization"), request.path)
+        user = auth.impersonate(user, request.headers)
+        auth.check(request_attributes(user, request.method, request.path, request.query))
+        request[USER] = user
 
     @web.middleware
     async def middleware(request: web.Request, handler):
@@ -495,6 +557,8 @@ def make_k8s_app(store: Store, log_source: LogSource, faults: Faults, *, debug: 
             await asyncio.sleep(faults.k8s_latency_ms / 1000)
         started = time.monotonic()
         try:
+            if not request.path.startswith(ADMIN_PREFIX):
+                admit(request)
             response = await handler(request)
         except ApiError as err:
             response = _error(err)

@@ -10,6 +10,7 @@ nodes change or pods come, go or finish.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
 from decimal import Decimal
@@ -146,6 +147,20 @@ def _occupies(pod: dict) -> bool:
         (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
 
 
+def _ref(obj: dict) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta['namespace']}/{meta.get('name')}" if meta.get("namespace") else str(meta.get("name"))
+
+
+@contextlib.contextmanager
+def _isolated(what: str):
+    """Log and skip one malformed object instead of failing the whole scheduling pass."""
+    try:
+        yield
+    except Exception:   # noqa: BLE001 - validation should have refused it; keep scheduling everything else
+        log.exception("skipping malformed %s in this scheduling pass", what)
+
+
 # --------------------------------------------------------------------------- the controller
 class Scheduler:
     """Runs in the server's event loop; `start()` from inside it, `await stop()` to end."""
@@ -215,16 +230,20 @@ class Scheduler:
         used: dict[str, Counter] = {n["metadata"]["name"]: Counter() for n in nodes}
         for pod in self.store.peek("pods"):
             if _occupies(pod) and pod["spec"]["nodeName"] in used:
-                used[pod["spec"]["nodeName"]].update(self._pod_requests(pod))
+                with _isolated(f"pod {_ref(pod)}"):
+                    used[pod["spec"]["nodeName"]].update(self._pod_requests(pod))
         for pod in pending:
-            self._schedule_one(pod, nodes, used)
+            with _isolated(f"pod {_ref(pod)}"):     # one object the API should have refused never stalls the rest
+                self._schedule_one(pod, nodes, used)
 
     def _schedule_one(self, pod: dict, nodes: list[dict], used: dict[str, Counter]) -> None:
         requests = self._pod_requests(pod)
         reasons: Counter = Counter()
         fitting = []
         for node in nodes:
-            why = filter_node(pod, requests, node, used[node["metadata"]["name"]])
+            why = ["node(s) could not be evaluated"]
+            with _isolated(f"pod {_ref(pod)} or node {_ref(node)}"):
+                why = filter_node(pod, requests, node, used[node["metadata"]["name"]])
             if why:
                 reasons.update(why)
             else:

@@ -151,17 +151,20 @@ FIELD_LABELS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Boolean fields the server formats with strconv.FormatBool from the typed object: absent is "false".
+_BOOLEAN_FIELDS = ("spec.unschedulable", "spec.hostNetwork")
+
+
 def field_value(obj: dict, path: str) -> str:
-    """The string the server compares for field `path` ("" when absent, booleans as true/false)."""
+    """The string the server compares for field `path` ("" when absent, booleans as true/false;
+    an absent boolean field is false, as the typed object the real server reads has it)."""
     if path == "source":
         return (obj.get("source") or {}).get("component") or obj.get("reportingComponent") or ""
     value: object = obj
     for part in path.split("."):
-        if not isinstance(value, dict):
-            return ""
-        value = value.get(part)
+        value = value.get(part) if isinstance(value, dict) else None
     if value is None:
-        return ""
+        return "false" if path in _BOOLEAN_FIELDS else ""
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)

@@ -1,17 +1,20 @@
 """Assemble the local cloud in one event loop and serve it on two ports of --host (default 127.0.0.1).
 
 Store + Scheduler + EcsCloud + Kubelets + ContainerRunner, the Kubernetes API (with the
-admin routes `/_simcloud/faults` and `/_simcloud/state`) on one port and the ECS API on
-another. Once both listen it writes, in the workdir:
+admin routes `/_simcloud/faults` and `/_simcloud/state`) on one port over HTTP and on a
+second over HTTPS (kubectl sends credentials only over TLS; the kubeconfig names this one),
+and the ECS API on a third. Once they listen it writes, in the workdir:
 
-* `kubeconfig`        cluster http://HOST:K8SPORT (HOST 127.0.0.1 unless --host), a token user, current-context set
+* `kubeconfig`        cluster https://HOST:K8SHTTPSPORT (HOST 127.0.0.1 unless --host) with its private CA,
+                      the admin token user (group system:masters), current-context set   (mode 0600)
 * `ecs.json`          endpoint, region, access_key_id, access_key_secret   (mode 0600)
 * `connections.json`  Airflow connections `kubernetes_default` and `alibaba_ecs_default`
                       (the `dag.test(conn_file_path=...)` format; each value also works as
                       the JSON form of an `AIRFLOW_CONN_*` variable)            (mode 0600)
 * `simcloud.json`     ports, URLs, admin URL, pid (no secrets)
 
-and prints one line containing `simcloud ready`. SIGTERM/SIGINT stop it cleanly: container
+and prints one line containing `simcloud ready`. ServiceAccount tokens, kubeconfigs and
+connections: `python -m simcloud token` (simcloud.admin). SIGTERM/SIGINT stop it cleanly: container
 processes killed, sockets closed. The access key secret is never printed or logged.
 """
 from __future__ import annotations
@@ -21,17 +24,17 @@ import json
 import logging
 import os
 import random
-import secrets
 import signal
 import socket
+import ssl
 import sys
 from pathlib import Path
 
-import yaml
 from aiohttp import web
 
 from simcloud.config import Faults
 from simcloud.admin import ADMIN_PREFIX, admin_routes
+from simcloud.auth import ADMIN_USER, Auth
 from simcloud.containers import ContainerRunner, rfc3339
 from simcloud.ecs_api import make_ecs_app
 from simcloud.ecs_model import EcsCloud
@@ -41,6 +44,8 @@ from simcloud.k8s_api import make_k8s_app
 from simcloud.kubelet import Kubelets
 from simcloud.scheduler import Scheduler
 from simcloud.store import Store
+from simcloud.tls import serving_context
+from simcloud.workdir import kubeconfig_text, kubernetes_connection, write_file as _write
 
 log = logging.getLogger("simcloud")
 
@@ -59,12 +64,14 @@ class Cloud:
                                  random.Random(self.rng.random()))
         self.scheduler = Scheduler(self.store)
         self._populate()
-        self.k8s_app = make_k8s_app(self.store, self.runner, self.faults)
-        self.k8s_app.router.add_routes(admin_routes(self.faults, self.state, self.store.compact))
+        self.auth = Auth(self.store)
+        self.k8s_app = make_k8s_app(self.store, self.runner, self.faults, self.auth)
+        self.k8s_app.router.add_routes(admin_routes(self.faults, self.state, self.store.compact, self.auth))
         self.ecs_app = make_ecs_app(self.cloud, {fleet.access_key_id: fleet.access_key_secret}, self.faults,
                                     rng=random.Random(self.rng.random()))
         self._runners: list[web.AppRunner] = []
-        self.k8s_port = self.ecs_port = 0
+        self.k8s_port = self.k8s_https_port = self.ecs_port = 0
+        self.ca_pem = b""
 
     def _populate(self) -> None:
         fleet = self.fleet
@@ -100,9 +107,11 @@ class Cloud:
         return {"region": self.fleet.region, "instances": self.cloud.state(), "nodes": nodes, "pods": phases,
                 "faults": self.faults.to_dict()}
 
-    async def start(self, k8s_port: int = 0, ecs_port: int = 0) -> None:
-        k8s_address, self.k8s_port = await self._listen(self.k8s_app, k8s_port)
-        _, self.ecs_port = await self._listen(self.ecs_app, ecs_port)
+    async def start(self, k8s_port: int = 0, ecs_port: int = 0, k8s_https_port: int = 0) -> None:
+        tls, self.ca_pem = serving_context(self.workdir / "tls", [self.host])
+        (k8s_address, self.k8s_port), (_, self.k8s_https_port) = await self._listen(
+            self.k8s_app, (k8s_port, None), (k8s_https_port, tls))
+        ((_, self.ecs_port),) = await self._listen(self.ecs_app, (ecs_port, None))
         # Pods are processes on this machine: they reach the API at the address it is bound to
         # (the IP --host resolved to; a wildcard bind through loopback).
         self.runner.k8s_host = "127.0.0.1" if k8s_address == "0.0.0.0" else k8s_address
@@ -110,17 +119,19 @@ class Cloud:
         self.scheduler.start()
         self.kubelets.start()
 
-    async def _listen(self, app: web.Application, port: int) -> tuple[str, int]:
-        """Serve `app` on (--host, port); returns the bound address and port."""
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, port))
+    async def _listen(self, app: web.Application, *ports: tuple[int, ssl.SSLContext | None]) -> list[tuple[str, int]]:
+        """Serve `app` on (--host, port) for each (port, TLS context or None); returns the bound addresses."""
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
         self._runners.append(runner)
-        await web.SockSite(runner, sock).start()
-        address, bound_port = sock.getsockname()[:2]
-        return address, bound_port
+        bound = []
+        for port, tls in ports:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, port))
+            await web.SockSite(runner, sock, ssl_context=tls).start()
+            bound.append(sock.getsockname()[:2])
+        return bound
 
     async def stop(self) -> None:
         await self.kubelets.stop()
@@ -136,27 +147,24 @@ class Cloud:
         return f"http://{self.host}:{self.k8s_port}"
 
     @property
+    def k8s_https_url(self) -> str:
+        return f"https://{self.host}:{self.k8s_https_port}"
+
+    @property
     def ecs_endpoint(self) -> str:
         return f"http://{self.host}:{self.ecs_port}"
 
     def write_files(self) -> None:
         fleet, wd = self.fleet, self.workdir
         kubeconfig = wd / "kubeconfig"
-        _write(kubeconfig, yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "preferences": {},
-            "clusters": [{"name": "simcloud", "cluster": {"server": self.k8s_url}}],
-            "users": [{"name": "simcloud-admin", "user": {"token": secrets.token_hex(16)}}],
-            "contexts": [{"name": "simcloud", "context": {"cluster": "simcloud", "user": "simcloud-admin",
-                                                          "namespace": "default"}}],
-            "current-context": "simcloud",
-        }, sort_keys=False), private=True)
+        _write(kubeconfig, kubeconfig_text(self.k8s_https_url, ADMIN_USER, self.auth.admin_token,
+                                           ca_pem=self.ca_pem), private=True)
         _write(wd / "ecs.json", json.dumps({
             "endpoint": self.ecs_endpoint, "region": fleet.region,
             "access_key_id": fleet.access_key_id, "access_key_secret": fleet.access_key_secret}, indent=2),
             private=True)
         _write(wd / "connections.json", json.dumps({
-            "kubernetes_default": {"conn_type": "kubernetes",
-                                   "extra": {"kube_config_path": str(kubeconfig.resolve()), "namespace": "default"}},
+            "kubernetes_default": kubernetes_connection(kubeconfig),
             "alibaba_ecs_default": {"conn_type": "alibaba_cloud", "login": fleet.access_key_id,
                                     "password": fleet.access_key_secret,
                                     "extra": {"region_id": fleet.region, "endpoint": f"{self.host}:{self.ecs_port}",
@@ -164,17 +172,9 @@ class Cloud:
         }, indent=2), private=True)
         _write(wd / "simcloud.json", json.dumps({
             "pid": os.getpid(), "k8s_port": self.k8s_port, "ecs_port": self.ecs_port, "k8s_url": self.k8s_url,
+            "k8s_https_port": self.k8s_https_port, "k8s_https_url": self.k8s_https_url,
             "ecs_endpoint": self.ecs_endpoint, "admin_url": self.k8s_url + ADMIN_PREFIX, "region": fleet.region,
             "kubeconfig": str(kubeconfig.resolve())}, indent=2))
-
-
-def _write(path: Path, text: str, private: bool = False) -> None:
-    """Write atomically, readable only by the owner when it holds a secret."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
 
 
 async def serve(fleet: Fleet, workdir: Path, k8s_port: int = 0, ecs_port: int = 0, seed: int | None = None,

@@ -6,6 +6,10 @@ watch cache) so watches can resume from a resourceVersion (older -> 410 Gone), a
 queues for in-process watchers. Each resource keeps its keys sorted, so a list page
 (`limit` + continue after the last key) costs O(log n + page), not a scan of everything.
 
+Creates and API updates are defaulted and validated (simcloud.admission, simcloud.validation:
+422 with causes) before they are stored, and take `dry_run` (validated, nothing stored);
+in-process controllers write through `mutate`, which trusts them.
+
 Stored objects are never edited in place: every write stores a new dict. Public
 methods hand out deep copies; the API's hot paths read the stored objects
 through `select`/`peek`/`watch` and only serialize them (read-only by contract).
@@ -23,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Iterable, NamedTuple
 
-from simcloud import admission
+from simcloud import admission, validation
 from simcloud.patching import PatchError, apply_patch
 from simcloud.selectors import SelectorError, parse_field_selector, parse_label_selector
 
@@ -73,7 +77,7 @@ RESOURCES: dict[str, ResourceInfo] = {r.name: r for r in (
     _r("events", "Event", True, ["ev"]),
     _r("configmaps", "ConfigMap", True, ["cm"]),
     _r("secrets", "Secret", True),
-    _r("serviceaccounts", "ServiceAccount", True, ["sa"]),
+    _r("serviceaccounts", "ServiceAccount", True, ["sa"], ["token"]),
     _r("services", "Service", True, ["svc"], ["status"]),
     _r("endpoints", "Endpoints", True, ["ep"]),
     _r("persistentvolumeclaims", "PersistentVolumeClaim", True, ["pvc"], ["status"]),
@@ -82,6 +86,13 @@ RESOURCES: dict[str, ResourceInfo] = {r.name: r for r in (
     _r("resourcequotas", "ResourceQuota", True, ["quota"], ["status"]),
     _r("limitranges", "LimitRange", True, ["limits"]),
     _r("leases", "Lease", True, group="coordination.k8s.io"),
+    _r("roles", "Role", True, group="rbac.authorization.k8s.io"),
+    _r("rolebindings", "RoleBinding", True, group="rbac.authorization.k8s.io"),
+    _r("clusterroles", "ClusterRole", False, group="rbac.authorization.k8s.io"),
+    _r("clusterrolebindings", "ClusterRoleBinding", False, group="rbac.authorization.k8s.io"),
+    # create-only reviews: answered by simcloud.auth, never stored
+    _r("selfsubjectaccessreviews", "SelfSubjectAccessReview", False, group="authorization.k8s.io"),
+    _r("selfsubjectrulesreviews", "SelfSubjectRulesReview", False, group="authorization.k8s.io"),
 )}
 
 
@@ -271,7 +282,8 @@ class Store:
         return clone(items), self.resource_version
 
     # ------------------------------------------------------------------ writes
-    def create(self, resource: str, obj: dict) -> dict:
+    def create(self, resource: str, obj: dict, dry_run: bool = False) -> dict:
+        """Default, validate (422) and store `obj`; `dry_run` returns what would be stored."""
         info = self.info(resource)
         obj = clone(obj)
         meta = obj.setdefault("metadata", {})
@@ -286,7 +298,7 @@ class Store:
                 raise admission.invalid(info.kind, "", [("metadata.name", "FieldValueRequired",
                                                          "Required value: name or generateName is required")])
             meta["name"] = meta["generateName"] + _random_suffix()
-        admission.check_name(info.kind, meta["name"], label_only=resource == "namespaces")
+        validation.check_name(info, meta["name"])
         key = self._key(resource, meta.get("namespace"), meta["name"])
         if key in self._objects[resource]:
             raise ApiError(409, "AlreadyExists", f'{info.name} "{meta["name"]}" already exists',
@@ -299,9 +311,13 @@ class Store:
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_rfc3339()
         meta["generation"] = 1
+        validation.validate(info, obj)
+        if dry_run:
+            return clone(obj)
         return clone(self._commit(resource, key, obj, None))
 
-    def _update(self, resource: str, current: dict, new: dict, subresource: str | None) -> dict:
+    def _update(self, resource: str, current: dict, new: dict, subresource: str | None,
+                dry_run: bool = False) -> dict:
         info = RESOURCES[resource]
         meta, old_meta = new.setdefault("metadata", {}), current["metadata"]
         name = old_meta["name"]
@@ -334,18 +350,22 @@ class Store:
                 admission.check_pod_update(current, result)
             if result.get("spec") != current.get("spec"):
                 rmeta["generation"] = old_meta.get("generation", 1) + 1
+        validation.validate(info, result, current)
+        if dry_run:
+            return clone(result)
         return clone(self._commit(resource, self._key_of_resource(resource, current), result, current))
 
     def _key_of_resource(self, resource: str, obj: dict) -> tuple[str, str]:
         return self._key(resource, obj["metadata"].get("namespace"), obj["metadata"]["name"])
 
     def replace(self, resource: str, namespace: str | None, name: str, obj: dict,
-                subresource: str | None = None) -> dict:
+                subresource: str | None = None, dry_run: bool = False) -> dict:
         """PUT: 409 Conflict when the body's resourceVersion is set and stale."""
-        return self._update(resource, self._stored(resource, namespace, name), obj, subresource)
+        return self._update(resource, self._stored(resource, namespace, name), obj, subresource, dry_run)
 
     def patch(self, resource: str, namespace: str | None, name: str, body, content_type: str,
-              subresource: str | None = None) -> dict:
+              subresource: str | None = None, dry_run: bool = False) -> dict:
+        """Apply the patch; a result that does not decode as the kind is 422 (the real `patch` field error)."""
         current = self._stored(resource, namespace, name)
         try:
             patched = apply_patch(clone(current), body, content_type)
@@ -354,7 +374,10 @@ class Store:
             raise ApiError(exc.code, reasons.get(exc.code, "Invalid"), str(exc)) from None
         if not isinstance(patched, dict):
             raise ApiError(400, "BadRequest", "patch must produce an object")
-        return self._update(resource, current, patched, subresource)
+        errors = validation.decode_errors(RESOURCES[resource], patched)
+        if errors:
+            raise validation.undecodable_patch(patched, errors)
+        return self._update(resource, current, patched, subresource, dry_run)
 
     def mutate(self, resource: str, namespace: str | None, name: str, fn: Callable[[dict], None]) -> dict:
         """For in-process controllers: `fn` edits a copy; the store versions it and emits MODIFIED."""
@@ -367,7 +390,7 @@ class Store:
         return clone(self._commit(resource, self._key_of_resource(resource, current), new, current))
 
     def delete(self, resource: str, namespace: str | None, name: str, grace_period_seconds: int | None = None,
-               preconditions: dict | None = None) -> dict:
+               preconditions: dict | None = None, dry_run: bool = False) -> dict:
         """Graceful for bound, running pods (the kubelet finishes with `remove`); immediate otherwise."""
         current = self._stored(resource, namespace, name)
         meta = current["metadata"]
@@ -377,6 +400,8 @@ class Store:
             if expected and expected != meta.get(field_name):
                 raise conflict(resource, name, f"Precondition failed: {field_name.upper() if field_name == 'uid' else 'ResourceVersion'} "
                                                f"in precondition: {expected}, {field_name} in object meta: {meta.get(field_name)}")
+        if dry_run:
+            return clone(current)
         if resource == "pods" and current["spec"].get("nodeName") and not _is_terminal(current):
             grace = grace_period_seconds
             if grace is None:

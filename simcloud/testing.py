@@ -6,6 +6,8 @@
         v1 = cloud.core_v1()                       # kubernetes.client.CoreV1Api on cloud.kubeconfig
         ecs = cloud.ecs_client()                   # alibabacloud_ecs20140526 Client on cloud.ecs
         cloud.set_faults(never_ready=["gpu-1"])    # PATCH /_simcloud/faults
+        sa = cloud.serviceaccount_kubeconfig("gpuboot", "gpuboot")   # act as a ServiceAccount (RBAC applies)
+        v1_sa = cloud.core_v1(sa)
         wait_until(lambda: cloud.node_ready("cpu-1"), timeout=5)
 
 The product never imports this module (nor anything else in simcloud).
@@ -184,6 +186,23 @@ class SimCloud:
         """Drop the watch history and end open watches (resuming watchers get 410 Gone)."""
         return admin.compact(self.workdir)
 
+    def serviceaccount_token(self, namespace: str, name: str) -> str:
+        """A bearer token of an existing ServiceAccount (POST /_simcloud/serviceaccount-token)."""
+        return admin.serviceaccount_token(self.workdir, namespace, name)
+
+    def serviceaccount_kubeconfig(self, namespace: str, name: str, *, connections: bool = False,
+                                  context_namespace: str = "default") -> Path:
+        """A kubeconfig acting as ServiceAccount `namespace/name` (and, with `connections`, a
+        `connections-<ns>-<name>.json` beside it whose kubernetes_default uses it)."""
+        kubeconfig = self.workdir / f"kubeconfig-{namespace}-{name}"
+        admin.write_serviceaccount_files(self.workdir, namespace, name, kubeconfig,
+                                         self.serviceaccount_connections_file(namespace, name) if connections else None,
+                                         context_namespace)
+        return kubeconfig
+
+    def serviceaccount_connections_file(self, namespace: str, name: str) -> Path:
+        return self.workdir / f"connections-{namespace}-{name}.json"
+
     def instance_id(self, node_name: str) -> str:
         return next(n["instance_id"] for n in self.state()["nodes"] if n["name"] == node_name)
 
@@ -195,9 +214,12 @@ class SimCloud:
             self._api_client = config.new_client_from_config(config_file=str(self.kubeconfig))
         return self._api_client
 
-    def core_v1(self):
-        from kubernetes import client
-        return client.CoreV1Api(self.api_client())
+    def core_v1(self, kubeconfig: Path | None = None):
+        """CoreV1Api as the admin (the workdir's kubeconfig) or as the identity of `kubeconfig`."""
+        from kubernetes import client, config
+        if kubeconfig is None:
+            return client.CoreV1Api(self.api_client())
+        return client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
 
     def ecs_client(self):
         from alibabacloud_ecs20140526.client import Client

@@ -1,8 +1,10 @@
 """An in-process Kubernetes API server (store + scheduler + API app) for the K8S conformance tests.
 
 The aiohttp app runs in its own event loop on a background thread, bound to
-127.0.0.1 on a free port, so synchronous clients and kubectl can call it from the
-test thread. `on_loop` runs a function inside that loop, the only place the
+127.0.0.1 on a free port over HTTP (the Python clients, `core_v1()`, `configure()`) and on
+another over HTTPS (the `kubeconfig` kubectl uses: client-go sends tokens only over TLS),
+so synchronous clients and kubectl can call it from the test thread. Every request needs
+a token: the admin's (`admin_token`) or a ServiceAccount's (`token_for`, `kubeconfig_for`). `on_loop` runs a function inside that loop, the only place the
 store may be touched. Logs come from a tiny in-memory LogSource.
 """
 from __future__ import annotations
@@ -19,10 +21,13 @@ from typing import Callable, TypeVar
 import pytest
 from aiohttp import web
 
+from simcloud.auth import Auth
 from simcloud.config import Faults
 from simcloud.k8s_api import make_k8s_app
 from simcloud.scheduler import Scheduler
 from simcloud.store import ApiError, Store
+from simcloud.tls import serving_context
+from simcloud.workdir import kubeconfig_text
 from simcloud.testing import wait_until  # noqa: F401 - re-exported for the K8S tests
 
 T = TypeVar("T")
@@ -74,6 +79,9 @@ class K8sServer:
     loop: asyncio.AbstractEventLoop
     kubeconfig: Path
     workdir: Path
+    auth: Auth
+    ca_pem: bytes
+    https_port: int
     scheduler: Scheduler | None = None
     _stop: Callable[[], None] = field(default=lambda: None)
 
@@ -86,11 +94,38 @@ class K8sServer:
             return fn()
         return asyncio.run_coroutine_threadsafe(call(), self.loop).result(timeout=10)
 
-    def core_v1(self):
-        import kubernetes
-        config = kubernetes.client.Configuration()
+    @property
+    def admin_token(self) -> str:
+        return self.auth.admin_token
+
+    def configure(self, config, token: str | None = None):
+        """Point a `kubernetes` or `kubernetes_asyncio` Configuration at the server with a bearer token
+        (the admin's unless `token`)."""
         config.host = self.url
+        config.api_key = {"BearerToken": token or self.admin_token}
+        config.api_key_prefix = {"BearerToken": "Bearer"}
+        return config
+
+    def core_v1(self, token: str | None = None):
+        import kubernetes
+        config = self.configure(kubernetes.client.Configuration(), token)
         return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(config))
+
+    def token_for(self, namespace: str, name: str) -> str:
+        """A token of ServiceAccount namespace/name (created if missing), as TokenRequest issues it."""
+        def issue() -> str:
+            try:
+                self.store.read("serviceaccounts", namespace, name)
+            except ApiError:
+                self.store.create("serviceaccounts", {"metadata": {"name": name, "namespace": namespace}})
+            return self.auth.issue_token(namespace, name)
+        return self.on_loop(issue)
+
+    def kubeconfig_for(self, user: str, token: str) -> Path:
+        """A kubeconfig on the HTTPS port acting as `user` with `token` (kubectl sends tokens only over TLS)."""
+        path = self.workdir / f"kubeconfig-{user.replace(':', '-')}"
+        path.write_text(kubeconfig_text(f"https://127.0.0.1:{self.https_port}", user, token, ca_pem=self.ca_pem))
+        return path
 
     def add_node(self, name: str, **kwargs) -> dict:
         return self.on_loop(lambda: self.store.create("nodes", make_node(name, **kwargs)))
@@ -140,27 +175,6 @@ def pod_body(name: str, *, node_selector: dict | None = None, gpu: int = 0, cpu:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {}}, "spec": spec}
 
 
-def write_kubeconfig(path: Path, url: str) -> Path:
-    path.write_text(f"""apiVersion: v1
-kind: Config
-clusters:
-- name: simcloud
-  cluster:
-    server: {url}
-users:
-- name: simcloud
-  user: {{}}
-contexts:
-- name: simcloud
-  context:
-    cluster: simcloud
-    user: simcloud
-    namespace: default
-current-context: simcloud
-""")
-    return path
-
-
 def start_server(workdir: Path, *, scheduler: bool = True, history_limit: int = 10_000) -> K8sServer:
     loop = asyncio.new_event_loop()
     ready = threading.Event()
@@ -170,15 +184,20 @@ def start_server(workdir: Path, *, scheduler: bool = True, history_limit: int = 
         store = Store(history_limit=history_limit)
         faults = Faults()
         logs = MemoryLogs(store)
-        runner = web.AppRunner(make_k8s_app(store, logs, faults), access_log=None, shutdown_timeout=0.5)
+        auth = Auth(store)
+        runner = web.AppRunner(make_k8s_app(store, logs, faults, auth), access_log=None, shutdown_timeout=0.5)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
+        tls, ca_pem = serving_context(workdir / "tls", ["127.0.0.1"])
+        https = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls)   # for kubectl: credentials only over TLS
+        await https.start()
         sched = Scheduler(store) if scheduler else None
         if sched:
             sched.start()
-        holder.update(store=store, faults=faults, logs=logs, runner=runner, scheduler=sched,
-                      port=site._server.sockets[0].getsockname()[1])
+        holder.update(store=store, faults=faults, logs=logs, runner=runner, scheduler=sched, auth=auth,
+                      port=site._server.sockets[0].getsockname()[1], ca_pem=ca_pem,
+                      https_port=https._server.sockets[0].getsockname()[1])
         ready.set()
 
     def run():
@@ -200,9 +219,11 @@ def start_server(workdir: Path, *, scheduler: bool = True, history_limit: int = 
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
 
-    kubeconfig = write_kubeconfig(workdir / "kubeconfig", f"http://127.0.0.1:{holder['port']}")
+    kubeconfig = workdir / "kubeconfig"
+    kubeconfig.write_text(kubeconfig_text(f"https://127.0.0.1:{holder['https_port']}", "simcloud-admin",
+                                          holder["auth"].admin_token, ca_pem=holder["ca_pem"]))
     return K8sServer(holder["store"], holder["faults"], holder["logs"], holder["port"], loop, kubeconfig, workdir,
-                     holder["scheduler"], stop)
+                     holder["auth"], holder["ca_pem"], holder["https_port"], holder["scheduler"], stop)
 
 
 @pytest.fixture
@@ -224,10 +245,13 @@ KUBECTL_PARAMS = [
 ]
 
 
-def kubectl(binary: str, server: K8sServer, *args: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
-    """Run kubectl against `server` with a private HOME and discovery cache."""
-    env = {**os.environ, "HOME": str(server.workdir), "KUBECONFIG": str(server.kubeconfig)}
-    cmd = [binary, "--kubeconfig", str(server.kubeconfig), "--cache-dir", str(server.workdir / "kcache"), *args]
+def kubectl(binary: str, server: K8sServer, *args: str, check: bool = True, timeout: float = 30,
+            kubeconfig: Path | None = None) -> subprocess.CompletedProcess:
+    """Run kubectl against `server` (as the admin, or the identity of `kubeconfig`) with a private HOME
+    and discovery cache."""
+    kubeconfig = kubeconfig or server.kubeconfig
+    env = {**os.environ, "HOME": str(server.workdir), "KUBECONFIG": str(kubeconfig)}
+    cmd = [binary, "--kubeconfig", str(kubeconfig), "--cache-dir", str(server.workdir / "kcache"), *args]
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({result.returncode}):\n{result.stderr}\n{result.stdout}")

@@ -98,7 +98,8 @@ def test_error_statuses_are_the_real_ones(k8s: K8sServer):
     assert err.value.status == 415
     # protobuf bodies (kubectl 1.32's `create configmap` generator) are refused as unsupported, not misread
     request = urllib.request.Request(f"{k8s.url}/api/v1/namespaces/{NS}/configmaps", data=b"k8s\x00...",
-                                     method="POST", headers={"Content-Type": "application/vnd.kubernetes.protobuf"})
+                                     method="POST", headers={"Content-Type": "application/vnd.kubernetes.protobuf",
+                                                             "Authorization": f"Bearer {k8s.admin_token}"})
     with pytest.raises(urllib.error.HTTPError) as http_err:
         urllib.request.urlopen(request)
     assert http_err.value.code == 415 and json.loads(http_err.value.read())["reason"] == "UnsupportedMediaType"
@@ -269,8 +270,7 @@ def test_kubernetes_asyncio_watches_one_node_by_field_selector(k8s: K8sServer):
     k8s.add_node("gpu-b", gpu=1)
 
     async def watch_node() -> list[tuple[str, str, str]]:
-        config = kubernetes_asyncio.client.Configuration()
-        config.host = k8s.url
+        config = k8s.configure(kubernetes_asyncio.client.Configuration())
         async with kubernetes_asyncio.client.ApiClient(config) as api:
             v1 = kubernetes_asyncio.client.CoreV1Api(api)
             watch = kubernetes_asyncio.watch.Watch()

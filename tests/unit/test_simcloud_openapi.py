@@ -30,7 +30,8 @@ def test_strategic_merge_directives_are_not_fields():
 
 def test_v3_documents_offer_field_validation_on_each_kinds_patch():
     root = v3_root()["paths"]
-    assert set(root) == {"api/v1", "apis/coordination.k8s.io/v1"}
+    assert set(root) == {"api/v1", "apis/coordination.k8s.io/v1", "apis/rbac.authorization.k8s.io/v1",
+                         "apis/authorization.k8s.io/v1"}
     assert root["api/v1"]["serverRelativeURL"].startswith("/openapi/v3/api/v1?hash=")
     doc = json.loads(v3_document("apis/coordination.k8s.io/v1"))
     patch = doc["paths"]["/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"]["patch"]

@@ -59,6 +59,12 @@ EVENT = {"metadata": {"name": "e", "namespace": "ml"}, "involvedObject": {"kind"
     ("events", EVENT, "type=Warning", False),
     ("events", EVENT, "reason=Scheduled,source=default-scheduler", True),
     ("nodes", {"metadata": {"name": "n"}, "spec": {"unschedulable": True}}, "spec.unschedulable=true", True),
+    # an absent boolean is false, as the typed Node the real server formats has it
+    ("nodes", {"metadata": {"name": "n"}, "spec": {}}, "spec.unschedulable=false", True),
+    ("nodes", {"metadata": {"name": "n"}}, "spec.unschedulable=false", True),
+    ("nodes", {"metadata": {"name": "n"}}, "spec.unschedulable!=true", True),
+    ("nodes", {"metadata": {"name": "n"}, "spec": {"unschedulable": True}}, "spec.unschedulable=false", False),
+    ("pods", POD, "spec.hostNetwork=false", True),
 ])
 def test_field_selector_matches(resource, obj, selector, expected):
     assert parse_field_selector(selector, resource).matches(obj) is expected
