@@ -60,8 +60,8 @@ def check_name(kind: str, name: str, label_only: bool = False) -> None:
 
 # --------------------------------------------------------------------------- pods
 _DEFAULT_TOLERATIONS = [
-    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
-    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
 ]
 _MUTABLE_POD_SPEC_MSG = ("Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
                          "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` "
@@ -130,7 +130,8 @@ def _validate_containers(name: str, spec: dict) -> None:
         raise invalid("Pod", name, causes)
 
 
-def default_pod(pod: dict) -> None:
+def default_pod(pod: dict, toleration_seconds: int = 300) -> None:
+    """Defaults as the apiserver sets them; `toleration_seconds` is DefaultTolerationSeconds' value."""
     spec = pod.setdefault("spec", {})
     _validate_containers(pod["metadata"]["name"], spec)
     for group in ("initContainers", "containers"):
@@ -149,7 +150,7 @@ def default_pod(pod: dict) -> None:
     tolerations = spec.setdefault("tolerations", [])
     for default in _DEFAULT_TOLERATIONS:
         if not any(t.get("key") == default["key"] and t.get("effect") in (None, "", "NoExecute") for t in tolerations):
-            tolerations.append(dict(default))
+            tolerations.append({**default, "tolerationSeconds": toleration_seconds})
     status = pod.setdefault("status", {})
     status.setdefault("phase", "Pending")
     status.setdefault("qosClass", _qos_class(spec))

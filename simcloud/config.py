@@ -11,15 +11,33 @@ from dataclasses import asdict, dataclass, field, fields
 
 @dataclass
 class Timings:
-    """Seconds each emulated physical step takes (fleet file key `timings`)."""
+    """Seconds each emulated step takes (fleet file key `timings`).
+
+    The defaults of the cluster's own clocks are Kubernetes 1.32's, so a fleet that sets
+    nothing is as slow as a real cluster; `simcloud.testing.small_fleet` and the demo fleet
+    shorten them.
+    """
 
     start_seconds: float = 2.0          # ECS: Starting -> Running
     stop_seconds: float = 2.0           # ECS: Stopping -> Stopped
     boot_seconds: float = 3.0           # Running -> kubelet posts Ready with a new bootID (GPU still stale)
     stale_seconds: float = 1.0          # Ready with the stale GPU count -> kubelet zeroes extended resources
     device_plugin_seconds: float = 2.0  # zeroed -> NVIDIA device plugin registers the real count
-    heartbeat_seconds: float = 5.0      # kubelet Ready heartbeat (lastHeartbeatTime) period
     pod_start_seconds: float = 0.5      # bound pod -> container running
+    # kubelet: the Node status is written on every change, and rewritten (fresh lastHeartbeatTime)
+    # when nothing changed for this long (nodeStatusReportFrequency, 5 min)
+    heartbeat_seconds: float = 300.0
+    lease_renew_seconds: float = 10.0   # the kubelet renews its node Lease (nodeLeaseDurationSeconds 40 / 4)
+    shutdown_grace_seconds: float = 0.0  # kubelet shutdownGracePeriod: > 0 kills pods (Failed) on a stop; 0 = off
+    # node-lifecycle controller (kube-controller-manager)
+    node_monitor_period_seconds: float = 5.0   # --node-monitor-period: how often it looks at every node
+    node_monitor_grace_seconds: float = 50.0   # --node-monitor-grace-period (1.32: 50 s): no status or Lease
+    #                                            renewal this long -> conditions Unknown, unreachable taints
+    # kube-apiserver
+    default_toleration_seconds: float = 300.0  # DefaultTolerationSeconds: not-ready/unreachable NoExecute
+    #                                            tolerations given to pods that have none (eviction delay)
+    watch_history_seconds: float = 300.0       # versions older than this are compacted: a watch from one is 410
+    watch_bookmark_seconds: float = 60.0       # BOOKMARK period of watches that allow them
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,6 +1,6 @@
 """Assemble the local cloud in one event loop and serve it on two ports of --host (default 127.0.0.1).
 
-Store + Scheduler + EcsCloud + Kubelets + ContainerRunner, the Kubernetes API (with the
+Store + Scheduler + node-lifecycle controller + EcsCloud + Kubelets + ContainerRunner, the Kubernetes API (with the
 admin routes `/_simcloud/faults` and `/_simcloud/state`) on one port and the ECS API on
 another. Once both listen it writes, in the workdir:
 
@@ -17,6 +17,7 @@ processes killed, sockets closed. The access key secret is never printed or logg
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ from pathlib import Path
 import yaml
 from aiohttp import web
 
+from simcloud import admission
 from simcloud.config import Faults
 from simcloud.admin import ADMIN_PREFIX, admin_routes
 from simcloud.containers import ContainerRunner, rfc3339
@@ -39,6 +41,7 @@ from simcloud.fleet import (BENCH_NAMESPACE, Fleet, ecs_instance, new_boot_id, n
                             placeholder_pod)
 from simcloud.k8s_api import make_k8s_app
 from simcloud.kubelet import Kubelets
+from simcloud.node_lifecycle import NodeLifecycleController
 from simcloud.scheduler import Scheduler
 from simcloud.store import Store
 
@@ -52,14 +55,19 @@ class Cloud:
         self.fleet, self.workdir, self.host = fleet, Path(workdir), host
         self.rng = random.Random(seed)
         self.faults: Faults = fleet.faults
-        self.store = Store()
+        timings = fleet.timings
+        self.store = Store(history_seconds=timings.watch_history_seconds)
+        self.store.defaulters["pods"] = functools.partial(     # --default-*-toleration-seconds
+            admission.default_pod, toleration_seconds=int(timings.default_toleration_seconds))
         self.cloud = EcsCloud(fleet.region, fleet.timings, fleet.faults)
         self.runner = ContainerRunner(self.workdir / "containers")
         self.kubelets = Kubelets(self.store, self.cloud, self.runner, fleet.timings, fleet.faults,
                                  random.Random(self.rng.random()))
         self.scheduler = Scheduler(self.store)
+        self.node_lifecycle = NodeLifecycleController(self.store, fleet.timings)
         self._populate()
-        self.k8s_app = make_k8s_app(self.store, self.runner, self.faults)
+        self.k8s_app = make_k8s_app(self.store, self.runner, self.faults,
+                                    bookmark_seconds=timings.watch_bookmark_seconds)
         self.k8s_app.router.add_routes(admin_routes(self.faults, self.state, self.store.compact))
         self.ecs_app = make_ecs_app(self.cloud, {fleet.access_key_id: fleet.access_key_secret}, self.faults,
                                     rng=random.Random(self.rng.random()))
@@ -108,6 +116,7 @@ class Cloud:
         self.runner.k8s_host = "127.0.0.1" if k8s_address == "0.0.0.0" else k8s_address
         self.runner.k8s_port = self.k8s_port
         self.scheduler.start()
+        self.node_lifecycle.start()
         self.kubelets.start()
 
     async def _listen(self, app: web.Application, port: int) -> tuple[str, int]:
@@ -125,6 +134,7 @@ class Cloud:
     async def stop(self) -> None:
         await self.kubelets.stop()
         await self.scheduler.stop()
+        await self.node_lifecycle.stop()
         await self.runner.shutdown()
         self.cloud.close()
         for runner in reversed(self._runners):

@@ -168,6 +168,7 @@ class Store:
         self._aged_rv = 0                                    # newest rv compacted by age (all resources)
         self._subscribers: dict[str, list[_Subscriber]] = {name: [] for name in RESOURCES}
         self._event_keys: dict[tuple, tuple[str, str]] = {}
+        self.defaulters = dict(admission.DEFAULTERS)   # per resource; the server configures some
         for ns in INITIAL_NAMESPACES:
             self.create("namespaces", {"metadata": {"name": ns}})
 
@@ -308,8 +309,8 @@ class Store:
             raise ApiError(409, "AlreadyExists", f'{info.name} "{meta["name"]}" already exists',
                            {"name": meta["name"], "kind": info.name})
         obj["kind"], obj["apiVersion"] = info.kind, info.api_version
-        if resource in admission.DEFAULTERS:
-            admission.DEFAULTERS[resource](obj)
+        if resource in self.defaulters:
+            self.defaulters[resource](obj)
         for transient in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"):
             meta.pop(transient, None)
         meta["uid"] = str(uuid.uuid4())
