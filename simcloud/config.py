@@ -65,6 +65,10 @@ class Faults:
     # real count. "kubelet": as a restarted kubelet writes them: the registration patch zeroing the
     # extended resources (old bootID), the new bootID with Ready=False, Ready=True, the real count.
     boot_order: dict[str, str] = field(default_factory=dict)
+    # Per action ("*": every action without its own entry): calls allowed per quota window; more are
+    # refused with Throttling.User until the window ends (simcloud.ecs_quota). Empty: no limit.
+    ecs_api_quota: dict[str, float] = field(default_factory=dict)
+    ecs_api_quota_window_seconds: float = 60.0
     k8s_latency_ms: int = 0               # added to every Kubernetes API request
     k8s_conflict_burst: int = 0           # the next N ConfigMap writes are answered 409 Conflict
 
@@ -93,7 +97,15 @@ class Faults:
     @staticmethod
     def _per_node(key: str, value) -> dict:
         if not isinstance(value, dict):
-            raise ValueError(f"fault {key} must be an object of node name (or instance id, or \"*\") -> value")
+            raise ValueError(f"fault {key} must be an object of name (node, instance id or action; \"*\") -> value")
+        if key == "ecs_api_quota":
+            try:
+                out = {str(k): float(v) for k, v in value.items()}
+            except (TypeError, ValueError):
+                raise ValueError(f"fault {key}: values must be calls per window, got {value}") from None
+            if any(v < 0 for v in out.values()):
+                raise ValueError(f"fault {key}: calls per window must be >= 0, got {value}")
+            return out
         if key == "boot_order":
             bad = {k: v for k, v in value.items() if v not in BOOT_ORDERS}
             if bad:
