@@ -50,8 +50,8 @@ def invalid(kind: str, name: str, causes: list[tuple[str, str, str]]):
 
 # --------------------------------------------------------------------------- pods
 _DEFAULT_TOLERATIONS = [
-    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
-    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
 ]
 _MUTABLE_POD_SPEC_MSG = ("Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
                          "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` "
@@ -120,7 +120,8 @@ def _validate_containers(name: str, spec: dict) -> None:
         raise invalid("Pod", name, causes)
 
 
-def default_pod(pod: dict) -> None:
+def default_pod(pod: dict, toleration_seconds: int = 300) -> None:
+    """Defaults as the apiserver sets them; `toleration_seconds` is DefaultTolerationSeconds' value."""
     spec = pod.setdefault("spec", {})
     _validate_containers(pod["metadata"]["name"], spec)
     for group in ("initContainers", "containers"):
@@ -139,7 +140,7 @@ def default_pod(pod: dict) -> None:
     tolerations = spec.setdefault("tolerations", [])
     for default in _DEFAULT_TOLERATIONS:
         if not any(t.get("key") == default["key"] and t.get("effect") in (None, "", "NoExecute") for t in tolerations):
-            tolerations.append(dict(default))
+            tolerations.append({**default, "tolerationSeconds": toleration_seconds})
     status = pod.setdefault("status", {})
     status.setdefault("phase", "Pending")
     status.setdefault("qosClass", _qos_class(spec))

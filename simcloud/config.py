@@ -11,15 +11,33 @@ from dataclasses import asdict, dataclass, field, fields
 
 @dataclass
 class Timings:
-    """Seconds each emulated physical step takes (fleet file key `timings`)."""
+    """Seconds each emulated step takes (fleet file key `timings`).
+
+    The defaults of the cluster's own clocks are Kubernetes 1.32's, so a fleet that sets
+    nothing is as slow as a real cluster; `simcloud.testing.small_fleet` and the demo fleet
+    shorten them.
+    """
 
     start_seconds: float = 2.0          # ECS: Starting -> Running
     stop_seconds: float = 2.0           # ECS: Stopping -> Stopped
     boot_seconds: float = 3.0           # Running -> kubelet posts Ready with a new bootID (GPU still stale)
     stale_seconds: float = 1.0          # Ready with the stale GPU count -> kubelet zeroes extended resources
     device_plugin_seconds: float = 2.0  # zeroed -> NVIDIA device plugin registers the real count
-    heartbeat_seconds: float = 5.0      # kubelet Ready heartbeat (lastHeartbeatTime) period
     pod_start_seconds: float = 0.5      # bound pod -> container running
+    # kubelet: the Node status is written on every change, and rewritten (fresh lastHeartbeatTime)
+    # when nothing changed for this long (nodeStatusReportFrequency, 5 min)
+    heartbeat_seconds: float = 300.0
+    lease_renew_seconds: float = 10.0   # the kubelet renews its node Lease (nodeLeaseDurationSeconds 40 / 4)
+    shutdown_grace_seconds: float = 0.0  # kubelet shutdownGracePeriod: > 0 kills pods (Failed) on a stop; 0 = off
+    # node-lifecycle controller (kube-controller-manager)
+    node_monitor_period_seconds: float = 5.0   # --node-monitor-period: how often it looks at every node
+    node_monitor_grace_seconds: float = 50.0   # --node-monitor-grace-period (1.32: 50 s): no status or Lease
+    #                                            renewal this long -> conditions Unknown, unreachable taints
+    # kube-apiserver
+    default_toleration_seconds: float = 300.0  # DefaultTolerationSeconds: not-ready/unreachable NoExecute
+    #                                            tolerations given to pods that have none (eviction delay)
+    watch_history_seconds: float = 300.0       # versions older than this are compacted: a watch from one is 410
+    watch_bookmark_seconds: float = 60.0       # BOOKMARK period of watches that allow them
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -47,6 +65,10 @@ class Faults:
     # real count. "kubelet": as a restarted kubelet writes them: the registration patch zeroing the
     # extended resources (old bootID), the new bootID with Ready=False, Ready=True, the real count.
     boot_order: dict[str, str] = field(default_factory=dict)
+    # Per action ("*": every action without its own entry): calls allowed per quota window; more are
+    # refused with Throttling.User until the window ends (simcloud.ecs_quota). Empty: no limit.
+    ecs_api_quota: dict[str, float] = field(default_factory=dict)
+    ecs_api_quota_window_seconds: float = 60.0
     k8s_latency_ms: int = 0               # added to every Kubernetes API request
     k8s_conflict_burst: int = 0           # the next N ConfigMap writes are answered 409 Conflict
 
@@ -75,7 +97,15 @@ class Faults:
     @staticmethod
     def _per_node(key: str, value) -> dict:
         if not isinstance(value, dict):
-            raise ValueError(f"fault {key} must be an object of node name (or instance id, or \"*\") -> value")
+            raise ValueError(f"fault {key} must be an object of name (node, instance id or action; \"*\") -> value")
+        if key == "ecs_api_quota":
+            try:
+                out = {str(k): float(v) for k, v in value.items()}
+            except (TypeError, ValueError):
+                raise ValueError(f"fault {key}: values must be calls per window, got {value}") from None
+            if any(v < 0 for v in out.values()):
+                raise ValueError(f"fault {key}: calls per window must be >= 0, got {value}")
+            return out
         if key == "boot_order":
             bad = {k: v for k, v in value.items() if v not in BOOT_ORDERS}
             if bad:

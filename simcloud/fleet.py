@@ -4,7 +4,8 @@ A fleet is YAML (or the same structure as a dict)::
 
     region: cn-hangzhou
     credentials: {access_key_id: LTAI-simcloud-demo, access_key_secret: s3cret}  # secret random if omitted
-    timings: {start_seconds: 2, boot_seconds: 3, stale_seconds: 1, device_plugin_seconds: 2}  # simcloud.config.Timings
+    timings: {start_seconds: 2, boot_seconds: 3, stale_seconds: 1, device_plugin_seconds: 2,   # simcloud.config.Timings
+              node_monitor_grace_seconds: 50, default_toleration_seconds: 300, watch_history_seconds: 300}
     faults: {no_stock: [ecs.gn7i-c8g1.2xlarge]}                                         # simcloud.config.Faults
     pods_per_node: 0        # benchmark only: placeholder pods per Running node (see below)
     instance_types:
@@ -179,7 +180,12 @@ def _parse_timings(spec: dict) -> Timings:
     for key, value in spec.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise FleetError(f"fleet timings.{key}: expected seconds >= 0, got {value!r}")
-    return Timings(**{k: float(v) for k, v in spec.items()})
+    timings = Timings(**{k: float(v) for k, v in spec.items()})
+    if timings.node_monitor_grace_seconds <= timings.lease_renew_seconds:
+        raise FleetError(f"fleet timings.node_monitor_grace_seconds: {timings.node_monitor_grace_seconds:g} must "
+                         f"exceed lease_renew_seconds ({timings.lease_renew_seconds:g}), or every running node "
+                         "goes Unknown between two renewals (Kubernetes: several renewals per grace period)")
+    return timings
 
 
 def _parse_faults(spec: dict) -> Faults:

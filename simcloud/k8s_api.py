@@ -34,7 +34,9 @@ SERVER_VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.4", "gitComm
                   "gitTreeState": "clean", "buildDate": "2025-04-22T16:03:12Z", "goVersion": "go1.23.6",
                   "compiler": "gc", "platform": "linux/amd64"}
 DEFAULT_WATCH_TIMEOUT = 1800.0        # the real server picks 30-60 minutes
-BOOKMARK_EVERY = 10.0                 # seconds of silence before a BOOKMARK (when allowed)
+BOOKMARK_EVERY = 60.0                 # the watch cache's bookmarkFrequency (when bookmarks are allowed)
+BOOKMARK_BEFORE_DEADLINE = 2.0        # ... and one this long before the watch's timeoutSeconds ends
+FUTURE_RV_WAIT = 3.0                  # the watch cache waits this long for a resourceVersion it has not seen
 LOG_FIRST_CHUNK_WAIT = 0.25           # how long a log stream may take to fail before we commit to 200
 _WRITE_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 _SUBRESOURCE_VERBS = {"status": ("{kind}", ["get", "patch", "update"]), "log": ("Pod", ["get"]),
@@ -172,8 +174,10 @@ def _decode_continue(token: str) -> tuple[str, tuple[str, str]]:
 
 
 class K8sApi:
-    def __init__(self, store: Store, log_source: LogSource, faults: Faults, auth: Auth):
+    def __init__(self, store: Store, log_source: LogSource, faults: Faults, auth: Auth,
+                 bookmark_seconds: float | None = None):
         self.store, self.log_source, self.faults, self.auth = store, log_source, faults, auth
+        self.bookmark_seconds = bookmark_seconds     # None: BOOKMARK_EVERY
 
     # -------------------------------------------------------------- dispatch
     async def resource(self, request: web.Request) -> web.StreamResponse:
@@ -463,6 +467,8 @@ class K8sApi:
 
         initial: list[WatchEvent] = []
         queue = None
+        if since is not None:
+            await self._wait_for_version(since)
         try:
             if since is None:
                 rv_now = int(self.store.resource_version)
@@ -471,8 +477,8 @@ class K8sApi:
                                                       field_selector)]
             backlog, queue = self.store.watch(target.resource, since)
             gone = None
-        except ApiError as err:
-            if err.code != 410:
+        except ApiError as err:    # after a parsed resourceVersion, the real server answers in the stream
+            if err.code not in (410, 504):
                 raise
             backlog, gone = [], err
 
@@ -495,23 +501,26 @@ class K8sApi:
                 return response
             for event in initial + backlog:
                 await self._send_event(send, event, matches)
-            last_sent = time.monotonic()
+            every = self.bookmark_seconds or BOOKMARK_EVERY
+            next_bookmark = self._next_bookmark(time.monotonic(), every, deadline, timeout)
             while True:
-                remaining = deadline - time.monotonic()
+                now = time.monotonic()
+                remaining = deadline - now
                 if remaining <= 0 or request.transport is None or request.transport.is_closing():
                     break
+                if bookmarks and now >= next_bookmark:
+                    await send("BOOKMARK", {"kind": target.info.kind, "apiVersion": target.info.api_version,
+                                            "metadata": {"resourceVersion": self.store.resource_version}})
+                    next_bookmark = self._next_bookmark(now, every, deadline, timeout)
+                    continue
+                wait = min(remaining, 1.0, max(next_bookmark - now, 0.0) if bookmarks else 1.0)
                 try:
-                    event = await asyncio.wait_for(queue.get(), timeout=min(remaining, 1.0, BOOKMARK_EVERY))
+                    event = await asyncio.wait_for(queue.get(), timeout=wait)
                 except asyncio.TimeoutError:
-                    if bookmarks and time.monotonic() - last_sent >= BOOKMARK_EVERY:
-                        await send("BOOKMARK", {"kind": target.info.kind, "apiVersion": target.info.api_version,
-                                                "metadata": {"resourceVersion": self.store.resource_version}})
-                        last_sent = time.monotonic()
                     continue
                 if event is None:     # the store was compacted: end the stream like a restarting server
                     break
-                if await self._send_event(send, event, matches):
-                    last_sent = time.monotonic()
+                await self._send_event(send, event, matches)
             await response.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
             pass
@@ -519,6 +528,20 @@ class K8sApi:
             if queue is not None:
                 self.store.unsubscribe(target.resource, queue)
         return response
+
+    async def _wait_for_version(self, since: int) -> None:
+        """Give a resourceVersion from the future FUTURE_RV_WAIT seconds to be written, as the watch
+        cache does before answering 504 "Too large resource version"."""
+        deadline = time.monotonic() + FUTURE_RV_WAIT
+        while since > int(self.store.resource_version) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    @staticmethod
+    def _next_bookmark(now: float, every: float, deadline: float, timeout: int | None) -> float:
+        """The cacher's nextBookmarkTime: every `every` seconds, or just before the client's own
+        timeoutSeconds runs out (so it can resume from the bookmark's resourceVersion), if sooner."""
+        due, last_call = now + every, deadline - BOOKMARK_BEFORE_DEADLINE
+        return min(due, last_call) if timeout and timeout > 0 and last_call > now else due
 
     @staticmethod
     async def _send_event(send, event: WatchEvent, matches) -> bool:
@@ -539,10 +562,10 @@ class K8sApi:
 
 # --------------------------------------------------------------------------- app
 def make_k8s_app(store: Store, log_source: LogSource, faults: Faults, auth: Auth, *,
-                 debug: bool = False) -> web.Application:
+                 debug: bool = False, bookmark_seconds: float | None = None) -> web.Application:
     """The Kubernetes API server app; every request authenticated and authorized by `auth`
     (the admin routes under /_simcloud excepted); `debug=True` logs every request."""
-    api = K8sApi(store, log_source, faults, auth)
+    api = K8sApi(store, log_source, faults, auth, bookmark_seconds)
 
     def admit(request: web.Request) -> None:
         """Authentication (401), impersonation and RBAC (403), before anything is read or decoded."""

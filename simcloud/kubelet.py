@@ -4,28 +4,35 @@ One `Kubelets` object stands for every node's kubelet (one heartbeat loop and on
 watch for the whole fleet, so 2,000 nodes stay cheap). Per node it follows the ECS
 instance through `EcsCloud.add_listener`:
 
-* Stopped: the Node stays, its conditions Unknown ("Kubelet stopped posting node
-  status."), tainted node.kubernetes.io/unreachable NoSchedule+NoExecute; allocatable
-  nvidia.com/gpu keeps whatever value it had (stale).
-* Started, in the default "stale-first" order (what the seed saw in the field): after
-  `boot_seconds` Ready=True with a new bootID, unreachable taints gone, GPU count still
-  stale; after `stale_seconds` nvidia.com/gpu is zeroed; after `device_plugin_seconds` the
-  device plugin registers the real count. Each step is one Store write, so a watcher sees
-  stale -> 0 -> real. In the "kubelet" order (fault `boot_order`, per node or "*"), as a
-  restarted kubelet writes it: the registration patch zeroing extended resources (old
-  bootID), the new bootID with Ready=False, Ready=True `stale_seconds` later, the real count
-  `device_plugin_seconds` after Ready (the plugin's pod needs a Ready node). Faults `gpu_reset_delay_seconds` and
-  `gpu_register_delay_seconds` (per node) push the zero and the real count later.
-* Stopping: conditions Unknown and taints again; running pods are killed and fail
+* Stopped or stopping: the kubelet is simply gone. It writes nothing more, renews no Lease,
+  and its containers die with the machine; the pods keep their last status (Running) in
+  the API. What the cluster makes of that is the node-lifecycle controller's business
+  (simcloud.node_lifecycle: Ready=True until the grace period, then Unknown and tainted,
+  pods evicted after their tolerations and left Terminating). With `shutdown_grace_seconds`
+  > 0 (the kubelet's graceful node shutdown) it first kills the pods and fails them
   (reason Terminated, "Pod was terminated in response to imminent node shutdown.").
+* Started, in the default "stale-first" order (what the seed saw in the field): after
+  `boot_seconds` Ready=True with a new bootID, GPU count still stale; after
+  `stale_seconds` nvidia.com/gpu is zeroed; after `device_plugin_seconds` the device plugin
+  registers the real count. Each step is one Store write, so a watcher sees stale -> 0 ->
+  real. In the "kubelet" order (fault `boot_order`, per node or "*"), as a restarted kubelet
+  writes it: the registration patch zeroing extended resources (old bootID), the new bootID
+  with Ready=False, Ready=True `stale_seconds` later, the real count `device_plugin_seconds`
+  after Ready (the plugin's pod needs a Ready node). Faults `gpu_reset_delay_seconds` and
+  `gpu_register_delay_seconds` (per node) push the zero and the real count later. Either way
+  the not-ready / unreachable taints are removed by the controller, after Ready=True.
+  Back up, the kubelet finishes the deletions that waited for it and fails the pods it ran
+  before the power went (their containers did not survive it).
 
-Node Lease: like a real kubelet, each node holds the coordination.k8s.io/v1 Lease of
-its name in namespace `kube-node-lease` (created at registration, owned by the Node)
-and renews it (`spec.renewTime`) when it boots and on every heartbeat while it is up;
-a stopped node's Lease keeps its last renewTime. It is one small write per beat.
+Node status: every status write of the kubelet carries a fresh lastHeartbeatTime, and
+when nothing changed it rewrites the status every `heartbeat_seconds` (its
+nodeStatusReportFrequency, 5 min by default). Node Lease: like a real kubelet, each node
+holds the coordination.k8s.io/v1 Lease of its name in namespace `kube-node-lease` (created
+at registration, owned by the Node) and renews it (`spec.renewTime`) every
+`lease_renew_seconds` (10 s) while it is up; a stopped node's Lease keeps its last renewTime.
 
 Faults `never_ready` / `device_plugin_never` (instance id or node name) are read when
-the step is due and re-checked every heartbeat, so clearing one lets the boot go on.
+the step is due and re-checked at every Lease renewal, so clearing one lets the boot go on.
 
 Pods bound to a node run only while its kubelet is up. Admission follows the kubelet's
 device manager: a pod asking for more nvidia.com/gpu than the device plugin has
@@ -33,8 +40,8 @@ registered and left free fails with UnexpectedAdmissionError, whatever the Node 
 says. Admitted pods' containers run through `simcloud.containers`; restartPolicy
 Always/OnFailure restart containers with a short doubling back-off (pod_start_seconds,
 capped at 10 s). Deleting a pod kills its processes (SIGTERM, SIGKILL after the grace
-period) and then removes it; a pod that never ran, or whose node is down, is removed
-at once.
+period) and then removes it; a pod that never ran is removed at once, and one whose node
+is down stays Terminating until the kubelet is back (or it is force-deleted).
 """
 from __future__ import annotations
 
@@ -50,14 +57,13 @@ from simcloud.config import Faults, Timings
 from simcloud.containers import CannotRun, Container, ContainerRunner, rfc3339
 from simcloud.ecs_model import EcsCloud, Instance
 from simcloud.fleet import PLACEHOLDER_ANNOTATION, NodeSpec, new_boot_id
+from simcloud.node_lifecycle import LEASE_NAMESPACE, UNREACHABLE, set_lifecycle_taint, set_unknown
 from simcloud.store import ApiError, Store
 
 log = logging.getLogger(__name__)
 
 GPU = "nvidia.com/gpu"
-UNREACHABLE = "node.kubernetes.io/unreachable"
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
-LEASE_NAMESPACE = "kube-node-lease"
 LEASE_SECONDS = 40          # the kubelet's nodeLeaseDurationSeconds; it renews every quarter of it
 _HEALTHY = (
     ("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
@@ -100,6 +106,7 @@ class _Pod:
     running: dict[str, Container] = field(default_factory=dict)
     task: asyncio.Task | None = None
     closing: bool = False                                  # being deleted or shut down
+    lost: bool = False                                     # its containers died with the machine
 
 
 @dataclass
@@ -115,6 +122,7 @@ class _Node:
     finished: set[str] = field(default_factory=set)       # uids this kubelet has completed or rejected
     next_ip: int = 2
     uid: str = ""
+    reported: float = 0.0          # monotonic time of the kubelet's last Node status write
 
     @property
     def name(self) -> str:
@@ -158,8 +166,11 @@ class Kubelets:
         if running:
             node.up, node.registered = True, node.gpus
             _set_ready(node_obj, now, node.boot_id)
-        else:
-            _set_unknown(node_obj, now)
+        else:       # stopped long ago: as the node-lifecycle controller left it
+            set_unknown(node_obj, now)
+            for effect in ("NoSchedule", "NoExecute"):
+                set_lifecycle_taint(node_obj, UNREACHABLE, effect, now)
+        node.reported = time.monotonic()
         node.uid = self.store.create("nodes", node_obj)["metadata"]["uid"]
         self._renew_lease(node, micro_time())
 
@@ -172,8 +183,8 @@ class Kubelets:
             if exc.code != 404:
                 log.warning("kubelet %s: cannot renew lease: %s", node.name, exc)
                 return
-        # a period of 4 heartbeats keeps a slow-beating (benchmark) fleet's leases valid between renewals
-        duration = max(LEASE_SECONDS, math.ceil(4 * self.timings.heartbeat_seconds))
+        # a period of 4 renewals keeps a slowly renewing fleet's leases valid between renewals
+        duration = max(LEASE_SECONDS, math.ceil(4 * self.timings.lease_renew_seconds))
         self.store.create("leases", {
             "metadata": {"name": node.name, "namespace": LEASE_NAMESPACE, "ownerReferences": [
                 {"apiVersion": "v1", "kind": "Node", "name": node.name, "uid": node.uid}]},
@@ -184,6 +195,16 @@ class Kubelets:
             self.store.mutate("nodes", None, node.name, fn)
         except ApiError as exc:   # someone deleted the Node: the kubelet has nothing to report to
             log.warning("kubelet %s: cannot update node: %s", node.name, exc)
+
+    def _post_status(self, node: _Node, fn) -> None:
+        """A node status update: `fn`'s change plus a fresh lastHeartbeatTime on every condition."""
+        now = rfc3339()
+
+        def update(obj: dict) -> None:
+            fn(obj)
+            _beat(obj, now)
+        node.reported = time.monotonic()
+        self._write_node(node, update)
 
     def _later(self, node: _Node, delay: float, step) -> None:
         generation = node.generation
@@ -233,15 +254,16 @@ class Kubelets:
 
     def _post_not_ready(self, node: _Node) -> None:
         now = rfc3339()
-        self._write_node(node, lambda obj: _set_not_ready(obj, now, node.boot_id))
+        self._post_status(node, lambda obj: _set_not_ready(obj, now, node.boot_id))
         self._event_node(node, "Starting", "Starting kubelet.")
         self._later(node, self.timings.stale_seconds, self._post_ready)
 
     def _post_ready(self, node: _Node) -> None:
         node.up = True
         now = rfc3339()
-        self._write_node(node, lambda obj: _set_ready(obj, now, node.boot_id))
+        self._post_status(node, lambda obj: _set_ready(obj, now, node.boot_id))
         self._renew_lease(node, micro_time())
+        self._finish_lost_pods(node)
         if self._boot_order(node) != "kubelet":
             self._event_node(node, "Starting", "Starting kubelet.")
         self._event_node(node, "Rebooted", f"Node {node.name} has been rebooted, boot id: {node.boot_id}", "Warning")
@@ -251,7 +273,7 @@ class Kubelets:
             self._later_register(node)
 
     def _zero_gpus(self, node: _Node) -> None:
-        self._write_node(node, lambda obj: _set_gpus(obj, 0))
+        self._post_status(node, lambda obj: _set_gpus(obj, 0))
         self._later_register(node)
 
     def _later_register(self, node: _Node) -> None:
@@ -263,29 +285,49 @@ class Kubelets:
             node.blocked = "plugin"
             return
         node.blocked, node.registered = None, node.gpus
-        self._write_node(node, lambda obj: _set_gpus(obj, node.gpus))
+        self._post_status(node, lambda obj: _set_gpus(obj, node.gpus))
 
     def _power_off(self, node: _Node) -> None:
+        """The machine goes down: the kubelet stops writing; its containers die, unreported
+        (unless graceful node shutdown is configured, which fails the pods first)."""
         node.generation += 1
-        was_up = node.up
         node.up, node.blocked, node.registered = False, None, 0
-        now = rfc3339()
-        self._write_node(node, lambda obj: _set_unknown(obj, now))
-        if was_up:
-            self._event_node(node, "NodeNotReady", f"Node {node.name} status is now: NodeNotReady",
-                             component="node-controller")
+        graceful = self.timings.shutdown_grace_seconds > 0
         for pod in list(node.pods.values()):
             if pod.admitted and not pod.closing:
-                self._spawn(self._shutdown_pod(node, pod))
+                self._spawn(self._shutdown_pod(node, pod) if graceful else self._lose_pod(pod))
+
+    async def _lose_pod(self, p: _Pod) -> None:
+        p.closing = p.lost = True
+        if p.task is not None:
+            p.task.cancel()
+        await self._stop_containers(p, 0)
+
+    def _finish_lost_pods(self, node: _Node) -> None:
+        """Back up after a power loss: deletions that waited for the kubelet complete; pods that were
+        running are Failed, their containers killed (exit 137) with the machine."""
+        for pod in list(self.store.peek("pods")):
+            meta = pod["metadata"]
+            if (pod.get("spec") or {}).get("nodeName") == node.name and meta.get("deletionTimestamp"):
+                node.pods.pop(meta.get("uid", ""), None)
+                self._remove(meta)
+        for p in [p for p in node.pods.values() if p.lost]:
+            for status in list(p.statuses.values()) + list(p.init_statuses.values()):
+                if "terminated" not in status["state"]:
+                    status["state"] = {"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": rfc3339()}}
+                status.update(ready=False, started=False)
+            self._finish(node, p, "Failed")
 
     async def _heartbeats(self) -> None:
-        """One loop for all nodes: heartbeats for Ready ones, and boot steps a cleared fault unblocks."""
+        """One loop for all nodes: Lease renewals and status reports of up ones, and boot steps
+        a cleared fault unblocks."""
         while True:
-            await asyncio.sleep(max(self.timings.heartbeat_seconds, 0.05))
-            now, renewed = rfc3339(), micro_time()
+            await asyncio.sleep(max(min(self.timings.lease_renew_seconds, self.timings.heartbeat_seconds), 0.05))
+            renewed, clock = micro_time(), time.monotonic()
             for i, node in enumerate(list(self._nodes.values())):
                 if node.up:
-                    self._write_node(node, lambda obj: _beat(obj, now))
+                    if clock - node.reported >= self.timings.heartbeat_seconds:
+                        self._post_status(node, lambda obj: None)
                     self._renew_lease(node, renewed)
                 if node.blocked == "ready" and not self._faulty("never_ready", node):
                     self._boot(node)
@@ -325,7 +367,9 @@ class Kubelets:
             return
         known = node.pods.get(uid)
         if meta.get("deletionTimestamp"):
-            if known is None or not known.admitted or not node.up:
+            if not node.up:
+                return      # no kubelet to finish it: Terminating until the node is back
+            if known is None or not known.admitted or known.lost:
                 node.pods.pop(uid, None)
                 self._remove(meta)
             elif not known.closing:
@@ -568,36 +612,25 @@ def micro_time() -> str:
 
 
 def _set_ready(obj: dict, now: str, boot_id: str) -> None:
-    status = obj["status"]
-    status["nodeInfo"]["bootID"] = boot_id
-    status["conditions"] = [{"type": t, "status": s, "lastHeartbeatTime": now, "lastTransitionTime": now,
-                             "reason": r, "message": m} for t, s, r, m in _HEALTHY]
-    obj["spec"]["taints"] = [t for t in obj["spec"].get("taints") or [] if t.get("key") != UNREACHABLE] or None
-    if obj["spec"]["taints"] is None:
-        obj["spec"].pop("taints")
+    _set_conditions(obj, now, boot_id, _HEALTHY)
 
 
 def _set_not_ready(obj: dict, now: str, boot_id: str) -> None:
     """A restarted kubelet's first status: its new bootID, Ready=False until the runtime checks pass."""
-    obj["status"]["nodeInfo"]["bootID"] = boot_id
-    obj["status"]["conditions"] = [
-        {"type": t, "status": "False" if t == "Ready" else s, "lastHeartbeatTime": now, "lastTransitionTime": now,
-         "reason": "KubeletNotReady" if t == "Ready" else r,
-         "message": "container runtime status check may not have completed yet" if t == "Ready" else m}
-        for t, s, r, m in _HEALTHY]
+    _set_conditions(obj, now, boot_id, [
+        (t, "False", "KubeletNotReady", "container runtime status check may not have completed yet")
+        if t == "Ready" else (t, s, r, m) for t, s, r, m in _HEALTHY])
 
 
-def _set_unknown(obj: dict, now: str) -> None:
+def _set_conditions(obj: dict, now: str, boot_id: str, conditions) -> None:
+    """The kubelet's conditions; lastTransitionTime moves only for a condition whose status changed."""
     status = obj["status"]
+    status["nodeInfo"]["bootID"] = boot_id
     old = {c["type"]: c for c in status.get("conditions") or []}
-    status["conditions"] = [{"type": t, "status": "Unknown",
-                             "lastHeartbeatTime": (old.get(t) or {}).get("lastHeartbeatTime", now),
-                             "lastTransitionTime": now, "reason": "NodeStatusUnknown",
-                             "message": "Kubelet stopped posting node status."} for t, *_ in _HEALTHY]
-    taints = [t for t in obj["spec"].get("taints") or [] if t.get("key") != UNREACHABLE]
-    taints += [{"key": UNREACHABLE, "effect": "NoSchedule", "timeAdded": now},
-               {"key": UNREACHABLE, "effect": "NoExecute", "timeAdded": now}]
-    obj["spec"]["taints"] = taints
+    status["conditions"] = [{"type": t, "status": s, "lastHeartbeatTime": now,
+                             "lastTransitionTime": old[t]["lastTransitionTime"]
+                             if t in old and old[t].get("status") == s else now,
+                             "reason": r, "message": m} for t, s, r, m in conditions]
 
 
 def _set_gpus(obj: dict, count: int) -> None:

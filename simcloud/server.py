@@ -1,6 +1,6 @@
 """Assemble the local cloud in one event loop and serve it on two ports of --host (default 127.0.0.1).
 
-Store + Scheduler + EcsCloud + Kubelets + ContainerRunner, the Kubernetes API (with the
+Store + Scheduler + node-lifecycle controller + EcsCloud + Kubelets + ContainerRunner, the Kubernetes API (with the
 admin routes `/_simcloud/faults` and `/_simcloud/state`) on one port over HTTP and on a
 second over HTTPS (kubectl sends credentials only over TLS; the kubeconfig names this one),
 and the ECS API on a third. Once they listen it writes, in the workdir:
@@ -20,6 +20,7 @@ processes killed, sockets closed. The access key secret is never printed or logg
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from simcloud import admission
 from simcloud.config import Faults
 from simcloud.admin import ADMIN_PREFIX, admin_routes
 from simcloud.auth import ADMIN_USER, Auth
@@ -42,6 +44,7 @@ from simcloud.fleet import (BENCH_NAMESPACE, Fleet, ecs_instance, new_boot_id, n
                             placeholder_pod)
 from simcloud.k8s_api import make_k8s_app
 from simcloud.kubelet import Kubelets
+from simcloud.node_lifecycle import NodeLifecycleController
 from simcloud.scheduler import Scheduler
 from simcloud.store import Store
 from simcloud.tls import serving_context
@@ -57,15 +60,20 @@ class Cloud:
         self.fleet, self.workdir, self.host = fleet, Path(workdir), host
         self.rng = random.Random(seed)
         self.faults: Faults = fleet.faults
-        self.store = Store()
+        timings = fleet.timings
+        self.store = Store(history_seconds=timings.watch_history_seconds)
+        self.store.defaulters["pods"] = functools.partial(     # --default-*-toleration-seconds
+            admission.default_pod, toleration_seconds=int(timings.default_toleration_seconds))
         self.cloud = EcsCloud(fleet.region, fleet.timings, fleet.faults)
         self.runner = ContainerRunner(self.workdir / "containers")
         self.kubelets = Kubelets(self.store, self.cloud, self.runner, fleet.timings, fleet.faults,
                                  random.Random(self.rng.random()))
         self.scheduler = Scheduler(self.store)
+        self.node_lifecycle = NodeLifecycleController(self.store, fleet.timings)
         self._populate()
         self.auth = Auth(self.store)
-        self.k8s_app = make_k8s_app(self.store, self.runner, self.faults, self.auth)
+        self.k8s_app = make_k8s_app(self.store, self.runner, self.faults, self.auth,
+                                    bookmark_seconds=timings.watch_bookmark_seconds)
         self.k8s_app.router.add_routes(admin_routes(self.faults, self.state, self.store.compact, self.auth))
         self.ecs_app = make_ecs_app(self.cloud, {fleet.access_key_id: fleet.access_key_secret}, self.faults,
                                     rng=random.Random(self.rng.random()))
@@ -117,6 +125,7 @@ class Cloud:
         self.runner.k8s_host = "127.0.0.1" if k8s_address == "0.0.0.0" else k8s_address
         self.runner.k8s_port = self.k8s_port
         self.scheduler.start()
+        self.node_lifecycle.start()
         self.kubelets.start()
 
     async def _listen(self, app: web.Application, *ports: tuple[int, ssl.SSLContext | None]) -> list[tuple[str, int]]:
@@ -136,6 +145,7 @@ class Cloud:
     async def stop(self) -> None:
         await self.kubelets.stop()
         await self.scheduler.stop()
+        await self.node_lifecycle.stop()
         await self.runner.shutdown()
         self.cloud.close()
         for runner in reversed(self._runners):

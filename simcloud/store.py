@@ -1,9 +1,11 @@
 """The object store shared by the Kubernetes API and the in-process controllers.
 
 A versioned map per resource, like etcd behind the real API server: one global,
-monotonic resourceVersion, a bounded change history per resource (like the apiserver's
-watch cache) so watches can resume from a resourceVersion (older -> 410 Gone), and
-queues for in-process watchers. Each resource keeps its keys sorted, so a list page
+monotonic resourceVersion, a change history per resource (like the apiserver's watch
+cache) so watches can resume from a resourceVersion, and queues for in-process watchers.
+The history is bounded by count per resource and by age for all of them: every version
+written more than `history_seconds` ago is compacted, as the apiserver's periodic etcd
+compaction (5 min) does, so a watch from it is 410 Gone whatever the resource. Each resource keeps its keys sorted, so a list page
 (`limit` + continue after the last key) costs O(log n + page), not a scan of everything.
 
 Creates and API updates are defaulted and validated (simcloud.admission, simcloud.validation:
@@ -32,6 +34,7 @@ from simcloud.patching import PatchError, apply_patch
 from simcloud.selectors import SelectorError, parse_field_selector, parse_label_selector
 
 HISTORY_LIMIT = 10_000
+HISTORY_SECONDS = 300.0     # kube-apiserver --etcd-compaction-interval default
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
 
@@ -151,20 +154,32 @@ def conflict(resource: str, name: str, why: str = "the object has been modified;
                     {"name": name, "kind": resource})
 
 
+def too_large_resource_version(requested: int, current: int) -> ApiError:
+    """storage.NewTooLargeResourceVersionError: a Timeout the client may retry after a second."""
+    return ApiError(504, "Timeout", f"Timeout: Too large resource version: {requested}, current: {current}",
+                    {"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                     "retryAfterSeconds": 1})
+
+
 def _is_terminal(pod: dict) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
 class Store:
-    def __init__(self, history_limit: int = HISTORY_LIMIT):
+    def __init__(self, history_limit: int = HISTORY_LIMIT, history_seconds: float = HISTORY_SECONDS,
+                 clock: Callable[[], float] = time.monotonic):
         self._objects: dict[str, dict[tuple[str, str], dict]] = {name: {} for name in RESOURCES}
         self._keys: dict[str, list[tuple[str, str]]] = {name: [] for name in RESOURCES}   # sorted
         self._rv = 0
         self._history: dict[str, deque[WatchEvent]] = {name: deque() for name in RESOURCES}
         self._history_limit = history_limit
         self._compacted_rv: dict[str, int] = {name: 0 for name in RESOURCES}
+        self._history_seconds, self._clock = history_seconds, clock
+        self._written: deque[tuple[float, int]] = deque()   # (when, rv) of the writes not yet compacted by age
+        self._aged_rv = 0                                    # newest rv compacted by age (all resources)
         self._subscribers: dict[str, list[_Subscriber]] = {name: [] for name in RESOURCES}
         self._event_keys: dict[tuple, tuple[str, str]] = {}
+        self.defaulters = dict(admission.DEFAULTERS)   # per resource; the server configures some
         for ns in INITIAL_NAMESPACES:
             self.create("namespaces", {"metadata": {"name": ns}})
 
@@ -191,10 +206,12 @@ class Store:
 
     def _emit(self, resource: str, kind: str, obj: dict, old: dict | None) -> None:
         event = WatchEvent(self._rv, kind, obj, old)
+        self._written.append((self._clock(), self._rv))
+        self._age_out()
         history = self._history[resource]
         history.append(event)
-        while len(history) > self._history_limit:
-            self._compacted_rv[resource] = history.popleft().rv
+        while len(history) > self._history_limit or (history and history[0].rv <= self._aged_rv):
+            self._compacted_rv[resource] = max(self._compacted_rv[resource], history.popleft().rv)
         for sub in self._subscribers[resource]:
             sub.queue.put_nowait(event if sub.raw else (kind, clone(obj)))
 
@@ -304,8 +321,8 @@ class Store:
             raise ApiError(409, "AlreadyExists", f'{info.name} "{meta["name"]}" already exists',
                            {"name": meta["name"], "kind": info.name})
         obj["kind"], obj["apiVersion"] = info.kind, info.api_version
-        if resource in admission.DEFAULTERS:
-            admission.DEFAULTERS[resource](obj)
+        if resource in self.defaulters:
+            self.defaulters[resource](obj)
         for transient in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"):
             meta.pop(transient, None)
         meta["uid"] = str(uuid.uuid4())
@@ -454,6 +471,18 @@ class Store:
         return clone(gone)
 
     # ------------------------------------------------------------------ watching
+    def _age_out(self) -> int:
+        """Compact every version older than `history_seconds`: the newest of them is the oldest
+        resourceVersion a watch may still start from (it asks for the changes after it)."""
+        cutoff = self._clock() - self._history_seconds
+        while self._written and self._written[0][0] < cutoff:
+            self._aged_rv = self._written.popleft()[1]
+        return self._aged_rv
+
+    def oldest_watchable(self, resource: str) -> int:
+        """The oldest resourceVersion a watch of `resource` can resume from (older: 410 Gone)."""
+        return max(self._compacted_rv[self.info(resource).name], self._age_out())
+
     def compact(self) -> int:
         """Forget every change so far (a watch from an older resourceVersion is 410 Gone) and end
         the API's open watch streams (a None on their queues), as an API server restart does."""
@@ -477,12 +506,15 @@ class Store:
     def watch(self, resource: str, since: int | None) -> tuple[list[WatchEvent], asyncio.Queue]:
         """Raw (read-only) events after resourceVersion `since` already kept, plus a queue for later ones.
 
-        `since=None` starts from now. A `since` older than the kept history is 410 Gone.
+        `since=None` starts from now. A `since` older than the kept history is 410 Gone (reason
+        Expired); one newer than any written is 504 (reason Timeout), as the watch cache answers.
         """
         info = self.info(resource)
         backlog: list[WatchEvent] = []
         if since is not None:
-            compacted = self._compacted_rv[info.name]
+            if since > self._rv:
+                raise too_large_resource_version(since, self._rv)
+            compacted = self.oldest_watchable(info.name)
             if since < compacted:
                 raise ApiError(410, "Expired", f"too old resource version: {since} ({compacted})")
             history = self._history[info.name]

@@ -31,11 +31,17 @@ from simcloud import admin
 T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-# Fast emulated timings for tests (seconds): a boot with GPUs takes about one second.
+# Fast emulated timings for tests (seconds): a boot with GPUs takes about one second, a stopped node
+# is Unknown and tainted two seconds after its last Lease renewal, its pods evicted 3 s after that.
 FAST_TIMINGS = {"start_seconds": 0.2, "stop_seconds": 0.2, "boot_seconds": 0.3, "stale_seconds": 0.3,
-                "device_plugin_seconds": 0.3, "heartbeat_seconds": 0.5, "pod_start_seconds": 0.1}
+                "device_plugin_seconds": 0.3, "heartbeat_seconds": 0.5, "pod_start_seconds": 0.1,
+                "lease_renew_seconds": 0.25, "node_monitor_period_seconds": 0.1,
+                "node_monitor_grace_seconds": 2.0, "default_toleration_seconds": 3}
 
-# Real Alibaba Cloud instance types (vCPU, GiB, GPUs); prices are indicative, per hour.
+# Real Alibaba Cloud instance types (vCPU, GiB, GPUs). Prices (what DescribePrice answers, USD per hour,
+# pay-as-you-go) are indicative, not Alibaba Cloud's list: looked up on 2026-12-01, no authoritative list
+# price was found; the one figure seen, ecs.gn6i-c4g1.xlarge at 1.152/h (NexusGPU/tensor-fusion's
+# internal/cloudprovider/alibaba, itself labelled mock data), is close to the 1.2 used here.
 INSTANCE_TYPES = {
     "ecs.g7.xlarge": {"cpu": 4, "memory_gib": 16, "price_per_hour": 0.2},
     "ecs.g7.2xlarge": {"cpu": 8, "memory_gib": 32, "price_per_hour": 0.4},

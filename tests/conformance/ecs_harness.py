@@ -27,9 +27,10 @@ REGION = "cn-hangzhou"
 ACCESS_KEY_ID = "LTAI-simcloud-test"
 ACCESS_KEY_SECRET = "simcloud-test-secret"
 
-GPU_TYPE = InstanceType("ecs.gn6i-c4g1.xlarge", cpu=4, memory_gib=15.0, gpu=1, gpu_spec="NVIDIA T4")
-BIG_GPU_TYPE = InstanceType("ecs.gn7i-c32g1.8xlarge", cpu=32, memory_gib=188.0, gpu=1, gpu_spec="NVIDIA A10")
-CPU_TYPE = InstanceType("ecs.g7.xlarge", cpu=4, memory_gib=16.0)
+GPU_TYPE = InstanceType("ecs.gn6i-c4g1.xlarge", cpu=4, memory_gib=15.0, gpu=1, gpu_spec="NVIDIA T4",
+                        price_per_hour=1.2)
+BIG_GPU_TYPE = InstanceType("ecs.gn7i-c32g1.8xlarge", cpu=32, memory_gib=188.0, gpu=1, gpu_spec="NVIDIA A10")  # unpriced
+CPU_TYPE = InstanceType("ecs.g7.xlarge", cpu=4, memory_gib=16.0, price_per_hour=0.2)
 
 
 @dataclass

@@ -148,9 +148,10 @@ def test_pod_bound_to_a_stopped_node_waits_pending(cloud):
     with pytest.raises(TimeoutError):
         wait_until(lambda: v1.read_namespaced_pod("waiting", "default").status.phase != "Pending", timeout=1.0)
     assert v1.read_namespaced_pod("waiting", "default").status.container_statuses is None
-    v1.delete_namespaced_pod("waiting", "default")          # never ran: removed at once
-    wait_until(lambda: not v1.list_namespaced_pod("default", field_selector="metadata.name=waiting").items,
-               timeout=5)
+    v1.delete_namespaced_pod("waiting", "default")          # no kubelet to confirm it: Terminating
+    assert v1.read_namespaced_pod("waiting", "default").metadata.deletion_timestamp is not None
+    v1.delete_namespaced_pod("waiting", "default", grace_period_seconds=0)    # forced: gone at once
+    assert not v1.list_namespaced_pod("default", field_selector="metadata.name=waiting").items
 
 
 @pytest.mark.parametrize("grace", [5, 0], ids=["graceful", "forced"])

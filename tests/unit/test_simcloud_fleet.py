@@ -61,6 +61,18 @@ def test_yaml_text_and_timings():
                        "  - {name: a, instance_type: ecs.g7.xlarge}\n")
     assert fleet.region == "cn-beijing" and fleet.timings.boot_seconds == 0.5
     assert fleet.nodes[0].zone == "cn-beijing-h" and fleet.nodes[0].status == "Running"
+    # the cluster's clocks a fleet does not set are Kubernetes 1.32's
+    t = fleet.timings
+    assert (t.node_monitor_grace_seconds, t.node_monitor_period_seconds, t.default_toleration_seconds,
+            t.heartbeat_seconds, t.lease_renew_seconds, t.watch_history_seconds, t.watch_bookmark_seconds,
+            t.shutdown_grace_seconds) == (50, 5, 300, 300, 10, 300, 60, 0)
+
+
+def test_small_fleet_and_the_demo_shorten_the_cluster_clocks():
+    for fleet in (load_fleet(small_fleet()), load_fleet(Path(__file__).parents[2] / "simcloud/fleets/demo.yaml")):
+        t = fleet.timings
+        assert t.node_monitor_grace_seconds <= 10 and t.default_toleration_seconds <= 30
+        assert t.heartbeat_seconds <= 5 and t.lease_renew_seconds * 4 <= t.node_monitor_grace_seconds
 
 
 @pytest.mark.parametrize("change, words", [
@@ -73,6 +85,7 @@ def test_yaml_text_and_timings():
     (lambda f: f["instance_types"]["ecs.gn6i-c4g1.xlarge"].pop("gpu_spec"), ["gpu_spec", "NVIDIA T4"]),
     (lambda f: f["nodes"].append(dict(f["nodes"][0])), ["duplicate", "cpu-1"]),
     (lambda f: f.update(nodes=[]), ["nodes", "non-empty"]),
+    (lambda f: f["timings"].update(node_monitor_grace_seconds=0.2), ["node_monitor_grace_seconds", "exceed"]),
 ])
 def test_bad_fleets_name_the_field(change, words):
     fleet = small_fleet()

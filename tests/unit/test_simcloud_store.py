@@ -65,6 +65,47 @@ def test_watch_history_and_gone():
     assert err.value.code == 410 and err.value.reason == "Expired"
 
 
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_versions_older_than_the_window_are_compacted_for_every_resource():
+    clock = Clock()
+    store = Store(history_seconds=300, clock=clock)
+    store.create("configmaps", {"metadata": {"name": "old"}})
+    old = int(store.resource_version)
+    clock.now += 200
+    store.create("configmaps", {"metadata": {"name": "newer"}})
+    newer = int(store.resource_version)
+    clock.now += 101          # `old` was written 301 s ago, `newer` 101 s ago
+    store.create("leases", {"metadata": {"name": "l", "namespace": "kube-node-lease"}, "spec": {}})
+    with pytest.raises(ApiError) as err:
+        store.watch("configmaps", old - 1)          # would need `old` itself, compacted
+    assert (err.value.code, err.value.reason) == (410, "Expired")
+    backlog, _ = store.watch("configmaps", old)     # the changes after `old` are all kept
+    assert [e.obj["metadata"]["name"] for e in backlog] == ["newer"]
+    backlog, _ = store.watch("pods", old)           # a resource with no writes ages the same way
+    assert backlog == []
+    clock.now += 1000                                # nothing written since: the newest version still watches
+    assert store.watch("configmaps", int(store.resource_version))[0] == []
+    with pytest.raises(ApiError):
+        store.watch("configmaps", newer)
+
+
+def test_a_future_version_is_504_too_large():
+    store = Store()
+    current = int(store.resource_version)
+    with pytest.raises(ApiError) as err:
+        store.watch("nodes", current + 5)
+    assert (err.value.code, err.value.reason) == (504, "Timeout")
+    assert err.value.message == f"Timeout: Too large resource version: {current + 5}, current: {current}"
+    assert err.value.details["causes"][0]["reason"] == "ResourceVersionTooLarge"
+
+
 def test_record_event_aggregates_repeats():
     store = Store()
     pod = store.create("pods", POD)
