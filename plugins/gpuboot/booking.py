@@ -44,7 +44,8 @@ from gpuboot.placement import Outcome, Plan, Unavailable, place
 from gpuboot.scaledown import find_work
 
 LAUNCH_MARGIN_SECONDS = 900     # reservation lifetime beyond the boot timeout (launch + scheduling)
-STOP_FENCE_SECONDS = 300        # how long a "being stopped" fence lives if the run dies before dropping it
+STARTING_WAIT_SECONDS = 300     # ECS refuses to stop a Pending/Starting instance: wait this long for Running
+STOP_FENCE_SECONDS = STARTING_WAIT_SECONDS + 300   # a "being stopped" fence, if the run dies before dropping it
 FENCE_REASON = "being stopped"
 
 
@@ -200,7 +201,13 @@ class Booker:
         return to_stop, claimed
 
     def _stop(self, to_stop, fences: Sequence[Unavailable]) -> None:
-        """StopInstances (StopCharging) on each abandoned node, then drop the fences (see the module doc)."""
+        """StopInstances (StopCharging) on each abandoned node, then drop the fences (see the module doc).
+        ECS refuses to stop an instance still Pending/Starting, so those are waited for first."""
+        ids = [s.instance_id for s in to_stop]
+        booting = [i for i, st in (self.ecs.statuses(ids) if ids else {}).items() if st in ("Pending", "Starting")]
+        if booting:
+            self.log.info("waiting for %s to finish starting before stopping them", booting)
+            self.ecs.wait_for_status(booting, {"Running", "Stopping", "Stopped"}, STARTING_WAIT_SECONDS)
         for started in to_stop:
             outcome = self.ecs.stop_instances([started.instance_id], stopped_mode="StopCharging")[started.instance_id]
             if outcome.outcome == "already":
