@@ -128,10 +128,15 @@ class JobBoot:
         record = self.record()
         return [f"node {n}: {why}" for n, why in (record.failed if record else ())]
 
-    def ensure_up(self, plan: Plan, tried: Sequence[str] = ()) -> BringUp:
+    def ensure_up(self, plan: Plan, tried: Sequence[str] = (), boots: list[dict] | None = None) -> BringUp:
         """Every try of start and of the sensor: where the ledger has the job, brought up
-        (idempotent: nothing started twice, baselines from the record)."""
-        return self.bring_up(self.current_plan(plan), tried)
+        (idempotent: nothing started twice, baselines from the record). With `boots` (the
+        sensor, given the start step's baselines), a plan the ledger still holds as it is needs
+        no ECS call: those baselines were made from the same record."""
+        current = self.current_plan(plan)
+        if current is plan and boots is not None:
+            return BringUp(slim(plan), boots, [], list(tried))
+        return self.bring_up(current, tried)
 
     # -- where the job is ---------------------------------------------------------------
     def current_plan(self, plan: Plan) -> Plan:

@@ -124,7 +124,7 @@ class GpuReadySensor(WaitsForCapacity, BaseSensorOperator):
         if boot is not None and boot.spec is not None:
             boot.hold(timeout + LAUNCH_MARGIN_SECONDS)
             result = self.bring_up_or_wait(boot, lambda: boot.ensure_up(Plan.from_json(state["plan"]),
-                                                                        boot.failures()),
+                                                                        boot.failures(), state["boots"] or None),
                                            None, "resume_after_capacity")
             state = self._state_of(context, result)
         if not state["boots"]:
