@@ -2,11 +2,16 @@
 
 Boots N stopped 1-GPU nodes in simcloud (staggered) and, for each boot, runs side by
 side in one asyncio loop:
-- the product's `NodeGpuReadyTrigger` (its real `run()`: a watch on the one Node);
-- real pollers at 5 s and 30 s: `get_node` on a fixed grid with a random phase, each
-  read fed to the same `ReadinessTracker` the poke-mode `GpuReadySensor` uses.
+- the product's `NodeGpuReadyTrigger` (its real `run()`: a watch on the one Node from the
+  resourceVersion read before the start);
+- pollers at 5 s and 30 s on a fixed grid with a random phase which, like the poke-mode
+  `GpuReadySensor`, replay the Node's writes since their last read (a short watch from it)
+  into the same `ReadinessTracker`.
 The moment of registration is taken from a separate watch on all Nodes: the first
 event, after the boot's zeroed count, whose allocatable nvidia.com/gpu is the real one.
+Each scenario is a fresh local cloud: the seed's "stale-first" boot order, the same with
+the kubelet's reset 10 s late (far past the settle window), and the real kubelet's order.
+A detector firing before the registration is an early fire: the pod would fail admission.
 """
 from __future__ import annotations
 
@@ -21,6 +26,11 @@ GPU = "nvidia.com/gpu"
 T4 = "ecs.gn6i-c4g1.xlarge"
 INTERVALS = (5.0, 30.0)
 SETTLE = 5.0
+SCENARIOS = {
+    "stale-first": {},
+    "stale-first, reset 10 s late": {"gpu_reset_delay_seconds": {"*": 10}},
+    "kubelet order": {"boot_order": {"*": "kubelet"}},
+}
 # Short physical delays; heartbeat at the kubelet's default nodeStatusUpdateFrequency (10 s).
 TIMINGS = {"start_seconds": 1.0, "boot_seconds": 2.0, "stale_seconds": 1.0, "device_plugin_seconds": 2.0,
            "heartbeat_seconds": 10.0, "stop_seconds": 1.0}
@@ -60,10 +70,19 @@ class Registrations:
                     self.at[name] = now
 
 
-async def _trigger(baseline: dict, deadline: float) -> float | None:
+async def _trigger(baseline: dict, deadline: float, window_only: bool = False) -> float | None:
+    from gpuboot.readiness import BootBaseline, ReadinessTracker
     from gpuboot.triggers import NodeGpuReadyTrigger
 
-    async for event in NodeGpuReadyTrigger(baseline=baseline, deadline=deadline, settle_seconds=SETTLE).run():
+    class WindowOnly(NodeGpuReadyTrigger):
+        """The rule before the reset was required: fresh, Ready and the count held for the window."""
+
+        def make_tracker(self, continuous: bool):
+            return ReadinessTracker(BootBaseline.from_json(self.baseline), settle_seconds=SETTLE,
+                                    fallback_seconds=SETTLE, continuous=False)
+
+    cls = WindowOnly if window_only else NodeGpuReadyTrigger
+    async for event in cls(baseline=baseline, deadline=deadline, settle_seconds=SETTLE).run():
         return time.time() if event.payload["status"] == "ready" else None
     return None
 
@@ -72,12 +91,28 @@ async def _poller(baseline: dict, interval: float, phase: float, deadline: float
     from gpuboot.kube import AsyncKubeClient
     from gpuboot.readiness import BootBaseline, ReadinessTracker
 
+    from gpuboot.kube import Gone
+
     kube = AsyncKubeClient()
-    tracker = ReadinessTracker(BootBaseline.from_json(baseline), settle_seconds=SETTLE)
+    version = baseline["resource_version_before"]
+    tracker = ReadinessTracker(BootBaseline.from_json(baseline), settle_seconds=SETTLE, continuous=True)
+    latest = None
     tick = baseline["start_requested_at"] + phase
     while tick < deadline:
         await asyncio.sleep(max(0.0, tick - time.time()))
-        if tracker.observe(await kube.get_node(baseline["node"]), time.time()).ready:
+        try:
+            states = [obj async for _, obj in kube.watch_node(baseline["node"], version, 1)]
+        except Gone:
+            tracker.lost_continuity("410 Gone")
+            states = [await kube.get_node(baseline["node"])]
+        if states:
+            latest, version = states[-1], states[-1]["metadata"]["resourceVersion"]
+        elif latest is None:
+            latest = await kube.get_node(baseline["node"])
+        verdict = None
+        for state in states or [latest]:
+            verdict = tracker.observe(state, time.time())
+        if verdict.ready:
             return time.time()
         tick += interval
     return None
@@ -92,11 +127,13 @@ async def _boot(name: str, delay: float, registrations: Registrations, rng: rand
     node = await AsyncKubeClient().get_node(name)
     instance_id = parse_provider_id(node["spec"]["providerID"])[1]
     baseline = {"node": name, "start_requested_at": time.time(),
-                "boot_id_before": node["status"]["nodeInfo"]["bootID"], "gpus_needed": 1}
+                "boot_id_before": node["status"]["nodeInfo"]["bootID"], "gpus_needed": 1,
+                "resource_version_before": node["metadata"]["resourceVersion"]}
     registrations.started.add(name)
     await asyncio.to_thread(EcsHook().start_instances, [instance_id])
     deadline = baseline["start_requested_at"] + 120
-    detectors = {"trigger (watch)": _trigger(baseline, deadline)}
+    detectors = {"trigger (watch)": _trigger(baseline, deadline),
+                 "window only (old rule)": _trigger(baseline, deadline, window_only=True)}
     for interval in INTERVALS:
         detectors[f"poll {interval:g}s"] = _poller(baseline, interval, rng.uniform(0, interval), deadline)
     fired = dict(zip(detectors, await asyncio.gather(*detectors.values())))
@@ -120,29 +157,43 @@ async def _run(count: int, stagger: float, seed: int) -> list[dict]:
         watcher.cancel()
 
 
-def run(workdir: Path, quick: bool = False, boots: int = 50, seed: int = 1) -> dict:
+def _scenario(workdir: Path, count: int, seed: int, faults: dict) -> dict:
     from simcloud.testing import small_fleet
 
-    count = min(boots, 8) if quick else boots
     fleet = small_fleet([{"name": "gpu", "instance_type": T4, "status": "Stopped", "count": count}],
-                        timings=TIMINGS)
-    with local_cloud(fleet, workdir / "cloud"):
+                        timings=TIMINGS, faults=faults)
+    with local_cloud(fleet, workdir):
         results = asyncio.run(_run(count, stagger=min(30.0, count * 0.6), seed=seed))
     detectors = list(results[0]["fired_at"])
     lags = {d: [r["fired_at"][d] - r["registered_at"] for r in results
                 if r["fired_at"][d] is not None and r["registered_at"] is not None] for d in detectors}
     return {
-        "boots": count, "settle_seconds": SETTLE, "timings": TIMINGS,
+        "faults": faults,
         "lag_seconds": {d: stats(v) for d, v in lags.items()},
         "lag_minus_settle_seconds": {d: stats([x - SETTLE for x in v]) for d, v in lags.items()},
         "fired_before_registration": {d: sum(1 for x in v if x < 0) for d, v in lags.items()},
         "missed": {d: sum(1 for r in results if r["fired_at"][d] is None) for d in detectors},
         "registration_unseen": sum(1 for r in results if r["registered_at"] is None),
+        "per_boot": results,
+    }
+
+
+def run(workdir: Path, quick: bool = False, boots: int = 50, seed: int = 1) -> dict:
+    count = min(boots, 8) if quick else boots
+    scenarios = {name: _scenario(workdir / f"cloud-{i}", count, seed, faults)
+                 for i, (name, faults) in enumerate(SCENARIOS.items())}
+    return {
+        "boots": count, "settle_seconds": SETTLE, "timings": TIMINGS, "scenarios": scenarios,
         "notes": [
             "Registration time: a separate watch on all Nodes, first real GPU count after the boot's zero.",
-            "Pollers are real (get_node on a fixed grid, random phase in [0, interval)), same ReadinessTracker "
-            f"and settle window ({SETTLE:g} s) as the poke-mode GpuReadySensor; all detectors run in one process.",
+            "Pollers replay the Node's writes since their last read (a 1 s watch from it), like the poke-mode "
+            f"GpuReadySensor, into the same ReadinessTracker and settle window ({SETTLE:g} s); all detectors "
+            "run in one process.",
             f"kubelet heartbeat every {TIMINGS['heartbeat_seconds']:g} s (kubelet default nodeStatusUpdateFrequency).",
+            "window only (old rule) = the trigger with the rule before the reset was required (fresh status, "
+            "Ready and the count held for the settle window), kept as a control: it fires early when the reset "
+            "comes later than the window.",
+            "early = fired before the real count was registered (the pod would fail admission); missed = "
+            "never fired within 120 s.",
         ],
-        "per_boot": results,
     }

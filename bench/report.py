@@ -25,12 +25,14 @@ def placement(result: dict) -> str:
 
 
 def readiness(result: dict) -> str:
-    rows = [{"detector": name, **{k: v for k, v in s.items() if k in ("n", "median", "p95", "mean", "max")}}
-            for name, s in result["lag_seconds"].items()]
-    columns = [("detector", "detector"), ("n", "boots"), ("median", "median s"), ("p95", "p95 s"),
-               ("mean", "mean s"), ("max", "max s")]
+    rows = [{"scenario": scenario, "detector": name,
+             **{k: v for k, v in s.items() if k in ("n", "median", "p95", "max")},
+             "early": part["fired_before_registration"][name], "missed": part["missed"][name]}
+            for scenario, part in result["scenarios"].items() for name, s in part["lag_seconds"].items()]
+    columns = [("scenario", "boot order"), ("detector", "detector"), ("n", "boots"), ("median", "median s"),
+               ("p95", "p95 s"), ("max", "max s"), ("early", "early fires"), ("missed", "missed")]
     return (f"== Readiness detection lag: GPUs registered -> detector fires (settle window "
-            f"{result['settle_seconds']:g} s included; {result['boots']} boots)\n"
+            f"{result['settle_seconds']:g} s included; {result['boots']} boots per scenario)\n"
             + format_table(rows, columns) + "\n" + "\n".join(result.get("notes", [])) + "\n")
 
 

@@ -69,9 +69,11 @@ def jobs(count: int, seed: int, run_seconds: float = 2, boot_timeout: int = 8) -
 class WorkerKiller:
     """SIGKILLs one worker process running task `step` (first try), at the moment that hurts:
     for `launch`, once its pod runs; for `start`, once ECS shows one of its instances starting;
-    otherwise as soon as it is up. Stays armed until a kill hits a live process."""
+    otherwise as soon as it is up. Stays armed until a kill hits a live process. It waits for
+    the moment as long as the worker lives (bounded by `timeout`): on a loaded machine a pod
+    may take minutes to run, and a killer that gave up early would leave no step killed."""
 
-    def __init__(self, cloud: SimCloud, step: str = "launch", timeout: float = 30.0) -> None:
+    def __init__(self, cloud: SimCloud, step: str = "launch", timeout: float = 600.0) -> None:
         self.cloud, self.step, self.timeout = cloud, step, timeout
         self.lock = threading.Lock()
         self.busy = False

@@ -1,7 +1,8 @@
 """The admin surface of a running simcloud: faults and a state summary, server and client side.
 
 Served on the Kubernetes port: `GET /_simcloud/faults`, `PATCH /_simcloud/faults` (a JSON
-object of fault -> new value, see simcloud.config.Faults), `GET /_simcloud/state`.
+object of fault -> new value, see simcloud.config.Faults), `GET /_simcloud/state`, and
+`POST /_simcloud/compact` (drop the watch history and end open watches: 410 on resume).
 The client helpers find the server through `WORKDIR/simcloud.json`.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 ADMIN_PREFIX = "/_simcloud"
 
 
-def admin_routes(faults: Faults, state: Callable[[], dict]) -> list[web.RouteDef]:
+def admin_routes(faults: Faults, state: Callable[[], dict], compact: Callable[[], int]) -> list[web.RouteDef]:
     from aiohttp import web   # server side only: keeps the fault CLI quick to start
 
     async def get_faults(_request: web.Request) -> web.Response:
@@ -43,8 +44,13 @@ def admin_routes(faults: Faults, state: Callable[[], dict]) -> list[web.RouteDef
     async def get_state(_request: web.Request) -> web.Response:
         return web.json_response(state())
 
+    async def post_compact(_request: web.Request) -> web.Response:
+        """Like an API server restart after an etcd compaction: history dropped, open watches ended,
+        so every watcher resuming from its resourceVersion gets 410 Gone and must re-list."""
+        return web.json_response({"compacted_resource_version": compact()})
+
     return [web.get(f"{ADMIN_PREFIX}/faults", get_faults), web.patch(f"{ADMIN_PREFIX}/faults", patch_faults),
-            web.get(f"{ADMIN_PREFIX}/state", get_state)]
+            web.get(f"{ADMIN_PREFIX}/state", get_state), web.post(f"{ADMIN_PREFIX}/compact", post_compact)]
 
 
 # ---------------------------------------------------------------------- client side
@@ -88,6 +94,10 @@ def get_state(workdir: Path) -> dict:
     return request(workdir, "/state")
 
 
+def compact(workdir: Path) -> int:
+    return request(workdir, "/compact", "POST", {})["compacted_resource_version"]
+
+
 def parse_assignments(items: list[str]) -> dict:
     """`key=value` words -> fault changes. Lists take commas (`never_ready=a,b`; empty clears);
     other values are numbers."""
@@ -101,6 +111,11 @@ def parse_assignments(items: list[str]) -> dict:
             raise ValueError(f"unknown fault {key!r}; known: {', '.join(sorted(kinds))}")
         if kinds[key] is list:
             changes[key] = [v.strip() for v in value.split(",") if v.strip()]
+        elif kinds[key] is dict:   # node:value,node:value
+            pairs = [v.strip().partition(":") for v in value.split(",") if v.strip()]
+            if any(not sep for _, sep, _ in pairs):
+                raise ValueError(f"fault {key}: expected node:value pairs separated by commas, got {value!r}")
+            changes[key] = {k: v for k, _, v in pairs}
         else:
             try:
                 changes[key] = kinds[key](value)

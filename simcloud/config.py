@@ -25,6 +25,9 @@ class Timings:
         return asdict(self)
 
 
+BOOT_ORDERS = ("stale-first", "kubelet")
+
+
 @dataclass
 class Faults:
     """Faults on demand. Rates are probabilities in [0, 1] per API call."""
@@ -35,6 +38,15 @@ class Faults:
     no_stock: list[str] = field(default_factory=list)   # "instance_type" or "instance_type@zone": start -> OperationDenied.NoStock
     never_ready: list[str] = field(default_factory=list)          # instance ids or node names whose kubelet never posts Ready
     device_plugin_never: list[str] = field(default_factory=list)  # instance ids or node names whose GPUs never register
+    # Per node (name or instance id, "*" for every node): extra seconds before the kubelet zeroes the
+    # extended resources after a boot, and before the device plugin then registers the real count.
+    gpu_reset_delay_seconds: dict[str, float] = field(default_factory=dict)
+    gpu_register_delay_seconds: dict[str, float] = field(default_factory=dict)
+    # Per node (name, instance id or "*"): the order a boot's writes come in. "stale-first" (default,
+    # what the seed saw in the field): new bootID + Ready=True with the stale count, then 0, then the
+    # real count. "kubelet": as a restarted kubelet writes them: the registration patch zeroing the
+    # extended resources (old bootID), the new bootID with Ready=False, Ready=True, the real count.
+    boot_order: dict[str, str] = field(default_factory=dict)
     k8s_latency_ms: int = 0               # added to every Kubernetes API request
     k8s_conflict_burst: int = 0           # the next N ConfigMap writes are answered 409 Conflict
 
@@ -50,6 +62,8 @@ class Faults:
             current = getattr(self, key)
             if isinstance(current, list):
                 value = list(value)
+            elif isinstance(current, dict):
+                value = self._per_node(key, value)
             elif isinstance(current, float):
                 value = float(value)
                 if not 0.0 <= value <= 1.0 and key.endswith("_rate"):
@@ -57,6 +71,31 @@ class Faults:
             elif isinstance(current, int):
                 value = int(value)
             setattr(self, key, value)
+
+    @staticmethod
+    def _per_node(key: str, value) -> dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"fault {key} must be an object of node name (or instance id, or \"*\") -> value")
+        if key == "boot_order":
+            bad = {k: v for k, v in value.items() if v not in BOOT_ORDERS}
+            if bad:
+                raise ValueError(f"fault boot_order: {bad} not one of {', '.join(BOOT_ORDERS)}")
+            return {str(k): str(v) for k, v in value.items()}
+        try:
+            out = {str(k): float(v) for k, v in value.items()}
+        except (TypeError, ValueError):
+            raise ValueError(f"fault {key}: values must be seconds, got {value}") from None
+        if any(v < 0 for v in out.values()):
+            raise ValueError(f"fault {key}: seconds must be >= 0, got {value}")
+        return out
+
+    def for_node(self, key: str, default, *names: str):
+        """The per-node value of dict fault `key` for the first of `names` listed, else "*", else default."""
+        listed = getattr(self, key)
+        for name in names:
+            if name and name in listed:
+                return listed[name]
+        return listed.get("*", default)
 
     def matches(self, key_list: str, *names: str) -> bool:
         """True when any of `names` (instance id, node name, ...) is listed in fault `key_list`."""

@@ -8,8 +8,9 @@ The rule, so that exit codes and logs are real:
   image's entrypoint is unknown here). `$(VAR)` references are expanded from the env
   as Kubernetes does (`$$(` escapes).
 * The process gets only the container's env (`value` and `valueFrom.fieldRef`), plus
-  PATH, HOME (= its own temp working dir), HOSTNAME (= pod name), KUBERNETES_SERVICE_*
-  (the local API server), PYTHONUNBUFFERED=1 (so progress lines arrive as printed), and
+  PATH, HOME (= its own temp working dir), HOSTNAME (= pod name), KUBERNETES_SERVICE_HOST/
+  _PORT and KUBERNETES_PORT (the address the local API server is bound to, so an in-pod
+  client reaches it under `serve --host` too), PYTHONUNBUFFERED=1 (so progress lines arrive as printed), and
   NVIDIA_VISIBLE_DEVICES for GPU pods. Its cwd is a fresh temp dir.
 * stdout and stderr are captured together, line by line, each with a nanosecond
   timestamp, into the container's log. The image is recorded, never pulled.
@@ -154,13 +155,13 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 class ContainerRunner:
     """Starts containers as local processes and serves their logs (the k8s_api LogSource)."""
 
-    def __init__(self, root: Path, k8s_port: int = 0) -> None:
+    def __init__(self, root: Path, k8s_host: str = "127.0.0.1", k8s_port: int = 0) -> None:
         global _libc
         if _libc is None and sys.platform.startswith("linux"):
             _libc = ctypes.CDLL(None, use_errno=True)
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.k8s_port = k8s_port
+        self.k8s_host, self.k8s_port = k8s_host, k8s_port   # the Kubernetes API, as pods reach it
         self._logs: dict[tuple[str, str], ContainerLog] = {}   # (pod uid, container) -> newest instance
         self._running: set[Container] = set()
         self._workdirs: dict[str, list[Path]] = {}               # pod uid -> temp dirs to remove
@@ -172,9 +173,9 @@ class ContainerRunner:
             "LANG": "C.UTF-8",
             "PYTHONUNBUFFERED": "1",
             "HOSTNAME": pod["metadata"]["name"],
-            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_HOST": self.k8s_host,
             "KUBERNETES_SERVICE_PORT": str(self.k8s_port),
-            "KUBERNETES_PORT": f"tcp://127.0.0.1:{self.k8s_port}",
+            "KUBERNETES_PORT": f"tcp://{self.k8s_host}:{self.k8s_port}",
         }
         env.update(extra)
         for item in container.get("env") or []:

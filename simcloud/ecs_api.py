@@ -219,7 +219,11 @@ def outcome_view(o: Outcome) -> dict:
 
 # ---------------------------------------------------------------- actions
 
-def dry_run_passed() -> EcsError:
+def dry_run_passed(batch: bool = False) -> EcsError:
+    """A passing dry run: the batch actions (StartInstances, StopInstances) answer DRYRUN.SUCCESS,
+    the single-instance ones DryRunOperation, as their API references say."""
+    if batch:
+        return EcsError("DRYRUN.SUCCESS", "This request is a dryrun request with successful result.", 400)
     return EcsError("DryRunOperation", "Request validation has been passed with DryRun flag set.", 400)
 
 
@@ -230,11 +234,11 @@ def power_batch(params: Params, cloud: EcsCloud, act: Callable[..., list[Outcome
         raise missing("InstanceId.1")
     all_together = one_of(params, "BatchOptimization", ("AllTogether", "SuccessFirst"), "AllTogether") == "AllTogether"
     dry_run = as_bool(params, "DryRun")
-    if dry_run and not all_together:   # the real API answers DryRunOperation regardless of instance state
-        raise dry_run_passed()
+    if dry_run and not all_together:   # the real API answers DRYRUN.SUCCESS regardless of instance state
+        raise dry_run_passed(batch=True)
     outcomes = act(ids, all_together=all_together, dry_run=dry_run, **extra)
     if dry_run:
-        raise dry_run_passed()
+        raise dry_run_passed(batch=True)
     return {"InstanceResponses": {"InstanceResponse": [outcome_view(o) for o in outcomes]}}
 
 

@@ -455,6 +455,8 @@ class K8sApi:
                                                 "metadata": {"resourceVersion": self.store.resource_version}})
                         last_sent = time.monotonic()
                     continue
+                if event is None:     # the store was compacted: end the stream like a restarting server
+                    break
                 if await self._send_event(send, event, matches):
                     last_sent = time.monotonic()
             await response.write_eof()

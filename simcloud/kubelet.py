@@ -7,10 +7,15 @@ instance through `EcsCloud.add_listener`:
 * Stopped: the Node stays, its conditions Unknown ("Kubelet stopped posting node
   status."), tainted node.kubernetes.io/unreachable NoSchedule+NoExecute; allocatable
   nvidia.com/gpu keeps whatever value it had (stale).
-* Started: after `boot_seconds` Ready=True with a new bootID, unreachable taints gone,
-  GPU count still stale; after `stale_seconds` nvidia.com/gpu is zeroed; after
-  `device_plugin_seconds` the device plugin registers the real count. Each step is one
-  Store write, so a watcher sees stale -> 0 -> real.
+* Started, in the default "stale-first" order (what the seed saw in the field): after
+  `boot_seconds` Ready=True with a new bootID, unreachable taints gone, GPU count still
+  stale; after `stale_seconds` nvidia.com/gpu is zeroed; after `device_plugin_seconds` the
+  device plugin registers the real count. Each step is one Store write, so a watcher sees
+  stale -> 0 -> real. In the "kubelet" order (fault `boot_order`, per node or "*"), as a
+  restarted kubelet writes it: the registration patch zeroing extended resources (old
+  bootID), the new bootID with Ready=False, Ready=True `stale_seconds` later, the real count
+  `device_plugin_seconds` after Ready (the plugin's pod needs a Ready node). Faults `gpu_reset_delay_seconds` and
+  `gpu_register_delay_seconds` (per node) push the zero and the real count later.
 * Stopping: conditions Unknown and taints again; running pods are killed and fail
   (reason Terminated, "Pod was terminated in response to imminent node shutdown.").
 
@@ -202,21 +207,56 @@ class Kubelets:
         if self._faulty("never_ready", node):
             node.blocked = "ready"
             return
-        node.blocked, node.up, node.registered = None, True, 0
+        node.blocked, node.registered = None, 0
         node.boot_id = new_boot_id(self.rng)
+        if self._boot_order(node) == "kubelet":
+            self._later(node, self._delay("gpu_reset_delay_seconds", node), self._register_node)
+            return
+        self._post_ready(node)
+        if node.gpus:
+            self._later(node, self.timings.stale_seconds + self._delay("gpu_reset_delay_seconds", node),
+                        self._zero_gpus)
+
+    def _boot_order(self, node: _Node) -> str:
+        return self.faults.for_node("boot_order", "stale-first", node.name, node.spec.instance_id)
+
+    def _delay(self, key: str, node: _Node) -> float:
+        return float(self.faults.for_node(key, 0.0, node.name, node.spec.instance_id))
+
+    def _register_node(self, node: _Node) -> None:
+        """The "kubelet" order: the restarted kubelet's registration patch zeroes the extended
+        resources (bootID and conditions still the old ones), then it posts the new bootID with
+        Ready=False (runtime not checked yet) and, `stale_seconds` later, Ready=True."""
+        if node.gpus:
+            self._write_node(node, lambda obj: _set_gpus(obj, 0))
+        self._later(node, min(0.2, self.timings.stale_seconds / 2), self._post_not_ready)
+
+    def _post_not_ready(self, node: _Node) -> None:
+        now = rfc3339()
+        self._write_node(node, lambda obj: _set_not_ready(obj, now, node.boot_id))
+        self._event_node(node, "Starting", "Starting kubelet.")
+        self._later(node, self.timings.stale_seconds, self._post_ready)
+
+    def _post_ready(self, node: _Node) -> None:
+        node.up = True
         now = rfc3339()
         self._write_node(node, lambda obj: _set_ready(obj, now, node.boot_id))
         self._renew_lease(node, micro_time())
-        self._event_node(node, "Starting", "Starting kubelet.")
+        if self._boot_order(node) != "kubelet":
+            self._event_node(node, "Starting", "Starting kubelet.")
         self._event_node(node, "Rebooted", f"Node {node.name} has been rebooted, boot id: {node.boot_id}", "Warning")
         self._event_node(node, "NodeReady", f"Node {node.name} status is now: NodeReady")
-        if node.gpus:
-            self._later(node, self.timings.stale_seconds, self._zero_gpus)
         self._admit_waiting(node)
+        if node.gpus and self._boot_order(node) == "kubelet":    # the plugin's pod starts once the node is Ready
+            self._later_register(node)
 
     def _zero_gpus(self, node: _Node) -> None:
         self._write_node(node, lambda obj: _set_gpus(obj, 0))
-        self._later(node, self.timings.device_plugin_seconds, self._register_gpus)
+        self._later_register(node)
+
+    def _later_register(self, node: _Node) -> None:
+        self._later(node, self.timings.device_plugin_seconds + self._delay("gpu_register_delay_seconds", node),
+                    self._register_gpus)
 
     def _register_gpus(self, node: _Node) -> None:
         if self._faulty("device_plugin_never", node):
@@ -535,6 +575,16 @@ def _set_ready(obj: dict, now: str, boot_id: str) -> None:
     obj["spec"]["taints"] = [t for t in obj["spec"].get("taints") or [] if t.get("key") != UNREACHABLE] or None
     if obj["spec"]["taints"] is None:
         obj["spec"].pop("taints")
+
+
+def _set_not_ready(obj: dict, now: str, boot_id: str) -> None:
+    """A restarted kubelet's first status: its new bootID, Ready=False until the runtime checks pass."""
+    obj["status"]["nodeInfo"]["bootID"] = boot_id
+    obj["status"]["conditions"] = [
+        {"type": t, "status": "False" if t == "Ready" else s, "lastHeartbeatTime": now, "lastTransitionTime": now,
+         "reason": "KubeletNotReady" if t == "Ready" else r,
+         "message": "container runtime status check may not have completed yet" if t == "Ready" else m}
+        for t, s, r, m in _HEALTHY]
 
 
 def _set_unknown(obj: dict, now: str) -> None:

@@ -1,4 +1,4 @@
-"""Assemble the local cloud in one event loop and serve it on two loopback ports.
+"""Assemble the local cloud in one event loop and serve it on two ports of --host (default 127.0.0.1).
 
 Store + Scheduler + EcsCloud + Kubelets + ContainerRunner, the Kubernetes API (with the
 admin routes `/_simcloud/faults` and `/_simcloud/state`) on one port and the ECS API on
@@ -60,7 +60,7 @@ class Cloud:
         self.scheduler = Scheduler(self.store)
         self._populate()
         self.k8s_app = make_k8s_app(self.store, self.runner, self.faults)
-        self.k8s_app.router.add_routes(admin_routes(self.faults, self.state))
+        self.k8s_app.router.add_routes(admin_routes(self.faults, self.state, self.store.compact))
         self.ecs_app = make_ecs_app(self.cloud, {fleet.access_key_id: fleet.access_key_secret}, self.faults,
                                     rng=random.Random(self.rng.random()))
         self._runners: list[web.AppRunner] = []
@@ -101,13 +101,17 @@ class Cloud:
                 "faults": self.faults.to_dict()}
 
     async def start(self, k8s_port: int = 0, ecs_port: int = 0) -> None:
-        self.k8s_port = await self._listen(self.k8s_app, k8s_port)
-        self.ecs_port = await self._listen(self.ecs_app, ecs_port)
+        k8s_address, self.k8s_port = await self._listen(self.k8s_app, k8s_port)
+        _, self.ecs_port = await self._listen(self.ecs_app, ecs_port)
+        # Pods are processes on this machine: they reach the API at the address it is bound to
+        # (the IP --host resolved to; a wildcard bind through loopback).
+        self.runner.k8s_host = "127.0.0.1" if k8s_address == "0.0.0.0" else k8s_address
         self.runner.k8s_port = self.k8s_port
         self.scheduler.start()
         self.kubelets.start()
 
-    async def _listen(self, app: web.Application, port: int) -> int:
+    async def _listen(self, app: web.Application, port: int) -> tuple[str, int]:
+        """Serve `app` on (--host, port); returns the bound address and port."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, port))
@@ -115,7 +119,8 @@ class Cloud:
         await runner.setup()
         self._runners.append(runner)
         await web.SockSite(runner, sock).start()
-        return sock.getsockname()[1]
+        address, bound_port = sock.getsockname()[:2]
+        return address, bound_port
 
     async def stop(self) -> None:
         await self.kubelets.stop()

@@ -429,6 +429,17 @@ class Store:
         return clone(gone)
 
     # ------------------------------------------------------------------ watching
+    def compact(self) -> int:
+        """Forget every change so far (a watch from an older resourceVersion is 410 Gone) and end
+        the API's open watch streams (a None on their queues), as an API server restart does."""
+        for resource in RESOURCES:
+            self._history[resource].clear()
+            self._compacted_rv[resource] = self._rv
+            for sub in self._subscribers[resource]:
+                if sub.raw:
+                    sub.queue.put_nowait(None)
+        return self._rv
+
     def subscribe(self, resource: str) -> asyncio.Queue:
         """In-process watchers get every (type, object copy) of `resource` from now on."""
         queue: asyncio.Queue = asyncio.Queue()

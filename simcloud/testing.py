@@ -180,6 +180,10 @@ class SimCloud:
     def state(self) -> dict:
         return admin.get_state(self.workdir)
 
+    def compact(self) -> int:
+        """Drop the watch history and end open watches (resuming watchers get 410 Gone)."""
+        return admin.compact(self.workdir)
+
     def instance_id(self, node_name: str) -> str:
         return next(n["instance_id"] for n in self.state()["nodes"] if n["name"] == node_name)
 

@@ -43,7 +43,7 @@ from gpuboot.jobspec import JobSpec
 from gpuboot.kube import KubeClient
 from gpuboot.ledger import JobRecord, ReservationLedger, StartedNode
 from gpuboot.placement import Assignment, Outcome, Plan, Unavailable
-from gpuboot.readiness import BootBaseline
+from gpuboot.readiness import BootBaseline, extended_needs
 from gpuboot.triggers import WakeUpTrigger
 
 DEFAULT_UNAVAILABLE_TTL_SECONDS = 600
@@ -166,11 +166,12 @@ class JobBoot:
         """Start the plan's stopped instances; on a capacity error re-place and start the new plan."""
         tried = list(tried)
         while True:
-            boot_ids = {n: self._boot_id(n) for n in {a.node for a in plan.assignments}}
+            # Read before the start request: the readiness watch resumes from these versions.
+            before = {n: self.kube.get_node(n) for n in sorted({a.node for a in plan.assignments})}
             requested_at = self.clock()
             to_start = {n: i for n, i in self._to_start(plan).items() if i}
             if to_start:     # write-ahead: a worker killed after StartInstances still left the record
-                self.ledger.record_starts(self.job_id, [StartedNode(n, i, requested_at, boot_ids.get(n))
+                self.ledger.record_starts(self.job_id, [StartedNode(n, i, requested_at, _boot_id(before.get(n)))
                                                         for n, i in sorted(to_start.items())],
                                           requested_at + self._ttl())
             outcomes = self.power_on(list(to_start.values()))
@@ -179,7 +180,7 @@ class JobBoot:
             if hard:
                 raise AirflowException("; ".join(f"instance {iid} failed to start: {err}" for iid, err in hard.items()))
             if not failed:
-                boots = self.baselines(plan, outcomes, boot_ids, requested_at)
+                boots = self.baselines(plan, outcomes, before, requested_at)
                 started = sorted(i for i, o in outcomes.items() if o.outcome == "done")
                 return BringUp(slim(plan), boots, started, tried)
             marks = self._offering_marks(plan, {iid: o.error for iid, o in failed.items()})
@@ -199,11 +200,12 @@ class JobBoot:
             outcomes.update(self.ecs.start_instances(stopping))
         return outcomes
 
-    def baselines(self, plan: Plan, outcomes: Mapping[str, InstanceOutcome], boot_ids: Mapping[str, str | None],
+    def baselines(self, plan: Plan, outcomes: Mapping[str, InstanceOutcome], before: Mapping[str, dict],
                   requested_at: float) -> list[dict]:
         """Per planned node: when its start was asked for (None: not started by this job), its
-        bootID before, the GPUs placed there. A start made by an earlier try shows as "already":
-        ECS's StartTime says when it happened."""
+        bootID before, the GPUs placed there, and the Node's resourceVersion when it was read
+        before this very start request (only then does a watch from it see the whole boot). A
+        start made by an earlier try shows as "already": ECS's StartTime says when it happened."""
         by_node = _by_node(plan)
         to_start = self._to_start(plan)
         record = self.record()
@@ -221,15 +223,22 @@ class JobBoot:
                 since = start_times.get(iid) or requested_at
             else:
                 since = None
+            read = before.get(node) or {}
+            started_now = node in to_start and outcomes[iid].outcome == "done"
+            boot_id_before = _boot_id(read)
             mine = record.started_on(node) if record else None
             if mine:    # this job started it (this try or an earlier one): its first start is the baseline
-                since, boot_ids = mine.at, {**boot_ids, node: mine.boot_id_before}
-            baseline = BootBaseline(node=node, start_requested_at=since, boot_id_before=boot_ids.get(node),
-                                    gpus_needed=sum(a.requests.gpus for a in assigned))
+                since, boot_id_before = mine.at, mine.boot_id_before
+            baseline = BootBaseline(node=node, start_requested_at=since, boot_id_before=boot_id_before,
+                                    gpus_needed=sum(a.requests.gpus for a in assigned),
+                                    extended_needed=extended_needs(sum((a.requests for a in assigned[1:]),
+                                                                       assigned[0].requests)),
+                                    resource_version_before=((read.get("metadata") or {}).get("resourceVersion")
+                                                             if started_now else None))
             boots.append(baseline.to_json())
             self.log.info("node %s (%s, %s): start requested at %s%s, bootID before %s, needs %d GPU(s)",
                           node, iid, assigned[0].state.value, stamp(since) if since is not None else "- (not started)",
-                          " by this job" if mine else "", boot_ids.get(node), baseline.gpus_needed)
+                          " by this job" if mine else "", baseline.boot_id_before, baseline.gpus_needed)
         return boots
 
     def rebook(self) -> Plan:
@@ -328,9 +337,6 @@ class JobBoot:
                                      boot_id=seen.get("boot_id") or seen.get("boot_id_before") or ""))
         return marks
 
-    def _boot_id(self, node: str) -> str | None:
-        return ((self.kube.get_node(node).get("status") or {}).get("nodeInfo") or {}).get("bootID")
-
     @staticmethod
     def _to_start(plan: Plan) -> dict[str, str | None]:
         by_node = _by_node(plan)
@@ -374,6 +380,10 @@ class WaitsForCapacity:
         wake = min(deadline, now + self.busy_poll_seconds)
         self.log.info("%s; re-placing in %.0fs, giving up in %.0fs", why, wake - now, deadline - now)
         self.defer(trigger=WakeUpTrigger(wake, {"deadline": deadline, "tried": list(tried)}), method_name=method_name)
+
+
+def _boot_id(node: Mapping | None) -> str | None:
+    return (((node or {}).get("status") or {}).get("nodeInfo") or {}).get("bootID")
 
 
 def _by_node(plan: Plan) -> dict[str, list[Assignment]]:

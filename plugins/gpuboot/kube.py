@@ -68,6 +68,29 @@ class KubeClient:
     def get_node(self, name: str) -> dict:
         return _raw(self.core.read_node(name, _preload_content=False))
 
+    def node_writes_since(self, name: str, resource_version: str, timeout_seconds: int = 1) -> list[dict]:
+        """Every state of one Node written after `resource_version`, oldest first (a short watch
+        replays them); raises Gone when the version is too old to resume from."""
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        seen = []
+        try:
+            for event in watch.Watch().stream(self.core.list_node, field_selector=f"metadata.name={name}",
+                                              resource_version=resource_version, timeout_seconds=timeout_seconds,
+                                              _request_timeout=timeout_seconds + 30):
+                if event["type"] == "ERROR" and (event["raw_object"] or {}).get("code") == 410:
+                    raise Gone(str((event["raw_object"] or {}).get("message")))
+                if event["type"] in ("ADDED", "MODIFIED"):
+                    seen.append(event["raw_object"])
+                elif event["type"] == "DELETED":
+                    seen.append({"metadata": event["raw_object"].get("metadata", {})})
+        except ApiException as exc:
+            if exc.status == 410:
+                raise Gone(str(exc.reason)) from None
+            raise
+        return seen
+
     def read_configmap(self, namespace: str, name: str) -> dict | None:
         from kubernetes.client.exceptions import ApiException
 

@@ -2,36 +2,86 @@
 
 After a restart a Node's allocatable nvidia.com/gpu reads stale -> 0 -> real, and
 Ready=True with GPU > 0 can be read during the stale first value; binding then
-fails in the kubelet with UnexpectedAdmissionError. So a node is ready only when
-what we read was written by the new boot, NodeReady is True, the node is
-schedulable, the GPU count covers the request, and all of that has held without
-a break for a settle window. Pure: the trigger feeds Node dicts and the clock.
+fails in the kubelet with UnexpectedAdmissionError. Pure: the trigger (or the poking
+sensor) feeds Node dicts and the clock.
+
+Why the count can be trusted, and when (the facts are in the README, with sources):
+
+* A restarted kubelet, finding its Node already registered, patches every extended
+  resource's capacity and allocatable to 0 (`reconcileExtendedResource` in the
+  kubelet's node registration) before its device plugins register again; only a
+  device plugin's registration makes the count non-zero again. When we asked ECS to
+  start the instance it was Stopped, so the old kubelet was gone: a zero seen after the
+  start request, followed by a count that covers the request, can only be this boot's
+  device plugin registering. That is the **fast path**: no time window is involved, so a
+  kubelet whose reset comes late (a slow node, API latency, a reconnecting watch) can
+  delay readiness but never fake it.
+* The zero is seen only if every write to the Node since before the start is seen.
+  The trigger watches from the Node's resourceVersion read just before the start
+  request (`BootBaseline.resource_version_before`), so the API server replays every
+  write since; the tracker is then `continuous` and, until it sees the zero, it waits
+  (the count it shows is the one from before the stop) however long that takes, up to
+  the boot timeout.
+* When continuity is lost (a watch that expired with 410 Gone and was re-listed, a
+  poking sensor that reads the Node now and then, a baseline without a resourceVersion,
+  a start made by an earlier try) the zero may have passed unseen. Then the count is
+  trusted only after it held, with everything else in order, for the longer
+  **fallback** window (`fallback_seconds`, at least the settle window), and the verdict
+  says so as a warning: never a silent early fire, and a node whose reset was missed
+  still comes up (late) rather than being given up.
+
+Besides the count: the status must be written by the new boot (bootID changed, or a
+Ready transition / heartbeat after the start), NodeReady True, the node schedulable and
+free of the not-ready / unreachable taints (the pod would wait Pending), and all that
+held for `settle_seconds` without a break. A second reboot seen during the wait needs
+its own reset. The rule covers every extended resource the job asks for (`needs`).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .inventory import node_condition, parse_time
 from .resources import GPU, QuantityError, parse_quantity
 
+DEFAULT_FALLBACK_SECONDS = 60.0
+# Taints the node-lifecycle controller keeps on a node that is not (yet) Ready or reachable.
+NOT_READY_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
+
 
 @dataclass(frozen=True)
 class BootBaseline:
-    """What we knew before starting the node; start_requested_at None = we did not start it."""
+    """What we knew before starting the node; start_requested_at None = we did not start it.
+
+    `resource_version_before` is the Node's resourceVersion read before the start request
+    (None when the read came after it): watching from it shows every write of the boot."""
 
     node: str
     start_requested_at: float | None
     boot_id_before: str | None
     gpus_needed: int
+    resource_version_before: str | None = None
+    extended_needed: Mapping[str, int] = field(default_factory=dict)   # other extended resources
+
+    @property
+    def needs(self) -> dict[str, int]:
+        """Every extended resource whose registration the pod depends on, with the count needed."""
+        needs = {GPU: int(self.gpus_needed)} if self.gpus_needed > 0 else {}
+        needs.update({k: int(v) for k, v in self.extended_needed.items() if int(v) > 0})
+        return needs
 
     def to_json(self) -> dict:
         return {"node": self.node, "start_requested_at": self.start_requested_at,
-                "boot_id_before": self.boot_id_before, "gpus_needed": self.gpus_needed}
+                "boot_id_before": self.boot_id_before, "gpus_needed": self.gpus_needed,
+                "resource_version_before": self.resource_version_before,
+                "extended_needed": dict(self.extended_needed)}
 
     @classmethod
-    def from_json(cls, data: dict) -> "BootBaseline":
+    def from_json(cls, data: Mapping) -> "BootBaseline":
         return cls(node=data["node"], start_requested_at=data.get("start_requested_at"),
-                   boot_id_before=data.get("boot_id_before"), gpus_needed=int(data.get("gpus_needed", 0)))
+                   boot_id_before=data.get("boot_id_before"), gpus_needed=int(data.get("gpus_needed", 0)),
+                   resource_version_before=data.get("resource_version_before"),
+                   extended_needed={k: int(v) for k, v in (data.get("extended_needed") or {}).items()})
 
 
 @dataclass(frozen=True)
@@ -41,26 +91,63 @@ class Verdict:
     evidence: dict = field(default_factory=dict)
 
 
-def _allocatable_gpus(node: dict) -> int | None:
-    raw = ((node.get("status") or {}).get("allocatable") or {}).get(GPU)
+def is_extended_resource(name: str) -> bool:
+    """Kubernetes' IsExtendedResourceName: a domain-prefixed name outside kubernetes.io (what a
+    device plugin registers, and what a restarted kubelet zeroes)."""
+    domain, slash, _ = name.partition("/")
+    return bool(slash) and not (domain == "kubernetes.io" or domain.endswith(".kubernetes.io")) \
+        and not name.startswith("requests.")
+
+
+def extended_needs(requests: Mapping[str, int]) -> dict[str, int]:
+    """The extended resources besides nvidia.com/gpu in `requests` (a baseline's `extended_needed`)."""
+    return {name: int(v) for name, v in requests.items() if name != GPU and is_extended_resource(name) and v}
+
+
+def allocatable(node: Mapping, resource: str) -> int | None:
+    raw = ((node.get("status") or {}).get("allocatable") or {}).get(resource)
     if raw is None:
         return None
     try:
-        return int(parse_quantity(raw, f"status.allocatable.{GPU}"))
+        return int(parse_quantity(raw, f"status.allocatable.{resource}"))
     except QuantityError:
         return None
 
 
-class ReadinessTracker:
-    """Feed it every Node event and timer tick; it says when the GPU pod may be committed."""
+def _blocking_taints(node: Mapping) -> list[str]:
+    return sorted({t.get("key") for t in (node.get("spec") or {}).get("taints") or ()
+                   if t.get("key") in NOT_READY_TAINTS and t.get("effect") in ("NoSchedule", "NoExecute")})
 
-    def __init__(self, baseline: BootBaseline, settle_seconds: float = 5.0):
+
+class ReadinessTracker:
+    """Feed it every Node event and timer tick; it says when the GPU pod may be committed.
+
+    `continuous=True` promises that the caller feeds every write to the Node since the
+    baseline's resourceVersion (a watch from it); `lost_continuity` withdraws the promise."""
+
+    def __init__(self, baseline: BootBaseline, settle_seconds: float = 5.0,
+                 fallback_seconds: float = DEFAULT_FALLBACK_SECONDS, continuous: bool = False):
         if settle_seconds < 0:
             raise ValueError(f"settle_seconds: must be >= 0, got {settle_seconds}")
+        if fallback_seconds < 0:
+            raise ValueError(f"fallback_seconds: must be >= 0, got {fallback_seconds}")
         self.baseline = baseline
         self.settle_seconds = float(settle_seconds)
+        self.fallback_seconds = max(float(fallback_seconds), self.settle_seconds)
+        started_with_version = baseline.start_requested_at is not None and bool(baseline.resource_version_before)
+        self.continuous = continuous and started_with_version
+        self.gap: str | None = None if self.continuous else (
+            "the Node is read without a watch from before the start" if started_with_version
+            else "no resourceVersion from before the start to watch from")
+        self._reset_seen: set[str] = set()
+        self._new_boot_id: str | None = None    # the first bootID of a boot after the start
         self._held_since: float | None = None
         self._held_boot_id: str | None = None
+        self._window = self.settle_seconds
+
+    def lost_continuity(self, why: str) -> None:
+        """Writes to the Node may have been missed (e.g. a re-list after 410 Gone)."""
+        self.continuous, self.gap = False, why
 
     def _fresh(self, boot_id: str | None, transition: float | None, heartbeat: float | None) -> tuple[bool, str]:
         """Was this status written by the boot we asked for?"""
@@ -75,9 +162,23 @@ class ReadinessTracker:
             return True, "heartbeat after the start"
         return False, "status predates the start (bootID unchanged, no Ready transition or heartbeat since)"
 
-    def observe(self, node: dict | None, now: float) -> Verdict:
+    def _note_resets(self, boot_id: str | None, counts: Mapping[str, int | None]) -> None:
+        """Record the kubelet's zeroing of each needed resource; a second new boot needs its own."""
+        b = self.baseline
+        if b.start_requested_at is None:
+            return
+        if boot_id and boot_id != b.boot_id_before:
+            if self._new_boot_id is None:
+                self._new_boot_id = boot_id
+            elif boot_id != self._new_boot_id:      # rebooted again while we waited
+                self._new_boot_id = boot_id
+                self._reset_seen.clear()
+        self._reset_seen.update(r for r, count in counts.items() if not count)
+
+    def observe(self, node: Mapping | None, now: float) -> Verdict:
         """Judge the latest Node object at time `now` (epoch seconds); any break resets the settle clock."""
         b = self.baseline
+        needs = b.needs
         if not node:
             self._held_since = None
             return Verdict(False, f"node {b.node} not found", {"node": b.node, "held_seconds": 0.0})
@@ -87,9 +188,12 @@ class ReadinessTracker:
         transition = parse_time(ready_condition.get("lastTransitionTime"))
         heartbeat = parse_time(ready_condition.get("lastHeartbeatTime"))
         boot_id = (status.get("nodeInfo") or {}).get("bootID") or None
-        gpus = _allocatable_gpus(node)
+        counts = {r: allocatable(node, r) for r in needs}
         unschedulable = bool((node.get("spec") or {}).get("unschedulable"))
+        taints = _blocking_taints(node)
         fresh, fresh_by = self._fresh(boot_id, transition, heartbeat)
+        self._note_resets(boot_id, counts)
+        unreset = [r for r in needs if b.start_requested_at is not None and r not in self._reset_seen]
 
         problems = []
         if not fresh:
@@ -99,21 +203,33 @@ class ReadinessTracker:
             problems.append(f"NodeReady is {ready_status}" + (f" ({detail})" if detail else ""))
         if unschedulable:
             problems.append("node is cordoned (spec.unschedulable)")
-        if b.gpus_needed > 0 and (gpus or 0) < b.gpus_needed:
-            problems.append(f"allocatable {GPU} is {gpus or 0}, {b.gpus_needed} needed")
+        if taints:
+            problems.append(f"node still tainted {', '.join(taints)}")
+        for resource, needed in needs.items():
+            if (counts[resource] or 0) < needed:
+                problems.append(f"allocatable {resource} is {counts[resource] or 0}, {needed} needed")
+        if unreset and self.continuous:
+            problems.append(f"the kubelet has not reset {', '.join(unreset)} since the start yet "
+                            "(the count shown is the one from before the stop)")
 
-        if problems:
+        fallback = bool(unreset)
+        window = self.fallback_seconds if fallback else self.settle_seconds
+        if problems or window != self._window:
             self._held_since = None
-        elif self._held_since is None or boot_id != self._held_boot_id:
+        self._window = window
+        if not problems and (self._held_since is None or boot_id != self._held_boot_id):
             self._held_since, self._held_boot_id = now, boot_id   # a new boot restarts the clock
         held = 0.0 if self._held_since is None else max(0.0, now - self._held_since)
 
+        gpus = counts.get(GPU, allocatable(node, GPU))
         evidence = {
             "node": b.node,
             "ready": ready_status,
             "ready_since": ready_condition.get("lastTransitionTime"),
             "gpus_allocatable": gpus,
             "gpus_needed": b.gpus_needed,
+            "allocatable": counts,
+            "reset_seen": sorted(self._reset_seen),
             "boot_id": boot_id,
             "boot_id_before": b.boot_id_before,
             "boot_id_changed": bool(boot_id and b.boot_id_before and boot_id != b.boot_id_before),
@@ -122,19 +238,31 @@ class ReadinessTracker:
             "fresh": fresh,
             "fresh_by": fresh_by if fresh else None,
             "unschedulable": unschedulable,
+            "taints": taints,
+            "continuous": self.continuous,
+            "path": ("waiting for the reset" if fallback and self.continuous else "fallback" if fallback
+                     else "reset seen" if b.start_requested_at is not None else "not started by this run"),
             "held_seconds": round(held, 3),
-            "settle_seconds": self.settle_seconds,
+            "settle_seconds": window,
         }
         if problems:
             return Verdict(False, "waiting: " + "; ".join(problems), evidence)
-        gpu_text = f", {gpus} {GPU} allocatable" if b.gpus_needed > 0 else " (CPU-only: no GPU count needed)"
-        if held < self.settle_seconds:
-            return Verdict(False, f"settling: Ready{gpu_text}, held {held:.1f}s of {self.settle_seconds:g}s",
-                           evidence)
-        return Verdict(True, f"ready: {fresh_by}, Ready{gpu_text}, held {held:.1f}s", evidence)
+        counted = ", ".join(f"{counts[r]} {r}" for r in needs)
+        what = f"Ready, {counted} allocatable" if needs else "Ready (CPU-only: no GPU count needed)"
+        if fallback:
+            evidence["warning"] = (f"the kubelet's reset of {', '.join(unreset)} after this boot was not observed "
+                                   f"({self.gap}); the count is trusted only after holding {window:g}s")
+        if held < window:
+            kind = "fallback, reset not observed" if fallback else "settling"
+            return Verdict(False, f"{kind}: {what}, held {held:.1f}s of {window:g}s", evidence)
+        if fallback:
+            return Verdict(True, f"ready (fallback: {evidence['warning']}): {fresh_by}, {what}, "
+                                 f"held {held:.1f}s", evidence)
+        how = f"{fresh_by}, reset after the start seen" if b.start_requested_at is not None and needs else fresh_by
+        return Verdict(True, f"ready: {how}, {what}, held {held:.1f}s", evidence)
 
     def next_check_in(self, now: float) -> float | None:
-        """Seconds until the settle window could complete; None while waiting for a Node change."""
+        """Seconds until the settle (or fallback) window could complete; None while waiting for a Node change."""
         if self._held_since is None:
             return None
-        return max(0.0, self._held_since + self.settle_seconds - now)
+        return max(0.0, self._held_since + self._window - now)

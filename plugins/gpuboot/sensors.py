@@ -44,10 +44,10 @@ from gpuboot.boot import (ALREADY_UP_GRACE_SECONDS, DEFAULT_UNAVAILABLE_TTL_SECO
 from gpuboot.booking import LAUNCH_MARGIN_SECONDS, stamp
 from gpuboot.ecs import EcsHook
 from gpuboot.jobspec import JobSpec
-from gpuboot.kube import KubeClient
+from gpuboot.kube import Gone, KubeClient
 from gpuboot.ledger import ReservationLedger
 from gpuboot.placement import Plan
-from gpuboot.readiness import BootBaseline, ReadinessTracker
+from gpuboot.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline, ReadinessTracker
 from gpuboot.triggers import NodeGpuReadyTrigger
 
 
@@ -92,7 +92,8 @@ class GpuReadySensor(WaitsForCapacity, BaseSensorOperator):
                  kubernetes_conn_id: str = "kubernetes_default", ecs_conn_id: str = "alibaba_ecs_default",
                  ledger_namespace: str = "default", max_boot_attempts: int = 2,
                  unavailable_ttl_seconds: float = DEFAULT_UNAVAILABLE_TTL_SECONDS, deferrable: bool = True,
-                 poke_interval: float = 2.0, busy_poll_seconds: float = 30.0, **kwargs) -> None:
+                 poke_interval: float = 2.0, busy_poll_seconds: float = 30.0,
+                 fallback_seconds: float = DEFAULT_FALLBACK_SECONDS, **kwargs) -> None:
         if not deferrable and kwargs.get("mode") == "reschedule":
             raise ValueError("mode='reschedule' would restart the settle window on every poke; "
                              "use deferrable=True or mode='poke'")
@@ -103,9 +104,11 @@ class GpuReadySensor(WaitsForCapacity, BaseSensorOperator):
         self.settle_seconds, self.boot_timeout_seconds = settle_seconds, boot_timeout_seconds
         self.kubernetes_conn_id, self.ecs_conn_id, self.deferrable = kubernetes_conn_id, ecs_conn_id, deferrable
         self.ledger_namespace, self.max_boot_attempts = ledger_namespace, max_boot_attempts
-        self.unavailable_ttl_seconds = unavailable_ttl_seconds
+        self.unavailable_ttl_seconds, self.fallback_seconds = unavailable_ttl_seconds, fallback_seconds
         self.busy_poll_seconds = busy_poll_seconds
         self._trackers: dict[str, ReadinessTracker] = {}
+        self._versions: dict[str, str | None] = {}     # poke mode: the resourceVersion each node was read at
+        self._latest: dict[str, dict] = {}
         self._deadline: float | None = None
         self._state: dict = {}
 
@@ -171,6 +174,7 @@ class GpuReadySensor(WaitsForCapacity, BaseSensorOperator):
                       " (it was up when the job chose it: no boot timeout)")
         self.defer(trigger=NodeGpuReadyTrigger(baseline=dict(baseline), deadline=deadline, settle_seconds=settle,
                                                kubernetes_conn_id=self.kubernetes_conn_id,
+                                               fallback_seconds=self.fallback_seconds,
                                                echo={"index": index, "settle": settle, "seen": seen, **state}),
                    method_name="execute_complete")
 
@@ -242,11 +246,8 @@ class GpuReadySensor(WaitsForCapacity, BaseSensorOperator):
     def poke(self, context):
         settle, timeout = self._timing()
         kube = KubeClient(self.kubernetes_conn_id)
+        verdicts = {b["node"]: self._poke_node(kube, b, settle) for b in self._state["boots"]}
         now = time.time()
-        verdicts = {}
-        for b in self._state["boots"]:
-            tracker = self._trackers.setdefault(b["node"], ReadinessTracker(BootBaseline.from_json(b), settle))
-            verdicts[b["node"]] = tracker.observe(kube.get_node(b["node"]), now)
         waiting = {n: v for n, v in verdicts.items() if not v.ready}
         if not waiting:
             cleared = self._cleared(context, {n: dict(v.evidence) for n, v in verdicts.items()}, self._state)
@@ -257,6 +258,32 @@ class GpuReadySensor(WaitsForCapacity, BaseSensorOperator):
             node, verdict = next(iter(waiting.items()))
             result = self._fail_over(context, self._state, node, verdict.reason, verdict.evidence)
             self._state = self._state_of(context, result)
-            self._trackers = {}
+            self._trackers, self._versions = {}, {}
             self._deadline = self._poke_deadline(self._state) if result.boots else None
         return False
+
+    def _poke_node(self, kube: KubeClient, boot: Mapping, settle: float):
+        """Judge one node: every write since the last poke is replayed (a short watch from the last
+        resourceVersion, the baseline's at first), so polls see the kubelet's reset like the trigger."""
+        name = boot["node"]
+        baseline = BootBaseline.from_json(boot)
+        if name not in self._trackers:
+            self._versions[name] = (baseline.resource_version_before
+                                    if baseline.start_requested_at is not None else None)
+            self._trackers[name] = ReadinessTracker(baseline, settle, self.fallback_seconds,
+                                                    continuous=self._versions[name] is not None)
+        tracker, version = self._trackers[name], self._versions[name]
+        try:
+            states = [kube.get_node(name)] if version is None else kube.node_writes_since(name, version)
+        except Gone:
+            tracker.lost_continuity("the watch expired (410 Gone) and the Node was re-read")
+            states = [kube.get_node(name)]
+        if states:
+            self._latest[name] = states[-1]
+            self._versions[name] = states[-1]["metadata"].get("resourceVersion") or version
+        elif name not in self._latest:   # nothing written since the start yet: judge the Node as it is
+            self._latest[name] = kube.get_node(name)
+        verdict = None
+        for state in states or [self._latest[name]]:
+            verdict = tracker.observe(state if state is None or state.get("status") else {}, time.time())
+        return verdict

@@ -16,7 +16,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from gpuboot.kube import AsyncKubeClient, Gone
-from gpuboot.readiness import BootBaseline, ReadinessTracker, Verdict
+from gpuboot.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline, ReadinessTracker, Verdict
 
 MAX_HISTORY = 50           # verdict changes returned in the event (the task log keeps every deferral's watch)
 MAX_WATCH_SECONDS = 60      # re-open the watch at least this often (cheap; survives idle proxies)
@@ -42,14 +42,22 @@ class WakeUpTrigger(BaseTrigger):
 
 
 class NodeGpuReadyTrigger(BaseTrigger):
-    """Fires once: {"status": "ready"|"timeout", "node", "reason", "evidence", "echo"}."""
+    """Fires once: {"status": "ready"|"timeout", "node", "reason", "evidence", "echo"}.
+
+    The watch starts from the Node's resourceVersion read before the start request
+    (the baseline's), so every write of the boot is seen, the kubelet's reset of the GPU
+    count included (see gpuboot.readiness). A watch that ends is resumed from the last
+    resourceVersion seen, so nothing is missed; only 410 Gone forces a re-list, and the
+    tracker is then told that writes may have been missed (its fallback window applies)."""
 
     def __init__(self, baseline: dict, deadline: float, settle_seconds: float = 5.0,
-                 kubernetes_conn_id: str = "kubernetes_default", echo: dict | None = None) -> None:
+                 kubernetes_conn_id: str = "kubernetes_default", echo: dict | None = None,
+                 fallback_seconds: float = DEFAULT_FALLBACK_SECONDS) -> None:
         super().__init__()
         self.baseline = dict(baseline)
         self.deadline = float(deadline)
         self.settle_seconds = float(settle_seconds)
+        self.fallback_seconds = float(fallback_seconds)
         self.kubernetes_conn_id = kubernetes_conn_id
         self.echo = dict(echo or {})
         self.history: list[str] = []
@@ -57,15 +65,17 @@ class NodeGpuReadyTrigger(BaseTrigger):
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"baseline": self.baseline, "deadline": self.deadline, "settle_seconds": self.settle_seconds,
-                 "kubernetes_conn_id": self.kubernetes_conn_id, "echo": self.echo})
+                 "kubernetes_conn_id": self.kubernetes_conn_id, "echo": self.echo,
+                 "fallback_seconds": self.fallback_seconds})
 
     @property
     def node(self) -> str:
         return self.baseline["node"]
 
-    def make_tracker(self):
+    def make_tracker(self, continuous: bool):
         """The readiness rule to apply (a seam for tests that prove the rule matters)."""
-        return ReadinessTracker(BootBaseline.from_json(self.baseline), settle_seconds=self.settle_seconds)
+        return ReadinessTracker(BootBaseline.from_json(self.baseline), settle_seconds=self.settle_seconds,
+                                fallback_seconds=self.fallback_seconds, continuous=continuous)
 
     def _event(self, status: str, verdict: Verdict | None, message: str) -> TriggerEvent:
         return TriggerEvent({"status": status, "node": self.node, "message": message, "echo": self.echo,
@@ -81,23 +91,26 @@ class NodeGpuReadyTrigger(BaseTrigger):
 
     async def run(self):
         kube = AsyncKubeClient(self.kubernetes_conn_id)
-        tracker = self.make_tracker()
-        node: dict | None = None
-        resource_version: str | None = None
+        baseline = BootBaseline.from_json(self.baseline)
+        # Resume from before the start when we started the node: every write since is replayed.
+        resource_version = baseline.resource_version_before if baseline.start_requested_at is not None else None
+        tracker = self.make_tracker(continuous=resource_version is not None)
+        node: dict | None = None          # the latest Node seen (None: nothing seen yet)
         verdict: Verdict | None = None
         while True:
             now = time.time()
             try:
-                if node is None:  # (re-)list: first pass, after 410 Gone or an API error
+                if resource_version is None:      # (re-)list: no version to resume from, or after 410 Gone
                     node = await kube.get_node(self.node)
                     resource_version = node["metadata"]["resourceVersion"]
+                if node is not None:              # the listed Node, or a timer tick on the last one seen
                     verdict = tracker.observe(node, now)
-                else:             # timer tick: the settle window may have completed
-                    verdict = tracker.observe(node, now)
-                self.note(verdict)
-                if verdict.ready:
-                    break
+                    self.note(verdict)
+                    if verdict.ready:
+                        break
                 if now >= self.deadline:
+                    if verdict is None:           # no write since the start: judge what is there now
+                        verdict = tracker.observe(await kube.get_node(self.node), now)
                     yield self._event("timeout", verdict, f"node {self.node} not GPU-ready in time: "
                                       f"{verdict.reason}")
                     return
@@ -125,22 +138,26 @@ class NodeGpuReadyTrigger(BaseTrigger):
                                 timer.reschedule(min(timer.when(), loop.time() + settle))
                 except TimeoutError:
                     continue              # a timer tick: observe the last status again
-                if verdict.ready:
+                if verdict is not None and verdict.ready:
                     break
             except Gone:
-                self.log.info("watch of node %s expired (410); re-listing", self.node)
-                node = None
+                self.log.warning("watch of node %s expired (410 Gone); re-listing: writes in between were not "
+                                 "seen, so a GPU count not seen reset is trusted only after %gs",
+                                 self.node, max(self.fallback_seconds, self.settle_seconds))
+                tracker.lost_continuity("the watch expired (410 Gone) and the Node was re-listed")
+                resource_version = None
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - API hiccups must not end the wait
-                self.log.warning("watching node %s failed (%s: %s); retrying", self.node,
-                                 type(exc).__name__, str(exc)[:200])
-                node = None
+                self.log.warning("watching node %s failed (%s: %s); retrying from resourceVersion %s", self.node,
+                                 type(exc).__name__, str(exc)[:200], resource_version)
                 if time.time() >= self.deadline:
                     yield self._event("timeout", verdict, f"node {self.node} could not be read before "
                                       f"the deadline: {type(exc).__name__}")
                     return
                 await asyncio.sleep(ERROR_BACKOFF_SECONDS)
+        if "warning" in verdict.evidence:
+            self.log.warning("node %s: %s", self.node, verdict.evidence["warning"])
         yield self._event("ready", verdict, f"node {self.node} is GPU-ready: {verdict.reason}")
 
 

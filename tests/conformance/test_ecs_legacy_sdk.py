@@ -122,7 +122,7 @@ def test_errors_surface_code_message_and_request_id(ecs_server):
     err = server_error(ecs_server, start("i-gpu-a"))
     assert (err.get_error_code(), err.get_http_status()) == ("OperationDenied.NoStock", 403)
     err = server_error(ecs_server, start("i-gpu-b", DryRun=True))
-    assert err.get_error_code() == "DryRunOperation"
+    assert err.get_error_code() == "DRYRUN.SUCCESS"
 
 
 def test_throttling(ecs_server):

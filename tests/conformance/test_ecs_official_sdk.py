@@ -110,7 +110,7 @@ def test_success_first_reports_each_instance(ecs_server, client):
 def test_dry_run(ecs_server, client):
     err = api_error(lambda: client.start_instances(
         ecs.StartInstancesRequest(region_id=REGION, instance_id=["i-gpu-a"], dry_run=True)))
-    assert (err.code, err.status_code) == ("DryRunOperation", 400)
+    assert (err.code, err.status_code) == ("DRYRUN.SUCCESS", 400)
     err = api_error(lambda: client.start_instances(
         ecs.StartInstancesRequest(region_id=REGION, instance_id=["i-gpu-r1"], dry_run=True)))
     assert err.code == "IncorrectInstanceStatus"   # a dry run that would fail says why

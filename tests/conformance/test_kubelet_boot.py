@@ -108,6 +108,64 @@ def test_start_shows_new_boot_ready_then_gpu_stale_zero_real(simcloud_factory):
                             if c.type == "Ready").last_heartbeat_time > beat, timeout=5)
 
 
+def test_kubelet_order_zeroes_with_the_old_boot_id_then_posts_not_ready_then_ready(simcloud_factory):
+    """As a restarted kubelet writes it: registration patch (extended resources zeroed, old bootID),
+    new bootID with Ready=False, Ready=True, then the device plugin's real count."""
+    cloud = simcloud_factory(small_fleet(FLEET["nodes"], faults={"boot_order": {GPU_NODE: "kubelet"}}))
+    states = asyncio.run(watch_node(cloud.kubeconfig, GPU_NODE, on_ready=lambda: start_instance(cloud, GPU_NODE),
+                                    until=lambda s: s[-1]["gpu"] == "4" and s[-1]["ready"] == "True"
+                                    and any(x["gpu"] == "0" for x in s), timeout=BOOT_TOTAL * 5 + 5))
+    old_boot = states[0]["boot"]
+    first_zero = next(i for i, s in enumerate(states) if s["gpu"] == "0")
+    assert states[first_zero]["boot"] == old_boot and states[first_zero]["ready"] == "Unknown"
+    new_boot = next(s for s in states if s["boot"] != old_boot)
+    assert new_boot["ready"] == "False" and new_boot["gpu"] == "0"
+    assert not [s for s in states if s["ready"] == "True" and s["gpu"] == "4" and s["boot"] == old_boot]
+    first_ready = next(s for s in states if s["ready"] == "True")
+    assert first_ready["gpu"] == "0" and first_ready["taints"] == []
+    gpus = [s["gpu"] for s in states]
+    assert [g for i, g in enumerate(gpus) if i == 0 or g != gpus[i - 1]] == ["4", "0", "4"]
+
+
+def test_reset_and_registration_delays_hold_the_stale_count_and_the_zero(simcloud_factory):
+    cloud = simcloud_factory(small_fleet(FLEET["nodes"], faults={"gpu_reset_delay_seconds": {GPU_NODE: 3},
+                                                                 "gpu_register_delay_seconds": {"*": 2}}))
+    times: dict[str, float] = {}
+
+    def until(states):
+        now = time.monotonic()
+        if states[-1]["ready"] == "True":
+            times.setdefault(f"gpu={states[-1]['gpu']}", now)
+        return "gpu=0" in times and states[-1]["gpu"] == "4" and states[-1]["ready"] == "True"
+
+    asyncio.run(watch_node(cloud.kubeconfig, GPU_NODE, on_ready=lambda: start_instance(cloud, GPU_NODE),
+                           until=until, timeout=BOOT_TOTAL * 5 + 20))
+    stale_for = times["gpu=0"] - times["gpu=4"]
+    timings = FLEET["timings"]
+    assert stale_for >= timings["stale_seconds"] + 3 - 0.2, times
+    assert cloud.faults()["gpu_reset_delay_seconds"] == {GPU_NODE: 3.0}
+
+
+def test_compaction_ends_open_watches_and_resuming_from_before_it_is_410(simcloud_factory):
+    from kubernetes import watch
+    from kubernetes.client.exceptions import ApiException
+
+    cloud = simcloud_factory(FLEET)
+    v1 = cloud.core_v1()
+    old = v1.read_node(GPU_NODE).metadata.resource_version
+    start_instance(cloud, GPU_NODE)     # writes after `old`
+    wait_until(lambda: v1.read_node(GPU_NODE).metadata.resource_version != old, timeout=BOOT_TOTAL * 5)
+    rv = cloud.compact()
+    assert rv >= int(old)
+    with pytest.raises(ApiException) as gone:
+        for _ in watch.Watch().stream(v1.list_node, resource_version=old, timeout_seconds=2):
+            pass
+    assert gone.value.status == 410
+    events = list(watch.Watch().stream(v1.list_node, field_selector=f"metadata.name={GPU_NODE}",
+                                       resource_version=str(rv), timeout_seconds=1))
+    assert all(int(e["object"].metadata.resource_version) > rv for e in events)
+
+
 def test_stop_makes_node_not_ready_tainted_and_fails_its_pod(simcloud_factory):
     cloud = simcloud_factory(small_fleet([{"name": "gpu-1", "instance_type": "ecs.gn6i-c4g1.xlarge",
                                            "status": "Running"}]))

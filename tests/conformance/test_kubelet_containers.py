@@ -29,10 +29,11 @@ def run(coro):
 
 def test_command_runs_with_env_and_logs_lines(tmp_path):
     async def main():
-        runner = ContainerRunner(tmp_path, k8s_port=6443)
+        runner = ContainerRunner(tmp_path, k8s_host="10.0.0.7", k8s_port=6443)
         script = ("import os; print('hello', os.environ['GREETING'], os.environ['HOSTNAME']); "
                   "import sys; print('oops', file=sys.stderr); print(os.environ['NVIDIA_VISIBLE_DEVICES'], "
-                  "os.environ['POD_IP'], os.environ['KUBERNETES_SERVICE_PORT']); print(os.getcwd())")
+                  "os.environ['POD_IP'], os.environ['KUBERNETES_SERVICE_HOST'], os.environ['KUBERNETES_SERVICE_PORT'], "
+                  "os.environ['KUBERNETES_PORT']); print(os.getcwd())")
         c = {"name": "main", "image": "python:3.11", "command": ["python", "-c", script],
              "env": [{"name": "GREETING", "value": "world"},
                      {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]}
@@ -41,7 +42,7 @@ def test_command_runs_with_env_and_logs_lines(tmp_path):
         assert await ctr.wait() == 0
         text = (await collect(runner.stream("default", p, None))).decode()
         lines = text.splitlines()
-        assert lines[:3] == ["hello world p", "oops", "0,1 10.16.0.2 6443"]
+        assert lines[:3] == ["hello world p", "oops", "0,1 10.16.0.2 10.0.0.7 6443 tcp://10.0.0.7:6443"]
         assert lines[3].startswith(str(tmp_path))
         stamped = (await collect(runner.stream("default", p, "main", timestamps=True))).decode().splitlines()
         assert stamped[0].endswith("Z hello world p") and len(stamped[0].split(" ")[0]) == 30

@@ -57,6 +57,28 @@ def test_workdir_files_are_complete_private_and_work_with_real_clients(simcloud_
     assert hook.get_namespace() == "default"
 
 
+
+def test_host_is_bound_written_and_given_to_pods(tmp_path):
+    """`--host` (docker compose passes its service name): the APIs listen there only, the files name
+    it, and a pod's in-cluster address (KUBERNETES_SERVICE_HOST/PORT) is where the API really is."""
+    host = "127.0.0.2"   # a loopback address that is not the default 127.0.0.1
+    with SimCloud.start(small_fleet(), tmp_path, extra_args=["--host", host]) as cloud:
+        for url in (cloud.info["k8s_url"], cloud.ecs_endpoint):
+            assert url.startswith(f"http://{host}:")
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", cloud.info["k8s_port"]), timeout=1).close()
+        v1 = cloud.core_v1()
+        script = ("import os, urllib.request; h, p = os.environ['KUBERNETES_SERVICE_HOST'], "
+                  "os.environ['KUBERNETES_SERVICE_PORT']; print(h, p, os.environ['KUBERNETES_PORT']); "
+                  "print(urllib.request.urlopen(f'http://{h}:{p}/version', timeout=5).status)")
+        v1.create_namespaced_pod("default", {"metadata": {"name": "in-cluster"}, "spec": {
+            "nodeName": "cpu-1", "restartPolicy": "Never", "containers": [{
+                "name": "main", "image": "python:3.11", "command": ["python", "-c", script]}]}})
+        wait_until(lambda: v1.read_namespaced_pod("in-cluster", "default").status.phase in ("Succeeded", "Failed"),
+                   timeout=20)
+        port = cloud.info["k8s_port"]
+        assert pod_log(v1, "in-cluster").splitlines() == [f"{host} {port} tcp://{host}:{port}", "200"]
+
 def test_sigterm_stops_cleanly_killing_container_processes_and_closing_ports(tmp_path):
     with SimCloud.start(small_fleet(), tmp_path) as cloud:
         v1 = cloud.core_v1()

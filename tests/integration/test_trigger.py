@@ -3,15 +3,19 @@
 The strong rule must not fire before the device plugin registered the real count and it
 held for the settle window; a deliberately weakened rule (Ready and GPU > 0) fires
 during the stale phase, and a GPU pod bound at that moment fails admission, which is
-what proves the rule matters."""
+what proves the rule matters. The kubelet's reset may come long after the settle window,
+in either boot order, and the watch may be cut and re-listed in the middle of the boot:
+the trigger still never fires before the real count."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
 
+import pytest
+
 from gpuboot.ecs import EcsHook
-from gpuboot.kube import AsyncKubeClient, KubeClient
+from gpuboot.kube import AsyncKubeClient, Gone, KubeClient
 from gpuboot.readiness import Verdict
 from gpuboot.triggers import NodeGpuReadyTrigger
 
@@ -36,6 +40,9 @@ def instance_of(node: dict) -> str:
 class WeakTracker:
     """The first version's rule: Ready and allocatable GPU > 0, nothing else."""
 
+    def lost_continuity(self, why: str) -> None:
+        pass
+
     def observe(self, node: dict, now: float) -> Verdict:
         ok = is_ready(node) and int(gpus(node) or 0) > 0
         return Verdict(ok, "weak rule", {"ready": is_ready(node), "gpus_allocatable": gpus(node)})
@@ -45,7 +52,7 @@ class WeakTracker:
 
 
 class WeakTrigger(NodeGpuReadyTrigger):
-    def make_tracker(self):
+    def make_tracker(self, continuous: bool):
         return WeakTracker()
 
 
@@ -63,8 +70,10 @@ def pod_phase(kube: KubeClient, name: str) -> tuple[str, str | None]:
     return status.phase, status.reason
 
 
-async def boot_and_wait(trigger_cls, timeout: float = 30):
-    """Start the stopped node, run the trigger, and record every Node state seen meanwhile."""
+async def boot_and_wait(trigger_cls, timeout: float = 30, settle: float = SETTLE, during_boot=None):
+    """Start the stopped node, run the trigger, and record every Node state seen meanwhile.
+
+    `during_boot(timeline)`, if given, runs in a thread beside the trigger (e.g. to cut its watch)."""
     kube, watcher = KubeClient(), AsyncKubeClient()
     before = kube.get_node(NODE)
     timeline: list[tuple[float, bool, str | None, str]] = []
@@ -72,22 +81,31 @@ async def boot_and_wait(trigger_cls, timeout: float = 30):
     async def record():
         version = before["metadata"]["resourceVersion"]
         while True:
-            async with contextlib.aclosing(watcher.watch_node(NODE, version, 5)) as events:
-                async for _, node in events:
-                    version = node["metadata"]["resourceVersion"]
-                    timeline.append((time.time(), is_ready(node), gpus(node), node["status"]["nodeInfo"]["bootID"]))
+            try:
+                async with contextlib.aclosing(watcher.watch_node(NODE, version, 5)) as events:
+                    async for _, node in events:
+                        version = node["metadata"]["resourceVersion"]
+                        timeline.append((time.time(), is_ready(node), gpus(node),
+                                         node["status"]["nodeInfo"]["bootID"]))
+            except Gone:     # the test compacted the history: re-list (the recorder may miss writes then)
+                node = await watcher.get_node(NODE)
+                version = node["metadata"]["resourceVersion"]
 
     recorder = asyncio.create_task(record())
     started = time.time()
     outcome = await asyncio.to_thread(EcsHook().start_instances, [instance_of(before)])
     assert outcome[instance_of(before)].outcome == "done"
     trigger = trigger_cls(baseline={"node": NODE, "start_requested_at": started,
-                                    "boot_id_before": before["status"]["nodeInfo"]["bootID"], "gpus_needed": 1},
-                          deadline=started + timeout, settle_seconds=SETTLE)
+                                    "boot_id_before": before["status"]["nodeInfo"]["bootID"], "gpus_needed": 1,
+                                    "resource_version_before": before["metadata"]["resourceVersion"]},
+                          deadline=started + timeout, settle_seconds=settle)
+    side = asyncio.create_task(asyncio.to_thread(during_boot, timeline)) if during_boot else None
     event = await trigger.run().__anext__()
     fired = time.time()
     recorder.cancel()
     await asyncio.gather(recorder, return_exceptions=True)
+    if side is not None:
+        await side
     return event.payload, fired, timeline, started
 
 
@@ -136,6 +154,58 @@ def test_trigger_times_out_with_what_it_last_saw(cloud):
     assert payload["status"] == "timeout" and fired >= started + 5
     assert payload["node"] == NODE and payload["reason"]
     assert payload["evidence"], "the timeout must carry what was last seen"
+
+
+def assert_gpu_pod_runs(name: str) -> None:
+    kube = KubeClient()
+    kube.core.create_namespaced_pod("default", gpu_pod(name))
+    phase, reason = wait_until(lambda: pod_phase(kube, name)[0] in ("Succeeded", "Failed")
+                               and pod_phase(kube, name), timeout=20)
+    assert (phase, reason) == ("Succeeded", None)
+
+
+def stale_then_real(timeline, started) -> float:
+    """When the real count was registered: the last 0 -> 1 after the start."""
+    zeros = [t for t, _, g, _ in timeline if g == "0" and t > started]
+    assert zeros, "the kubelet's reset must have happened"
+    return min(t for t, _, g, _ in timeline if g == "1" and t > zeros[-1])
+
+
+@pytest.mark.parametrize("order", ["stale-first", "kubelet"])
+def test_a_reset_delayed_far_past_the_settle_window_never_fires_early(cloud, order):
+    """settle_seconds=1 and the kubelet's zero 10 s late: the stale count is shown for ~10 s."""
+    cloud.set_faults(gpu_reset_delay_seconds={NODE: 10}, boot_order={NODE: order})
+    payload, fired, timeline, started = asyncio.run(boot_and_wait(NodeGpuReadyTrigger, timeout=60, settle=1.0))
+    assert payload["status"] == "ready", payload
+    registered = stale_then_real(timeline, started)
+    assert fired >= registered, f"fired {registered - fired:.1f}s before the real count was registered"
+    assert payload["evidence"]["path"] == "reset seen" and "warning" not in payload["evidence"]
+    assert_gpu_pod_runs(f"after-late-reset-{order}")
+
+
+def test_a_late_reset_with_a_device_plugin_that_never_registers_times_out(cloud):
+    cloud.set_faults(gpu_reset_delay_seconds={NODE: 4}, device_plugin_never=[NODE])
+    payload, fired, timeline, started = asyncio.run(boot_and_wait(NodeGpuReadyTrigger, timeout=12, settle=1.0))
+    assert payload["status"] == "timeout", payload
+    assert [g for _, ready, g, _ in timeline if ready][:1] == ["1"], "the stale count was shown while Ready"
+    assert payload["evidence"]["gpus_allocatable"] == 0
+
+
+def test_a_watch_relisted_in_the_middle_of_the_boot_never_fires_early(cloud):
+    """The API server's history is compacted while the stale count shows (410 on resume):
+    the trigger re-lists, can no longer prove it saw every write, and must still wait."""
+    cloud.set_faults(gpu_reset_delay_seconds={NODE: 8})
+
+    def cut_the_watch(timeline):
+        wait_until(lambda: any(ready and g == "1" for _, ready, g, _ in timeline), timeout=30)
+        cloud.compact()
+
+    payload, fired, timeline, started = asyncio.run(boot_and_wait(NodeGpuReadyTrigger, timeout=60, settle=1.0,
+                                                                  during_boot=cut_the_watch))
+    assert payload["status"] == "ready", payload
+    assert fired >= stale_then_real(timeline, started)
+    assert not payload["evidence"]["continuous"], "the re-list must be known to the rule"
+    assert_gpu_pod_runs("after-relist")
 
 
 def test_trigger_serializes_to_an_importable_path():

@@ -1,16 +1,21 @@
-"""docker-compose.yaml, checked statically: no Docker engine runs where this is tested.
+"""docker-compose.yaml, the Dockerfile and the compose guide, checked statically: no Docker engine
+runs where this is tested.
 
 What would break `docker compose up` or the demo and can be seen without running it: the file
 does not parse, a service or mount is missing, services disagree on how to reach Redis,
-PostgreSQL, the api-server or the local cloud, the dependency graph is broken, or the image is
-built from a different Airflow than requirements.txt pins.
+PostgreSQL, the api-server or the local cloud, on the JWT secret, the Fernet key or the uid
+files belong to, the dependency graph is broken, the image lacks what a service runs or is built
+from a different Airflow or Python than requirements.txt and constraints.txt, or the guide
+names a `python -m simcloud` option the CLI lacks or a .env that compose refuses.
 """
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
 import sys
+from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -18,28 +23,53 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+GUIDE = ROOT / "docs" / "docker-compose.md"
 AIRFLOW_SERVICES = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
                     "airflow-worker", "airflow-triggerer", "airflow-init")
 REQUIRED = ("postgres", "redis", "simcloud") + AIRFLOW_SERVICES
 LONG_RUNNING = tuple(s for s in REQUIRED if s != "airflow-init")
 SIMCLOUD_WORKDIR = "/opt/simcloud"
+# The secrets the compose file requires from the environment (or .env), as the tests give them.
+DEMO_ENV = {"FERNET_KEY": base64.urlsafe_b64encode(bytes(range(32))).decode(),
+            "AIRFLOW__API_AUTH__JWT_SECRET": "jwt-secret-of-the-test"}
 
 
-def _interpolate(value):
-    """Compose's ${VAR:-default} / ${VAR} with the defaults (an empty environment); $$ -> $."""
+class Refused(Exception):
+    """What `docker compose` stops with: a ${VAR:?message} whose variable is unset or empty."""
+
+
+_VARIABLE = re.compile(r"\$(?:(\$)|\{(\w+)(?:(:?[-?])([^}]*))?\}|(\w+))")
+
+
+def _interpolate(value, env: dict[str, str]):
+    """Compose's interpolation with `env` as the environment: ${VAR}, $VAR, ${VAR:-default},
+    ${VAR-default}, ${VAR:?message} and ${VAR?message} (Refused); $$ is a literal $."""
     if isinstance(value, str):
-        value = re.sub(r"\$\{(\w+)(?::?-([^}]*))?\}", lambda m: m.group(2) or "", value)
-        return value.replace("$$", "$")
+        def sub(m: re.Match) -> str:
+            if m.group(1):
+                return "$"
+            name, op, arg = (m.group(2), m.group(3), m.group(4)) if m.group(2) else (m.group(5), None, None)
+            present = name in env and (env[name] != "" or not (op or "").startswith(":"))
+            if present:
+                return env[name]
+            if op and op.endswith("?"):
+                raise Refused(f"{name}: {arg}")
+            return arg if op else ""
+        return _VARIABLE.sub(sub, value)
     if isinstance(value, list):
-        return [_interpolate(v) for v in value]
+        return [_interpolate(v, env) for v in value]
     if isinstance(value, dict):
-        return {k: _interpolate(v) for k, v in value.items()}
+        return {k: _interpolate(v, env) for k, v in value.items()}
     return value
+
+
+def load_compose(env: dict[str, str]) -> dict:
+    return _interpolate(yaml.safe_load((ROOT / "docker-compose.yaml").read_text()), env)
 
 
 @pytest.fixture(scope="module")
 def compose() -> dict:
-    return _interpolate(yaml.safe_load((ROOT / "docker-compose.yaml").read_text()))
+    return load_compose(DEMO_ENV)
 
 
 @pytest.fixture(scope="module")
@@ -201,27 +231,95 @@ def test_simcloud_serves_the_demo_fleet_to_the_other_containers(services):
     assert options["--workdir"] == SIMCLOUD_WORKDIR
     # It must bind where the Airflow containers can reach it, under a name they resolve.
     assert options["--host"] == service["hostname"] == "simcloud"
-    # The fleet path, seen from the host through the service's mount of ./simcloud.
-    fleet = Path(service["working_dir"]) / options["--fleet"]
-    package = Path(service["working_dir"]) / "simcloud"
-    assert Path(_mounts(service)[str(package)]) == Path("simcloud")
-    host_fleet = ROOT / "simcloud" / fleet.relative_to(package)
-    if not host_fleet.parent.is_dir():
-        pytest.skip(f"simcloud has not landed {host_fleet.parent.relative_to(ROOT)}/ yet")
-    assert host_fleet.is_file(), f"compose serves {fleet}, but {host_fleet.relative_to(ROOT)} does not exist"
+    # The fleet path, seen from the host through the Dockerfile's COPY into the working directory.
+    host_fleet = _image_path_on_host(Path(service["working_dir"]) / options["--fleet"])
+    assert host_fleet.is_file(), \
+        f"compose serves {options['--fleet']}, but {host_fleet.relative_to(ROOT)} does not exist"
+
+
+@lru_cache(maxsize=None)
+def _cli_options(subcommand: str) -> frozenset[str]:
+    """The options of `python -m simcloud SUBCOMMAND`, read from its --help."""
+    result = subprocess.run([sys.executable, "-m", "simcloud", subcommand, "--help"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, f"python -m simcloud {subcommand} --help failed:\n{result.stderr[-2000:]}"
+    return frozenset(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", result.stdout))
 
 
 def test_simcloud_cli_accepts_the_compose_options(services):
     """The options compose passes exist in the real CLI (`serve --help`)."""
-    command = _command(services["simcloud"])
-    result = subprocess.run([sys.executable, "-m", "simcloud", "serve", "--help"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, f"python -m simcloud serve --help failed:\n{result.stderr[-2000:]}"
-    for option in (c for c in command if c.startswith("--")):
-        assert option in result.stdout, f"simcloud serve has no {option} option (compose passes it)"
+    passed = {c for c in _command(services["simcloud"]) if c.startswith("--")}
+    missing = passed - _cli_options("serve")
+    assert not missing, f"simcloud serve has no {sorted(missing)} (compose passes them)"
 
 
-# -- the image -------------------------------------------------------------------------------
+# -- secrets and ownership: what every service must agree on (issue 16, points 1 and 2) ---------
+
+REQUIRED_VARIABLES = tuple(DEMO_ENV)
+
+
+@pytest.mark.parametrize("missing", REQUIRED_VARIABLES)
+def test_compose_refuses_to_start_without_a_secret(missing):
+    """No silent fallback: an empty Fernet key stores connections unencrypted, and without a JWT
+    secret each service would make its own and every task fail with "Signature verification failed"."""
+    for env in ({k: v for k, v in DEMO_ENV.items() if k != missing}, {**DEMO_ENV, missing: ""}):
+        with pytest.raises(Refused, match=rf"^{missing}: .*docs/docker-compose\.md"):
+            load_compose(env)
+
+
+@pytest.mark.parametrize("name", AIRFLOW_SERVICES)
+def test_every_airflow_service_gets_the_secrets_from_the_environment(services, name):
+    env = _env(services[name])
+    assert env["AIRFLOW__API_AUTH__JWT_SECRET"] == DEMO_ENV["AIRFLOW__API_AUTH__JWT_SECRET"]
+    assert env["AIRFLOW__CORE__FERNET_KEY"] == DEMO_ENV["FERNET_KEY"]
+
+
+def _uid(user: str) -> str:
+    uid, _, gid = user.partition(":")
+    assert gid == "0", f"user {user!r}: the image's files are group 0, containers must run with gid 0"
+    return uid
+
+
+@pytest.mark.parametrize("uid_env", [{}, {"AIRFLOW_UID": ""}, {"AIRFLOW_UID": "1234"}], ids=["unset", "empty", "1234"])
+def test_init_hands_the_files_to_the_uid_every_service_runs_as(uid_env):
+    """airflow-init (root) writes airflow.cfg 0600 and chowns the shared folders: to the uid the
+    other containers run as, also when AIRFLOW_UID is unset (a compose-time ${AIRFLOW_UID} in the
+    script would make it `chown ":0"` and leave the file root's)."""
+    compose = load_compose({**DEMO_ENV, **uid_env})
+    services = compose["services"]
+    uids = {name: _uid(services[name]["user"]) for name in LONG_RUNNING if name not in ("postgres", "redis")}
+    expected = uid_env.get("AIRFLOW_UID") or "50000"
+    assert set(uids.values()) == {expected}, uids
+    init = services["airflow-init"]
+    init_env = _env(init)
+    assert init_env["AIRFLOW_UID"] == expected and init["user"] == "0:0"
+    script = _command(init)[-1]
+    shell_expanded = re.sub(r"\$\{AIRFLOW_UID\}|\$AIRFLOW_UID\b", init_env["AIRFLOW_UID"], script)
+    owners = re.findall(r'^\s*chown\s+(?:-\S+\s+)*"?([^"\s]*)', shell_expanded, re.MULTILINE)
+    assert len(owners) >= 2 and set(owners) == {f"{expected}:0"}, f"airflow-init chowns to {owners}"
+    # The local cloud's state volume belongs to the same uid (point 5).
+    options = dict(o.split("=", 1) for o in compose["volumes"]["simcloud-state"]["driver_opts"]["o"].split(","))
+    assert (options["uid"], options["gid"]) == (expected, "0")
+
+
+# -- the image ----------------------------------------------------------------------------------
+
+def _dockerfile() -> str:
+    return (ROOT / "Dockerfile").read_text()
+
+
+def _copies() -> dict[str, str]:
+    """Dockerfile COPY source -> destination."""
+    return dict(re.findall(r"^COPY (?:--\S+ )*(\S+) (\S+)$", _dockerfile(), re.MULTILINE))
+
+
+def _image_path_on_host(path: Path) -> Path:
+    """The repository file a path of the image was copied from."""
+    for source, dest in _copies().items():
+        if path.is_relative_to(dest):
+            return ROOT / source / path.relative_to(dest)
+    raise AssertionError(f"no COPY in the Dockerfile puts anything at {path}")
+
 
 def _pin(package: str) -> str:
     for line in (ROOT / "requirements.txt").read_text().splitlines():
@@ -231,25 +329,131 @@ def _pin(package: str) -> str:
     raise AssertionError(f"requirements.txt does not pin {package}")
 
 
-def test_dockerfile_builds_from_the_pinned_airflow():
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    froms = re.findall(r"^FROM\s+(\S+)", dockerfile, re.MULTILINE)
+def _constraints_python() -> str:
+    match = re.search(r"^#\s+uv pip compile .*-p (\d+\.\d+)\b", (ROOT / "constraints.txt").read_text(), re.MULTILINE)
+    assert match, "constraints.txt must say which Python it was resolved for (uv pip compile -p X.Y)"
+    return match.group(1)
+
+
+def test_dockerfile_builds_from_the_pinned_airflow_on_the_constraints_python():
+    froms = re.findall(r"^FROM\s+(\S+)", _dockerfile(), re.MULTILINE)
     assert len(froms) == 1, f"one FROM expected, got {froms}"
     image, _, tag = froms[0].partition(":")
     assert image == "apache/airflow"
-    assert tag == _pin("apache-airflow"), f"Dockerfile FROM tag {tag} != requirements.txt pin"
+    expected = f"{_pin('apache-airflow')}-python{_constraints_python()}"
+    assert tag == expected, f"Dockerfile FROM tag {tag} != {expected} (requirements.txt pin, constraints.txt Python)"
 
 
-def test_dockerfile_installs_requirements_without_moving_airflow():
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    assert re.search(r"^COPY .*requirements\.txt", dockerfile, re.MULTILINE)
-    assert re.search(r'pip install .*"apache-airflow==\$\{AIRFLOW_VERSION\}" -r /requirements\.txt', dockerfile)
+def test_dockerfile_installs_requirements_with_the_constraints_without_moving_airflow():
+    copies = _copies()
+    assert copies.get("requirements.txt") == "/requirements.txt"
+    assert copies.get("constraints.txt") == "/constraints.txt"
+    assert re.search(r'^RUN pip install .*"apache-airflow==\$\{AIRFLOW_VERSION\}" -r /requirements\.txt '
+                     r'-c /constraints\.txt$', _dockerfile(), re.MULTILINE)
 
 
-def test_dockerignore_keeps_what_the_dockerfile_copies():
-    ignore = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-              if line.strip() and not line.startswith("#")]
-    assert ignore[0] == "*", ".dockerignore is an allow-list: the .venv must never reach the context"
-    copied = re.findall(r"^COPY (?:--\S+ )*(\S+) ", (ROOT / "Dockerfile").read_text(), re.MULTILINE)
-    for source in copied:
-        assert f"!{source}" in ignore, f"Dockerfile copies {source} but .dockerignore excludes it"
+# .dockerignore as Docker reads it: patterns in order, the last match wins, `!` re-includes, and
+# a pattern matching a parent directory matches everything below it.
+def _ignore_patterns() -> list[tuple[bool, re.Pattern]]:
+    out = []
+    for line in (ROOT / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        include, line = line.startswith("!"), line.lstrip("!").strip("/")
+        regex = "".join(".*" if part == "**" else "[^/]*" if part == "*" else "[^/]" if part == "?" else re.escape(part)
+                        for part in re.split(r"(\*\*|\*|\?)", line))
+        out.append((include, re.compile(regex.replace(".*/", "(?:.*/)?") + "$")))
+    return out
+
+
+def _in_context(path: str) -> bool:
+    parents = [path] + [str(p) for p in Path(path).parents if str(p) != "."]
+    included = True
+    for include, pattern in _ignore_patterns():
+        if any(pattern.match(p) for p in parents):
+            included = include
+    return included
+
+
+@lru_cache(maxsize=None)
+def _tracked_files() -> tuple[str, ...]:
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return tuple(out.splitlines())
+
+
+def test_build_context_holds_everything_the_dockerfile_copies_and_nothing_else():
+    assert _ignore_patterns()[0] == (False, re.compile("[^/]*$")), ".dockerignore is an allow-list: it starts with *"
+    copies = [source.rstrip("/") for source in _copies()]
+    for path in _tracked_files():
+        wanted = any(path == source or path.startswith(source + "/") for source in copies)
+        assert _in_context(path) == wanted, f"{path}: {'left out of' if wanted else 'sent in'} the build context"
+    for junk in (".venv/bin/python", "simcloud/__pycache__/server.cpython-311.pyc", ".git/HEAD"):
+        assert not _in_context(junk), f"{junk} reaches the build context"
+
+
+def test_simcloud_service_runs_the_image_copy_of_the_local_cloud(services):
+    """The image is self-sufficient: the service imports simcloud from the copy in the image (its
+    working directory), not from a bind mount of the checkout (issue 16, point 5)."""
+    service = services["simcloud"]
+    package = Path(service["working_dir"]) / "simcloud"
+    assert _image_path_on_host(package) == ROOT / "simcloud"
+    assert not any(Path(target).is_relative_to(service["working_dir"]) for target in _mounts(service)), \
+        "simcloud must run the package in the image, not a mount over it"
+
+
+def test_simcloud_state_volume_has_explicit_ownership(compose, services):
+    """Not the ownership Docker may copy from the image into a fresh named volume: a tmpfs with the
+    uid, gid and mode stated, written by simcloud, read (only) by the Airflow services."""
+    volume = compose["volumes"]["simcloud-state"]
+    assert volume["driver"] == "local"
+    opts = volume["driver_opts"]
+    assert (opts["type"], opts["device"]) == ("tmpfs", "tmpfs")
+    options = dict(o.split("=", 1) for o in opts["o"].split(","))
+    assert options["uid"] == _uid(services["simcloud"]["user"]) and options["gid"] == "0"
+    mode = int(options["mode"], 8)
+    assert mode & 0o700 == 0o700 and not mode & 0o007, f"mode {options['mode']}: owner rwx, nothing for others"
+    assert _mounts(services["simcloud"])[SIMCLOUD_WORKDIR] == "simcloud-state"
+    for name in AIRFLOW_SERVICES:
+        assert f"simcloud-state:{SIMCLOUD_WORKDIR}:ro" in services[name]["volumes"], f"{name} must mount it read-only"
+
+
+# -- the guide (issue 16, point 3) -------------------------------------------------------------
+
+def _simcloud_commands(text: str) -> list[str]:
+    """Every `python -m simcloud ...` command in a markdown text: in inline code spans, and on the
+    lines of fenced code blocks (backslash continuations joined)."""
+    fenced = re.compile(r"^```[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
+    spans = [line for block in fenced.findall(text) for line in re.sub(r"\\\n\s*", " ", block).splitlines()]
+    spans += re.findall(r"`([^`\n]+)`", fenced.sub("", text))
+    return [m.group(0) for span in spans for m in [re.search(r"python -m simcloud \S+.*", span)] if m]
+
+
+def test_every_simcloud_option_the_docs_name_exists_in_the_cli():
+    named = 0
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        for command in _simcloud_commands(doc.read_text()):
+            subcommand = command.split()[3]
+            assert subcommand in ("serve", "fault", "state"), f"{doc.name}: unknown command {command!r}"
+            for option in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", command):
+                named += 1
+                assert option in _cli_options(subcommand), \
+                    f"{doc.name} names `python -m simcloud {subcommand} {option}`, which the CLI does not have"
+    assert named, "the guide names no python -m simcloud option: this test checks nothing"
+
+
+def test_the_guides_env_file_is_one_compose_accepts(tmp_path):
+    """Run the guide's `.env` step (docs/docker-compose.md, "Run it"): compose must accept the file
+    it writes, and the Fernet key must be one Airflow can use."""
+    # Only a block that is nothing but `cat > .env <<EOF ... EOF` is run (never docker commands).
+    steps = re.findall(r"^```bash\n(cat > \.env <<EOF\n(?:\w+=.*\n)+EOF\n)```", GUIDE.read_text(), re.MULTILINE)
+    assert len(steps) == 1, "the guide must write .env in one bash block: cat > .env <<EOF, NAME=value lines, EOF"
+    subprocess.run(["bash", "-euo", "pipefail", "-c", steps[0]], cwd=tmp_path, check=True, timeout=60)
+    env = dict(line.split("=", 1) for line in (tmp_path / ".env").read_text().splitlines() if "=" in line)
+    compose = load_compose(env)  # raises Refused if a required variable is missing
+    assert set(REQUIRED_VARIABLES) <= set(env) and all(env[k] for k in REQUIRED_VARIABLES)
+    from cryptography.fernet import Fernet
+    token = Fernet(env["FERNET_KEY"]).encrypt(b"connection password")
+    assert Fernet(_env(compose["services"]["airflow-worker"])["AIRFLOW__CORE__FERNET_KEY"]).decrypt(token) \
+        == b"connection password"
+    assert env["AIRFLOW_UID"].isdigit()

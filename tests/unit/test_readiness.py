@@ -1,7 +1,7 @@
-"""The GPU-readiness rule: never ready on a stale status, only after the real count held."""
+"""The GPU-readiness rule: never ready on a stale status, only after the kubelet's reset and the real count."""
 import pytest
 
-from gpuboot.readiness import BootBaseline, ReadinessTracker
+from gpuboot.readiness import BootBaseline, ReadinessTracker, extended_needs
 
 from .builders import node
 
@@ -9,13 +9,26 @@ T0 = 1_700_000_000.0      # the start request
 STALE_HB = T0 - 3600      # last heartbeat before the instance was stopped
 
 
-def gpu_node(gpus, *, ready="True", boot_id="boot-2", heartbeat=None, transition=None, unschedulable=False):
+def gpu_node(gpus, *, ready="True", boot_id="boot-2", heartbeat=None, transition=None, unschedulable=False,
+             taints=(), extra=None):
     return node("g", gpus=gpus, ready=ready, boot_id=boot_id, heartbeat=heartbeat, transition=transition,
-                unschedulable=unschedulable, allocatable={"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": str(gpus)})
+                unschedulable=unschedulable, taints=taints,
+                allocatable={"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": str(gpus), **(extra or {})})
 
 
-def tracker(gpus_needed=1, settle=5.0, started=T0, boot_before="boot-1"):
-    return ReadinessTracker(BootBaseline("g", started, boot_before, gpus_needed), settle_seconds=settle)
+def tracker(gpus_needed=1, settle=5.0, started=T0, boot_before="boot-1", continuous=True, fallback=60.0,
+            extended=None):
+    """A tracker fed every write since before the start (a watch from the baseline's resourceVersion)."""
+    baseline = BootBaseline("g", started, boot_before, gpus_needed, resource_version_before="100",
+                            extended_needed=extended or {})
+    return ReadinessTracker(baseline, settle_seconds=settle, fallback_seconds=fallback, continuous=continuous)
+
+
+def reset(t, when, **kwargs):
+    """Feed the kubelet's zeroing of the GPU count after the start."""
+    v = t.observe(gpu_node(0, **{"heartbeat": when, "transition": when, **kwargs}), when)
+    assert not v.ready
+    return v
 
 
 def test_stale_zero_real_sequence_is_ready_only_after_the_real_count_held():
@@ -65,12 +78,14 @@ def test_status_with_unchanged_boot_id_from_before_the_start_never_counts():
 ])
 def test_heartbeat_or_transition_after_the_start_is_evidence(heartbeat, transition, fresh_by):
     t = tracker(settle=0, boot_before="boot-1")
+    reset(t, T0 + 10, boot_id="boot-1")
     v = t.observe(gpu_node(1, boot_id="boot-1", heartbeat=heartbeat, transition=transition), T0 + 11)
     assert v.ready and v.evidence["fresh_by"] == fresh_by
 
 
 def test_unknown_boot_id_before_needs_time_evidence():
     t = tracker(settle=0, boot_before=None)
+    reset(t, T0 + 1, heartbeat=STALE_HB, transition=STALE_HB)
     assert not t.observe(gpu_node(1, heartbeat=STALE_HB, transition=STALE_HB), T0 + 5).ready
     assert t.observe(gpu_node(1, heartbeat=T0 + 4, transition=STALE_HB), T0 + 5).ready
 
@@ -90,12 +105,14 @@ def test_cpu_only_node_needs_no_gpu_count():
 
 def test_more_gpus_needed_than_registered():
     t = tracker(gpus_needed=2, settle=0)
+    reset(t, T0 + 1)
     v = t.observe(gpu_node(1, heartbeat=T0 + 2, transition=T0 + 2), T0 + 2)
     assert not v.ready and "is 1, 2 needed" in v.reason
 
 
 def test_not_ready_or_cordoned_breaks_the_hold():
     t = tracker(settle=5)
+    reset(t, T0 + 1)
     good = gpu_node(1, heartbeat=T0 + 2, transition=T0 + 2)
     t.observe(good, T0 + 2)
     v = t.observe(gpu_node(1, ready="False", heartbeat=T0 + 3, transition=T0 + 3), T0 + 4)
@@ -108,19 +125,124 @@ def test_not_ready_or_cordoned_breaks_the_hold():
     assert t.observe(good, T0 + 14).ready
 
 
-def test_a_new_boot_during_the_hold_restarts_the_clock():
+def test_a_new_boot_during_the_hold_needs_its_own_reset_and_restarts_the_clock():
     t = tracker(settle=5)
+    reset(t, T0 + 1)
     t.observe(gpu_node(1, boot_id="boot-2", heartbeat=T0 + 2, transition=T0 + 2), T0 + 2)
-    t.observe(gpu_node(1, boot_id="boot-3", heartbeat=T0 + 6, transition=T0 + 6), T0 + 6)
-    assert not t.observe(gpu_node(1, boot_id="boot-3", heartbeat=T0 + 6, transition=T0 + 6), T0 + 8).ready
-    assert t.observe(gpu_node(1, boot_id="boot-3", heartbeat=T0 + 6, transition=T0 + 6), T0 + 11).ready
+    v = t.observe(gpu_node(1, boot_id="boot-3", heartbeat=T0 + 6, transition=T0 + 6), T0 + 6)
+    assert not v.ready and "has not reset" in v.reason
+    assert not t.observe(gpu_node(1, boot_id="boot-3", heartbeat=T0 + 6, transition=T0 + 6), T0 + 20).ready
+    reset(t, T0 + 21, boot_id="boot-3")
+    t.observe(gpu_node(1, boot_id="boot-3", heartbeat=T0 + 22, transition=T0 + 22), T0 + 22)
+    assert not t.observe(gpu_node(1, boot_id="boot-3", heartbeat=T0 + 22, transition=T0 + 22), T0 + 26).ready
+    assert t.observe(gpu_node(1, boot_id="boot-3", heartbeat=T0 + 22, transition=T0 + 22), T0 + 27).ready
 
 
 def test_missing_node_and_baseline_round_trip():
     t = tracker()
     v = t.observe(None, T0)
     assert not v.ready and "not found" in v.reason
-    b = BootBaseline("g", T0, "boot-1", 2)
+    b = BootBaseline("g", T0, "boot-1", 2, resource_version_before="41", extended_needed={"aliyun.com/gpu-mem": 8})
     assert BootBaseline.from_json(b.to_json()) == b
+    assert b.needs == {"nvidia.com/gpu": 2, "aliyun.com/gpu-mem": 8}
+    assert BootBaseline.from_json({"node": "g", "start_requested_at": T0, "boot_id_before": None,
+                                   "gpus_needed": 1}).resource_version_before is None   # older XCom
+    with pytest.raises(ValueError, match="fallback_seconds"):
+        ReadinessTracker(b, fallback_seconds=-1)
     with pytest.raises(ValueError, match="settle_seconds"):
         ReadinessTracker(b, settle_seconds=-1)
+
+
+# --- the kubelet's reset, not a time window (issue: the reset arriving after the settle window) ----------
+
+def test_a_reset_delayed_well_past_the_settle_window_never_lets_the_stale_count_through():
+    t = tracker(settle=1.0)
+    stale = gpu_node(1, heartbeat=T0 + 3, transition=T0 + 3)     # new bootID, Ready, the count from before
+    for when in (T0 + 3, T0 + 4.5, T0 + 8, T0 + 13, T0 + 300):
+        v = t.observe(stale, when)
+        assert not v.ready, (when - T0, v.reason)
+        assert "has not reset nvidia.com/gpu" in v.reason and v.evidence["path"] == "waiting for the reset"
+    reset(t, T0 + 301)
+    real = gpu_node(1, heartbeat=T0 + 3, transition=T0 + 3)
+    assert not t.observe(real, T0 + 302).ready
+    v = t.observe(real, T0 + 303)
+    assert v.ready and "reset after the start seen" in v.reason and v.evidence["reset_seen"] == ["nvidia.com/gpu"]
+
+
+def test_a_device_plugin_that_never_registers_is_never_ready():
+    t = tracker(settle=1.0)
+    t.observe(gpu_node(1, heartbeat=T0 + 3, transition=T0 + 3), T0 + 3)
+    reset(t, T0 + 15)
+    for when in (T0 + 16, T0 + 100, T0 + 1000):
+        v = t.observe(gpu_node(0, heartbeat=when, transition=T0 + 3), when)
+        assert not v.ready and "nvidia.com/gpu is 0, 1 needed" in v.reason
+
+
+def test_the_kubelet_order_zero_with_the_old_boot_id_counts_as_the_reset():
+    """A restarted kubelet zeroes the count in its registration patch, before it posts its new bootID."""
+    t = tracker(settle=0)
+    v = t.observe(gpu_node(0, boot_id="boot-1", ready="Unknown", heartbeat=STALE_HB, transition=STALE_HB), T0 + 3)
+    assert not v.ready and v.evidence["reset_seen"] == ["nvidia.com/gpu"]
+    v = t.observe(gpu_node(0, ready="False", heartbeat=T0 + 4, transition=T0 + 4), T0 + 4)
+    assert not v.ready and "NodeReady is False" in v.reason
+    assert not t.observe(gpu_node(0, heartbeat=T0 + 5, transition=T0 + 5), T0 + 5).ready
+    assert t.observe(gpu_node(1, heartbeat=T0 + 5, transition=T0 + 5), T0 + 7).ready
+
+
+def test_a_relist_before_the_reset_falls_back_to_the_long_window_and_still_waits_for_a_late_reset():
+    t = tracker(settle=1.0, fallback=60)
+    stale = gpu_node(1, heartbeat=T0 + 3, transition=T0 + 3)
+    t.observe(stale, T0 + 3)
+    t.lost_continuity("the watch expired (410 Gone) and the Node was re-listed")
+    for when in (T0 + 4, T0 + 5, T0 + 13, T0 + 62.9):      # reset 10 s late: still inside the fallback window
+        v = t.observe(stale, when)
+        assert not v.ready and v.reason.startswith("fallback, reset not observed"), v.reason
+        assert v.evidence["path"] == "fallback" and "410 Gone" in v.evidence["warning"]
+    reset(t, T0 + 13.5)
+    real = gpu_node(1, heartbeat=T0 + 3, transition=T0 + 3)
+    t.observe(real, T0 + 15)
+    v = t.observe(real, T0 + 16)
+    assert v.ready and v.evidence["path"] == "reset seen" and "warning" not in v.evidence
+
+
+def test_when_the_reset_can_never_be_seen_the_count_is_trusted_after_the_fallback_window_with_a_warning():
+    t = tracker(settle=1.0, fallback=60, continuous=False)       # e.g. no resourceVersion to watch from
+    n = gpu_node(1, heartbeat=T0 + 3, transition=T0 + 3)
+    t.observe(n, T0 + 3)
+    assert t.next_check_in(T0 + 3) == pytest.approx(60)
+    assert not t.observe(n, T0 + 62.9).ready
+    v = t.observe(n, T0 + 63)
+    assert v.ready and "fallback" in v.reason and "not observed" in v.evidence["warning"]
+
+
+def test_continuity_needs_a_resource_version_from_before_the_start():
+    baseline = BootBaseline("g", T0, "boot-1", 1, resource_version_before=None)
+    t = ReadinessTracker(baseline, settle_seconds=1, continuous=True)
+    assert not t.continuous and "no resourceVersion" in t.gap
+
+
+def test_not_ready_and_unreachable_taints_block():
+    t = tracker(settle=0)
+    reset(t, T0 + 1)
+    tainted = gpu_node(1, heartbeat=T0 + 2, transition=T0 + 2,
+                       taints=[{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}])
+    v = t.observe(tainted, T0 + 2)
+    assert not v.ready and "tainted node.kubernetes.io/not-ready" in v.reason
+    assert t.observe(gpu_node(1, heartbeat=T0 + 2, transition=T0 + 2), T0 + 3).ready
+
+
+def test_every_requested_extended_resource_needs_its_own_reset_and_count():
+    gpu_mem = "aliyun.com/gpu-mem"
+    t = tracker(gpus_needed=0, settle=0, extended={gpu_mem: 8})
+    v = t.observe(gpu_node(1, heartbeat=T0 + 3, transition=T0 + 3, extra={gpu_mem: "16"}), T0 + 3)
+    assert not v.ready and f"has not reset {gpu_mem}" in v.reason
+    v = t.observe(gpu_node(1, heartbeat=T0 + 4, transition=T0 + 3, extra={gpu_mem: "0"}), T0 + 4)
+    assert not v.ready and f"allocatable {gpu_mem} is 0, 8 needed" in v.reason
+    v = t.observe(gpu_node(1, heartbeat=T0 + 5, transition=T0 + 3, extra={gpu_mem: "16"}), T0 + 5)
+    assert v.ready and v.evidence["allocatable"] == {gpu_mem: 16}
+
+
+def test_extended_needs_are_the_device_plugin_resources_besides_whole_gpus():
+    requests = {"cpu": 4000, "memory": 2**34, "nvidia.com/gpu": 1, "aliyun.com/gpu-mem": 8, "rdma/hca": 1,
+                "hugepages-2Mi": 0, "example.kubernetes.io/x": 1, "ephemeral-storage": 10}
+    assert extended_needs(requests) == {"aliyun.com/gpu-mem": 8, "rdma/hca": 1}
