@@ -9,23 +9,44 @@ The ledger is read first so that a reservation released after this read belongs 
 that the (later) pod listing already shows. Marks (`Unavailable`) written by a
 re-placement go into the same commit as the job's new reservations: any placement that
 commits afterwards has read them, which is what makes stopping an abandoned node safe.
+
+Abandoned nodes. The job's ledger record lists the instances it started (by any try or
+step). Whenever a commit moves the job off such a node (a fail-over, a re-placement after a
+retry, a re-run of `place`, the run giving up or ending without a pod there), the node is
+stopped again unless another job claims it. Why that cannot stop a node under a new claim:
+the claim check uses the ledger state the commit is compare-and-swapped against plus pods
+listed after reading it, so every claim committed before ours is seen; and the same commit
+writes a mark on each node to stop (its boot-failure mark, or a short "being stopped"
+fence), so every placement that commits after ours has read the mark and leaves the node
+alone. Once StopInstances is accepted the node reads Stopping (placement then plans a
+start after the stop), and the fence is dropped; a crash before that leaves the fence to
+expire after STOP_FENCE_SECONDS.
+
+Marks rest on evidence. A node mark from a boot timeout carries the bootID the failed boot
+left; it is dropped as soon as the node is Ready with its GPUs or reports another boot, so
+one job's timeout does not keep a healthy node out for everyone until the mark expires.
+The job's own verdicts (`JobRecord.failed`) keep that job off the node for its whole run.
 """
 from __future__ import annotations
 
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuboot.ecs import EcsHook
-from gpuboot.inventory import NodeView, Reservation, build_inventory, parse_provider_id
+from gpuboot.inventory import NodeState, NodeView, Reservation, build_inventory, parse_provider_id
 from gpuboot.jobspec import JobSpec
 from gpuboot.kube import KubeClient
-from gpuboot.ledger import LedgerConflict, LedgerState, ReservationLedger
+from gpuboot.ledger import JobRecord, LedgerConflict, LedgerState, ReservationLedger
 from gpuboot.placement import Outcome, Plan, Unavailable, place
+from gpuboot.scaledown import find_work
 
 LAUNCH_MARGIN_SECONDS = 900     # reservation lifetime beyond the boot timeout (launch + scheduling)
+STARTING_WAIT_SECONDS = 300     # ECS refuses to stop a Pending/Starting instance: wait this long for Running
+STOP_FENCE_SECONDS = STARTING_WAIT_SECONDS + 300   # a "being stopped" fence, if the run dies before dropping it
+FENCE_REASON = "being stopped"
 
 
 class LedgerContended(Exception):
@@ -59,8 +80,24 @@ def survey(kube: KubeClient, ecs: EcsHook, reservations: list[Reservation], now:
 
 
 def reservation_ttl(spec: JobSpec) -> float:
-    """How long a reservation lives: the spec's own TTL, else its boot timeout plus launch time."""
-    return spec.reservation_ttl_seconds or spec.boot_timeout_seconds + LAUNCH_MARGIN_SECONDS
+    """How long a reservation lives when taken: never less than the boot timeout plus the launch
+    (what the run still needs after placing), whatever `reservation_ttl_seconds` says.
+
+    Why a user TTL may only lengthen it: the TTL exists for crashed runs; a shorter one let a
+    live run's reservation expire while its node booted and another job was placed on the
+    same GPUs. A live run also renews what it holds before each wait (`JobBoot.hold`)."""
+    return max(float(spec.reservation_ttl_seconds or 0), spec.boot_timeout_seconds + LAUNCH_MARGIN_SECONDS)
+
+
+def outdated_marks(marks: Sequence[Unavailable], nodes: Sequence[dict], views: Sequence[NodeView]) -> list[Unavailable]:
+    """Boot-failure node marks whose evidence is gone: the node is Ready with its GPUs now, or it
+    reports a bootID other than the one the failed boot left. Only marks that carry boot
+    evidence (`boot_id` not None) qualify; offering marks and stop fences never do."""
+    ready = {v.name for v in views if v.state == NodeState.READY}
+    boot_ids = {(n.get("metadata") or {}).get("name"): ((n.get("status") or {}).get("nodeInfo") or {}).get("bootID")
+                for n in nodes}
+    return [m for m in marks if m.node is not None and m.boot_id is not None
+            and (m.node in ready or (m.boot_id and boot_ids.get(m.node) and boot_ids[m.node] != m.boot_id))]
 
 
 @dataclass(frozen=True)
@@ -71,6 +108,7 @@ class Booking:
     committed: bool
     state: LedgerState          # the ledger the commit was compare-and-swapped against
     survey: Survey              # read after that ledger state
+    record: JobRecord | None = None   # the job's record as committed
 
 
 class Booker:
@@ -83,12 +121,16 @@ class Booker:
         self.max_commit_attempts, self.boot_grace_seconds, self.clock = max_commit_attempts, boot_grace_seconds, clock
 
     def book(self, spec: JobSpec | None, job_id: str, *, marks: Sequence[Unavailable] = (),
-             release_unplaced: bool = False, place_job: bool = True) -> Booking:
+             release_unplaced: bool = False, place_job: bool = True, failed: Mapping[str, str] | None = None,
+             keep_running: Collection[str] = (), why: str = "the job is giving up") -> Booking:
         """Place `spec` as `job_id` and commit its reservations (replacing any it held) plus `marks`.
 
         When the job does not fit, nothing is written unless `release_unplaced` (a re-placement:
         the job's old reservations go and the marks are kept either way). `place_job=False`
-        only releases and marks (a job giving up), with the same survey for claim checks."""
+        only releases and marks (a job giving up or ending). `failed` (node -> why) adds this
+        job's own verdicts to its record, in the same commit; the job is never placed on a node
+        that failed for it. Nodes the job started and the commit moves it off are stopped again
+        unless claimed (see the module doc), except those in `keep_running` (its pod ran there)."""
         if place_job and spec is None:
             raise ValueError(f"job {job_id}: a job spec is needed to place it")
         request = spec.to_job_request(job_id) if place_job else None
@@ -96,30 +138,91 @@ class Booker:
         for attempt in range(1, self.max_commit_attempts + 1):
             state = self.ledger.snapshot()
             now = self.clock()
-            unavailable = [*state.live_unavailable(now), *marks]
+            record = state.record(job_id, now)
+            if failed:
+                record = (record or JobRecord(job_id, now)).with_failed(dict(failed))
             seen = survey(self.kube, self.ecs, state.others(job_id, now), now, self.boot_grace_seconds)
+            outdated = outdated_marks(state.live_unavailable(now), seen.nodes, seen.views)
+            own = [Unavailable(reason=f"failed for this job: {w}", expires_at=float("inf"), node=n)
+                   for n, w in sorted((record.failed_nodes if record else {}).items())]
+            unavailable = [*(m for m in state.live_unavailable(now) if m not in outdated), *marks, *own]
             plan = (place(request, seen.views, unavailable) if place_job
-                    else Plan(job_id, Outcome.BUSY, "not placed: the job is giving up"))
+                    else Plan(job_id, Outcome.BUSY, f"not placed: {why}"))
             fits = plan.outcome == Outcome.FITS
             if not fits and not release_unplaced:
-                return Booking(plan, False, state, seen)
+                return Booking(plan, False, state, seen, record)
             reservations = [Reservation(job_id=job_id, task=a.task, node=a.node, resources=a.requests,
                                         expires_at=now + ttl) for a in plan.assignments] if fits else []
+            to_stop, claimed = self._abandoned(record, plan if fits else None, seen, state, job_id, now, keep_running)
+            marked = {m.node for m in marks if m.node}
+            fences = [Unavailable(reason=f"{FENCE_REASON}: abandoned by job {job_id}", expires_at=now + STOP_FENCE_SECONDS,
+                                  node=s.node) for s in to_stop if s.node not in marked]
+            if record is not None:
+                gone = {s.node for s in to_stop}
+                record = JobRecord(job_id, max(record.expires_at, now + ttl),
+                                   tuple(s for s in record.started if s.node not in gone), record.failed)
             try:
-                self.ledger.commit(job_id, reservations, state.version, marks)
+                self.ledger.commit(job_id, reservations, state.version, [*marks, *fences], record=record,
+                                   drop_unavailable=outdated)
             except LedgerConflict as exc:
                 self.log.info("ledger changed while placing (%s); re-placing (attempt %d)", exc, attempt)
                 continue
+            for mark in outdated:
+                self.log.info("dropped the mark on %s (%s): the node is Ready or booted again since", mark.what,
+                              mark.reason)
             for mark in marks:
-                self.log.info("marked %s unavailable until %s: %s", mark.what, _stamp(mark.expires_at), mark.reason)
+                self.log.info("marked %s unavailable until %s: %s", mark.what, stamp(mark.expires_at), mark.reason)
             if fits:
-                self.log.info("reserved until %s: %s", _stamp(now + ttl),
+                self.log.info("reserved until %s: %s", stamp(now + ttl),
                               "; ".join(f"{r.task} -> {r.node} ({r.resources})" for r in reservations))
             else:
                 self.log.info("released the reservations of job %s: it no longer fits (%s)", job_id, plan.outcome.value)
-            return Booking(plan, True, state, seen)
+            for node, claim in claimed.items():
+                self.log.info("node %s: started by this job, not stopping it, another job claims it: %s", node, claim)
+            self._stop(to_stop, fences)
+            return Booking(plan, True, state, seen, record)
         raise LedgerContended(f"ledger stayed contended for {self.max_commit_attempts} attempts; retry later")
 
+    def _abandoned(self, record: JobRecord | None, plan: Plan | None, seen: Survey, state: LedgerState, job_id: str,
+                   now: float, keep_running: Collection[str]):
+        """Started nodes this commit moves the job off: those to stop, and the claimed ones (node -> claim)."""
+        if record is None:
+            return [], {}
+        placed = {a.node for a in plan.assignments} if plan else set()
+        work = find_work(seen.nodes, seen.pods, state.others(job_id, now), now)
+        to_stop, claimed = [], {}
+        for started in record.started:
+            if started.node in placed or started.node in keep_running:
+                continue
+            if started.node in work:
+                claimed[started.node] = work[started.node][1]
+            else:
+                to_stop.append(started)
+        return to_stop, claimed
 
-def _stamp(epoch: float) -> str:
+    def _stop(self, to_stop, fences: Sequence[Unavailable]) -> None:
+        """StopInstances (StopCharging) on each abandoned node, then drop the fences (see the module doc).
+        ECS refuses to stop an instance still Pending/Starting, so those are waited for first."""
+        ids = [s.instance_id for s in to_stop]
+        booting = [i for i, st in (self.ecs.statuses(ids) if ids else {}).items() if st in ("Pending", "Starting")]
+        if booting:
+            self.log.info("waiting for %s to finish starting before stopping them", booting)
+            self.ecs.wait_for_status(booting, {"Running", "Stopping", "Stopped"}, STARTING_WAIT_SECONDS)
+        for started in to_stop:
+            outcome = self.ecs.stop_instances([started.instance_id], stopped_mode="StopCharging")[started.instance_id]
+            if outcome.outcome == "already":
+                self.log.info("node %s (%s): this job asked for its start, and it is %s now", started.node,
+                              started.instance_id, outcome.previous_status)
+            elif outcome.ok:
+                self.log.info("node %s (%s): stopped again (StopCharging): this job started it and no other job "
+                              "claims it", started.node, started.instance_id)
+            else:
+                self.log.warning("node %s (%s): stop failed (%s); idle scale-down will retry", started.node,
+                                 started.instance_id, outcome.error)
+        if fences:
+            self.ledger.drop_unavailable(fences)
+
+
+def stamp(epoch: float) -> str:
+    """Epoch seconds as a readable UTC time (ISO 8601)."""
     return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).isoformat(timespec="seconds")

@@ -8,38 +8,58 @@ that both re-place through the same `Booker` transaction and log the same way:
   (OperationDenied.NoStock and friends) marks that instance type in that zone unavailable
   for `unavailable_ttl_seconds` in the ledger, drops the job's reservations and re-places it
   in one commit, then starts the new plan's nodes; at most `max_attempts` plans are tried.
-- `fail_over`: nodes that were not GPU-ready in time are marked unavailable, the job is
-  re-placed in the same commit, and each such node that this job had to start is stopped
-  again unless another job claims it (a live reservation, or a workload pod on it). The
-  claim check uses the ledger state the commit was guarded by and pods listed after it; the
-  mark keeps every later placement off the node, so the stop cannot race a new claim.
-- `give_up`: the same release and stop, with no re-placement (the run is failing).
+- `fail_over`: nodes that were not GPU-ready in time fail for this job (its ledger record)
+  and, when a boot was being waited for, are marked unavailable for everyone (with the
+  bootID the failed boot left, so the mark goes once the node is Ready or boots again); a
+  node that was already up when the job chose it had no boot to fail, so it is never marked.
+  The job is re-placed in the same commit, and each node this job started that the commit
+  moves it off is stopped again unless another job claims it (gpuboot.booking explains why
+  that cannot race a new claim).
+- `give_up` / `finish`: the same release and stop, with no re-placement (the run is failing,
+  or ending: nodes where the job's pod ran are left to idle scale-down).
 
-Idempotence for retries: StartInstances on an instance that is already Pending, Starting
-or Running is a no-op ("already"), and a start that an earlier try made is recognised by
-ECS's StartTime. Where the job is placed is what the ledger holds, not an XCom from an
-earlier try: `current_plan` re-places when the ledger no longer holds the plan's tasks.
+Idempotence for retries: every instance the job starts is written to its ledger record
+*before* StartInstances is called, with the time and the bootID before; StartInstances on an
+instance already Pending, Starting or Running is a no-op ("already"). Where the job is
+placed, what it started and which nodes failed for it is what the ledger holds, not an XCom
+from an earlier try: `current_plan` re-places when the ledger no longer holds the plan's
+tasks or a planned node already failed for the job, and every try and step (start, the
+sensor) goes through `ensure_up`, so a retry neither waits again on a failed node nor
+forgets a node an earlier try started.
 """
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from gpuboot.booking import Booker, Booking
+from gpuboot.booking import LAUNCH_MARGIN_SECONDS, Booker, reservation_ttl, stamp
 from gpuboot.ecs import EcsError, EcsHook, InstanceOutcome
 from gpuboot.inventory import NodeState, parse_time
 from gpuboot.jobspec import JobSpec
 from gpuboot.kube import KubeClient
-from gpuboot.ledger import ReservationLedger
+from gpuboot.ledger import JobRecord, ReservationLedger, StartedNode
 from gpuboot.placement import Assignment, Outcome, Plan, Unavailable
 from gpuboot.readiness import BootBaseline, extended_needs
-from gpuboot.scaledown import find_work
+from gpuboot.triggers import WakeUpTrigger
 
 DEFAULT_UNAVAILABLE_TTL_SECONDS = 600
+ALREADY_UP_GRACE_SECONDS = 60   # how long a node that was up when chosen may take to pass the rule (plus settle)
+
+
+def wait_deadline(baseline: Mapping, boot_timeout: float, settle: float, now: float) -> float:
+    """Until when to wait for one node. A node being booted gets the boot timeout from its start
+    request (the first one, by any try: a retry does not restart the clock), and always at
+    least one settle window from now (a node that is ready must be seen holding it). A node
+    that was already up when the job chose it has no boot to wait for: the boot timeout does
+    not apply to it, only a settle window plus ALREADY_UP_GRACE_SECONDS."""
+    since = baseline.get("start_requested_at")
+    if since is None:
+        return now + settle + ALREADY_UP_GRACE_SECONDS
+    return max(float(since) + boot_timeout, now + settle + 1)
 
 
 class CapacityUnavailable(AirflowFailException):
@@ -87,19 +107,54 @@ class JobBoot:
         self.clock = clock
         self.booker = Booker(kube, ecs, ledger, log, boot_grace_seconds=boot_grace_seconds, clock=clock)
 
+    # -- what the job holds ----------------------------------------------------------------
+    def record(self) -> JobRecord | None:
+        return self.ledger.snapshot().record(self.job_id, self.clock())
+
+    def hold(self, seconds: float) -> None:
+        """Renew the job's reservations and record to last at least `seconds` from now.
+
+        Safety argument: an entry of a live run must not expire while the run still counts on
+        it. Each step calls this before it starts waiting, with its own longest wait plus the
+        launch (the start step: stopping wait + boot timeout + launch; the sensor: up to its
+        deadline + launch, again on every resume), and the renewal is a compare-and-swap that
+        only ever extends. So while a step runs, the job's entries outlive the step; only a run
+        that stops renewing (crashed) lets them expire."""
+        self.ledger.renew(self.job_id, self.clock() + seconds)
+
+    def failures(self) -> list[str]:
+        """The nodes that already failed for this job (any try), as `tried` entries: the bound
+        on boot attempts counts them across retries."""
+        record = self.record()
+        return [f"node {n}: {why}" for n, why in (record.failed if record else ())]
+
+    def ensure_up(self, plan: Plan, tried: Sequence[str] = (), boots: list[dict] | None = None) -> BringUp:
+        """Every try of start and of the sensor: where the ledger has the job, brought up
+        (idempotent: nothing started twice, baselines from the record). With `boots` (the
+        sensor, given the start step's baselines), a plan the ledger still holds as it is needs
+        no ECS call: those baselines were made from the same record."""
+        current = self.current_plan(plan)
+        if current is plan and boots is not None:
+            return BringUp(slim(plan), boots, [], list(tried))
+        return self.bring_up(current, tried)
+
     # -- where the job is ---------------------------------------------------------------
     def current_plan(self, plan: Plan) -> Plan:
-        """`plan` while the ledger still holds exactly its tasks for this job; otherwise (an
-        earlier try re-placed the job, or its reservations expired) the job is placed again."""
+        """`plan` while the ledger still holds exactly its tasks for this job and none of its
+        nodes failed for the job; otherwise (an earlier try re-placed the job or gave a node up,
+        a re-run `place` moved it, or its reservations expired) the job is placed again."""
         if self.spec is None:
             return plan          # hand-wired without the job: nothing to re-place with
         now = self.clock()
-        held = {(r.task, r.node) for r in self.ledger.snapshot().reservations
-                if r.job_id == self.job_id and r.expires_at > now}
-        if held == {(a.task, a.node) for a in plan.assignments}:
+        state = self.ledger.snapshot()
+        held = {(r.task, r.node) for r in state.held(self.job_id, now)}
+        record = state.record(self.job_id, now)
+        failed = sorted(set(record.failed_nodes if record else {}) & {a.node for a in plan.assignments})
+        if held == {(a.task, a.node) for a in plan.assignments} and not failed:
             return plan
-        self.log.info("the ledger holds %s for job %s, not the plan's %s: placing it again",
-                      sorted(held) or "nothing", self.job_id, [(a.task, a.node) for a in plan.assignments])
+        self.log.info("the ledger holds %s for job %s, not the plan's %s%s: placing it again",
+                      sorted(held) or "nothing", self.job_id, [(a.task, a.node) for a in plan.assignments],
+                      f" (already failed for this job: {failed})" if failed else "")
         placed = self.rebook()
         if placed.outcome == Outcome.BUSY:
             raise CapacityBusy(f"job {self.job_id} lost its reservations and the fleet is busy now: "
@@ -114,7 +169,12 @@ class JobBoot:
             # Read before the start request: the readiness watch resumes from these versions.
             before = {n: self.kube.get_node(n) for n in sorted({a.node for a in plan.assignments})}
             requested_at = self.clock()
-            outcomes = self.power_on([i for i in self._to_start(plan).values() if i])
+            to_start = {n: i for n, i in self._to_start(plan).items() if i}
+            if to_start:     # write-ahead: a worker killed after StartInstances still left the record
+                self.ledger.record_starts(self.job_id, [StartedNode(n, i, requested_at, _boot_id(before.get(n)))
+                                                        for n, i in sorted(to_start.items())],
+                                          requested_at + self._ttl())
+            outcomes = self.power_on(list(to_start.values()))
             failed = {iid: o for iid, o in outcomes.items() if not o.ok}
             hard = {iid: o.error for iid, o in failed.items() if o.error is None or o.error.kind != "capacity"}
             if hard:
@@ -125,7 +185,7 @@ class JobBoot:
                 return BringUp(slim(plan), boots, started, tried)
             marks = self._offering_marks(plan, {iid: o.error for iid, o in failed.items()})
             tried += [f"{m.what}: {m.reason}" for m in marks]
-            plan = self._replace(plan, marks, tried, why="out of capacity")
+            plan = self._replace(marks, tried, why="out of capacity")
 
     def power_on(self, instance_ids: list[str]) -> dict[str, InstanceOutcome]:
         """StartInstances; an instance still Stopping is waited for, then started."""
@@ -148,6 +208,7 @@ class JobBoot:
         start made by an earlier try shows as "already": ECS's StartTime says when it happened."""
         by_node = _by_node(plan)
         to_start = self._to_start(plan)
+        record = self.record()
         booting = {n for n, assigned in by_node.items() if n not in to_start and assigned[0].state == NodeState.BOOTING}
         need_time = [to_start[n] for n in to_start if outcomes[to_start[n]].outcome == "already"]
         need_time += [by_node[n][0].instance_id for n in booting if by_node[n][0].instance_id]
@@ -164,16 +225,20 @@ class JobBoot:
                 since = None
             read = before.get(node) or {}
             started_now = node in to_start and outcomes[iid].outcome == "done"
-            baseline = BootBaseline(node=node, start_requested_at=since,
-                                    boot_id_before=((read.get("status") or {}).get("nodeInfo") or {}).get("bootID"),
+            boot_id_before = _boot_id(read)
+            mine = record.started_on(node) if record else None
+            if mine:    # this job started it (this try or an earlier one): its first start is the baseline
+                since, boot_id_before = mine.at, mine.boot_id_before
+            baseline = BootBaseline(node=node, start_requested_at=since, boot_id_before=boot_id_before,
                                     gpus_needed=sum(a.requests.gpus for a in assigned),
                                     extended_needed=extended_needs(sum((a.requests for a in assigned[1:]),
                                                                        assigned[0].requests)),
                                     resource_version_before=((read.get("metadata") or {}).get("resourceVersion")
                                                              if started_now else None))
             boots.append(baseline.to_json())
-            self.log.info("node %s (%s, %s): start requested at %s, bootID before %s, needs %d GPU(s)",
-                          node, iid, assigned[0].state.value, since, baseline.boot_id_before, baseline.gpus_needed)
+            self.log.info("node %s (%s, %s): start requested at %s%s, bootID before %s, needs %d GPU(s)",
+                          node, iid, assigned[0].state.value, stamp(since) if since is not None else "- (not started)",
+                          " by this job" if mine else "", baseline.boot_id_before, baseline.gpus_needed)
         return boots
 
     def rebook(self) -> Plan:
@@ -184,30 +249,47 @@ class JobBoot:
         return plan
 
     # -- boot timeout -------------------------------------------------------------------
-    def fail_over(self, plan: Plan, bad: Mapping[str, str], tried: Sequence[str] = ()) -> BringUp:
-        """Nodes in `bad` (node -> why) did not become GPU-ready: mark them, re-place the job in
-        the same commit, stop those of them this job started unless claimed, bring the new plan up."""
+    def fail_over(self, plan: Plan, bad: Mapping[str, str], tried: Sequence[str] = (),
+                  evidence: Mapping[str, Mapping] | None = None) -> BringUp:
+        """Nodes in `bad` (node -> why) did not become GPU-ready: they fail for this job, those
+        whose boot was waited for are marked (see `_node_marks`), the job is re-placed in the same
+        commit (nodes it started and leaves are stopped unless claimed), the new plan is brought up."""
         tried = [*tried, *(f"node {n}: {why}" for n, why in sorted(bad.items()))]
-        marks = self._node_marks(bad)
-        new_plan = self._replace(plan, marks, tried, why="not GPU-ready in time", stop_bad=bad)
+        new_plan = self._replace(self._node_marks(bad, evidence or {}), tried, why="not GPU-ready in time",
+                                 failed=bad)
         return self.bring_up(new_plan, tried)
 
-    def give_up(self, plan: Plan, bad: Mapping[str, str]) -> None:
-        """The run fails: mark the bad nodes, drop the job's reservations, stop the bad nodes it started."""
-        booking = self.booker.book(self.spec, self.job_id, marks=self._node_marks(bad), release_unplaced=True,
-                                   place_job=False)
-        self._stop_unclaimed(plan, bad, booking)
+    def give_up(self, plan: Plan, bad: Mapping[str, str], evidence: Mapping[str, Mapping] | None = None) -> None:
+        """The run fails: the bad nodes fail (and are marked as in `fail_over`), the job's
+        reservations go, and every node it started is stopped again unless claimed."""
+        self.booker.book(self.spec, self.job_id, marks=self._node_marks(bad, evidence or {}), release_unplaced=True,
+                         place_job=False, failed=bad)
+
+    def finish(self, used: Collection[str] = ()) -> list:
+        """The run ends (the release step): drop every entry of the job, and stop each node it
+        started unless claimed or its pod ran there (`used`; idle scale-down stops those)."""
+        state = self.ledger.snapshot()
+        now = self.clock()
+        held = state.held(self.job_id, now)
+        record = state.record(self.job_id, now)
+        if record is not None and record.started:
+            self.booker.book(self.spec, self.job_id, release_unplaced=True, place_job=False,
+                             keep_running=used, why="the run is over")
+        released = self.ledger.release(self.job_id)
+        return released or held
 
     # -- internals ------------------------------------------------------------------------
-    def _replace(self, plan: Plan, marks: list[Unavailable], tried: list[str], why: str,
-                 stop_bad: Mapping[str, str] | None = None) -> Plan:
-        """Commit the marks and a new placement (or, once `max_attempts` failures are used up,
-        only the marks and the release), stop abandoned bad nodes, return the new plan."""
+    def _ttl(self) -> float:
+        return reservation_ttl(self.spec) if self.spec else LAUNCH_MARGIN_SECONDS
+
+    def _replace(self, marks: list[Unavailable], tried: list[str], why: str,
+                 failed: Mapping[str, str] | None = None) -> Plan:
+        """Commit the marks (and the job's failed nodes) with a new placement (or, once
+        `max_attempts` failures are used up, only with the release), return the new plan.
+        Nodes the job started and the commit moves it off are stopped by the booker."""
         out_of_attempts = len(tried) >= self.max_attempts or self.spec is None
         booking = self.booker.book(self.spec, self.job_id, marks=marks, release_unplaced=True,
-                                   place_job=not out_of_attempts)
-        if stop_bad:
-            self._stop_unclaimed(plan, stop_bad, booking)
+                                   place_job=not out_of_attempts, failed=failed)
         if out_of_attempts:
             limit = (f"max_attempts={self.max_attempts}" if self.spec is not None
                      else "no job spec given to re-place it with; pass job=...")
@@ -223,26 +305,6 @@ class JobBoot:
                       self.max_attempts, booking.plan.message)
         self.log.info("placement:\n%s", booking.plan.table())
         return booking.plan
-
-    def _stop_unclaimed(self, plan: Plan, bad: Mapping[str, str], booking: Booking) -> None:
-        """Stop each bad node this job had to start, unless another job claims it (see the module doc)."""
-        to_start = self._to_start(plan)
-        now = self.clock()
-        work = find_work(booking.survey.nodes, booking.survey.pods, booking.state.others(self.job_id, now), now)
-        for node in sorted(bad):
-            iid = to_start.get(node)
-            if iid is None:
-                self.log.info("node %s: not started by this job; left running", node)
-            elif node in work:
-                self.log.info("node %s (%s): not stopping it, another job claims it: %s", node, iid, work[node][1])
-            else:
-                outcome = self.ecs.stop_instances([iid], stopped_mode="StopCharging")[iid]
-                if outcome.ok:
-                    self.log.info("node %s (%s): stopped again (StopCharging): this job started it and "
-                                  "no other job claims it", node, iid)
-                else:
-                    self.log.warning("node %s (%s): stop failed (%s); idle scale-down will retry", node, iid,
-                                     outcome.error)
 
     def _offering_marks(self, plan: Plan, errors: Mapping[str, EcsError | None]) -> list[Unavailable]:
         """One mark per failed instance: its type in its zone (or, if ECS does not say, its node)."""
@@ -260,14 +322,68 @@ class JobBoot:
                 marks.append(Unavailable(reason=reason, expires_at=until, node=node))
         return marks
 
-    def _node_marks(self, bad: Mapping[str, str]) -> list[Unavailable]:
+    def _node_marks(self, bad: Mapping[str, str], evidence: Mapping[str, Mapping]) -> list[Unavailable]:
+        """Marks for everyone, only on nodes whose boot was being waited for (evidence
+        `start_requested_at` set; no evidence: assume a boot), each with the bootID that boot left."""
         until = self.clock() + self.unavailable_ttl_seconds
-        return [Unavailable(reason=why, expires_at=until, node=node) for node, why in sorted(bad.items())]
+        marks = []
+        for node, why in sorted(bad.items()):
+            seen = evidence.get(node) or {}
+            if seen and seen.get("start_requested_at") is None:
+                self.log.info("node %s was already up when the job chose it: not marked for other jobs "
+                              "(only this job leaves it)", node)
+                continue
+            marks.append(Unavailable(reason=why, expires_at=until, node=node,
+                                     boot_id=seen.get("boot_id") or seen.get("boot_id_before") or ""))
+        return marks
 
     @staticmethod
     def _to_start(plan: Plan) -> dict[str, str | None]:
         by_node = _by_node(plan)
         return {n: by_node[n][0].instance_id for n in plan.nodes_to_start}
+
+
+class WaitsForCapacity:
+    """The one busy-wait of the start step and the sensor: when a re-placement finds the fleet
+    busy (capacity in use, or the other candidates only marked unavailable for a while), wait
+    deferred on a timer, holding nothing, and re-place every `busy_poll_seconds` until the job's
+    queue timeout; then fail naming what was tried. Both steps therefore agree on when to wait."""
+
+    busy_poll_seconds: float
+
+    def bring_up_or_wait(self, boot: JobBoot, attempt: Callable[[], BringUp], deadline: float | None,
+                         method_name: str) -> BringUp:
+        """`attempt()` (a bring-up or fail-over); on CapacityBusy, defer to `method_name`."""
+        try:
+            return attempt()
+        except CapacityBusy as busy:
+            if boot.spec is None:
+                raise CapacityUnavailable(f"{busy}; no job spec given to wait with; pass job=...") from None
+            deadline = deadline or time.time() + boot.spec.queue_timeout_seconds
+            self.wait_for_capacity(boot, busy.tried, deadline, str(busy), method_name)
+
+    def capacity_resumed(self, boot: JobBoot, echo: Mapping, method_name: str) -> BringUp:
+        """Back from the busy-wait timer: place again and bring the new plan up, or wait more."""
+        deadline = float(echo["deadline"])
+        plan = boot.rebook()
+        if plan.outcome == Outcome.BUSY:
+            self.wait_for_capacity(boot, echo["tried"], deadline, f"capacity still busy: {plan.message}", method_name)
+        self.log.info("re-placed job %s after waiting for capacity:\n%s", plan.job_id, plan.table())
+        return self.bring_up_or_wait(boot, lambda: boot.bring_up(plan, echo["tried"]), deadline, method_name)
+
+    def wait_for_capacity(self, boot: JobBoot, tried: list[str], deadline: float, why: str, method_name: str):
+        now = time.time()
+        if now >= deadline:
+            raise CapacityUnavailable(f"job {boot.job_id}: still no capacity after "
+                                      f"queue_timeout_seconds={boot.spec.queue_timeout_seconds}; tried: "
+                                      f"{'; '.join(tried)}")
+        wake = min(deadline, now + self.busy_poll_seconds)
+        self.log.info("%s; re-placing in %.0fs, giving up in %.0fs", why, wake - now, deadline - now)
+        self.defer(trigger=WakeUpTrigger(wake, {"deadline": deadline, "tried": list(tried)}), method_name=method_name)
+
+
+def _boot_id(node: Mapping | None) -> str | None:
+    return (((node or {}).get("status") or {}).get("nodeInfo") or {}).get("bootID")
 
 
 def _by_node(plan: Plan) -> dict[str, list[Assignment]]:

@@ -61,6 +61,10 @@ class KubeClient:
         return self._list(self.core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS,
                           label_selector=label_selector)
 
+    def list_pods(self, label_selector: str) -> list[dict]:
+        """Pods in every namespace, terminated ones included."""
+        return self._list(self.core.list_pod_for_all_namespaces, label_selector=label_selector)
+
     def get_node(self, name: str) -> dict:
         return _raw(self.core.read_node(name, _preload_content=False))
 

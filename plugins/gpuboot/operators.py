@@ -16,8 +16,9 @@ from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperato
 from airflow.sdk import BaseOperator, TriggerRule
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from gpuboot.boot import DEFAULT_UNAVAILABLE_TTL_SECONDS, CapacityBusy, CapacityUnavailable, JobBoot  # noqa: F401 (re-export)
-from gpuboot.booking import LAUNCH_MARGIN_SECONDS, Booker, LedgerContended  # noqa: F401 (re-export)
+from gpuboot.boot import (DEFAULT_UNAVAILABLE_TTL_SECONDS, CapacityBusy, CapacityUnavailable,  # noqa: F401 (re-export)
+                          JobBoot, WaitsForCapacity)
+from gpuboot.booking import LAUNCH_MARGIN_SECONDS, Booker, LedgerContended, reservation_ttl  # noqa: F401 (re-export)
 from gpuboot.ecs import EcsHook
 from gpuboot.jobspec import JobSpec, JobSpecError, params_schema
 from gpuboot.kube import KubeClient
@@ -128,7 +129,7 @@ class PlaceGpuJobOperator(_GpuJobMixin, BaseOperator):
 
 
 # -- start ---------------------------------------------------------------------------------
-class StartGpuNodesOperator(_GpuJobMixin, BaseOperator):
+class StartGpuNodesOperator(_GpuJobMixin, WaitsForCapacity, BaseOperator):
     """Power on exactly the plan's stopped instances and record, per planned node, what the
     readiness rule needs (start time, bootID before the start, GPUs placed there).
 
@@ -140,7 +141,9 @@ class StartGpuNodesOperator(_GpuJobMixin, BaseOperator):
     holding nothing) and re-places every `busy_poll_seconds` until the job's queue timeout.
     Re-placing needs the job (`job`, the place step's XCom "job"); without it a capacity
     error fails the task. The plan the job ends up on is pushed as XCom "plan" (with
-    "boots" and "started"); the sensor and the launch take it from there.
+    "boots" and "started"); the sensor and the launch take it from there. Before anything
+    else the step renews the job's reservations for its longest wait plus the launch, and
+    every instance it starts is recorded in the job's ledger entry first (gpuboot.boot).
     """
 
     template_fields = ("plan", "job")
@@ -162,44 +165,28 @@ class StartGpuNodesOperator(_GpuJobMixin, BaseOperator):
     def execute(self, context):
         plan = Plan.from_json(self.plan)
         boot = self._boot(plan)
-        return self._bring_up(context, boot, lambda: boot.bring_up(boot.current_plan(plan)), deadline=None)
+        self._hold(boot)
+        return self._pushed(context, self.bring_up_or_wait(boot, lambda: boot.ensure_up(plan), None, "resume"))
 
     def resume(self, context, event: Mapping):
-        """Back from waiting for busy capacity: place again, or wait more."""
-        echo = event["echo"]
+        """Back from waiting for busy capacity (holding nothing): place again, or wait more."""
         boot = self._boot(Plan.from_json(self.plan))
-        plan = boot.rebook()
-        if plan.outcome == Outcome.BUSY:
-            return self._wait(boot, echo["tried"], float(echo["deadline"]), f"capacity still busy: {plan.message}")
-        self.log.info("re-placed job %s after waiting for capacity:\n%s", plan.job_id, plan.table())
-        return self._bring_up(context, boot, lambda: boot.bring_up(plan, echo["tried"]), float(echo["deadline"]))
+        return self._pushed(context, self.capacity_resumed(boot, event["echo"], "resume"))
 
     def _boot(self, plan: Plan) -> JobBoot:
         return job_boot(self, plan, max_attempts=self.max_capacity_attempts,
                         stopping_timeout_seconds=self.stopping_timeout_seconds)
 
-    def _bring_up(self, context, boot: JobBoot, attempt, deadline: float | None):
-        """Run `attempt` (a JobBoot.bring_up); when it finds the fleet busy, wait like the place step,
-        holding no reservation, until the job's queue timeout."""
-        try:
-            result = attempt()
-        except CapacityBusy as busy:
-            deadline = deadline or time.time() + boot.spec.queue_timeout_seconds
-            return self._wait(boot, busy.tried, deadline, str(busy))
+    def _hold(self, boot: JobBoot) -> None:
+        """This step may wait for an instance to stop, then the boot and the launch follow."""
+        boot.hold(self.stopping_timeout_seconds + (reservation_ttl(boot.spec) if boot.spec else LAUNCH_MARGIN_SECONDS))
+
+    @staticmethod
+    def _pushed(context, result) -> dict:
         out = {"boots": result.boots, "started": result.started, "plan": result.plan.to_json()}
         for key, value in out.items():
             push(context, key, value)
         return out
-
-    def _wait(self, boot: JobBoot, tried: list[str], deadline: float, why: str):
-        now = time.time()
-        if now >= deadline:
-            raise CapacityUnavailable(f"job {boot.job_id}: still no capacity after "
-                                      f"queue_timeout_seconds={boot.spec.queue_timeout_seconds}; tried: "
-                                      f"{'; '.join(tried)}")
-        wake = min(deadline, now + self.busy_poll_seconds)
-        self.log.info("%s; re-placing in %.0fs, giving up in %.0fs", why, wake - now, deadline - now)
-        self.defer(trigger=WakeUpTrigger(wake, {"deadline": deadline, "tried": tried}), method_name="resume")
 
 
 def job_boot(task, plan: Plan, **kwargs) -> JobBoot:
@@ -262,19 +249,26 @@ class GpuPodOperator(KubernetesPodOperator):
 
 # -- release -------------------------------------------------------------------------------
 class ReleaseReservationOperator(BaseOperator):
-    """End the job's reservations whatever happened upstream (idempotent)."""
+    """End the job's reservations whatever happened upstream (idempotent). A node the job
+    started (its ledger record) where none of its pods ran is stopped again unless another job
+    claims it: a run that failed before its launch leaves no instance running."""
 
     template_fields = ("job_id",)
 
     def __init__(self, *, job_id: str | None = None, kubernetes_conn_id: str = "kubernetes_default",
-                 ledger_namespace: str = "default", **kwargs) -> None:
+                 ecs_conn_id: str = "alibaba_ecs_default", ledger_namespace: str = "default", **kwargs) -> None:
         kwargs.setdefault("trigger_rule", TriggerRule.ALL_DONE)
         super().__init__(**kwargs)
         self.job_id, self.kubernetes_conn_id, self.ledger_namespace = job_id, kubernetes_conn_id, ledger_namespace
+        self.ecs_conn_id = ecs_conn_id
 
     def execute(self, context):
         job_id = self.job_id or context_job_id(self, context)
-        released = ReservationLedger(KubeClient(self.kubernetes_conn_id), self.ledger_namespace).release(job_id)
+        kube = KubeClient(self.kubernetes_conn_id)
+        used = {(p.get("spec") or {}).get("nodeName") for p in kube.list_pods(f"{JOB_LABEL}={job_id}")}
+        boot = JobBoot(kube, EcsHook(self.ecs_conn_id), ReservationLedger(kube, self.ledger_namespace), self.log,
+                       spec=None, job_id=job_id)
+        released = boot.finish(used=used - {None})
         if released:
             self.log.info("released %d reservation(s) of job %s: %s", len(released), job_id,
                           "; ".join(f"{r.task} on {r.node} ({r.resources})" for r in released))

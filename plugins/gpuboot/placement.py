@@ -65,13 +65,16 @@ class Unavailable:
 
     Either an offering, an instance type in a zone whose start just failed for lack of stock
     (it blocks only nodes that would need a start: Karpenter's insufficient-capacity cache),
-    or one node that did not become GPU-ready in time (it blocks that node in any state)."""
+    or one node that did not become GPU-ready in time (it blocks that node in any state).
+    `boot_id`: for a node mark, the bootID the failed boot left (the evidence the mark rests
+    on; gpuboot.booking drops the mark once the node reports another boot or is Ready)."""
 
     reason: str
     expires_at: float
     instance_type: str | None = None
     zone: str | None = None
     node: str | None = None
+    boot_id: str | None = None
 
     def __post_init__(self):
         if (self.node is None) == (self.instance_type is None or self.zone is None):
@@ -90,12 +93,12 @@ class Unavailable:
     def to_json(self) -> dict:
         return {k: v for k, v in (("reason", self.reason), ("expires_at", self.expires_at),
                                   ("instance_type", self.instance_type), ("zone", self.zone),
-                                  ("node", self.node)) if v is not None}
+                                  ("node", self.node), ("boot_id", self.boot_id)) if v is not None}
 
     @classmethod
     def from_json(cls, d: Mapping) -> "Unavailable":
         return cls(reason=str(d["reason"]), expires_at=float(d["expires_at"]), instance_type=d.get("instance_type"),
-                   zone=d.get("zone"), node=d.get("node"))
+                   zone=d.get("zone"), node=d.get("node"), boot_id=d.get("boot_id"))
 
 
 class Outcome(str, Enum):

@@ -4,16 +4,31 @@ Deferred, it hands one node at a time to NodeGpuReadyTrigger (a watch in the
 triggerer, no worker slot held); in poke mode it applies the same ReadinessTracker to
 Node reads.
 
-Boot timeout. A node not GPU-ready within the boot timeout is given up inside this
-task (gpuboot.boot.JobBoot.fail_over): it is marked unavailable, the job's reservation
-is moved to another node in the same ledger commit, the instance is stopped again if
-this job started it and no other job claims it, the new node is started, and the
-wait starts over for it, up to `max_boot_attempts` boots. Why here and not by
-retrying upstream tasks: Airflow cannot re-run `place`/`start` from a downstream
-failure, while one task that logs "timed out on X (evidence), stopped X, re-placed on
-Y, started Y" keeps the audit trail in one place. The plan the job ends on is pushed
-as XCom "plan" for `launch`. When the attempts are used up (or the sensor was wired
-without the job), the task fails with the evidence, after the same release and stop.
+Every try starts from the ledger, not from its XCom inputs (`JobBoot.ensure_up`): where
+the job is reserved now (an earlier try may have failed over, a cleared `place` may have
+re-placed it), what it started (so nothing is started twice and a boot's clock is not
+restarted) and which nodes already failed for it (never waited on again).
+
+Boot timeout. A node being booted that is not GPU-ready within the boot timeout (counted
+from the job's first start request) is given up inside this task
+(gpuboot.boot.JobBoot.fail_over): it fails for this job, is marked unavailable for others
+(until it is Ready or boots again, or the mark expires), the job's reservation is moved to
+another node in the same ledger commit, the instance is stopped again if this job started it
+and no other job claims it, the new node is started, and the wait starts over for it, up to
+`max_boot_attempts` boots. A node that was already up when the job chose it is not held to
+the boot timeout (there is no boot) and is never marked for others. When what is left is
+busy, the sensor waits and re-places exactly like the start step (gpuboot.boot.WaitsForCapacity).
+Why here and not by retrying upstream tasks: Airflow cannot re-run `place`/`start` from a
+downstream failure, while one task that logs "timed out on X (evidence), stopped X,
+re-placed on Y, started Y" keeps the audit trail in one place. The plan the job ends on is
+pushed as XCom "plan" for `launch`. When the attempts are used up (or the sensor was wired
+without the job), the task fails with the evidence and a hint of where to look, after the
+same release and stop.
+
+Trigger logs. Airflow 3.3 writes a trigger's log to `<task try log>.trigger.<triggerer job
+id>.log`, opened anew for each trigger, so a second deferral in the same try (after a
+fail-over) overwrites the first one's file. The trigger therefore returns its watch history
+in its event, and the sensor writes it into the task log: every deferral's history is kept.
 """
 from __future__ import annotations
 
@@ -24,7 +39,9 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException
 
-from gpuboot.boot import DEFAULT_UNAVAILABLE_TTL_SECONDS, BringUp, CapacityBusy, CapacityUnavailable, JobBoot
+from gpuboot.boot import (ALREADY_UP_GRACE_SECONDS, DEFAULT_UNAVAILABLE_TTL_SECONDS, BringUp, CapacityUnavailable,
+                          JobBoot, WaitsForCapacity, wait_deadline)
+from gpuboot.booking import LAUNCH_MARGIN_SECONDS, stamp
 from gpuboot.ecs import EcsHook
 from gpuboot.jobspec import JobSpec
 from gpuboot.kube import Gone, KubeClient
@@ -42,7 +59,23 @@ def describe_evidence(evidence: Mapping[str, Any]) -> str:
     return ", ".join(shown) or "nothing"
 
 
-class GpuReadySensor(BaseSensorOperator):
+def where_to_look(node: str, evidence: Mapping[str, Any]) -> str:
+    """A hint, for a node that did not pass the readiness rule, of where its failure shows."""
+    if not evidence:
+        return f"hint: node {node} could not be read: check that the Node object exists and the API server is reachable"
+    if evidence.get("ready") != "True" or evidence.get("fresh") is False:
+        return (f"hint: the kubelet on {node} never reported Ready for this boot: check the instance's console "
+                f"output (ECS GetInstanceConsoleOutput) and the kubelet log on it (journalctl -u kubelet)")
+    if evidence.get("unschedulable"):
+        return f"hint: node {node} is cordoned (spec.unschedulable): see who cordoned it (kubectl describe node {node})"
+    needed, have = int(evidence.get("gpus_needed") or 0), int(evidence.get("gpus_allocatable") or 0)
+    if needed and have < needed:
+        return (f"hint: the NVIDIA device plugin never registered the GPUs on {node}: check its DaemonSet pod on "
+                f"that node (kubectl -n kube-system get pods -o wide --field-selector spec.nodeName={node}) and its log")
+    return f"hint: node {node} passed the rule only briefly: its Ready condition or GPU count kept changing"
+
+
+class GpuReadySensor(WaitsForCapacity, BaseSensorOperator):
     """Wait until every node of the plan passes the GPU-readiness rule.
 
     `boots` is the start step's list of baselines (XCom key "boots"), `plan` the start
@@ -59,7 +92,8 @@ class GpuReadySensor(BaseSensorOperator):
                  kubernetes_conn_id: str = "kubernetes_default", ecs_conn_id: str = "alibaba_ecs_default",
                  ledger_namespace: str = "default", max_boot_attempts: int = 2,
                  unavailable_ttl_seconds: float = DEFAULT_UNAVAILABLE_TTL_SECONDS, deferrable: bool = True,
-                 poke_interval: float = 2.0, fallback_seconds: float = DEFAULT_FALLBACK_SECONDS, **kwargs) -> None:
+                 poke_interval: float = 2.0, busy_poll_seconds: float = 30.0,
+                 fallback_seconds: float = DEFAULT_FALLBACK_SECONDS, **kwargs) -> None:
         if not deferrable and kwargs.get("mode") == "reschedule":
             raise ValueError("mode='reschedule' would restart the settle window on every poke; "
                              "use deferrable=True or mode='poke'")
@@ -71,6 +105,7 @@ class GpuReadySensor(BaseSensorOperator):
         self.kubernetes_conn_id, self.ecs_conn_id, self.deferrable = kubernetes_conn_id, ecs_conn_id, deferrable
         self.ledger_namespace, self.max_boot_attempts = ledger_namespace, max_boot_attempts
         self.unavailable_ttl_seconds, self.fallback_seconds = unavailable_ttl_seconds, fallback_seconds
+        self.busy_poll_seconds = busy_poll_seconds
         self._trackers: dict[str, ReadinessTracker] = {}
         self._versions: dict[str, str | None] = {}     # poke mode: the resourceVersion each node was read at
         self._latest: dict[str, dict] = {}
@@ -88,64 +123,119 @@ class GpuReadySensor(BaseSensorOperator):
         settle, timeout = self._timing()
         state = {"plan": dict(self.plan) if self.plan else None, "boots": [dict(b) for b in self.boots or ()],
                  "tried": []}
+        boot = self._boot(state)
+        if boot is not None and boot.spec is not None:
+            boot.hold(timeout + LAUNCH_MARGIN_SECONDS)
+            result = self.bring_up_or_wait(boot, lambda: boot.ensure_up(Plan.from_json(state["plan"]),
+                                                                        boot.failures(), state["boots"] or None),
+                                           None, "resume_after_capacity")
+            state = self._state_of(context, result)
         if not state["boots"]:
             self.log.info("no node to wait for")
             return self._cleared(context, {}, state)
         if not self.deferrable:
             self.timeout = timeout * self.max_boot_attempts + 60     # our own deadlines fail first, with evidence
-            self._deadline, self._state = time.time() + timeout, state
+            self._state = state
+            self._deadline = self._poke_deadline(state)
             return super().execute(context)
-        return self._defer_for(0, time.time() + timeout, settle, {}, state)
+        return self._defer_for(0, settle, {}, state)
 
-    def _defer_for(self, index: int, deadline: float, settle: float, seen: dict, state: dict):
+    def _boot(self, state: Mapping) -> JobBoot | None:
+        if not state.get("plan"):
+            return None
+        kube, ecs = KubeClient(self.kubernetes_conn_id), EcsHook(self.ecs_conn_id)
+        spec = JobSpec.from_dict(dict(self.job), source="job") if self.job else None
+        return JobBoot(kube, ecs, ReservationLedger(kube, self.ledger_namespace), self.log, spec=spec,
+                       job_id=state["plan"]["job_id"], max_attempts=self.max_boot_attempts,
+                       unavailable_ttl_seconds=self.unavailable_ttl_seconds)
+
+    @staticmethod
+    def _state_of(context, result: BringUp) -> dict:
+        context["ti"].xcom_push(key="plan", value=result.plan.to_json())
+        return {"plan": result.plan.to_json(), "boots": result.boots, "tried": result.tried}
+
+    def _hold_until(self, state: Mapping, moment: float) -> None:
+        """Renew the job's reservations to cover waiting until `moment` and the launch after it."""
+        if state.get("plan"):
+            ReservationLedger(KubeClient(self.kubernetes_conn_id), self.ledger_namespace).renew(
+                state["plan"]["job_id"], moment + LAUNCH_MARGIN_SECONDS)
+
+    def _poke_deadline(self, state: Mapping) -> float:
+        settle, timeout = self._timing()
+        now = time.time()
+        return max(wait_deadline(b, timeout, settle, now) for b in state["boots"])
+
+    def _defer_for(self, index: int, settle: float, seen: dict, state: dict):
         baseline = state["boots"][index]
-        self.log.info("waiting for node %s (%d/%d) until %s", baseline["node"], index + 1, len(state["boots"]),
-                      time.strftime("%H:%M:%S", time.gmtime(deadline)))
+        deadline = wait_deadline(baseline, self._timing()[1], settle, time.time())
+        self._hold_until(state, deadline)
+        self.log.info("waiting for node %s (%d/%d) until %s%s", baseline["node"], index + 1, len(state["boots"]),
+                      stamp(deadline), "" if baseline.get("start_requested_at") is not None else
+                      " (it was up when the job chose it: no boot timeout)")
         self.defer(trigger=NodeGpuReadyTrigger(baseline=dict(baseline), deadline=deadline, settle_seconds=settle,
                                                kubernetes_conn_id=self.kubernetes_conn_id,
                                                fallback_seconds=self.fallback_seconds,
-                                               echo={"index": index, "deadline": deadline, "settle": settle,
-                                                     "seen": seen, **state}),
+                                               echo={"index": index, "settle": settle, "seen": seen, **state}),
                    method_name="execute_complete")
 
     def execute_complete(self, context, event: Mapping):
-        """Back from the trigger; where we were (node, deadline, plan, attempts) comes back in event["echo"]."""
+        """Back from the trigger; where we were (node, plan, attempts) comes back in event["echo"]."""
         node, echo = event.get("node"), event["echo"]
-        index, deadline, settle, seen = echo["index"], echo["deadline"], echo["settle"], echo["seen"]
+        index, settle, seen = echo["index"], echo["settle"], echo["seen"]
         state = {"plan": echo.get("plan", self.plan), "boots": echo.get("boots", self.boots),
                  "tried": echo.get("tried", [])}
+        history = event.get("history") or []
+        if history:
+            self.log.info("watch of node %s in the triggerer (%d change(s)):\n  %s", node, len(history),
+                          "\n  ".join(history))
         if event.get("status") != "ready":
             result = self._fail_over(context, state, node, event.get("reason"), event.get("evidence") or {})
-            state = {"plan": result.plan.to_json(), "boots": result.boots, "tried": result.tried}
-            if not result.boots:
-                return self._cleared(context, {}, state)
-            return self._defer_for(0, time.time() + self._timing()[1], settle, {}, state)
+            return self._watch(context, result, settle)
         self.log.info("node %s is GPU-ready: %s", node, describe_evidence(event.get("evidence") or {}))
         seen = {**seen, node: event.get("evidence") or {}}
         if index + 1 < len(state["boots"]):
-            self._defer_for(index + 1, deadline, settle, seen, state)
+            self._defer_for(index + 1, settle, seen, state)
+        self._hold_until(state, time.time())
         return self._cleared(context, seen, state)
 
-    def _fail_over(self, context, state: dict, node: str, reason: str | None, evidence: Mapping) -> BringUp:
-        """Node `node` timed out: re-place the job elsewhere (see the module doc) or fail with the evidence."""
-        what = (f"node {node} not GPU-ready before the boot timeout: {reason}; "
-                f"last seen: {describe_evidence(evidence)}")
-        self.log.warning("%s", what)
-        if not state.get("plan"):
-            raise AirflowFailException(what)
-        plan = Plan.from_json(state["plan"])
-        kube, ecs = KubeClient(self.kubernetes_conn_id), EcsHook(self.ecs_conn_id)
-        spec = JobSpec.from_dict(dict(self.job), source="job") if self.job else None
-        boot = JobBoot(kube, ecs, ReservationLedger(kube, self.ledger_namespace), self.log, spec=spec,
-                       job_id=plan.job_id, max_attempts=self.max_boot_attempts,
-                       unavailable_ttl_seconds=self.unavailable_ttl_seconds)
-        _, timeout = self._timing()
+    def resume_after_capacity(self, context, event: Mapping):
+        """Back from waiting for busy capacity (holding nothing): place again and watch the new nodes."""
+        settle, _ = self._timing()
+        boot = self._boot({"plan": self.plan})
         try:
-            result = boot.fail_over(plan, {node: f"not GPU-ready within {timeout:g}s ({reason})"}, state["tried"])
-        except (CapacityUnavailable, CapacityBusy) as exc:   # nothing to move to now: the run fails, holding nothing
-            raise AirflowFailException(f"{what}. {exc}") from None
-        context["ti"].xcom_push(key="plan", value=result.plan.to_json())
-        return result
+            result = self.capacity_resumed(boot, event["echo"], "resume_after_capacity")
+        except CapacityUnavailable as exc:
+            raise AirflowFailException(str(exc)) from None
+        return self._watch(context, result, settle)
+
+    def _watch(self, context, result: BringUp, settle: float):
+        state = self._state_of(context, result)
+        if not result.boots:
+            return self._cleared(context, {}, state)
+        return self._defer_for(0, settle, {}, state)
+
+    def _fail_over(self, context, state: dict, node: str, reason: str | None, evidence: Mapping) -> BringUp:
+        """Node `node` timed out: re-place the job elsewhere (see the module doc), wait for busy
+        capacity like the start step, or fail with the evidence and where to look."""
+        baseline = next((b for b in state.get("boots") or () if b["node"] == node), {})
+        booted = baseline.get("start_requested_at") is not None
+        what = (f"node {node} not GPU-ready before the boot timeout: {reason}; "
+                if booted else f"node {node}, up when the job chose it, did not pass the readiness rule in "
+                               f"{ALREADY_UP_GRACE_SECONDS}s: {reason}; ")
+        what += f"last seen: {describe_evidence(evidence)}\n{where_to_look(node, evidence)}"
+        self.log.warning("%s", what)
+        boot = self._boot(state)
+        if boot is None:
+            raise AirflowFailException(what)
+        _, timeout = self._timing()
+        why = f"not GPU-ready within {timeout:g}s ({reason})" if booted else f"not GPU-ready although up ({reason})"
+        plan = Plan.from_json(state["plan"])
+        try:
+            return self.bring_up_or_wait(
+                boot, lambda: boot.fail_over(plan, {node: why}, state["tried"], {node: {**baseline, **evidence}}),
+                None, "resume_after_capacity")
+        except CapacityUnavailable as exc:   # nothing left to move to: the run fails, holding nothing
+            raise AirflowFailException(f"{what}\n{exc}") from None
 
     def _cleared(self, context, evidence: dict, state: dict) -> list[str]:
         context["ti"].xcom_push(key="evidence", value=evidence)
@@ -167,8 +257,9 @@ class GpuReadySensor(BaseSensorOperator):
         if self._deadline is not None and now >= self._deadline:
             node, verdict = next(iter(waiting.items()))
             result = self._fail_over(context, self._state, node, verdict.reason, verdict.evidence)
-            self._state = {"plan": result.plan.to_json(), "boots": result.boots, "tried": result.tried}
-            self._trackers, self._versions, self._deadline = {}, {}, time.time() + timeout
+            self._state = self._state_of(context, result)
+            self._trackers, self._versions = {}, {}
+            self._deadline = self._poke_deadline(self._state) if result.boots else None
         return False
 
     def _poke_node(self, kube: KubeClient, boot: Mapping, settle: float):

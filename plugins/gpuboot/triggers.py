@@ -18,6 +18,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from gpuboot.kube import AsyncKubeClient, Gone
 from gpuboot.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline, ReadinessTracker, Verdict
 
+MAX_HISTORY = 50           # verdict changes returned in the event (the task log keeps every deferral's watch)
 MAX_WATCH_SECONDS = 60      # re-open the watch at least this often (cheap; survives idle proxies)
 ERROR_BACKOFF_SECONDS = 2.0
 
@@ -59,6 +60,7 @@ class NodeGpuReadyTrigger(BaseTrigger):
         self.fallback_seconds = float(fallback_seconds)
         self.kubernetes_conn_id = kubernetes_conn_id
         self.echo = dict(echo or {})
+        self.history: list[str] = []
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
@@ -78,7 +80,14 @@ class NodeGpuReadyTrigger(BaseTrigger):
     def _event(self, status: str, verdict: Verdict | None, message: str) -> TriggerEvent:
         return TriggerEvent({"status": status, "node": self.node, "message": message, "echo": self.echo,
                              "reason": verdict.reason if verdict else "no status read yet",
-                             "evidence": dict(verdict.evidence) if verdict else {}})
+                             "evidence": dict(verdict.evidence) if verdict else {},
+                             "history": [*self.history, f"{_clock(time.time())} {message}"][-MAX_HISTORY:]})
+
+    def note(self, verdict: Verdict) -> None:
+        """Keep each change of verdict (with its time) for the event: the sensor logs it in the task log."""
+        line = f"{_clock(time.time())} {verdict.reason}"
+        if not self.history or self.history[-1].split(" ", 1)[1] != verdict.reason:
+            self.history.append(line)
 
     async def run(self):
         kube = AsyncKubeClient(self.kubernetes_conn_id)
@@ -96,6 +105,7 @@ class NodeGpuReadyTrigger(BaseTrigger):
                     resource_version = node["metadata"]["resourceVersion"]
                 if node is not None:              # the listed Node, or a timer tick on the last one seen
                     verdict = tracker.observe(node, now)
+                    self.note(verdict)
                     if verdict.ready:
                         break
                 if now >= self.deadline:
@@ -120,6 +130,7 @@ class NodeGpuReadyTrigger(BaseTrigger):
                             node = {} if kind == "DELETED" else obj   # {}: observed as "not found"
                             verdict = tracker.observe(node, time.time())
                             self.log.info("node %s: %s", self.node, verdict.reason)
+                            self.note(verdict)
                             if verdict.ready:
                                 break
                             settle = tracker.next_check_in(time.time())
@@ -148,3 +159,7 @@ class NodeGpuReadyTrigger(BaseTrigger):
         if "warning" in verdict.evidence:
             self.log.warning("node %s: %s", self.node, verdict.evidence["warning"])
         yield self._event("ready", verdict, f"node {self.node} is GPU-ready: {verdict.reason}")
+
+
+def _clock(epoch: float) -> str:
+    return time.strftime("%H:%M:%SZ", time.gmtime(epoch))

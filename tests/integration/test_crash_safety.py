@@ -4,6 +4,7 @@ one StartInstances effect, one pod and a clean ledger. Reservations left by a de
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -11,7 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-from gpuboot.booking import LAUNCH_MARGIN_SECONDS
+from gpuboot.booking import LAUNCH_MARGIN_SECONDS, Booker
+from gpuboot.ecs import EcsHook
+from gpuboot.jobspec import JobSpec
+from gpuboot.kube import KubeClient
+from gpuboot.ledger import ReservationLedger
 from gpuboot.operators import ReleaseReservationOperator
 
 from .conftest import wait_until
@@ -108,9 +113,15 @@ def test_reservation_lifetime_comes_from_the_spec_and_a_dead_run_leaks_nothing(c
     (r,) = ledger().live()
     assert before + 120 + LAUNCH_MARGIN_SECONDS <= r.expires_at <= time.time() + 120 + LAUNCH_MARGIN_SECONDS
 
-    # a run that reserved and died (no release): its reservation expires and the GPU is free again
+    # a user TTL shorter than what the run needs (boot timeout + launch) is raised to it
     place({**JOB, "name": "dead", "reservation_ttl_seconds": 2}, job_id="dead")
-    assert held("dead") == ["gpu-stop"]
-    wait_until(lambda: held("dead") == [], timeout=10)
-    again, _ = place({**JOB, "name": "next"}, job_id="next")
-    assert [a["node"] for a in again["assignments"]] == ["gpu-stop"]
+    (dead,) = [r for r in ledger().live() if r.job_id == "dead"]
+    assert dead.node == "gpu-stop" and dead.expires_at >= before + JOB["boot_timeout_seconds"] + LAUNCH_MARGIN_SECONDS
+
+    # the run dies (no release, no renewal): a placement made once its entry expired gets the GPU
+    kube = KubeClient()
+    later = Booker(kube, EcsHook(), ReservationLedger(kube), logging.getLogger("later"),
+                   clock=lambda: dead.expires_at + 1)
+    plan = later.book(JobSpec.from_dict({**JOB, "name": "next"}), "next").plan
+    assert [a.node for a in plan.assignments] == ["gpu-stop"]
+    assert sorted(r.job_id for r in ledger().live(now=dead.expires_at + 1)) == ["derived", "next"]

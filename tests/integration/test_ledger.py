@@ -85,3 +85,58 @@ def test_concurrent_placements_never_promise_a_gpu_twice(cloud):
     for r in live:
         gpus_promised[r.node] += r.resources.gpus
     assert gpus_promised == {"gpu-run": 1, "gpu-stop": 1, "gpu2-stop": 2}
+
+
+def test_placements_renewals_start_records_and_marks_race_without_a_lost_write(cloud):
+    """On the local API server with 409 bursts: 4 jobs placing, 4 renewing what they hold, 4
+    recording starts and 4 marking offerings, all at once. Every write lands, and no GPU is
+    promised twice."""
+    from gpuboot.ledger import StartedNode
+    from gpuboot.placement import Unavailable
+
+    ledger = ReservationLedger(KubeClient())
+    holders = [f"holder-{i}" for i in range(4)]
+    for i, job in enumerate(holders):
+        _, version = ledger.read()
+        ledger.commit(job, [reservation(job, f"fake-{i}", expires_at=4e9 - 10)], version)
+    cloud.set_faults(k8s_conflict_burst=6)
+    spec = JobSpec.from_dict({"name": "race", "image": "python:3.11", "command": ["true"], "gpus": 1,
+                              "cpu": "1", "memory": "1Gi"})
+    barrier = threading.Barrier(16)
+    errors: list[BaseException] = []
+    outcomes: dict[str, Outcome] = {}
+
+    def actor(kind: str, i: int) -> None:
+        try:
+            op = PlaceGpuJobOperator(task_id=f"place_{i}", job=spec.to_dict())
+            barrier.wait()
+            if kind == "place":
+                outcomes[f"job-{i}"] = op.place_and_reserve(spec, f"job-{i}").outcome
+            elif kind == "renew":
+                ReservationLedger(KubeClient()).renew(holders[i], 4e9)
+            elif kind == "record":
+                ReservationLedger(KubeClient()).record_starts(f"starter-{i}", [StartedNode(f"n{i}", f"i-{i}", 1.0)],
+                                                              4e9)
+            else:
+                ReservationLedger(KubeClient()).mark_unavailable(
+                    [Unavailable(reason="NoStock", expires_at=4e9, instance_type=f"type-{i}", zone="z")])
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=actor, args=(kind, i)) for kind in ("place", "renew", "record", "mark")
+               for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    state = ledger.snapshot()
+    assert {r.job_id: r.expires_at for r in state.reservations if r.job_id in holders} == dict.fromkeys(holders, 4e9)
+    assert sorted(j.job_id for j in state.jobs) == [f"starter-{i}" for i in range(4)]
+    assert {m.instance_type for m in state.unavailable} == {f"type-{i}" for i in range(4)}
+    assert Counter(outcomes.values()) == {Outcome.FITS: 4}
+    promised = Counter()
+    for r in state.reservations:
+        if r.job_id.startswith("job-"):
+            promised[r.node] += r.resources.gpus
+    assert promised == {"gpu-run": 1, "gpu-stop": 1, "gpu2-stop": 2}

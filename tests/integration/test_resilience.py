@@ -2,15 +2,19 @@
 Kubernetes client; faults injected in simcloud; waits are on conditions, never fixed sleeps)."""
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
+from gpuboot.booking import LAUNCH_MARGIN_SECONDS, Booker
 from gpuboot.ecs import EcsHook
+from gpuboot.jobspec import JobSpec
 from gpuboot.kube import KubeClient
 from gpuboot.ledger import ReservationLedger
 from gpuboot.operators import CapacityUnavailable, StartGpuNodesOperator
+from gpuboot.placement import Outcome
 from gpuboot.sensors import GpuReadySensor
 
 from .conftest import T4, T4X2, SimCloud, expose_connections, small_fleet, wait_until
@@ -279,3 +283,40 @@ def test_a_node_another_job_claims_is_not_stopped(cloud, capfd):
     assert "not stopping it, another job claims it: reserved by job b" in logged(capfd)
     assert status(cloud, "gpu2-stop") == "Running"
     assert held("a") == [] and held("b") == ["gpu2-stop"]
+
+
+# -- reservations of a live run (issue 9, defect 2) ----------------------------------------------
+def test_a_short_user_ttl_does_not_let_another_job_onto_gpus_a_waiting_run_holds(cloud):
+    """Job A (reservation_ttl_seconds=1) booted the 2-GPU node and waits for it, deferred; job B,
+    placed a minute later while A still waits, must not be promised the same GPUs."""
+    job_a = {**JOB, "gpus": 2, "reservation_ttl_seconds": 1, "boot_timeout_seconds": 120}
+    plan, pushed = place(job_a, job_id="a")
+    out, _ = start(plan, pushed["job"])
+    sensor = GpuReadySensor(task_id="wait", boots=out["boots"], job=pushed["job"], plan=out["plan"])
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(context("wait"))
+    deadline = deferred.value.trigger.deadline
+    assert all(r.expires_at >= deadline + LAUNCH_MARGIN_SECONDS for r in ledger().live() if r.job_id == "a")
+
+    kube = KubeClient()
+    a_minute_later = Booker(kube, EcsHook(), ReservationLedger(kube), logging.getLogger("b"),
+                            clock=lambda: time.time() + 60)
+    booking = a_minute_later.book(JobSpec.from_dict({**JOB, "name": "b", "gpus": 2}), "b")
+    assert booking.plan.outcome == Outcome.BUSY, booking.plan.table()
+    assert held("b") == [] and held("a") == ["gpu2-stop"]
+
+
+def test_each_step_renews_what_the_job_holds_and_never_shortens_it(cloud):
+    plan, pushed = place({**JOB, "reservation_ttl_seconds": 7200}, job_id="long")
+    (placed,) = ledger().live()
+    assert placed.expires_at >= time.time() + 7000            # a longer user TTL is kept
+    ledger().renew("long", time.time() + 10)                   # a renewal never shortens
+    assert ledger().live()[0].expires_at == placed.expires_at
+
+    plan, pushed = place({**JOB, "name": "short", "boot_timeout_seconds": 30}, job_id="short")
+    (before,) = [r for r in ledger().live() if r.job_id == "short"]
+    out, _ = start(plan, pushed["job"], stopping_timeout_seconds=600)
+    (after_start,) = [r for r in ledger().live() if r.job_id == "short"]
+    assert after_start.expires_at > before.expires_at + 500    # the start step covers its stopping wait
+    record = ledger().snapshot().record("short", time.time())
+    assert record.expires_at >= after_start.expires_at and record.started_on(out["boots"][0]["node"])
