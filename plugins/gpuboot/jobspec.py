@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -114,6 +114,17 @@ _DEFAULTS = {f.name: f for f in fields(JobSpec)}
 _REQUIRED = ("name", "image", "command")
 
 
+def check_known_fields(data: Mapping, source: str = "job spec", also: Iterable[str] = ()) -> None:
+    """Refuse any key that is not a JobSpec field (nor one of `also`, a caller's own keys),
+    suggesting the closest known one: the one typo check of the form, the YAML specs and `job`."""
+    known = [*_DEFAULTS, *also]
+    for key in data:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"Did you mean {close[0]!r}?" if close else f"Known fields: {', '.join(known)}"
+            raise JobSpecError(str(key), "unknown field", hint, source)
+
+
 class _Validator:
     """One pass over a raw mapping; each check raises JobSpecError naming the field."""
 
@@ -127,11 +138,7 @@ class _Validator:
         if not isinstance(data, Mapping):
             self.fail("(spec)", f"expected a mapping of fields, got {type(data).__name__}",
                       "Write the job as key: value pairs, e.g. name, image, command, gpus")
-        for key in data:
-            if key not in _DEFAULTS:
-                close = difflib.get_close_matches(str(key), list(_DEFAULTS), n=1)
-                hint = f"Did you mean {close[0]!r}?" if close else f"Known fields: {', '.join(_DEFAULTS)}"
-                self.fail(str(key), "unknown field", hint)
+        check_known_fields(data, self.source)
         raw = {k: v for k, v in data.items() if v is not None}
         for key in _REQUIRED:
             if key not in raw:

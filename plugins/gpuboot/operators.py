@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
@@ -30,12 +30,16 @@ TASK_LABEL = "gpuboot.io/task"
 
 
 # -- shared helpers ------------------------------------------------------------------------
-def resolve_job(job: Mapping | None, context: Mapping) -> JobSpec:
+def resolve_job(job: Mapping | None, context: Mapping, declared: Iterable[str] = ()) -> JobSpec:
     """The job from the `job` argument, or from the DAG run's params when it is None;
-    an invalid job fails the task at once (no retry) with the field and the fix."""
+    an invalid job fails the task at once (no retry) with the field and the fix.
+
+    From params, every key is part of the job except params the DAG declares for its own
+    use (`declared` minus the JobSpec fields): a key the trigger conf brings that is neither
+    (a typo such as `gpu`) is refused by JobSpec's unknown-field check, never dropped."""
     if job is None:
-        fields = params_schema()
-        job = {k: v for k, v in (context.get("params") or {}).items() if k in fields}
+        own = set(declared) - set(params_schema())
+        job = {k: v for k, v in (context.get("params") or {}).items() if k not in own}
         source = "DAG run params"
     else:
         source = "job"
@@ -89,12 +93,24 @@ class PlaceGpuJobOperator(_GpuJobMixin, BaseOperator):
         self.boot_grace_seconds = boot_grace_seconds
 
     def execute(self, context):
-        spec = resolve_job(self.job, context)
+        spec = self._spec(context)
+        self.check_namespace(spec)
         return self._attempt(context, spec, time.time() + spec.queue_timeout_seconds)
 
     def resume(self, context, event: Mapping):
         """Back from the busy-wait timer: place again (the queue deadline comes back in the event)."""
-        return self._attempt(context, resolve_job(self.job, context), float(event["echo"]["deadline"]))
+        return self._attempt(context, self._spec(context), float(event["echo"]["deadline"]))
+
+    def _spec(self, context) -> JobSpec:
+        return resolve_job(self.job, context, declared=self.params or ())
+
+    def check_namespace(self, spec: JobSpec) -> None:
+        """The pods' namespace must exist before anything is reserved or booted: a missing one
+        would otherwise be found only by launch, with the node up and the GPUs held."""
+        if not KubeClient(self.kubernetes_conn_id).namespace_exists(spec.namespace):
+            raise AirflowFailException(
+                f"job {spec.name}: namespace: {spec.namespace!r} does not exist in the cluster. Create it "
+                f"(kubectl create namespace {spec.namespace}) or set namespace to an existing one")
 
     def _attempt(self, context, spec: JobSpec, deadline: float):
         job_id = self.job_id or context_job_id(self, context)

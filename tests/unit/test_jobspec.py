@@ -2,7 +2,7 @@
 import jsonschema
 import pytest
 
-from gpuboot.jobspec import KNOWN_GPU_MODELS, JobSpec, JobSpecError, params_schema
+from gpuboot.jobspec import KNOWN_GPU_MODELS, JobSpec, JobSpecError, check_known_fields, params_schema
 from gpuboot.resources import GPU, Resources
 
 BASE = {"name": "train", "image": "pytorch/pytorch:2.3", "command": ["python", "train.py"]}
@@ -115,6 +115,15 @@ def test_missing_required_field():
 def test_unknown_field_suggests_the_close_one():
     with pytest.raises(JobSpecError, match="Did you mean 'gpus'"):
         JobSpec.from_dict(spec(gpu=1))
+
+
+def test_unknown_field_check_knows_the_callers_own_keys():
+    """The YAML loader adds its DAG keys (schedule, ...) to the same check and keeps the hint."""
+    check_known_fields({"schedule": "@daily", **BASE}, "x.yaml", also=["schedule"])
+    with pytest.raises(JobSpecError, match=r"^x.yaml: shedule: unknown field. Did you mean 'schedule'\?$"):
+        check_known_fields({"shedule": "@daily"}, "x.yaml", also=["schedule"])
+    with pytest.raises(JobSpecError, match=r"^x.yaml: gpu: unknown field. Did you mean 'gpus'\?$"):
+        check_known_fields({"gpu": 1}, "x.yaml", also=["schedule"])
 
 
 def test_gpu_model_spellings_accepted():
