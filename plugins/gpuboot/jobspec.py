@@ -63,6 +63,7 @@ class JobSpec:
     settle_seconds: int = 5
     reservation_ttl_seconds: int | None = None
     extra_resources: Mapping[str, str] = field(default_factory=FrozenDict)
+    allow_gpu_nodes: bool = False             # may a CPU-only job (gpus: 0) use, and boot, GPU nodes?
 
     def __post_init__(self):
         for name in ("env", "node_selector", "extra_resources"):
@@ -102,8 +103,10 @@ class JobSpec:
 
     def to_job_request(self, job_id: str) -> JobRequest:
         requests = self.requests()
+        avoid_gpu_nodes = self.gpus == 0 and not self.allow_gpu_nodes
         tasks = tuple(TaskRequest(name=name, requests=requests, node_selector=self.node_selector,
-                                  tolerations=self.tolerations, gpu_model=self.gpu_model)
+                                  tolerations=self.tolerations, gpu_model=self.gpu_model,
+                                  avoid_gpu_nodes=avoid_gpu_nodes)
                       for name in self.task_names())
         return JobRequest(job_id=job_id, tasks=tasks, min_available=self.gang_size)
 
@@ -158,6 +161,7 @@ class _Validator:
             "node_selector": self.node_selector(raw.get("node_selector", {})),
             "tolerations": self.tolerations(raw.get("tolerations", ())),
             "extra_resources": self.extra_resources(raw.get("extra_resources", {})),
+            "allow_gpu_nodes": self.boolean("allow_gpu_nodes", raw.get("allow_gpu_nodes", False)),
         }
         for key in ("queue_timeout_seconds", "boot_timeout_seconds"):
             values[key] = self.integer(key, raw.get(key, _DEFAULTS[key].default), 1, MAX_TIMEOUT_SECONDS)
@@ -228,6 +232,13 @@ class _Validator:
             self.fail(key, f"{value!r} is not a whole number", f"Use {bounds}")
         if value < low or (high is not None and value > high):
             self.fail(key, f"{value} is out of range", f"Use {bounds}")
+        return value
+
+    def boolean(self, key: str, value) -> bool:
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            value = value.strip().lower() == "true"
+        if not isinstance(value, bool):
+            self.fail(key, f"{value!r} is not true or false", "Use true or false")
         return value
 
     def quantity(self, key: str, value) -> str:
@@ -368,6 +379,8 @@ def params_schema() -> dict[str, dict]:
                                     "How long a reservation lives (empty = derived from the timeouts)"),
         "extra_resources": ({}, {"type": "object", "additionalProperties": {"type": ["string", "integer"]}},
                             "Other extended resources per task, e.g. example.com/fpga: 1"),
+        "allow_gpu_nodes": (False, {"type": "boolean"},
+                            "Let a CPU-only job (gpus 0) run on, and boot, GPU nodes (off: it stays on CPU nodes)"),
     }
     assert set(spec) == set(_DEFAULTS), "params_schema must cover every JobSpec field"
     return {key: {"default": default, "schema": schema, "description": description}

@@ -7,6 +7,7 @@ validated once, by `place`, which hands the canonical spec to the other steps vi
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Iterable, Mapping
@@ -83,9 +84,11 @@ class PlaceGpuJobOperator(_GpuJobMixin, BaseOperator):
     def __init__(self, *, job: Mapping | None = None, job_id: str | None = None,
                  kubernetes_conn_id: str = "kubernetes_default", ecs_conn_id: str = "alibaba_ecs_default",
                  ledger_namespace: str = "default", busy_poll_seconds: float = 30.0,
-                 max_commit_attempts: int = 20, boot_grace_seconds: float = 900, **kwargs) -> None:
+                 max_commit_attempts: int = 20, boot_grace_seconds: float = 900,
+                 cpu_jobs_on_gpu_nodes: bool = True, **kwargs) -> None:
         super().__init__(**kwargs)
         self.job, self.job_id = job, job_id
+        self.cpu_jobs_on_gpu_nodes = cpu_jobs_on_gpu_nodes
         self.kubernetes_conn_id, self.ecs_conn_id = kubernetes_conn_id, ecs_conn_id
         self.ledger_namespace = ledger_namespace
         self.busy_poll_seconds = busy_poll_seconds
@@ -102,7 +105,14 @@ class PlaceGpuJobOperator(_GpuJobMixin, BaseOperator):
         return self._attempt(context, self._spec(context), float(event["echo"]["deadline"]))
 
     def _spec(self, context) -> JobSpec:
-        return resolve_job(self.job, context, declared=self.params or ())
+        """The job, with the operator's policy folded in: `cpu_jobs_on_gpu_nodes=False` keeps CPU-only
+        jobs off GPU nodes even when they set allow_gpu_nodes; later steps re-place from this spec."""
+        spec = resolve_job(self.job, context, declared=self.params or ())
+        if spec.allow_gpu_nodes and spec.gpus == 0 and not self.cpu_jobs_on_gpu_nodes:
+            self.log.info("allow_gpu_nodes ignored: this place step forbids GPU nodes for CPU-only jobs "
+                          "(cpu_jobs_on_gpu_nodes=False)")
+            spec = dataclasses.replace(spec, allow_gpu_nodes=False)
+        return spec
 
     def check_namespace(self, spec: JobSpec) -> None:
         """The pods' namespace must exist before anything is reserved or booted: a missing one
@@ -124,8 +134,7 @@ class PlaceGpuJobOperator(_GpuJobMixin, BaseOperator):
                 raise AirflowFailException(f"job {spec.name} still waiting for capacity after "
                                            f"queue_timeout_seconds={spec.queue_timeout_seconds}: {plan.message}")
             wake = min(deadline, now + self.busy_poll_seconds)
-            self.log.info("capacity busy (%s); re-planning in %.0fs, giving up in %.0fs",
-                          plan.message, wake - now, deadline - now)
+            self.log.info("%s; re-planning in %.0fs, giving up in %.0fs", plan.message, wake - now, deadline - now)
             self.defer(trigger=WakeUpTrigger(wake, {"deadline": deadline}), method_name="resume")
         self.log.info("decision: %s; nodes to start: %s", plan.message, list(plan.nodes_to_start) or "none")
         push(context, "job", spec.to_dict())

@@ -29,7 +29,7 @@ FULL = spec(args=["--epochs", "3"], env={"EPOCHS": "3", "SEED": 7}, gpus=2, cpu=
             gpu_model="Tesla-T4", namespace="ml", replicas=4, min_available=2,
             node_selector={"pool": "gpu"}, tolerations=[{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
             queue_timeout_seconds=60, boot_timeout_seconds=300, settle_seconds=0, reservation_ttl_seconds=600,
-            extra_resources={"example.com/fpga": 1})
+            extra_resources={"example.com/fpga": 1}, allow_gpu_nodes=True)
 
 
 def test_round_trip_through_json_types():
@@ -94,6 +94,7 @@ def test_to_job_request_names_tasks_and_gang_size():
     ({"tolerations": [{"key": "gpu", "effect": "Sometimes"}]}, "tolerations[0].effect"),
     ({"env": {"1BAD": "x"}}, "env.1BAD"),
     ({"gpu": 1}, "gpu"),
+    ({"allow_gpu_nodes": "maybe"}, "allow_gpu_nodes"),
 ])
 def test_catalogue_of_mistakes_names_the_field(changes, field):
     with pytest.raises(JobSpecError) as err:
@@ -133,6 +134,12 @@ def test_gpu_model_spellings_accepted():
     assert {"T4", "A10", "V100", "P100", "P4", "A100", "L20", "H20"} <= set(KNOWN_GPU_MODELS)
 
 
+def test_cpu_only_jobs_avoid_gpu_nodes_unless_they_allow_them():
+    assert JobSpec.from_dict(spec(gpus=0, cpu="40")).to_job_request("r").tasks[0].avoid_gpu_nodes
+    assert not JobSpec.from_dict(spec(gpus=0, allow_gpu_nodes="true")).to_job_request("r").tasks[0].avoid_gpu_nodes
+    assert not JobSpec.from_dict(spec(gpus=1)).to_job_request("r").tasks[0].avoid_gpu_nodes
+
+
 def test_string_integers_from_templates_are_accepted():
     assert JobSpec.from_dict(spec(gpus="2", replicas="3")).gpus == 2
 
@@ -157,6 +164,7 @@ def test_params_schema_covers_every_field_with_valid_defaults():
     ("gpu_model", "T4"), ("gpu_model", "Voodoo5"), ("gpu_model", None),
     ("command", []), ("command", ["python"]), ("command", "python x.py"),
     ("image", ""), ("image", "a/b:c"),
+    ("allow_gpu_nodes", True), ("allow_gpu_nodes", "maybe"),
 ])
 def test_params_schema_agrees_with_from_dict(key, value):
     entry = params_schema()[key]
