@@ -6,6 +6,7 @@ names the field and how to fix it: `f"{source}: {field}: {problem}. {fix}"`.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import shlex
 from collections.abc import Iterable, Mapping
@@ -22,6 +23,19 @@ KNOWN_GPU_MODELS: tuple[str, ...] = (
     "H20", "H100", "H800", "GU8TF", "GU8TEF",
 )
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
+# The fastest a stopped ECS GPU instance goes from StartInstances to registered GPUs (start,
+# OS + kubelet, NVIDIA device plugin; typically 60 + 60 + 30 s): boot_timeout_seconds must
+# cover it plus settle_seconds. GPUBOOT_MIN_BOOT_SECONDS lowers it for a faster cloud (the
+# local cloud boots in seconds); read when the form is built and when a spec is validated.
+# What a container's exec can take. Linux refuses (E2BIG) any one argument or "NAME=value"
+# environment string of MAX_ARG_STRLEN bytes or more (the terminating NUL included), and all
+# of them together beyond ARG_MAX (2 MiB by default, shared with the image's and Kubernetes'
+# own variables); the whole pod must also fit etcd's 1.5 MiB object limit. So command, args
+# and env together get MAX_CONTAINER_ARGV_ENV_BYTES, well under both.
+MAX_ARG_STRLEN = 131072
+MAX_CONTAINER_ARGV_ENV_BYTES = 512 * 1024
+MIN_BOOT_SECONDS_ENV = "GPUBOOT_MIN_BOOT_SECONDS"
+DEFAULT_MIN_BOOT_SECONDS = 60
 MAX_SETTLE_SECONDS = 600
 MAX_REPLICAS = 1000
 
@@ -32,6 +46,17 @@ _NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+
+
+def min_boot_seconds() -> int:
+    """The shortest boot a boot timeout must allow for, settle window excluded."""
+    raw = os.environ.get(MIN_BOOT_SECONDS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MIN_BOOT_SECONDS
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_TIMEOUT_SECONDS:
+        raise ValueError(f"{MIN_BOOT_SECONDS_ENV}={raw!r}: use whole seconds between 1 and {MAX_TIMEOUT_SECONDS}, "
+                         f"e.g. {DEFAULT_MIN_BOOT_SECONDS}")
+    return int(raw)
 
 
 class JobSpecError(ValueError):
@@ -163,14 +188,17 @@ class _Validator:
             "extra_resources": self.extra_resources(raw.get("extra_resources", {})),
             "allow_gpu_nodes": self.boolean("allow_gpu_nodes", raw.get("allow_gpu_nodes", False)),
         }
-        for key in ("queue_timeout_seconds", "boot_timeout_seconds"):
-            values[key] = self.integer(key, raw.get(key, _DEFAULTS[key].default), 1, MAX_TIMEOUT_SECONDS)
+        values["queue_timeout_seconds"] = self.integer(
+            "queue_timeout_seconds", raw.get("queue_timeout_seconds", 3600), 1, MAX_TIMEOUT_SECONDS)
         values["settle_seconds"] = self.integer("settle_seconds", raw.get("settle_seconds", 5), 0, MAX_SETTLE_SECONDS)
+        values["boot_timeout_seconds"] = self.boot_timeout(raw.get("boot_timeout_seconds", 900),
+                                                           values["settle_seconds"])
         if "reservation_ttl_seconds" in raw:
             values["reservation_ttl_seconds"] = self.integer(
                 "reservation_ttl_seconds", raw["reservation_ttl_seconds"], 1, MAX_TIMEOUT_SECONDS)
         if "min_available" in raw:
             values["min_available"] = self.integer("min_available", raw["min_available"], 1, values["replicas"])
+        self.exec_size(values["command"], values["args"], values["env"])
         replicas = values["replicas"]
         longest = len(values["name"]) + (len(f"-{replicas - 1}") if replicas > 1 else 0)
         if longest > 63:
@@ -221,6 +249,34 @@ class _Validator:
                 self.fail(f"env.{name}", f"expected a string value, got {type(item).__name__}", "Quote the value")
             out[name] = str(item)
         return out
+
+    def boot_timeout(self, value, settle: int) -> int:
+        """Long enough for a boot to become GPU-ready and hold it: else every boot would time out
+        and take a healthy node out of service."""
+        timeout = self.integer("boot_timeout_seconds", value, 1, MAX_TIMEOUT_SECONDS)
+        floor = min_boot_seconds()
+        if timeout < floor + settle:
+            self.fail("boot_timeout_seconds", f"{timeout}s is shorter than a boot can take: {floor}s for the node "
+                      f"to start and register its GPUs plus settle_seconds={settle}",
+                      f"Use at least {floor + settle} (or a smaller settle_seconds)")
+        return timeout
+
+    def exec_size(self, command: tuple[str, ...], args: tuple[str, ...], env: Mapping[str, str]) -> None:
+        """Refuse what no container can exec (E2BIG): the pod would never start, holding its node."""
+        strings = [(f"command[{i}]", a) for i, a in enumerate(command)] + \
+            [(f"args[{i}]", a) for i, a in enumerate(args)] + [(f"env.{k}", f"{k}={v}") for k, v in env.items()]
+        total = 0
+        for where, text in strings:
+            size = len(text.encode()) + 1
+            total += size
+            if size > MAX_ARG_STRLEN:
+                self.fail(where, f"is {size - 1} bytes, over Linux's per-argument limit of {MAX_ARG_STRLEN - 1} "
+                          "(MAX_ARG_STRLEN), so no container can start with it",
+                          "Pass large data in a file (a ConfigMap, a volume, the image) and give its path")
+        if total > MAX_CONTAINER_ARGV_ENV_BYTES:
+            self.fail("command+args+env", f"take {total} bytes together, over the {MAX_CONTAINER_ARGV_ENV_BYTES} "
+                      "gpuboot allows (Linux's ARG_MAX, 2 MiB, is shared with the image's and Kubernetes' own "
+                      "variables)", "Pass large data in a file (a ConfigMap, a volume, the image) and give its path")
 
     def integer(self, key: str, value, low: int, high: int | None) -> int:
         if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
@@ -347,7 +403,9 @@ _EXAMPLES = {
 
 def params_schema() -> dict[str, dict]:
     """field -> {"default", "schema", "description"}: Airflow Params that validate like from_dict."""
-    string_list = {"type": ["array", "string"], "items": {"type": "string"}}
+    # what one schema can check of the exec limits (characters, not bytes; the rest is checked by place)
+    string_list = {"type": ["array", "string"], "items": {"type": "string", "maxLength": MAX_ARG_STRLEN - 1},
+                   "maxLength": MAX_CONTAINER_ARGV_ENV_BYTES}
     quantity = {"type": ["string", "number"], "pattern": QUANTITY_PATTERN, "exclusiveMinimum": 0}
     seconds = {"type": "integer", "minimum": 1, "maximum": MAX_TIMEOUT_SECONDS}
     spec = {
@@ -356,7 +414,8 @@ def params_schema() -> dict[str, dict]:
         "command": (None, {**string_list, "minLength": 1, "minItems": 1},
                     "Program and arguments (one per line, or one shell-like string)"),
         "args": ([], string_list, "Extra arguments passed after the command"),
-        "env": ({}, {"type": "object", "additionalProperties": {"type": ["string", "number"]}},
+        "env": ({}, {"type": "object", "additionalProperties": {"type": ["string", "number"],
+                                                                "maxLength": MAX_ARG_STRLEN - 2}},
                 "Environment variables for the container"),
         "gpus": (1, {"type": "integer", "minimum": 0}, "nvidia.com/gpu per task (0 for a CPU-only job)"),
         "cpu": ("1", quantity, "CPU per task, a Kubernetes quantity (500m, 2, ...)"),
@@ -371,7 +430,9 @@ def params_schema() -> dict[str, dict]:
                           "Node labels the pods require"),
         "tolerations": ([], {"type": "array", "items": {"type": "object"}}, "Taints the pods tolerate"),
         "queue_timeout_seconds": (3600, seconds, "How long to wait for busy capacity"),
-        "boot_timeout_seconds": (900, seconds, "How long a started node may take to have its GPUs ready"),
+        "boot_timeout_seconds": (900, {**seconds, "minimum": min_boot_seconds()},
+                                 f"How long a started node may take to have its GPUs ready: at least "
+                                 f"{min_boot_seconds()}s plus settle_seconds"),
         "settle_seconds": (5, {"type": "integer", "minimum": 0, "maximum": MAX_SETTLE_SECONDS},
                            "How long readiness must hold before the pod is committed"),
         "reservation_ttl_seconds": (None, {"type": ["null", "integer"], "minimum": 1,

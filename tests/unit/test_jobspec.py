@@ -140,6 +140,64 @@ def test_cpu_only_jobs_avoid_gpu_nodes_unless_they_allow_them():
     assert not JobSpec.from_dict(spec(gpus=1)).to_job_request("r").tasks[0].avoid_gpu_nodes
 
 
+def test_a_boot_timeout_shorter_than_a_boot_plus_the_settle_window_is_refused(monkeypatch):
+    """Issue 9: boot_timeout_seconds 1 with settle_seconds 5 was accepted, so every boot timed out
+    and marked a healthy node unavailable for everyone."""
+    monkeypatch.delenv("GPUBOOT_MIN_BOOT_SECONDS", raising=False)
+    with pytest.raises(JobSpecError) as err:
+        JobSpec.from_dict(spec(boot_timeout_seconds=1, settle_seconds=5))
+    assert err.value.field == "boot_timeout_seconds"
+    assert str(err.value) == ("job spec: boot_timeout_seconds: 1s is shorter than a boot can take: 60s for the node "
+                              "to start and register its GPUs plus settle_seconds=5. Use at least 65 (or a smaller "
+                              "settle_seconds)")
+    assert JobSpec.from_dict(spec(boot_timeout_seconds=65, settle_seconds=5)).boot_timeout_seconds == 65
+    form = params_schema()["boot_timeout_seconds"]["schema"]        # the form refuses what it can alone
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(59, form)
+    jsonschema.validate(60, form)
+
+
+def test_the_boot_minimum_can_be_lowered_for_a_faster_cloud(monkeypatch):
+    monkeypatch.setenv("GPUBOOT_MIN_BOOT_SECONDS", "3")
+    assert JobSpec.from_dict(spec(boot_timeout_seconds=4, settle_seconds=1)).boot_timeout_seconds == 4
+    with pytest.raises(JobSpecError, match="Use at least 4 "):
+        JobSpec.from_dict(spec(boot_timeout_seconds=3, settle_seconds=1))
+    assert params_schema()["boot_timeout_seconds"]["schema"]["minimum"] == 3
+    monkeypatch.setenv("GPUBOOT_MIN_BOOT_SECONDS", "soon")
+    with pytest.raises(ValueError, match="GPUBOOT_MIN_BOOT_SECONDS='soon'"):
+        JobSpec.from_dict(BASE)
+
+
+ARG_LIMIT = 131071     # bytes in one argument or NAME=value string (MAX_ARG_STRLEN less the NUL)
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"args": ["--data", "x" * 200_000]}, "args[1]"),                      # issue 9: a 200 KB argument
+    ({"command": ["python", "-c", "é" * 70_000]}, "command[2]"),            # 140,000 bytes in 70,000 characters
+    ({"env": {"BLOB": "x" * (ARG_LIMIT - 4)}}, "env.BLOB"),                 # BLOB=... is one byte too long
+    ({"args": ["x" * 100_000] * 6}, "command+args+env"),                    # each fine, 600 KB together
+])
+def test_container_arguments_and_env_no_exec_can_take_are_refused(changes, field):
+    with pytest.raises(JobSpecError) as err:
+        JobSpec.from_dict(spec(**changes))
+    assert err.value.field == field and "file" in err.value.fix
+
+
+def test_container_arguments_up_to_the_limits_are_accepted():
+    JobSpec.from_dict(spec(args=["x" * ARG_LIMIT], env={"BLOB": "x" * (ARG_LIMIT - 5)}))
+    JobSpec.from_dict(spec(args=["x" * 100_000] * 5))
+
+
+def test_the_form_refuses_an_argument_over_the_limit_at_trigger_time():
+    form = params_schema()
+    for key in ("command", "args"):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(["python", "x" * 200_000], form[key]["schema"])
+        jsonschema.validate(["python", "x" * ARG_LIMIT], form[key]["schema"])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"BLOB": "x" * 200_000}, form["env"]["schema"])
+
+
 def test_string_integers_from_templates_are_accepted():
     assert JobSpec.from_dict(spec(gpus="2", replicas="3")).gpus == 2
 
