@@ -6,11 +6,13 @@ test_gpu_job_distributed.py (CeleryExecutor, PostgreSQL, Redis, separate process
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from simcloud.testing import wait_until
 from tests.distributed.test_gpu_job_distributed import (DAG_ID, JOB, TWO_GPU_NODE, distributed,  # noqa: F401
-                                                        short, task_log)
+                                                        short)
 from tests.shared import live_reservations
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(1500)]
@@ -42,6 +44,14 @@ def place_outcome(api, run_id: str, procs, timeout: float = 300) -> dict[str, st
                       message=lambda: f"run {run_id}: tasks not all done in {timeout}s")
 
 
+def place_log(api, run_id: str) -> str:
+    """The place step's whole log (messages and the exception's details) through the REST API."""
+    (ti,) = [t for t in api.task_instances(DAG_ID, run_id) if short(t["task_id"]) == "place"]
+    r = api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{ti['task_id']}/logs/1", full_content="true")
+    r.raise_for_status()
+    return json.dumps(r.json()["content"])
+
+
 def post_run(api, conf: dict):
     return api.http.post(f"/api/v2/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": conf})
 
@@ -68,7 +78,8 @@ def test_bad_trigger_input_over_rest_is_refused_before_anything_is_reserved_or_b
         states = place_outcome(api, run_id, procs)
         assert states["place"] == "failed", (case, states)
         assert {s for step, s in states.items() if step != "place"} <= {"upstream_failed", "skipped"}, (case, states)
-        assert AT_PLACE[case][1] in task_log(api, run_id, "place"), (case, task_log(api, run_id, "place")[-3000:])
+        log = place_log(api, run_id)
+        assert AT_PLACE[case][1] in log, (case, log[-3000:])
     assert live_reservations(cloud) == []
     assert {n.metadata.name: n.status.node_info.boot_id for n in cloud.core_v1().list_node().items} == boot_ids
     assert [p for p in cloud.core_v1().list_pod_for_all_namespaces().items
