@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpuboot-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+    os.environ.setdefault("GPUBOOT_MIN_BOOT_SECONDS", "1")      # the local cloud boots in seconds
     console = quiet(workdir / "chaos.log")
 
     from chaos.scenario import run_chaos

@@ -24,6 +24,10 @@ ECS instance is stopped in economical mode (`StopCharging`); it is un-cordoned o
 Stopped. The task log has one line per managed node with its verdict and reason.
 
 Trigger with `dry_run` on to see what would be stopped without changing anything.
+
+This DAG is created **unpaused** (whatever `dags_are_paused_at_creation` says): stopping
+idle nodes is what keeps them from being billed. Pausing it is a deliberate choice, kept
+across re-deploys.
 """
 
 with DAG(
@@ -32,14 +36,16 @@ with DAG(
     start_date=dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc),
     catchup=False,
     max_active_runs=1,
+    is_paused_upon_creation=False,      # powering idle nodes off is the point: run from the start
     render_template_as_native_obj=True,
     tags=["gpuboot"],
     description="Stop managed GPU instances idle longer than the idle time (StopCharging)",
     doc_md=DOC_MD,
     default_args={"retries": 0},
     params={
-        "idle_minutes": Param(10, type="integer", minimum=1, maximum=1440,
-                              description="Stop a managed node once idle this long (minutes)."),
+        "idle_minutes": Param(10, type="number", minimum=0.1, maximum=1440,
+                              description="Stop a managed node once idle this long (minutes; fractions "
+                                          "allowed, e.g. 0.25 in the demo)."),
         "dry_run": Param(False, type="boolean",
                          description="Log the decisions without cordoning or stopping anything."),
     },

@@ -4,10 +4,15 @@
 (SQLite, AIRFLOW_HOME under the demo folder, this repo's dags/ and plugins/, the cloud's
 connections as AIRFLOW_CONN_* variables), triggers `gpu_job` through the REST API for a
 job only a stopped node can hold, and follows it: task states as they change, then the
-pod's log lines from the launch task's log. Airflow then stays up until Ctrl-C.
+pod's log lines from the launch task's log. Then it shows the idle scale-down (which runs
+from the start, unpaused) stopping the node the job booted: it triggers
+`gpuboot_idle_scaledown` with a short idle time (DEMO_IDLE_MINUTES, default 0.25; the
+DAG's own default is 10) until that node's instance is Stopped. Airflow then stays up
+until Ctrl-C.
 
-Environment: DEMO_ONESHOT=1 exits after the job (0 = succeeded; otherwise the failing
-task's log is printed and the status is 1). DEMO_DIR (default .demo/), DEMO_PASSWORD
+Environment: DEMO_ONESHOT=1 exits after the job and the scale-down (0 = the job succeeded
+and its node was stopped again; otherwise the failing task's log is printed and the status
+is 1). DEMO_DIR (default .demo/), DEMO_PASSWORD
 (default admin), DEMO_FLEET (default simcloud/fleets/demo.yaml).
 """
 
@@ -36,6 +41,7 @@ sys.path[:0] = [str(REPO / "plugins"), str(REPO)]
 from simcloud.testing import SimCloud, wait_until as testing_wait_until  # noqa: E402  (needs the repo on sys.path)
 
 DAG_ID = "gpu_job"
+SCALEDOWN_DAG_ID = "gpuboot_idle_scaledown"
 ADMIN_USER = "admin"
 # The job: 2 GPUs, which only a stopped node of the demo fleet can hold.
 JOB = {
@@ -100,8 +106,9 @@ def airflow_env(home: Path, port: int, password_file: Path, connections_file: Pa
             "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            # Only gpu_job is unpaused (at trigger): the recurring YAML jobs would otherwise run at
-            # once (their latest interval is due) and compete with the demo job for the GPUs.
+            # New DAGs are created paused, as in many deployments: the recurring YAML jobs would otherwise
+            # run at once (their latest interval is due) and compete with the demo job for the GPUs.
+            # gpu_job is unpaused at trigger; the idle scale-down runs from the start on its own.
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(password_file),
@@ -215,8 +222,12 @@ class AirflowApi:
                 raise DemoError(f"{error['filename']} failed to import:\n{error.get('stack_trace')}")
         return False
 
-    def trigger(self, dag_id: str, conf: dict) -> str:
-        self.http.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False}).raise_for_status()
+    def is_paused(self, dag_id: str) -> bool:
+        return bool(self.get(f"/dags/{dag_id}").json()["is_paused"])
+
+    def trigger(self, dag_id: str, conf: dict, unpause: bool = True) -> str:
+        if unpause:
+            self.http.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False}).raise_for_status()
         r = self.http.post(f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})
         if r.status_code >= 300:
             raise DemoError(f"trigger of {dag_id} refused: HTTP {r.status_code} {r.text}")
@@ -247,7 +258,7 @@ class CloudWatcher:
     def __init__(self, cloud: SimCloud):
         self.cloud, self.seen = cloud, {}
 
-    def poll(self, started: float) -> None:
+    def poll(self, started: float, show: bool = True) -> None:
         state = self.cloud.state()
         instances = {i["name"]: i["status"] for i in state["instances"]}
         for node in sorted(state["nodes"], key=lambda n: n["name"]):
@@ -257,7 +268,8 @@ class CloudWatcher:
                     f"nvidia.com/gpu={node['allocatable_gpu']}")
             if self.seen.get(node["name"]) != line:
                 self.seen[node["name"]] = line
-                say(f"{time.monotonic() - started:6.1f}s  node {node['name']:<21} {line}")
+                if show:
+                    say(f"{time.monotonic() - started:6.1f}s  node {node['name']:<21} {line}")
 
 
 def follow(api: AirflowApi, cloud: SimCloud, run_id: str, timeout: float) -> str:
@@ -291,11 +303,51 @@ def follow(api: AirflowApi, cloud: SimCloud, run_id: str, timeout: float) -> str
         time.sleep(1)
 
 
-def print_failed_logs(failed: list[dict], api: AirflowApi, run_id: str) -> None:
+def print_failed_logs(failed: list[dict], api: AirflowApi, run_id: str, dag_id: str = DAG_ID) -> None:
     for ti in failed:
         say(f"log of failed task {ti['task_id']}:")
-        for event in api.log_events(DAG_ID, run_id, ti):
+        for event in api.log_events(dag_id, run_id, ti):
             print("\n".join(f"    {line}" for line in event.splitlines()), flush=True)
+
+
+def instance_statuses(cloud: SimCloud) -> dict[str, str]:
+    return {i["name"]: i["status"] for i in cloud.state()["instances"]}
+
+
+def scale_down(api: AirflowApi, cloud: SimCloud, booted: list[str], idle_minutes: float, timeout: float) -> bool:
+    """Trigger the idle scale-down (short idle time) until every node in `booted` is Stopped; print
+    each run's verdict for them. True when they all were stopped within `timeout`."""
+    if api.is_paused(SCALEDOWN_DAG_ID):
+        raise DemoError(f"{SCALEDOWN_DAG_ID} is paused: it must run from the start (is_paused_upon_creation)")
+    say(f"{SCALEDOWN_DAG_ID} is unpaused (every 5 min, idle_minutes 10); triggering it with idle_minutes "
+        f"{idle_minutes:g} to show it stopping {', '.join(booted)}")
+    started, watcher = time.monotonic(), CloudWatcher(cloud)
+    watcher.poll(started, show=False)       # from here on, print only what changes
+
+    def finished(run_id: str) -> str | None:
+        watcher.poll(started)
+        state = api.run_state(SCALEDOWN_DAG_ID, run_id)
+        return state if state in FINISHED else None
+
+    while True:
+        run_id = api.trigger(SCALEDOWN_DAG_ID, {"idle_minutes": idle_minutes, "dry_run": False}, unpause=False)
+        state = wait_until(f"{SCALEDOWN_DAG_ID} run {run_id}", lambda: finished(run_id), timeout=timeout)
+        tis = api.task_instances(SCALEDOWN_DAG_ID, run_id)
+        for ti in tis:
+            for event in api.log_events(SCALEDOWN_DAG_ID, run_id, ti):
+                if any(event.startswith(node) for node in booted):
+                    print(f"    scale-down | {event}", flush=True)
+        if state != "success":
+            print_failed_logs(tis, api, run_id, SCALEDOWN_DAG_ID)
+            return False
+        watcher.poll(started)
+        statuses = instance_statuses(cloud)
+        if all(statuses.get(node) == "Stopped" for node in booted):
+            say(f"scale-down stopped {', '.join(booted)} (StopCharging): nothing is left running idle")
+            return True
+        if time.monotonic() - started > timeout:
+            say(f"scale-down did not stop {booted} within {timeout:.0f}s: {statuses}")
+            return False
 
 
 def main() -> int:
@@ -330,8 +382,10 @@ def main() -> int:
                     raise
                 api.login(ADMIN_USER, password)
                 say(f"Airflow UI: {url}   login: {ADMIN_USER} / {password}")
-                wait_until(f"DAG {DAG_ID} to be parsed", lambda: api.dag_loaded(DAG_ID), timeout=180)
+                for dag_id in (DAG_ID, SCALEDOWN_DAG_ID):
+                    wait_until(f"DAG {dag_id} to be parsed", lambda: api.dag_loaded(dag_id), timeout=180)
                 say(f"triggering {DAG_ID}: {JOB['gpus']} GPUs, cpu {JOB['cpu']}, memory {JOB['memory']}")
+                before = instance_statuses(cloud)
                 run_id = api.trigger(DAG_ID, JOB)
                 say(f"run {run_id}: {url}/dags/{DAG_ID}/runs/{run_id}")
                 state = follow(api, cloud, run_id, timeout=600)
@@ -342,6 +396,11 @@ def main() -> int:
                 else:
                     say(f"the job FAILED (run {state}; failed tasks: {[ti['task_id'] for ti in failed]})")
                     print_failed_logs(failed, api, run_id)
+                booted = sorted(n for n, status in instance_statuses(cloud).items()
+                                if before.get(n) == "Stopped" and status != "Stopped")
+                if ok and booted:
+                    idle_minutes = float(os.environ.get("DEMO_IDLE_MINUTES", "0.25"))
+                    ok = scale_down(api, cloud, booted, idle_minutes, timeout=300)
                 if oneshot:
                     return 0 if ok else 1
                 say(f"Airflow stays up for exploring: {url}  login: {ADMIN_USER} / {password}")

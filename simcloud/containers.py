@@ -16,7 +16,10 @@ The rule, so that exit codes and logs are real:
   timestamp, into the container's log. The image is recorded, never pulled.
 * A container with neither command nor args sleeps `simcloud.io/run-seconds` (pod
   annotation, default 1 s) without a process, and prints one line.
-* A command that cannot be found never starts: exit code 127, reason StartError.
+* A container whose process cannot be started (command not found, exec refused: E2BIG
+  "argument list too long" for oversized args or env, EACCES, ENOEXEC) never runs, as
+  containerd reports it: state terminated, reason StartError, exit code 128, the runc
+  message; the kubelet then applies restartPolicy (Never: the pod is Failed).
 * Processes run in their own session and die with the server (SIGTERM/SIGKILL of the
   process group on delete, node stop and shutdown; PR_SET_PDEATHSIG if the server is
   killed outright).
@@ -40,7 +43,7 @@ from typing import AsyncIterator
 from simcloud.store import ApiError
 
 RUN_SECONDS_ANNOTATION = "simcloud.io/run-seconds"
-EXIT_NOT_FOUND = 127
+EXIT_START_ERROR = 128      # containerd's exit code for a container whose task never started
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.\-]*)\)")
 
 
@@ -115,6 +118,12 @@ class Container:
         except asyncio.TimeoutError:
             self.signal(signal.SIGKILL)
             return await self.wait()
+
+
+def _runc_error(program: str, why: str) -> str:
+    """How containerd words a container process that could not be started."""
+    return ("failed to create containerd task: failed to create shim task: OCI runtime create failed: "
+            f'runc create failed: unable to start container process: exec: "{program}": {why}: unknown')
 
 
 def image_id(image: str) -> str:
@@ -202,18 +211,21 @@ class ContainerRunner:
         self._workdirs.setdefault(meta.get("uid", ""), []).append(workdir)
         env = self.environment(pod, container, {"HOME": str(workdir), **(extra_env or {})})
         argv = [_expand(str(a), env) for a in argv]
-        exe = sys.executable if argv[0] in ("python", "python3") else shutil.which(argv[0], path=env["PATH"])
+        # a path is exec'd as given (the exec's own error names what is wrong); a bare name is looked up on PATH
+        exe = sys.executable if argv[0] in ("python", "python3") else \
+            argv[0] if "/" in argv[0] else shutil.which(argv[0], path=env["PATH"])
         if exe is None:
             log.close()
-            raise CannotRun(
-                "failed to create containerd task: failed to create shim task: OCI runtime create failed: "
-                "runc create failed: unable to start container process: exec: "
-                f'"{argv[0]}": executable file not found in $PATH: unknown')
+            raise CannotRun(_runc_error(argv[0], "executable file not found in $PATH"))
         ctr = Container(name, container.get("image", ""), log, workdir)
-        ctr._process = await asyncio.create_subprocess_exec(
-            exe, *argv[1:], cwd=workdir, env=env, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            preexec_fn=_die_with_parent, limit=1 << 20)
+        try:
+            ctr._process = await asyncio.create_subprocess_exec(
+                exe, *argv[1:], cwd=workdir, env=env, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                preexec_fn=_die_with_parent, limit=1 << 20)
+        except OSError as exc:      # the exec itself was refused (E2BIG, EACCES, ENOEXEC, ...)
+            log.close()
+            raise CannotRun(_runc_error(argv[0], os.strerror(exc.errno).lower() if exc.errno else str(exc))) from None
         ctr._task = asyncio.ensure_future(self._pump(ctr))
         self._track(ctr)
         return ctr

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 
 from simcloud.admission import parse_quantity
 from simcloud.config import Faults, Timings
-from simcloud.containers import CannotRun, Container, ContainerRunner, rfc3339
+from simcloud.containers import EXIT_START_ERROR, CannotRun, Container, ContainerRunner, rfc3339
 from simcloud.ecs_model import EcsCloud, Instance
 from simcloud.fleet import PLACEHOLDER_ANNOTATION, NodeSpec, new_boot_id
 from simcloud.node_lifecycle import LEASE_NAMESPACE, UNREACHABLE, set_lifecycle_taint, set_unknown
@@ -468,9 +468,10 @@ class Kubelets:
         except CannotRun as exc:
             now = rfc3339()
             statuses[c["name"]]["state"] = {"terminated": {
-                "exitCode": 127, "reason": "StartError", "message": str(exc), "startedAt": now, "finishedAt": now}}
+                "exitCode": EXIT_START_ERROR, "reason": "StartError", "message": str(exc), "startedAt": now,
+                "finishedAt": now}}
             self._event_pod(pod, "Failed", f"Error: {exc}", "Warning")
-            return None, 127
+            return None, EXIT_START_ERROR
         self._event_pod(pod, "Created", f"Created container {c['name']}")
         self._event_pod(pod, "Started", f"Started container {c['name']}")
         return ctr, 0

@@ -2,12 +2,17 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
 from simcloud.testing import SimCloud, small_fleet, wait_until  # noqa: F401  (re-exported for tests)
+
+# The local cloud boots a node in seconds, not the minute an ECS GPU instance needs: let the
+# tests' jobs use boot timeouts that short (tests of the default minimum unset it).
+os.environ.setdefault("GPUBOOT_MIN_BOOT_SECONDS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 KUBECTL_CANDIDATES = [Path("/usr/bin/kubectl"), REPO / ".tools/debian-kubectl/usr/bin/kubectl"]

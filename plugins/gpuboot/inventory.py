@@ -95,6 +95,8 @@ class NodeView:
     gpu_model: str | None = None
     price_per_hour: float | None = None
     managed: bool = False
+    holders: tuple[str, ...] = ()     # who uses its capacity (jobs, other pods), for "busy" reasons
+
 
     @cached_property
     def free(self) -> Resources:
@@ -313,15 +315,23 @@ def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],
     by_instance = {i.get("InstanceId"): i for i in instances}
     used: dict[str, dict[str, int]] = defaultdict(dict)
     backed: set[tuple[str, str, str]] = set()
+    holders: dict[str, dict[str, None]] = defaultdict(dict)     # node -> holders, in order, once each
     for pod in pods:
         if not pod_is_active(pod):
             continue
         node_name = pod["spec"]["nodeName"]
         _add(used[node_name], pod_requests(pod))
-        labels = (pod.get("metadata") or {}).get("labels") or {}
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
         if LABEL_JOB in labels and LABEL_TASK in labels:
             backed.add((node_name, labels[LABEL_JOB], labels[LABEL_TASK]))
+            holders[node_name][f"job {labels[LABEL_JOB]} ({labels[LABEL_TASK]})"] = None
+        else:
+            holders[node_name][f"pod {meta.get('namespace', 'default')}/{meta.get('name')}"] = None
     reserved = _reservation_usage(reservations, backed, now)
+    for r in reservations:
+        if r.expires_at > now and (r.node, r.job_id, r.task) not in backed and r.resources:
+            holders[r.node][f"job {r.job_id} ({r.task}, reserved)"] = None
 
     views = []
     for node in nodes:
@@ -383,5 +393,6 @@ def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],
             gpu_model=labels.get(LABEL_GPU_MODEL) or itype.get("GPUSpec") or instance.get("GPUSpec") or None,
             price_per_hour=_price(labels, annotations, itype),
             managed=managed,
+            holders=tuple(holders.get(name, ())),
         ))
     return views

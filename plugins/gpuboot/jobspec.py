@@ -6,9 +6,10 @@ names the field and how to fix it: `f"{source}: {field}: {problem}. {fix}"`.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -22,6 +23,19 @@ KNOWN_GPU_MODELS: tuple[str, ...] = (
     "H20", "H100", "H800", "GU8TF", "GU8TEF",
 )
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
+# The fastest a stopped ECS GPU instance goes from StartInstances to registered GPUs (start,
+# OS + kubelet, NVIDIA device plugin; typically 60 + 60 + 30 s): boot_timeout_seconds must
+# cover it plus settle_seconds. GPUBOOT_MIN_BOOT_SECONDS lowers it for a faster cloud (the
+# local cloud boots in seconds); read when the form is built and when a spec is validated.
+# What a container's exec can take. Linux refuses (E2BIG) any one argument or "NAME=value"
+# environment string of MAX_ARG_STRLEN bytes or more (the terminating NUL included), and all
+# of them together beyond ARG_MAX (2 MiB by default, shared with the image's and Kubernetes'
+# own variables); the whole pod must also fit etcd's 1.5 MiB object limit. So command, args
+# and env together get MAX_CONTAINER_ARGV_ENV_BYTES, well under both.
+MAX_ARG_STRLEN = 131072
+MAX_CONTAINER_ARGV_ENV_BYTES = 512 * 1024
+MIN_BOOT_SECONDS_ENV = "GPUBOOT_MIN_BOOT_SECONDS"
+DEFAULT_MIN_BOOT_SECONDS = 60
 MAX_SETTLE_SECONDS = 600
 MAX_REPLICAS = 1000
 
@@ -32,6 +46,17 @@ _NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+
+
+def min_boot_seconds() -> int:
+    """The shortest boot a boot timeout must allow for, settle window excluded."""
+    raw = os.environ.get(MIN_BOOT_SECONDS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MIN_BOOT_SECONDS
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_TIMEOUT_SECONDS:
+        raise ValueError(f"{MIN_BOOT_SECONDS_ENV}={raw!r}: use whole seconds between 1 and {MAX_TIMEOUT_SECONDS}, "
+                         f"e.g. {DEFAULT_MIN_BOOT_SECONDS}")
+    return int(raw)
 
 
 class JobSpecError(ValueError):
@@ -63,6 +88,7 @@ class JobSpec:
     settle_seconds: int = 5
     reservation_ttl_seconds: int | None = None
     extra_resources: Mapping[str, str] = field(default_factory=FrozenDict)
+    allow_gpu_nodes: bool = False             # may a CPU-only job (gpus: 0) use, and boot, GPU nodes?
 
     def __post_init__(self):
         for name in ("env", "node_selector", "extra_resources"):
@@ -102,8 +128,10 @@ class JobSpec:
 
     def to_job_request(self, job_id: str) -> JobRequest:
         requests = self.requests()
+        avoid_gpu_nodes = self.gpus == 0 and not self.allow_gpu_nodes
         tasks = tuple(TaskRequest(name=name, requests=requests, node_selector=self.node_selector,
-                                  tolerations=self.tolerations, gpu_model=self.gpu_model)
+                                  tolerations=self.tolerations, gpu_model=self.gpu_model,
+                                  avoid_gpu_nodes=avoid_gpu_nodes)
                       for name in self.task_names())
         return JobRequest(job_id=job_id, tasks=tasks, min_available=self.gang_size)
 
@@ -112,6 +140,17 @@ class JobSpec:
 
 _DEFAULTS = {f.name: f for f in fields(JobSpec)}
 _REQUIRED = ("name", "image", "command")
+
+
+def check_known_fields(data: Mapping, source: str = "job spec", also: Iterable[str] = ()) -> None:
+    """Refuse any key that is not a JobSpec field (nor one of `also`, a caller's own keys),
+    suggesting the closest known one: the one typo check of the form, the YAML specs and `job`."""
+    known = [*_DEFAULTS, *also]
+    for key in data:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"Did you mean {close[0]!r}?" if close else f"Known fields: {', '.join(known)}"
+            raise JobSpecError(str(key), "unknown field", hint, source)
 
 
 class _Validator:
@@ -127,11 +166,7 @@ class _Validator:
         if not isinstance(data, Mapping):
             self.fail("(spec)", f"expected a mapping of fields, got {type(data).__name__}",
                       "Write the job as key: value pairs, e.g. name, image, command, gpus")
-        for key in data:
-            if key not in _DEFAULTS:
-                close = difflib.get_close_matches(str(key), list(_DEFAULTS), n=1)
-                hint = f"Did you mean {close[0]!r}?" if close else f"Known fields: {', '.join(_DEFAULTS)}"
-                self.fail(str(key), "unknown field", hint)
+        check_known_fields(data, self.source)
         raw = {k: v for k, v in data.items() if v is not None}
         for key in _REQUIRED:
             if key not in raw:
@@ -151,15 +186,19 @@ class _Validator:
             "node_selector": self.node_selector(raw.get("node_selector", {})),
             "tolerations": self.tolerations(raw.get("tolerations", ())),
             "extra_resources": self.extra_resources(raw.get("extra_resources", {})),
+            "allow_gpu_nodes": self.boolean("allow_gpu_nodes", raw.get("allow_gpu_nodes", False)),
         }
-        for key in ("queue_timeout_seconds", "boot_timeout_seconds"):
-            values[key] = self.integer(key, raw.get(key, _DEFAULTS[key].default), 1, MAX_TIMEOUT_SECONDS)
+        values["queue_timeout_seconds"] = self.integer(
+            "queue_timeout_seconds", raw.get("queue_timeout_seconds", 3600), 1, MAX_TIMEOUT_SECONDS)
         values["settle_seconds"] = self.integer("settle_seconds", raw.get("settle_seconds", 5), 0, MAX_SETTLE_SECONDS)
+        values["boot_timeout_seconds"] = self.boot_timeout(raw.get("boot_timeout_seconds", 900),
+                                                           values["settle_seconds"])
         if "reservation_ttl_seconds" in raw:
             values["reservation_ttl_seconds"] = self.integer(
                 "reservation_ttl_seconds", raw["reservation_ttl_seconds"], 1, MAX_TIMEOUT_SECONDS)
         if "min_available" in raw:
             values["min_available"] = self.integer("min_available", raw["min_available"], 1, values["replicas"])
+        self.exec_size(values["command"], values["args"], values["env"])
         replicas = values["replicas"]
         longest = len(values["name"]) + (len(f"-{replicas - 1}") if replicas > 1 else 0)
         if longest > 63:
@@ -211,6 +250,34 @@ class _Validator:
             out[name] = str(item)
         return out
 
+    def boot_timeout(self, value, settle: int) -> int:
+        """Long enough for a boot to become GPU-ready and hold it: else every boot would time out
+        and take a healthy node out of service."""
+        timeout = self.integer("boot_timeout_seconds", value, 1, MAX_TIMEOUT_SECONDS)
+        floor = min_boot_seconds()
+        if timeout < floor + settle:
+            self.fail("boot_timeout_seconds", f"{timeout}s is shorter than a boot can take: {floor}s for the node "
+                      f"to start and register its GPUs plus settle_seconds={settle}",
+                      f"Use at least {floor + settle} (or a smaller settle_seconds)")
+        return timeout
+
+    def exec_size(self, command: tuple[str, ...], args: tuple[str, ...], env: Mapping[str, str]) -> None:
+        """Refuse what no container can exec (E2BIG): the pod would never start, holding its node."""
+        strings = [(f"command[{i}]", a) for i, a in enumerate(command)] + \
+            [(f"args[{i}]", a) for i, a in enumerate(args)] + [(f"env.{k}", f"{k}={v}") for k, v in env.items()]
+        total = 0
+        for where, text in strings:
+            size = len(text.encode()) + 1
+            total += size
+            if size > MAX_ARG_STRLEN:
+                self.fail(where, f"is {size - 1} bytes, over Linux's per-argument limit of {MAX_ARG_STRLEN - 1} "
+                          "(MAX_ARG_STRLEN), so no container can start with it",
+                          "Pass large data in a file (a ConfigMap, a volume, the image) and give its path")
+        if total > MAX_CONTAINER_ARGV_ENV_BYTES:
+            self.fail("command+args+env", f"take {total} bytes together, over the {MAX_CONTAINER_ARGV_ENV_BYTES} "
+                      "gpuboot allows (Linux's ARG_MAX, 2 MiB, is shared with the image's and Kubernetes' own "
+                      "variables)", "Pass large data in a file (a ConfigMap, a volume, the image) and give its path")
+
     def integer(self, key: str, value, low: int, high: int | None) -> int:
         if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
             value = int(value)
@@ -221,6 +288,13 @@ class _Validator:
             self.fail(key, f"{value!r} is not a whole number", f"Use {bounds}")
         if value < low or (high is not None and value > high):
             self.fail(key, f"{value} is out of range", f"Use {bounds}")
+        return value
+
+    def boolean(self, key: str, value) -> bool:
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            value = value.strip().lower() == "true"
+        if not isinstance(value, bool):
+            self.fail(key, f"{value!r} is not true or false", "Use true or false")
         return value
 
     def quantity(self, key: str, value) -> str:
@@ -329,7 +403,9 @@ _EXAMPLES = {
 
 def params_schema() -> dict[str, dict]:
     """field -> {"default", "schema", "description"}: Airflow Params that validate like from_dict."""
-    string_list = {"type": ["array", "string"], "items": {"type": "string"}}
+    # what one schema can check of the exec limits (characters, not bytes; the rest is checked by place)
+    string_list = {"type": ["array", "string"], "items": {"type": "string", "maxLength": MAX_ARG_STRLEN - 1},
+                   "maxLength": MAX_CONTAINER_ARGV_ENV_BYTES}
     quantity = {"type": ["string", "number"], "pattern": QUANTITY_PATTERN, "exclusiveMinimum": 0}
     seconds = {"type": "integer", "minimum": 1, "maximum": MAX_TIMEOUT_SECONDS}
     spec = {
@@ -338,7 +414,8 @@ def params_schema() -> dict[str, dict]:
         "command": (None, {**string_list, "minLength": 1, "minItems": 1},
                     "Program and arguments (one per line, or one shell-like string)"),
         "args": ([], string_list, "Extra arguments passed after the command"),
-        "env": ({}, {"type": "object", "additionalProperties": {"type": ["string", "number"]}},
+        "env": ({}, {"type": "object", "additionalProperties": {"type": ["string", "number"],
+                                                                "maxLength": MAX_ARG_STRLEN - 2}},
                 "Environment variables for the container"),
         "gpus": (1, {"type": "integer", "minimum": 0}, "nvidia.com/gpu per task (0 for a CPU-only job)"),
         "cpu": ("1", quantity, "CPU per task, a Kubernetes quantity (500m, 2, ...)"),
@@ -353,7 +430,9 @@ def params_schema() -> dict[str, dict]:
                           "Node labels the pods require"),
         "tolerations": ([], {"type": "array", "items": {"type": "object"}}, "Taints the pods tolerate"),
         "queue_timeout_seconds": (3600, seconds, "How long to wait for busy capacity"),
-        "boot_timeout_seconds": (900, seconds, "How long a started node may take to have its GPUs ready"),
+        "boot_timeout_seconds": (900, {**seconds, "minimum": min_boot_seconds()},
+                                 f"How long a started node may take to have its GPUs ready: at least "
+                                 f"{min_boot_seconds()}s plus settle_seconds"),
         "settle_seconds": (5, {"type": "integer", "minimum": 0, "maximum": MAX_SETTLE_SECONDS},
                            "How long readiness must hold before the pod is committed"),
         "reservation_ttl_seconds": (None, {"type": ["null", "integer"], "minimum": 1,
@@ -361,6 +440,8 @@ def params_schema() -> dict[str, dict]:
                                     "How long a reservation lives (empty = derived from the timeouts)"),
         "extra_resources": ({}, {"type": "object", "additionalProperties": {"type": ["string", "integer"]}},
                             "Other extended resources per task, e.g. example.com/fpga: 1"),
+        "allow_gpu_nodes": (False, {"type": "boolean"},
+                            "Let a CPU-only job (gpus 0) run on, and boot, GPU nodes (off: it stays on CPU nodes)"),
     }
     assert set(spec) == set(_DEFAULTS), "params_schema must cover every JobSpec field"
     return {key: {"default": default, "schema": schema, "description": description}

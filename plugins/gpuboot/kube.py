@@ -91,6 +91,17 @@ class KubeClient:
             raise
         return seen
 
+    def namespace_exists(self, name: str) -> bool:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.core.read_namespace(name, _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
     def read_configmap(self, namespace: str, name: str) -> dict | None:
         from kubernetes.client.exceptions import ApiException
 

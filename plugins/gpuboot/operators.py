@@ -7,9 +7,10 @@ validated once, by `place`, which hands the canonical spec to the other steps vi
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
@@ -31,12 +32,16 @@ TASK_LABEL = "gpuboot.io/task"
 
 
 # -- shared helpers ------------------------------------------------------------------------
-def resolve_job(job: Mapping | None, context: Mapping) -> JobSpec:
+def resolve_job(job: Mapping | None, context: Mapping, declared: Iterable[str] = ()) -> JobSpec:
     """The job from the `job` argument, or from the DAG run's params when it is None;
-    an invalid job fails the task at once (no retry) with the field and the fix."""
+    an invalid job fails the task at once (no retry) with the field and the fix.
+
+    From params, every key is part of the job except params the DAG declares for its own
+    use (`declared` minus the JobSpec fields): a key the trigger conf brings that is neither
+    (a typo such as `gpu`) is refused by JobSpec's unknown-field check, never dropped."""
     if job is None:
-        fields = params_schema()
-        job = {k: v for k, v in (context.get("params") or {}).items() if k in fields}
+        own = set(declared) - set(params_schema())
+        job = {k: v for k, v in (context.get("params") or {}).items() if k not in own}
         source = "DAG run params"
     else:
         source = "job"
@@ -80,9 +85,11 @@ class PlaceGpuJobOperator(_GpuJobMixin, BaseOperator):
     def __init__(self, *, job: Mapping | None = None, job_id: str | None = None,
                  kubernetes_conn_id: str = "kubernetes_default", ecs_conn_id: str = "alibaba_ecs_default",
                  ledger_namespace: str = "default", busy_poll_seconds: float = 30.0,
-                 max_commit_attempts: int = 20, boot_grace_seconds: float = 900, **kwargs) -> None:
+                 max_commit_attempts: int = 20, boot_grace_seconds: float = 900,
+                 cpu_jobs_on_gpu_nodes: bool = True, **kwargs) -> None:
         super().__init__(**kwargs)
         self.job, self.job_id = job, job_id
+        self.cpu_jobs_on_gpu_nodes = cpu_jobs_on_gpu_nodes
         self.kubernetes_conn_id, self.ecs_conn_id = kubernetes_conn_id, ecs_conn_id
         self.ledger_namespace = ledger_namespace
         self.busy_poll_seconds = busy_poll_seconds
@@ -90,12 +97,31 @@ class PlaceGpuJobOperator(_GpuJobMixin, BaseOperator):
         self.boot_grace_seconds = boot_grace_seconds
 
     def execute(self, context):
-        spec = resolve_job(self.job, context)
+        spec = self._spec(context)
+        self.check_namespace(spec)
         return self._attempt(context, spec, time.time() + spec.queue_timeout_seconds)
 
     def resume(self, context, event: Mapping):
         """Back from the busy-wait timer: place again (the queue deadline comes back in the event)."""
-        return self._attempt(context, resolve_job(self.job, context), float(event["echo"]["deadline"]))
+        return self._attempt(context, self._spec(context), float(event["echo"]["deadline"]))
+
+    def _spec(self, context) -> JobSpec:
+        """The job, with the operator's policy folded in: `cpu_jobs_on_gpu_nodes=False` keeps CPU-only
+        jobs off GPU nodes even when they set allow_gpu_nodes; later steps re-place from this spec."""
+        spec = resolve_job(self.job, context, declared=self.params or ())
+        if spec.allow_gpu_nodes and spec.gpus == 0 and not self.cpu_jobs_on_gpu_nodes:
+            self.log.info("allow_gpu_nodes ignored: this place step forbids GPU nodes for CPU-only jobs "
+                          "(cpu_jobs_on_gpu_nodes=False)")
+            spec = dataclasses.replace(spec, allow_gpu_nodes=False)
+        return spec
+
+    def check_namespace(self, spec: JobSpec) -> None:
+        """The pods' namespace must exist before anything is reserved or booted: a missing one
+        would otherwise be found only by launch, with the node up and the GPUs held."""
+        if not KubeClient(self.kubernetes_conn_id).namespace_exists(spec.namespace):
+            raise AirflowFailException(
+                f"job {spec.name}: namespace: {spec.namespace!r} does not exist in the cluster. Create it "
+                f"(kubectl create namespace {spec.namespace}) or set namespace to an existing one")
 
     def _attempt(self, context, spec: JobSpec, deadline: float):
         job_id = self.job_id or context_job_id(self, context)
@@ -109,8 +135,7 @@ class PlaceGpuJobOperator(_GpuJobMixin, BaseOperator):
                 raise AirflowFailException(f"job {spec.name} still waiting for capacity after "
                                            f"queue_timeout_seconds={spec.queue_timeout_seconds}: {plan.message}")
             wake = min(deadline, now + self.busy_poll_seconds)
-            self.log.info("capacity busy (%s); re-planning in %.0fs, giving up in %.0fs",
-                          plan.message, wake - now, deadline - now)
+            self.log.info("%s; re-planning in %.0fs, giving up in %.0fs", plan.message, wake - now, deadline - now)
             self.defer(trigger=WakeUpTrigger(wake, {"deadline": deadline}), method_name="resume")
         self.log.info("decision: %s; nodes to start: %s", plan.message, list(plan.nodes_to_start) or "none")
         push(context, "job", spec.to_dict())

@@ -20,6 +20,7 @@ _RANK = {NodeState.READY: 0, NodeState.BOOTING: 1, NodeState.STOPPED: 2, NodeSta
 # taints a stopped or booting node carries only because it is down; they go away at boot
 _BOOT_TAINTS = frozenset({"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"})
 _CORDON_TAINT = "node.kubernetes.io/unschedulable"
+_OFF_GPU_NODES = "CPU-only work stays off GPU nodes, allow_gpu_nodes: true lets it on"
 _TABLE_LIMIT = 500   # candidate rows kept in XCom / the task log; the rest are counted
 _NO_LIMIT = 1 << 30
 
@@ -31,6 +32,7 @@ class TaskRequest:
     node_selector: Mapping[str, str] = field(default_factory=FrozenDict)
     tolerations: tuple[dict, ...] = ()
     gpu_model: str | None = None
+    avoid_gpu_nodes: bool = False     # CPU-only work kept off GPU nodes (never boots or holds one)
 
     def __post_init__(self):
         object.__setattr__(self, "node_selector", FrozenDict(self.node_selector or {}))
@@ -39,7 +41,7 @@ class TaskRequest:
     def shape(self) -> tuple:
         """Tasks with equal shapes are interchangeable for placement."""
         return (self.requests, tuple(sorted(self.node_selector.items())),
-                tuple(tuple(sorted(t.items())) for t in self.tolerations), self.gpu_model)
+                tuple(tuple(sorted(t.items())) for t in self.tolerations), self.gpu_model, self.avoid_gpu_nodes)
 
 
 @dataclass(frozen=True)
@@ -223,6 +225,8 @@ def _exclusion(task: TaskRequest, node: NodeView, whole_fleet: bool,
             return f"nodeSelector {key}={value} (node has {node.labels.get(key, 'no such label')})"
     if task.gpu_model and not gpu_model_matches(task.gpu_model, node.gpu_model):
         return f"GPU model {node.gpu_model or 'none'} is not {task.gpu_model}"
+    if task.avoid_gpu_nodes and (node.allocatable.gpus or node.gpu_model):
+        return f"{_OFF_GPU_NODES} (GPU node: {node.gpu_model or 'GPU'} x{node.allocatable.gpus})"
     down = whole_fleet or node.state is not NodeState.READY
     for taint in node.taints:
         if taint.get("effect") not in ("NoSchedule", "NoExecute"):
@@ -362,7 +366,7 @@ def _candidates(groups: list[_Group], nodes: Sequence[NodeView], placed: dict[st
                                       f"capacity: {_short(need, node.allocatable)}", None))
             elif not need.fits_in(node.free):
                 rows.append(Candidate(first.name, node.name, node.state, "busy",
-                                      f"free now: {_short(need, node.free)}", None))
+                                      f"free now: {_short(need, node.free)}{_held_by(node)}", None))
             else:
                 verdict = "chosen" if i == chosen else "fits"
                 score = _score(node, node.free, need, len(group.tasks))[0]
@@ -382,6 +386,14 @@ _VERDICT_ORDER = {"chosen": 0, "fits": 1, "busy": 2, "too small": 3, "excluded":
 
 def _row_order(c: Candidate) -> tuple:
     return (c.task, _VERDICT_ORDER[c.verdict], c.score or (), c.node)
+
+
+def _held_by(node: NodeView, limit: int = 3) -> str:
+    """'; held by job X (task), pod ns/name': who would have to finish for the node to fit."""
+    if not node.holders:
+        return ""
+    more = f" and {len(node.holders) - limit} more" if len(node.holders) > limit else ""
+    return f"; held by {', '.join(node.holders[:limit])}{more}"
 
 
 def _keep(rows: list[Candidate]) -> list[Candidate]:
@@ -404,15 +416,18 @@ def _never_message(job: JobRequest, nodes: Sequence[NodeView], groups: list[_Gro
             reasons = sorted({why.split(" (")[0] for why in group.excluded.values()})
             detail = "; ".join(reasons[:3]) or "the fleet has no nodes"
             return f"task {task.name}: no node in this fleet matches its constraints{model}: {detail}"
+        gpu_nodes = sum(why.startswith(_OFF_GPU_NODES) for why in group.excluded.values())
+        left_out = f"; {gpu_nodes} GPU node(s) left out: {_OFF_GPU_NODES}" if gpu_nodes else ""
         for name in sorted(need, key=lambda n: (n != GPU, n)):
             best = max(group.eligible, key=lambda i: (nodes[i].allocatable.get(name), nodes[i].name))
             have = nodes[best].allocatable.get(name)
             if need[name] > have:
                 kind = nodes[best].instance_type or f"node {nodes[best].name}"
                 return (f"task {task.name}: needs a node with {format_quantity(name, need[name])} {name}{model}; "
-                        f"the largest matching node in this fleet has {format_quantity(name, have)} ({kind})")
+                        f"the largest matching node in this fleet has {format_quantity(name, have)} ({kind})"
+                        f"{left_out}")
         return (f"task {task.name}: needs {need}{model} on one node; no matching node in this fleet "
-                f"has all of it at once")
+                f"has all of it at once{left_out}")
     return (f"job {job.job_id}: needs {job.min_available} of {len(job.tasks)} tasks placed at once; "
             f"even the whole fleet, empty, holds only {len(placed)}")
 
@@ -458,6 +473,11 @@ def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unav
         busy = [c for c in rows if c.task == first and c.verdict == "busy"]
         if busy:
             message += f". {first}: {len(busy)} big-enough node(s) busy, e.g. {busy[0].node} ({busy[0].reason})"
+            by_name = {n.name: n for n in nodes}
+            holders = list(dict.fromkeys(h for c in busy for h in by_name[c.node].holders))
+            if len(holders) > len(by_name[busy[0].node].holders):
+                message += f"; all {len(busy)} are held by {', '.join(holders[:5])}" + \
+                    (f" and {len(holders) - 5} more" if len(holders) > 5 else "")
     blocked = sorted({u.what + ": " + u.reason for u in unavailable if any(u.blocks(n) for n in nodes)})
     if blocked:
         message += ". Unavailable for now: " + "; ".join(blocked)

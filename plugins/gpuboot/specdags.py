@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from gpuboot.jobspec import JobSpec
+from gpuboot.jobspec import JobSpec, check_known_fields
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 DEFAULT_START_DATE = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
@@ -89,7 +89,7 @@ def load_spec_file(path: str | Path) -> SpecFile:
             source, "(top level)", "must be a mapping of fields", "Write 'field: value' lines, e.g. 'image: python:3.11'"
         )
     data = dict(data)
-    _reject_unknown_keys(source, data)
+    check_known_fields(data, source, also=DAG_KEYS)
     options = {key: data.pop(key) for key in list(data) if key in DAG_KEYS}
     data.setdefault("name", path.stem.replace("_", "-"))
     job = JobSpec.from_dict(data, source=source)
@@ -130,15 +130,6 @@ def dag_from_spec_file(path: str | Path):
     with dag:
         gpu_job_group(spec.job.to_dict())
     return dag
-
-
-def _reject_unknown_keys(source: str, data: Mapping) -> None:
-    known = {f.name for f in dataclasses.fields(JobSpec)} | set(DAG_KEYS)
-    for key in data:
-        if key not in known:
-            raise SpecFileError(
-                source, str(key), "unknown field", f"Use one of: {', '.join(sorted(known))}"
-            )
 
 
 def _schedule(source: str, value: Any) -> str:

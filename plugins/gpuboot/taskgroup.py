@@ -25,7 +25,7 @@ from gpuboot.sensors import GpuReadySensor
 def gpu_job_group(job: Mapping | None = None, *, group_id: str = "gpu_job",
                   kubernetes_conn_id: str = "kubernetes_default", ecs_conn_id: str = "alibaba_ecs_default",
                   ledger_namespace: str = "default", deferrable: bool = True,
-                  busy_poll_seconds: float = 30.0, poke_interval: float = 2.0,
+                  busy_poll_seconds: float = 30.0, poke_interval: float = 2.0, cpu_jobs_on_gpu_nodes: bool = True,
                   retries: int = 2, retry_delay: timedelta = timedelta(seconds=30)) -> TaskGroup:
     """Build the group in the current DAG. `job` is a job spec mapping (see gpuboot.jobspec);
     None takes it from the DAG run's params (the `gpu_job` DAG's form).
@@ -33,12 +33,13 @@ def gpu_job_group(job: Mapping | None = None, *, group_id: str = "gpu_job",
     Every step is retried (`retries`, exponential backoff from `retry_delay`): a worker that
     dies mid-step is finished by the retry without a second start or a second pod (the steps
     are idempotent, see gpuboot.boot). Failures that no retry can fix (a job that never fits,
-    bad input, no capacity left) raise AirflowFailException and are not retried."""
+    bad input, no capacity left) raise AirflowFailException and are not retried.
+    `cpu_jobs_on_gpu_nodes=False` keeps CPU-only jobs off GPU nodes even when they set allow_gpu_nodes."""
     retry_args = {"retries": retries, "retry_delay": retry_delay, "retry_exponential_backoff": True}
     with TaskGroup(group_id=group_id, default_args=retry_args) as group:
         place = PlaceGpuJobOperator(task_id="place", job=job, kubernetes_conn_id=kubernetes_conn_id,
                                     ecs_conn_id=ecs_conn_id, ledger_namespace=ledger_namespace,
-                                    busy_poll_seconds=busy_poll_seconds)
+                                    busy_poll_seconds=busy_poll_seconds, cpu_jobs_on_gpu_nodes=cpu_jobs_on_gpu_nodes)
         spec = place.output["job"]
         start = StartGpuNodesOperator(task_id="start", plan=place.output, job=spec,
                                       kubernetes_conn_id=kubernetes_conn_id, ecs_conn_id=ecs_conn_id,

@@ -82,8 +82,45 @@ def test_failing_and_missing_commands_fail_the_pod_with_real_exit_codes(cloud):
     assert crash.status.container_statuses[0].state.terminated.reason == "Error"
     missing = wait_until(lambda: phase_of(v1, "missing", "Succeeded", "Failed"), timeout=15)
     term = missing.status.container_statuses[0].state.terminated
-    assert (missing.status.phase, term.exit_code, term.reason) == ("Failed", 127, "StartError")
+    assert (missing.status.phase, term.exit_code, term.reason) == ("Failed", 128, "StartError")   # as containerd
     assert "executable file not found in $PATH" in term.message
+
+
+@pytest.mark.parametrize(("name", "command", "env", "why"), [
+    ("huge-arg", ["python", "-c", "pass", "x" * 200_000], None, "argument list too long"),   # > MAX_ARG_STRLEN
+    ("huge-env", ["python", "-c", "pass"], {"BLOB": "x" * 200_000}, "argument list too long"),
+    ("not-executable", ["{data_file}"], None, "permission denied"),          # found, but no exec bit
+])
+def test_a_container_the_runtime_cannot_exec_fails_the_pod_as_a_real_kubelet_reports_it(cloud, tmp_path, name,
+                                                                                         command, env, why):
+    """Issue 9: a 200 KB argument left the pod in ContainerCreating forever, holding its CPU."""
+    data_file = tmp_path / "weights.bin"
+    data_file.write_text("not a program")
+    data_file.chmod(0o644)
+    command = [part.format(data_file=data_file) if part == "{data_file}" else part for part in command]
+    v1 = cloud.core_v1()
+    v1.create_namespaced_pod("default", make_pod(name, command, node="cpu-1", env=env))
+    pod = wait_until(lambda: phase_of(v1, name, "Succeeded", "Failed"), timeout=15)
+    term = pod.status.container_statuses[0].state.terminated
+    assert (pod.status.phase, term.exit_code, term.reason) == ("Failed", 128, "StartError")
+    assert term.message.startswith("failed to create containerd task: ") and f": {why}: unknown" in term.message
+    events = v1.list_namespaced_event("default", field_selector=f"involvedObject.name={name}").items
+    assert any(e.reason == "Failed" and e.type == "Warning" and why in e.message for e in events)
+    assert all(e.reason != "Started" for e in events)
+
+
+def test_a_container_that_cannot_exec_is_restarted_under_restart_policy_always(cloud):
+    v1 = cloud.core_v1()
+    v1.create_namespaced_pod("default", make_pod("huge-always", ["python", "-c", "pass", "x" * 200_000],
+                                                 node="cpu-1", restart="Always"))
+
+    def backing_off():
+        status = (v1.read_namespaced_pod("huge-always", "default").status.container_statuses or [None])[0]
+        return status if status and status.restart_count >= 1 and status.last_state.terminated else None
+    status = wait_until(backing_off, timeout=15)
+    assert status.last_state.terminated.reason == "StartError"
+    assert status.state.waiting and status.state.waiting.reason == "CrashLoopBackOff"
+    v1.delete_namespaced_pod("huge-always", "default", grace_period_seconds=0)
 
 
 def test_on_failure_restarts_until_the_container_succeeds(cloud, tmp_path):

@@ -54,4 +54,8 @@ def test_demo_oneshot_runs_the_job_and_cleans_up(tmp_path):
         assert any(task in line and line.rstrip().endswith("success") for line in out.splitlines()), task
     assert "pod | epoch 1/10" in out and "pod | training done" in out
     assert "finished: success" in out
+    # the idle scale-down runs from the start (not paused) and stops the node the job booted (issue 9)
+    assert "gpuboot_idle_scaledown is unpaused" in out, out[-6000:]
+    assert any(line.startswith("    scale-down | gpu-") and " stop " in line for line in out.splitlines()), out[-6000:]
+    assert "scale-down stopped gpu-" in out and "nothing is left running idle" in out
     assert processes_mentioning(str(demo_dir)) == []

@@ -43,6 +43,11 @@ def test_schedule_is_periodic_without_catchup_one_run_at_a_time(scaledown_dag):
     assert scaledown_dag.params["dry_run"] is False and scaledown_dag.params["idle_minutes"] == 10
 
 
+def test_it_runs_from_the_start_even_where_new_dags_are_created_paused(scaledown_dag):
+    """Issue 9: created paused (dags_are_paused_at_creation), it never stopped the nodes jobs booted."""
+    assert scaledown_dag.is_paused_upon_creation is False
+
+
 def run(dag, cloud, capfd, conf: dict) -> dict:
     """One dag.test() run with every param given (dag.test() keeps earlier runs' conf in the
     shared DAG object's params); the task's summary (its XCom return value)."""

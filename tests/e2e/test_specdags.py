@@ -77,6 +77,15 @@ def test_bad_spec_is_an_import_error_naming_file_and_field_and_others_still_load
     assert f": {field}: " in error
 
 
+def test_a_typo_in_a_yaml_job_field_gets_the_likely_field(tmp_path):
+    """Issue 10: the loader's own unknown-key check ran first and lost JobSpec's hint."""
+    spec = tmp_path / "typo.yaml"
+    spec.write_text(GOOD.replace("gpus: 1", "gpu: 1"))
+    with pytest.raises(ValueError) as caught:
+        load_spec_file(spec)
+    assert str(caught.value) == f"{spec}: gpu: unknown field. Did you mean 'gpus'?"
+
+
 def test_yaml_syntax_error_names_file_and_line(tmp_path):
     spec = tmp_path / "broken.yaml"
     spec.write_text(GOOD + "command: [unclosed\n")

@@ -56,6 +56,42 @@ def test_bad_dag_run_params_name_their_source(shared_cloud):
         op.execute(context("place", params={**JOB, "gpus": -2}))
 
 
+TYPOS = {"gpu": 2, "gpu_modle": "A100", "memroy": "64Gi"}     # issue 9's trigger conf
+
+
+def test_unknown_keys_in_dag_run_params_fail_place_with_the_likely_field_and_reserve_nothing(shared_cloud):
+    """The gpu_job DAG declares exactly the JobSpec fields; a trigger conf key that is none of
+    them was dropped before, so the job ran as 1 T4 GPU with 4Gi."""
+    from dags.gpu_job import trigger_form
+
+    op = PlaceGpuJobOperator(task_id="place", params=trigger_form())
+    with pytest.raises(AirflowFailException) as err:
+        op.execute(context("place", params={**JOB, **TYPOS}))
+    assert str(err.value) == "DAG run params: gpu: unknown field. Did you mean 'gpus'?"
+    assert KubeClient().read_configmap("default", CONFIGMAP) is None
+
+
+def test_params_a_users_dag_declares_for_itself_are_not_job_fields_but_typos_still_fail():
+    from gpuboot.operators import resolve_job
+
+    declared = ["dataset", "name"]
+    spec = resolve_job(None, {"params": {**JOB, "dataset": "imagenet"}}, declared=declared)
+    assert spec.name == JOB["name"]
+    with pytest.raises(AirflowFailException, match="memroy: unknown field. Did you mean 'memory'"):
+        resolve_job(None, {"params": {**JOB, "dataset": "imagenet", "memroy": "64Gi"}}, declared=declared)
+
+
+def test_a_namespace_that_does_not_exist_fails_place_naming_it_before_anything_is_reserved(shared_cloud):
+    op = PlaceGpuJobOperator(task_id="place", job={**JOB, "gpus": 2, "namespace": "team-nowhere"}, job_id="ns")
+    with pytest.raises(AirflowFailException) as err:
+        op.execute(context("place"))
+    assert "namespace: 'team-nowhere' does not exist" in str(err.value)
+    assert "kubectl create namespace team-nowhere" in str(err.value)
+    assert KubeClient().read_configmap("default", CONFIGMAP) is None
+    stopped = [shared_cloud.instance_id(n) for n in ("gpu-stop", "gpu2-stop")]
+    assert set(EcsHook().statuses(stopped).values()) == {"Stopped"}
+
+
 @pytest.mark.parametrize("kwargs", [{"max_boot_attempts": 0}, {"deferrable": False, "mode": "reschedule"}])
 def test_sensor_arguments_that_cannot_work_are_refused_at_dag_parse_time(kwargs):
     from gpuboot.sensors import GpuReadySensor

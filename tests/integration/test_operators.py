@@ -157,7 +157,7 @@ def test_poke_mode_applies_the_same_rule_and_times_out_with_evidence(cloud):
 def test_a_deferred_wait_that_times_out_fails_with_what_it_saw(cloud):
     cloud.set_faults(never_ready=["gpu-stop"])
     place(JOB, job_id="hog")
-    plan, pushed = place({**JOB, "boot_timeout_seconds": 2}, job_id="never")
+    plan, pushed = place({**JOB, "boot_timeout_seconds": 3}, job_id="never")   # >= 1s boot + 2s settle
     started = StartGpuNodesOperator(task_id="start", plan=plan).execute(context("start"))
     sensor = GpuReadySensor(task_id="wait", boots=started["boots"], job=pushed["job"])
     with pytest.raises(TaskDeferred) as deferred:

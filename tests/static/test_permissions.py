@@ -30,6 +30,7 @@ KUBE_CALLS: dict[str, tuple[str, str, str]] = {
     "read_node": ("", "nodes", "get"),
     "list_node": ("", "nodes", "list"),
     "patch_node": ("", "nodes", "patch"),
+    "read_namespace": ("", "namespaces", "get"),
     "replace_node": ("", "nodes", "update"),
     "list_pod_for_all_namespaces": ("", "pods", "list"),
     "list_namespaced_pod": ("", "pods", "list"),

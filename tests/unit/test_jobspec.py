@@ -2,7 +2,7 @@
 import jsonschema
 import pytest
 
-from gpuboot.jobspec import KNOWN_GPU_MODELS, JobSpec, JobSpecError, params_schema
+from gpuboot.jobspec import KNOWN_GPU_MODELS, JobSpec, JobSpecError, check_known_fields, params_schema
 from gpuboot.resources import GPU, Resources
 
 BASE = {"name": "train", "image": "pytorch/pytorch:2.3", "command": ["python", "train.py"]}
@@ -29,7 +29,7 @@ FULL = spec(args=["--epochs", "3"], env={"EPOCHS": "3", "SEED": 7}, gpus=2, cpu=
             gpu_model="Tesla-T4", namespace="ml", replicas=4, min_available=2,
             node_selector={"pool": "gpu"}, tolerations=[{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
             queue_timeout_seconds=60, boot_timeout_seconds=300, settle_seconds=0, reservation_ttl_seconds=600,
-            extra_resources={"example.com/fpga": 1})
+            extra_resources={"example.com/fpga": 1}, allow_gpu_nodes=True)
 
 
 def test_round_trip_through_json_types():
@@ -94,6 +94,7 @@ def test_to_job_request_names_tasks_and_gang_size():
     ({"tolerations": [{"key": "gpu", "effect": "Sometimes"}]}, "tolerations[0].effect"),
     ({"env": {"1BAD": "x"}}, "env.1BAD"),
     ({"gpu": 1}, "gpu"),
+    ({"allow_gpu_nodes": "maybe"}, "allow_gpu_nodes"),
 ])
 def test_catalogue_of_mistakes_names_the_field(changes, field):
     with pytest.raises(JobSpecError) as err:
@@ -117,11 +118,84 @@ def test_unknown_field_suggests_the_close_one():
         JobSpec.from_dict(spec(gpu=1))
 
 
+def test_unknown_field_check_knows_the_callers_own_keys():
+    """The YAML loader adds its DAG keys (schedule, ...) to the same check and keeps the hint."""
+    check_known_fields({"schedule": "@daily", **BASE}, "x.yaml", also=["schedule"])
+    with pytest.raises(JobSpecError, match=r"^x.yaml: shedule: unknown field. Did you mean 'schedule'\?$"):
+        check_known_fields({"shedule": "@daily"}, "x.yaml", also=["schedule"])
+    with pytest.raises(JobSpecError, match=r"^x.yaml: gpu: unknown field. Did you mean 'gpus'\?$"):
+        check_known_fields({"gpu": 1}, "x.yaml", also=["schedule"])
+
+
 def test_gpu_model_spellings_accepted():
     for model in ("T4", "Tesla-T4", "NVIDIA T4", "nvidia-a100-sxm4-80gb", "A10", ""):
         JobSpec.from_dict(spec(gpu_model=model))
     assert JobSpec.from_dict(spec(gpu_model="")).gpu_model is None
     assert {"T4", "A10", "V100", "P100", "P4", "A100", "L20", "H20"} <= set(KNOWN_GPU_MODELS)
+
+
+def test_cpu_only_jobs_avoid_gpu_nodes_unless_they_allow_them():
+    assert JobSpec.from_dict(spec(gpus=0, cpu="40")).to_job_request("r").tasks[0].avoid_gpu_nodes
+    assert not JobSpec.from_dict(spec(gpus=0, allow_gpu_nodes="true")).to_job_request("r").tasks[0].avoid_gpu_nodes
+    assert not JobSpec.from_dict(spec(gpus=1)).to_job_request("r").tasks[0].avoid_gpu_nodes
+
+
+def test_a_boot_timeout_shorter_than_a_boot_plus_the_settle_window_is_refused(monkeypatch):
+    """Issue 9: boot_timeout_seconds 1 with settle_seconds 5 was accepted, so every boot timed out
+    and marked a healthy node unavailable for everyone."""
+    monkeypatch.delenv("GPUBOOT_MIN_BOOT_SECONDS", raising=False)
+    with pytest.raises(JobSpecError) as err:
+        JobSpec.from_dict(spec(boot_timeout_seconds=1, settle_seconds=5))
+    assert err.value.field == "boot_timeout_seconds"
+    assert str(err.value) == ("job spec: boot_timeout_seconds: 1s is shorter than a boot can take: 60s for the node "
+                              "to start and register its GPUs plus settle_seconds=5. Use at least 65 (or a smaller "
+                              "settle_seconds)")
+    assert JobSpec.from_dict(spec(boot_timeout_seconds=65, settle_seconds=5)).boot_timeout_seconds == 65
+    form = params_schema()["boot_timeout_seconds"]["schema"]        # the form refuses what it can alone
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(59, form)
+    jsonschema.validate(60, form)
+
+
+def test_the_boot_minimum_can_be_lowered_for_a_faster_cloud(monkeypatch):
+    monkeypatch.setenv("GPUBOOT_MIN_BOOT_SECONDS", "3")
+    assert JobSpec.from_dict(spec(boot_timeout_seconds=4, settle_seconds=1)).boot_timeout_seconds == 4
+    with pytest.raises(JobSpecError, match="Use at least 4 "):
+        JobSpec.from_dict(spec(boot_timeout_seconds=3, settle_seconds=1))
+    assert params_schema()["boot_timeout_seconds"]["schema"]["minimum"] == 3
+    monkeypatch.setenv("GPUBOOT_MIN_BOOT_SECONDS", "soon")
+    with pytest.raises(ValueError, match="GPUBOOT_MIN_BOOT_SECONDS='soon'"):
+        JobSpec.from_dict(BASE)
+
+
+ARG_LIMIT = 131071     # bytes in one argument or NAME=value string (MAX_ARG_STRLEN less the NUL)
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"args": ["--data", "x" * 200_000]}, "args[1]"),                      # issue 9: a 200 KB argument
+    ({"command": ["python", "-c", "é" * 70_000]}, "command[2]"),            # 140,000 bytes in 70,000 characters
+    ({"env": {"BLOB": "x" * (ARG_LIMIT - 4)}}, "env.BLOB"),                 # BLOB=... is one byte too long
+    ({"args": ["x" * 100_000] * 6}, "command+args+env"),                    # each fine, 600 KB together
+])
+def test_container_arguments_and_env_no_exec_can_take_are_refused(changes, field):
+    with pytest.raises(JobSpecError) as err:
+        JobSpec.from_dict(spec(**changes))
+    assert err.value.field == field and "file" in err.value.fix
+
+
+def test_container_arguments_up_to_the_limits_are_accepted():
+    JobSpec.from_dict(spec(args=["x" * ARG_LIMIT], env={"BLOB": "x" * (ARG_LIMIT - 5)}))
+    JobSpec.from_dict(spec(args=["x" * 100_000] * 5))
+
+
+def test_the_form_refuses_an_argument_over_the_limit_at_trigger_time():
+    form = params_schema()
+    for key in ("command", "args"):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(["python", "x" * 200_000], form[key]["schema"])
+        jsonschema.validate(["python", "x" * ARG_LIMIT], form[key]["schema"])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"BLOB": "x" * 200_000}, form["env"]["schema"])
 
 
 def test_string_integers_from_templates_are_accepted():
@@ -148,6 +222,7 @@ def test_params_schema_covers_every_field_with_valid_defaults():
     ("gpu_model", "T4"), ("gpu_model", "Voodoo5"), ("gpu_model", None),
     ("command", []), ("command", ["python"]), ("command", "python x.py"),
     ("image", ""), ("image", "a/b:c"),
+    ("allow_gpu_nodes", True), ("allow_gpu_nodes", "maybe"),
 ])
 def test_params_schema_agrees_with_from_dict(key, value):
     entry = params_schema()[key]

@@ -161,6 +161,42 @@ def test_busy_when_the_fleet_could_hold_it_once_free():
     assert verdicts == {"a": "busy", "b": "excluded"}
 
 
+def test_busy_reason_names_the_jobs_holding_the_nodes_that_would_fit():
+    now = 1_700_000_400.0
+    nodes = [node("a", gpus=2, heartbeat=now), node("b", gpus=2, heartbeat=now)]
+    instances = [instance(n, start=now - 600, gpus=2, itype="ecs.gn6i-c24g1.12xlarge") for n in ("a", "b")]
+    pods = [pod("train-x", "a", requests={GPU: 2}, labels={"gpuboot.io/job": "gb-x", "gpuboot.io/task": "train-x"}),
+            pod("notebook", "b", requests={GPU: 1}, namespace="lab")]
+    held = [Reservation("gb-y", "sweep-3", "b", Resources({GPU: 1}), now + 60)]
+    plan = place(job(task(gpus=2)), build_inventory(nodes, pods, instances, TYPES, held, now))
+    assert plan.outcome is Outcome.BUSY
+    assert plan.message.count("capacity busy") == 1
+    reasons = {c.node: c.reason for c in plan.candidates}
+    assert reasons["a"].endswith("; held by job gb-x (train-x)")
+    assert reasons["b"].endswith("; held by pod lab/notebook, job gb-y (sweep-3, reserved)")
+    assert plan.message.endswith("2 big-enough node(s) busy, e.g. a (free now: nvidia.com/gpu needs 2, has 0; held "
+                                 "by job gb-x (train-x)); all 2 are held by job gb-x (train-x), pod lab/notebook, "
+                                 "job gb-y (sweep-3, reserved)"), plan.message
+
+
+def test_cpu_only_work_stays_off_gpu_nodes_unless_allowed():
+    """Issue 9: a gpus: 0, cpu: 40 job booted a stopped GPU node."""
+    nodes = [nv("cpu-small", gpus=0, cpu="8", gpu_model=None), nv("gpu-big", STOPPED, gpus=2, cpu="48",
+                                                                 gpu_model="Tesla-T4")]
+    cpu_job = job(task(gpus=0, cpu="40", avoid_gpu_nodes=True))
+    plan = place(cpu_job, nodes)
+    assert plan.outcome is Outcome.NEVER and plan.nodes_to_start == ()
+    assert plan.message.endswith("has 8 (type-0gpu); 1 GPU node(s) left out: CPU-only work stays off GPU nodes, "
+                                 "allow_gpu_nodes: true lets it on"), plan.message
+    rows = {c.node: (c.verdict, c.reason) for c in plan.candidates}
+    assert rows["gpu-big"] == ("excluded", "CPU-only work stays off GPU nodes, allow_gpu_nodes: true lets it on "
+                                           "(GPU node: Tesla-T4 x2)")
+    allowed = place(job(task(gpus=0, cpu="40")), nodes)
+    assert chosen(allowed) == {"t": "gpu-big"} and allowed.nodes_to_start == ("gpu-big",)
+    # a CPU node that fits is used either way; a GPU node stays available to GPU work
+    assert chosen(place(job(task(gpus=0, cpu="4", avoid_gpu_nodes=True)), nodes)) == {"t": "cpu-small"}
+
+
 def test_node_selector_taints_and_gpu_model_are_honoured():
     nodes = [nv("plain", gpus=1, gpu_model="NVIDIA-A10"),
              nv("pool", gpus=1, labels={"pool": "train"}, gpu_model="Tesla-T4"),
