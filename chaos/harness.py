@@ -92,12 +92,18 @@ def job_pods(core_v1) -> dict[str, list]:
 def first_placement(result: RunResult) -> str | None:
     """What the first decisive placement of a run said: 'fits' (a plan), 'busy' (deferred to
     wait for capacity) or 'refused'; tries that failed for other reasons (contention) are skipped."""
+    decided = first_decision(result)
+    return decided[0] if decided else None
+
+
+def first_decision(result: RunResult) -> tuple[str, float] | None:
+    """(first_placement's answer, when it was given)."""
     for attempt in result.history:
         if attempt.task_id.endswith(".place") and attempt.map_index == -1:
             if attempt.status == "success":
-                return "fits"
+                return "fits", attempt.at
             if attempt.status == "deferred" and attempt.detail.endswith("WakeUpTrigger"):
-                return "busy"
+                return "busy", attempt.at
             if attempt.status == "failed" and "can never run" in attempt.detail:
-                return "refused"
+                return "refused", attempt.at
     return None
