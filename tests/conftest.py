@@ -4,6 +4,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,14 @@ from simcloud.testing import SimCloud, small_fleet, wait_until  # noqa: F401  (r
 # The local cloud boots a node in seconds, not the minute an ECS GPU instance needs: let the
 # tests' jobs use boot timeouts that short (tests of the default minimum unset it).
 os.environ.setdefault("GPUBOOT_MIN_BOOT_SECONDS", "1")
+
+# One throwaway Airflow home for the whole session, set before any test module can import
+# Airflow (which fixes its config file and database at first import): never the user's
+# ~/airflow, and the same home whichever folder happens to be collected first.
+if "airflow" not in sys.modules:
+    _home = tempfile.mkdtemp(prefix="gpuboot-tests-airflow-")
+    os.environ["AIRFLOW_HOME"] = _home
+    os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_home}/airflow.db"
 
 REPO = Path(__file__).resolve().parents[1]
 KUBECTL_CANDIDATES = [Path("/usr/bin/kubectl"), REPO / ".tools/debian-kubectl/usr/bin/kubectl"]

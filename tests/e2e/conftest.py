@@ -1,9 +1,8 @@
 """End-to-end fixtures: one throwaway Airflow home per session, the local cloud per test.
 
-AIRFLOW_HOME must be set before Airflow is first imported (it fixes the config file and
-the SQLite path at import), so it is set here at collection time unless some earlier
-conftest already imported Airflow; the session fixture then migrates whatever database
-the imported Airflow really uses, so the two can never disagree.
+The throwaway AIRFLOW_HOME is set by tests/conftest.py before anything imports Airflow; the
+session fixture here migrates whatever database the imported Airflow really uses, so the
+two can never disagree.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,10 +26,6 @@ FLEET_NODES = [
     {"name": "t4x2-stopped", "instance_type": "ecs.gn6i-c24g1.12xlarge", "status": "Stopped"},
 ]
 
-if "airflow" not in sys.modules:
-    _home = tempfile.mkdtemp(prefix="gpuboot-e2e-airflow-")
-    os.environ["AIRFLOW_HOME"] = _home
-    os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_home}/airflow.db"
 # Read by Airflow at every lookup, so these hold even if Airflow is already imported.
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")

@@ -95,8 +95,10 @@ def test_invalid_job_fails_without_retry_naming_the_field(cloud):
 
 
 def test_job_from_dag_run_params(cloud):
+    """A param the DAG declares for its own use is not part of the job (an undeclared key is a
+    typo and fails: tests/e2e/test_trigger_input.py)."""
     ctx = context("place", params={**JOB, "unrelated_param": 1})
-    plan = PlaceGpuJobOperator(task_id="place", job_id="from-params").execute(ctx)
+    plan = PlaceGpuJobOperator(task_id="place", job_id="from-params", params={"unrelated_param": 1}).execute(ctx)
     assert plan["outcome"] == "fits"
 
 
