@@ -171,7 +171,8 @@ class JobBoot:
             requested_at = self.clock()
             to_start = {n: i for n, i in self._to_start(plan).items() if i}
             if to_start:     # write-ahead: a worker killed after StartInstances still left the record
-                self.ledger.record_starts(self.job_id, [StartedNode(n, i, requested_at, _boot_id(before.get(n)))
+                self.ledger.record_starts(self.job_id, [StartedNode(n, i, requested_at, _boot_id(before.get(n)),
+                                                                    _resource_version(before.get(n)))
                                                         for n, i in sorted(to_start.items())],
                                           requested_at + self._ttl())
             outcomes = self.power_on(list(to_start.values()))
@@ -226,15 +227,15 @@ class JobBoot:
             read = before.get(node) or {}
             started_now = node in to_start and outcomes[iid].outcome == "done"
             boot_id_before = _boot_id(read)
+            version = _resource_version(read) if started_now else None
             mine = record.started_on(node) if record else None
             if mine:    # this job started it (this try or an earlier one): its first start is the baseline
-                since, boot_id_before = mine.at, mine.boot_id_before
+                since, boot_id_before, version = mine.at, mine.boot_id_before, mine.resource_version_before
             baseline = BootBaseline(node=node, start_requested_at=since, boot_id_before=boot_id_before,
                                     gpus_needed=sum(a.requests.gpus for a in assigned),
                                     extended_needed=extended_needs(sum((a.requests for a in assigned[1:]),
                                                                        assigned[0].requests)),
-                                    resource_version_before=((read.get("metadata") or {}).get("resourceVersion")
-                                                             if started_now else None))
+                                    resource_version_before=version)
             boots.append(baseline.to_json())
             self.log.info("node %s (%s, %s): start requested at %s%s, bootID before %s, needs %d GPU(s)",
                           node, iid, assigned[0].state.value, stamp(since) if since is not None else "- (not started)",
@@ -380,6 +381,10 @@ class WaitsForCapacity:
         wake = min(deadline, now + self.busy_poll_seconds)
         self.log.info("%s; re-placing in %.0fs, giving up in %.0fs", why, wake - now, deadline - now)
         self.defer(trigger=WakeUpTrigger(wake, {"deadline": deadline, "tried": list(tried)}), method_name=method_name)
+
+
+def _resource_version(node: Mapping | None) -> str | None:
+    return ((node or {}).get("metadata") or {}).get("resourceVersion")
 
 
 def _boot_id(node: Mapping | None) -> str | None:

@@ -49,21 +49,23 @@ class LedgerConflict(Exception):
 
 @dataclass(frozen=True)
 class StartedNode:
-    """An instance a job asked ECS to start: when, and the node's bootID before that."""
+    """An instance a job asked ECS to start: when, and the node's bootID and resourceVersion
+    read before that (a later try's readiness watch resumes from it and sees the whole boot)."""
 
     node: str
     instance_id: str
     at: float
     boot_id_before: str | None = None
+    resource_version_before: str | None = None
 
     def to_json(self) -> dict:
         return {"node": self.node, "instance_id": self.instance_id, "at": self.at,
-                "boot_id_before": self.boot_id_before}
+                "boot_id_before": self.boot_id_before, "resource_version_before": self.resource_version_before}
 
     @classmethod
     def from_json(cls, d: dict) -> "StartedNode":
         return cls(node=d["node"], instance_id=d["instance_id"], at=float(d["at"]),
-                   boot_id_before=d.get("boot_id_before"))
+                   boot_id_before=d.get("boot_id_before"), resource_version_before=d.get("resource_version_before"))
 
 
 @dataclass(frozen=True)
