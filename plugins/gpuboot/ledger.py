@@ -31,9 +31,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from gpuboot.inventory import Reservation
+from gpuboot.model import Reservation
 from gpuboot.kube import Conflict, KubeClient
-from gpuboot.placement import Unavailable
+from gpuboot.model import Unavailable
 
 log = logging.getLogger(__name__)
 

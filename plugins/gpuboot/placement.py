@@ -13,12 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from .inventory import FrozenDict, NodeState, NodeView, gpu_model_matches
+from .inventory import gpu_model_matches
+from .model import NOT_READY_TAINTS, STATE_RANK, FrozenDict, NodeState, NodeView, Unavailable
 from .resources import CPU, GPU, MEMORY, Resources, format_quantity
 
-_RANK = {NodeState.READY: 0, NodeState.BOOTING: 1, NodeState.STOPPED: 2, NodeState.STOPPING: 3}
 # taints a stopped or booting node carries only because it is down; they go away at boot
-_BOOT_TAINTS = frozenset({"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"})
 _CORDON_TAINT = "node.kubernetes.io/unschedulable"
 _OFF_GPU_NODES = "CPU-only work stays off GPU nodes, allow_gpu_nodes: true lets it on"
 _TABLE_LIMIT = 500   # candidate rows kept in XCom / the task log; the rest are counted
@@ -59,48 +58,6 @@ class JobRequest:
         if not 1 <= self.min_available <= len(self.tasks):
             raise ValueError(f"job {self.job_id}: min_available: must be between 1 and "
                              f"{len(self.tasks)} (the number of tasks), got {self.min_available}")
-
-
-@dataclass(frozen=True)
-class Unavailable:
-    """Capacity placement must not count on until `expires_at` (epoch seconds).
-
-    Either an offering, an instance type in a zone whose start just failed for lack of stock
-    (it blocks only nodes that would need a start: Karpenter's insufficient-capacity cache),
-    or one node that did not become GPU-ready in time (it blocks that node in any state).
-    `boot_id`: for a node mark, the bootID the failed boot left (the evidence the mark rests
-    on; gpuboot.booking drops the mark once the node reports another boot or is Ready)."""
-
-    reason: str
-    expires_at: float
-    instance_type: str | None = None
-    zone: str | None = None
-    node: str | None = None
-    boot_id: str | None = None
-
-    def __post_init__(self):
-        if (self.node is None) == (self.instance_type is None or self.zone is None):
-            raise ValueError("Unavailable: give either node, or instance_type and zone")
-
-    @property
-    def what(self) -> str:
-        return f"node {self.node}" if self.node else f"offering {self.instance_type} in {self.zone}"
-
-    def blocks(self, node: NodeView) -> bool:
-        if self.node is not None:
-            return node.name == self.node
-        return (node.state in (NodeState.STOPPED, NodeState.STOPPING)
-                and (node.instance_type, node.zone) == (self.instance_type, self.zone))
-
-    def to_json(self) -> dict:
-        return {k: v for k, v in (("reason", self.reason), ("expires_at", self.expires_at),
-                                  ("instance_type", self.instance_type), ("zone", self.zone),
-                                  ("node", self.node), ("boot_id", self.boot_id)) if v is not None}
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> "Unavailable":
-        return cls(reason=str(d["reason"]), expires_at=float(d["expires_at"]), instance_type=d.get("instance_type"),
-                   zone=d.get("zone"), node=d.get("node"), boot_id=d.get("boot_id"))
 
 
 class Outcome(str, Enum):
@@ -214,7 +171,7 @@ def _exclusion(task: TaskRequest, node: NodeView, whole_fleet: bool,
     `whole_fleet` ignores the node's current condition and unavailability, both temporary
     (used for the "never fits" check).
     """
-    if not whole_fleet and node.state not in _RANK:
+    if not whole_fleet and node.state not in STATE_RANK:
         return f"node {node.state.value}: {node.reason}"
     if not whole_fleet:
         for u in unavailable:
@@ -231,7 +188,7 @@ def _exclusion(task: TaskRequest, node: NodeView, whole_fleet: bool,
     for taint in node.taints:
         if taint.get("effect") not in ("NoSchedule", "NoExecute"):
             continue
-        if (down and taint.get("key") in _BOOT_TAINTS) or (whole_fleet and taint.get("key") == _CORDON_TAINT):
+        if (down and taint.get("key") in NOT_READY_TAINTS) or (whole_fleet and taint.get("key") == _CORDON_TAINT):
             continue
         if not _tolerates(task.tolerations, taint):
             return f"taint {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')} not tolerated"
@@ -278,7 +235,7 @@ def _score(node: NodeView, free: Resources, need: Resources, remaining: int) -> 
     k = _fit_count(free, need, remaining)
     if k == 0:
         return None
-    rank = _RANK[node.state]
+    rank = STATE_RANK[node.state]
     if rank <= 1:
         left = [free.get(name, 0) - k * need.get(name, 0) for name in (GPU, CPU, MEMORY)]
         return (rank, left[0], -k, left[1], left[2]), k

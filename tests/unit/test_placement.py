@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from gpuboot.inventory import NodeState, NodeView, Reservation, build_inventory
+from gpuboot.inventory import build_inventory
+from gpuboot.model import NodeState, NodeView, Reservation
 from gpuboot.placement import JobRequest, Outcome, Plan, TaskRequest, place
 from gpuboot.resources import GPU, Resources
 
