@@ -15,7 +15,7 @@ that both re-place through the same `Booker` transaction and log the same way:
   The job is re-placed in the same commit, and each node this job started that the commit
   moves it off is stopped again unless another job claims it (gpuboot.booking explains why
   that cannot race a new claim).
-- `give_up` / `finish`: the same release and stop, with no re-placement (the run is failing,
+- `finish`: the same release and stop, with no re-placement (the run is failing,
   or ending: nodes where the job's pod ran are left to idle scale-down).
 
 Idempotence for retries: every instance the job starts is written to its ledger record
@@ -262,12 +262,6 @@ class JobBoot:
         new_plan = self._replace(self._node_marks(bad, evidence or {}), tried, why="not GPU-ready in time",
                                  failed=bad)
         return self.bring_up(new_plan, tried)
-
-    def give_up(self, plan: Plan, bad: Mapping[str, str], evidence: Mapping[str, Mapping] | None = None) -> None:
-        """The run fails: the bad nodes fail (and are marked as in `fail_over`), the job's
-        reservations go, and every node it started is stopped again unless claimed."""
-        self.booker.book(self.spec, self.job_id, marks=self._node_marks(bad, evidence or {}), release_unplaced=True,
-                         place_job=False, failed=bad)
 
     def finish(self, used: Collection[str] = ()) -> list:
         """The run ends (the release step): drop every entry of the job, and stop each node it

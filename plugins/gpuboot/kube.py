@@ -58,13 +58,12 @@ class KubeClient:
             if not token:
                 return items
 
-    def list_nodes(self, label_selector: str | None = None) -> list[dict]:
-        return self._list(self.core.list_node, label_selector=label_selector)
+    def list_nodes(self) -> list[dict]:
+        return self._list(self.core.list_node)
 
-    def list_active_pods(self, label_selector: str | None = None) -> list[dict]:
+    def list_active_pods(self) -> list[dict]:
         """Non-terminated pods in every namespace (what still holds node resources)."""
-        return self._list(self.core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS,
-                          label_selector=label_selector)
+        return self._list(self.core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS)
 
     def list_pods(self, label_selector: str) -> list[dict]:
         """Pods in every namespace, terminated ones included."""

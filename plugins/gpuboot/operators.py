@@ -153,7 +153,7 @@ class PlaceGpuJobOperator(_GpuJobMixin, BaseOperator):
 
 
 # -- start ---------------------------------------------------------------------------------
-class StartGpuNodesOperator(_GpuJobMixin, WaitsForCapacity, BaseOperator):
+class StartGpuNodesOperator(WaitsForCapacity, BaseOperator):
     """Power on exactly the plan's stopped instances and record, per planned node, what the
     readiness rule needs (start time, bootID before the start, GPUs placed there).
 
