@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from chaos.runner import DagRunner, RunResult
+from gpuboot.model import LABEL_JOB
 
-JOB_LABEL = "gpuboot.io/job"
 
 
 @contextlib.contextmanager
@@ -84,8 +84,8 @@ class ConflictBursts:
 def job_pods(core_v1) -> dict[str, list]:
     """Pods launched by gpuboot, by job id."""
     pods: dict[str, list] = {}
-    for pod in core_v1.list_pod_for_all_namespaces(label_selector=JOB_LABEL).items:
-        pods.setdefault(pod.metadata.labels[JOB_LABEL], []).append(pod)
+    for pod in core_v1.list_pod_for_all_namespaces(label_selector=LABEL_JOB).items:
+        pods.setdefault(pod.metadata.labels[LABEL_JOB], []).append(pod)
     return pods
 
 

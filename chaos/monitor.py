@@ -29,7 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuboot.inventory import LABEL_GPU_COUNT, Reservation, build_inventory
+from gpuboot.inventory import build_inventory
+from gpuboot.model import LABEL_GPU_COUNT, Reservation
 from gpuboot.ledger import CONFIGMAP, DATA_KEY
 from gpuboot.resources import GPU, QuantityError, Resources
 

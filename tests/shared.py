@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from gpuboot.inventory import Reservation
+from gpuboot.model import Reservation
 from gpuboot.ledger import CONFIGMAP, DATA_KEY
 
 

@@ -36,12 +36,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuboot.ecs import EcsHook
-from gpuboot.inventory import NodeState, NodeView, Reservation, build_inventory, parse_provider_id
+from gpuboot.inventory import build_inventory, parse_provider_id
+from gpuboot.model import NodeState, NodeView, Reservation
 from gpuboot.jobspec import JobSpec
 from gpuboot.kube import KubeClient
 from gpuboot.ledger import JobRecord, LedgerConflict, LedgerState, ReservationLedger
-from gpuboot.placement import Outcome, Plan, Unavailable, place
-from gpuboot.scaledown import find_work
+from gpuboot.placement import Outcome, Plan, place
+from gpuboot.model import Unavailable
+from gpuboot.idle import find_work
 
 LAUNCH_MARGIN_SECONDS = 900     # reservation lifetime beyond the boot timeout (launch + scheduling)
 STARTING_WAIT_SECONDS = 300     # ECS refuses to stop a Pending/Starting instance: wait this long for Running

@@ -15,7 +15,7 @@ that both re-place through the same `Booker` transaction and log the same way:
   The job is re-placed in the same commit, and each node this job started that the commit
   moves it off is stopped again unless another job claims it (gpuboot.booking explains why
   that cannot race a new claim).
-- `give_up` / `finish`: the same release and stop, with no re-placement (the run is failing,
+- `finish`: the same release and stop, with no re-placement (the run is failing,
   or ending: nodes where the job's pod ran are left to idle scale-down).
 
 Idempotence for retries: every instance the job starts is written to its ledger record
@@ -34,17 +34,16 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
-
 from gpuboot.booking import LAUNCH_MARGIN_SECONDS, Booker, reservation_ttl, stamp
 from gpuboot.ecs import EcsError, EcsHook, InstanceOutcome
-from gpuboot.inventory import NodeState, parse_time
+from gpuboot.inventory import parse_time
+from gpuboot.model import NodeState
 from gpuboot.jobspec import JobSpec
 from gpuboot.kube import KubeClient
 from gpuboot.ledger import JobRecord, ReservationLedger, StartedNode
-from gpuboot.placement import Assignment, Outcome, Plan, Unavailable
+from gpuboot.placement import Assignment, Outcome, Plan
+from gpuboot.model import Unavailable
 from gpuboot.readiness import BootBaseline, extended_needs
-from gpuboot.triggers import WakeUpTrigger
 
 DEFAULT_UNAVAILABLE_TTL_SECONDS = 600
 ALREADY_UP_GRACE_SECONDS = 60   # how long a node that was up when chosen may take to pass the rule (plus settle)
@@ -62,12 +61,17 @@ def wait_deadline(baseline: Mapping, boot_timeout: float, settle: float, now: fl
     return max(float(since) + boot_timeout, now + settle + 1)
 
 
-class CapacityUnavailable(AirflowFailException):
+class BootError(Exception):
+    """A start that failed for a reason a retry may fix (not a lack of capacity)."""
+
+
+class CapacityUnavailable(Exception):
     """No capacity left for the job: every offering tried was out of stock (or failed to boot),
-    and nothing else can ever hold it. The message names each one and why."""
+    and nothing else can ever hold it. The message names each one and why. No retry can fix
+    it: the Airflow steps fail the task for good (gpuboot.waiting.final_failures)."""
 
 
-class CapacityBusy(AirflowException):
+class CapacityBusy(Exception):
     """The job was moved off capacity that failed, and what is left is busy right now: the
     caller waits and re-places (`JobBoot.rebook`) like the place step does, holding nothing."""
 
@@ -179,7 +183,7 @@ class JobBoot:
             failed = {iid: o for iid, o in outcomes.items() if not o.ok}
             hard = {iid: o.error for iid, o in failed.items() if o.error is None or o.error.kind != "capacity"}
             if hard:
-                raise AirflowException("; ".join(f"instance {iid} failed to start: {err}" for iid, err in hard.items()))
+                raise BootError("; ".join(f"instance {iid} failed to start: {err}" for iid, err in hard.items()))
             if not failed:
                 boots = self.baselines(plan, outcomes, before, requested_at)
                 started = sorted(i for i, o in outcomes.items() if o.outcome == "done")
@@ -197,7 +201,7 @@ class JobBoot:
             statuses = self.ecs.wait_for_status(stopping, {"Stopped"}, self.stopping_timeout_seconds)
             stuck = {i: s for i, s in statuses.items() if s != "Stopped"}
             if stuck:
-                raise AirflowException(f"instances still not Stopped after {self.stopping_timeout_seconds}s: {stuck}")
+                raise BootError(f"instances still not Stopped after {self.stopping_timeout_seconds}s: {stuck}")
             outcomes.update(self.ecs.start_instances(stopping))
         return outcomes
 
@@ -259,12 +263,6 @@ class JobBoot:
         new_plan = self._replace(self._node_marks(bad, evidence or {}), tried, why="not GPU-ready in time",
                                  failed=bad)
         return self.bring_up(new_plan, tried)
-
-    def give_up(self, plan: Plan, bad: Mapping[str, str], evidence: Mapping[str, Mapping] | None = None) -> None:
-        """The run fails: the bad nodes fail (and are marked as in `fail_over`), the job's
-        reservations go, and every node it started is stopped again unless claimed."""
-        self.booker.book(self.spec, self.job_id, marks=self._node_marks(bad, evidence or {}), release_unplaced=True,
-                         place_job=False, failed=bad)
 
     def finish(self, used: Collection[str] = ()) -> list:
         """The run ends (the release step): drop every entry of the job, and stop each node it
@@ -342,45 +340,6 @@ class JobBoot:
     def _to_start(plan: Plan) -> dict[str, str | None]:
         by_node = _by_node(plan)
         return {n: by_node[n][0].instance_id for n in plan.nodes_to_start}
-
-
-class WaitsForCapacity:
-    """The one busy-wait of the start step and the sensor: when a re-placement finds the fleet
-    busy (capacity in use, or the other candidates only marked unavailable for a while), wait
-    deferred on a timer, holding nothing, and re-place every `busy_poll_seconds` until the job's
-    queue timeout; then fail naming what was tried. Both steps therefore agree on when to wait."""
-
-    busy_poll_seconds: float
-
-    def bring_up_or_wait(self, boot: JobBoot, attempt: Callable[[], BringUp], deadline: float | None,
-                         method_name: str) -> BringUp:
-        """`attempt()` (a bring-up or fail-over); on CapacityBusy, defer to `method_name`."""
-        try:
-            return attempt()
-        except CapacityBusy as busy:
-            if boot.spec is None:
-                raise CapacityUnavailable(f"{busy}; no job spec given to wait with; pass job=...") from None
-            deadline = deadline or time.time() + boot.spec.queue_timeout_seconds
-            self.wait_for_capacity(boot, busy.tried, deadline, str(busy), method_name)
-
-    def capacity_resumed(self, boot: JobBoot, echo: Mapping, method_name: str) -> BringUp:
-        """Back from the busy-wait timer: place again and bring the new plan up, or wait more."""
-        deadline = float(echo["deadline"])
-        plan = boot.rebook()
-        if plan.outcome == Outcome.BUSY:
-            self.wait_for_capacity(boot, echo["tried"], deadline, f"capacity still busy: {plan.message}", method_name)
-        self.log.info("re-placed job %s after waiting for capacity:\n%s", plan.job_id, plan.table())
-        return self.bring_up_or_wait(boot, lambda: boot.bring_up(plan, echo["tried"]), deadline, method_name)
-
-    def wait_for_capacity(self, boot: JobBoot, tried: list[str], deadline: float, why: str, method_name: str):
-        now = time.time()
-        if now >= deadline:
-            raise CapacityUnavailable(f"job {boot.job_id}: still no capacity after "
-                                      f"queue_timeout_seconds={boot.spec.queue_timeout_seconds}; tried: "
-                                      f"{'; '.join(tried)}")
-        wake = min(deadline, now + self.busy_poll_seconds)
-        self.log.info("%s; re-placing in %.0fs, giving up in %.0fs", why, wake - now, deadline - now)
-        self.defer(trigger=WakeUpTrigger(wake, {"deadline": deadline, "tried": list(tried)}), method_name=method_name)
 
 
 def _resource_version(node: Mapping | None) -> str | None:

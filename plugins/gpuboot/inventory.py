@@ -11,96 +11,14 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from enum import Enum
-from functools import cached_property
 
+from .model import (LABEL_GPU_COUNT, LABEL_GPU_MODEL, LABEL_HOSTNAME, LABEL_INSTANCE_TYPE, LABEL_JOB, LABEL_MANAGED,
+                    LABEL_PRICE, LABEL_TASK, LABEL_ZONE, TAG_MANAGED, TERMINATED_PHASES, FrozenDict, NodeState,
+                    NodeView, Reservation)
 from .resources import CPU, GPU, MEMORY, QuantityError, Resources
 
-LABEL_GPU_MODEL = "aliyun.accelerator/nvidia_name"
-LABEL_GPU_COUNT = "aliyun.accelerator/nvidia_count"
-LABEL_MANAGED = "gpuboot.io/managed"
-LABEL_JOB = "gpuboot.io/job"
-LABEL_TASK = "gpuboot.io/task"
-LABEL_PRICE = "gpuboot.io/price-per-hour"   # optional node label/annotation, e.g. "3.2"
-LABEL_HOSTNAME = "kubernetes.io/hostname"
-LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
-LABEL_ZONE = "topology.kubernetes.io/zone"
-TAG_MANAGED = "gpuboot:managed"
-
 _PROVIDER_ID = re.compile(r"(?:alicloud://)?(?P<region>[a-z0-9-]+)\.(?P<instance>i-[A-Za-z0-9]+)")
-_TERMINATED = ("Succeeded", "Failed")
-
-
-class FrozenDict(dict):
-    """A read-only dict: JSON-, pickle- and deepcopy-friendly (Airflow copies operators), hashable."""
-
-    def _readonly(self, *args, **kwargs):
-        raise TypeError(f"{type(self).__name__} is read-only; build a new one instead")
-
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _readonly
-
-    def __hash__(self) -> int:
-        return hash(frozenset(self.items()))
-
-    def __reduce__(self):
-        return (type(self), (dict(self),))
-
-    def __repr__(self) -> str:
-        return f"FrozenDict({dict.__repr__(self)})"
-
-
-class NodeState(str, Enum):
-    READY = "ready"
-    BOOTING = "booting"
-    STOPPED = "stopped"
-    STOPPING = "stopping"
-    UNAVAILABLE = "unavailable"
-
-
-@dataclass(frozen=True)
-class Reservation:
-    """Capacity promised to one task of a job on one node, until `expires_at` (epoch seconds)."""
-
-    job_id: str
-    task: str
-    node: str
-    resources: Resources
-    expires_at: float
-
-    def to_json(self) -> dict:
-        return {"job_id": self.job_id, "task": self.task, "node": self.node,
-                "resources": self.resources.to_json(), "expires_at": self.expires_at}
-
-    @classmethod
-    def from_json(cls, data: Mapping) -> "Reservation":
-        return cls(job_id=data["job_id"], task=data["task"], node=data["node"],
-                   resources=Resources.from_json(data["resources"]), expires_at=float(data["expires_at"]))
-
-
-@dataclass(frozen=True)
-class NodeView:
-    name: str
-    hostname: str
-    state: NodeState
-    reason: str
-    allocatable: Resources
-    allocated: Resources
-    labels: Mapping[str, str] = field(default_factory=FrozenDict)
-    taints: tuple[dict, ...] = ()
-    instance_id: str | None = None
-    instance_type: str | None = None
-    zone: str | None = None
-    gpu_model: str | None = None
-    price_per_hour: float | None = None
-    managed: bool = False
-    holders: tuple[str, ...] = ()     # who uses its capacity (jobs, other pods), for "busy" reasons
-
-
-    @cached_property
-    def free(self) -> Resources:
-        return self.allocatable - self.allocated
 
 
 # --- small shared helpers ---------------------------------------------------
@@ -222,7 +140,7 @@ def pod_requests(pod: Mapping) -> Resources:
 def pod_is_active(pod: Mapping) -> bool:
     """Bound and not terminated: the scheduler still counts its requests on the node."""
     return bool((pod.get("spec") or {}).get("nodeName")) and \
-        (pod.get("status") or {}).get("phase") not in _TERMINATED
+        (pod.get("status") or {}).get("phase") not in TERMINATED_PHASES
 
 
 # --- the inventory ------------------------------------------------------------

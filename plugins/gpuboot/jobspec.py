@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .inventory import FrozenDict, gpu_model_tokens
+from .inventory import gpu_model_tokens
+from .model import FrozenDict
 from .placement import JobRequest, TaskRequest
 from .resources import CPU, GPU, MEMORY, QUANTITY_PATTERN, QuantityError, Resources, format_quantity
 

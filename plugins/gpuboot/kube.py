@@ -6,12 +6,17 @@ Lists are read raw (no model deserialization) and paged, which keeps a 2,000-nod
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+WATCH_SECONDS = 60      # a watch is re-opened at least this often (cheap; survives idle proxies)
 PAGE = 500
 
 
@@ -53,13 +58,12 @@ class KubeClient:
             if not token:
                 return items
 
-    def list_nodes(self, label_selector: str | None = None) -> list[dict]:
-        return self._list(self.core.list_node, label_selector=label_selector)
+    def list_nodes(self) -> list[dict]:
+        return self._list(self.core.list_node)
 
-    def list_active_pods(self, label_selector: str | None = None) -> list[dict]:
+    def list_active_pods(self) -> list[dict]:
         """Non-terminated pods in every namespace (what still holds node resources)."""
-        return self._list(self.core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS,
-                          label_selector=label_selector)
+        return self._list(self.core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS)
 
     def list_pods(self, label_selector: str) -> list[dict]:
         """Pods in every namespace, terminated ones included."""
@@ -135,6 +139,73 @@ class KubeClient:
             raise
 
 
+@dataclass(frozen=True)
+class NodeEvent:
+    """One state of a watched Node. `relisted`: it comes from a fresh read after the watch could
+    not resume (410 Gone), so writes before it may have been missed. `node` is {} once deleted."""
+
+    node: dict
+    relisted: bool = False
+
+
+class NodeEvents:
+    """Every state of one Node, in order, as one stream: list (when no version to resume from),
+    watch from the last resourceVersion, resume after the server ends a watch, re-list on 410
+    Gone, reconnect with capped exponential backoff after errors. A task pumps the events into
+    a queue, so the reader can wait on its own timers (`next(timeout)`) without cancelling the
+    watch. Use as `async with client.node_events(name, version) as events`."""
+
+    def __init__(self, client: "AsyncKubeClient", name: str, resource_version: str | None, log=None,
+                 watch_seconds: int = WATCH_SECONDS, backoff: tuple[float, float] = (1.0, 30.0)) -> None:
+        self.client, self.name, self.resource_version = client, name, resource_version
+        self.log = log or logging.getLogger(__name__)
+        self.watch_seconds, self.backoff = watch_seconds, backoff
+        self._queue: asyncio.Queue[NodeEvent] = asyncio.Queue()
+        self._task: asyncio.Task | None = None
+
+    async def __aenter__(self) -> "NodeEvents":
+        self._task = asyncio.create_task(self._pump())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    async def next(self, timeout: float | None) -> NodeEvent | None:
+        """The next state, or None when `timeout` seconds pass first (the stream goes on)."""
+        try:
+            return await asyncio.wait_for(self._queue.get(), timeout=None if timeout is None else max(0.0, timeout))
+        except TimeoutError:
+            return None
+
+    async def _pump(self) -> None:
+        relist, delay = False, self.backoff[0]
+        while True:
+            try:
+                if self.resource_version is None:
+                    node = await self.client.get_node(self.name)
+                    self.resource_version = node["metadata"]["resourceVersion"]
+                    self._queue.put_nowait(NodeEvent(node, relisted=relist))
+                async with contextlib.aclosing(self.client.watch_node(self.name, self.resource_version,
+                                                                      self.watch_seconds)) as events:
+                    async for kind, obj in events:
+                        self.resource_version = obj["metadata"]["resourceVersion"]
+                        self._queue.put_nowait(NodeEvent({} if kind == "DELETED" else obj))
+                delay = self.backoff[0]                  # the server ended the watch: resume
+            except Gone:
+                self.log.warning("watch of node %s expired (410 Gone); re-listing", self.name)
+                self.resource_version, relist = None, True
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - API hiccups must not end the stream
+                self.log.warning("watching node %s failed (%s: %s); retrying from resourceVersion %s in %.0fs",
+                                 self.name, type(exc).__name__, str(exc)[:200], self.resource_version, delay)
+                await asyncio.sleep(delay)
+                delay = min(self.backoff[1], delay * 2)
+
+
 class AsyncKubeClient:
     """Asynchronous access for triggers (AsyncKubernetesHook), one node at a time."""
 
@@ -153,6 +224,10 @@ class AsyncKubeClient:
         async with self.hook.get_conn() as api:
             response = await client.CoreV1Api(api).read_node(name, _preload_content=False)
             return json.loads(await response.read())
+
+    def node_events(self, name: str, resource_version: str | None, log=None) -> NodeEvents:
+        """The one stream of a Node's states (see NodeEvents), from `resource_version` when given."""
+        return NodeEvents(self, name, resource_version, log)
 
     async def watch_node(self, name: str, resource_version: str | None,
                          timeout_seconds: int) -> AsyncIterator[tuple[str, dict[str, Any]]]:

@@ -26,16 +26,14 @@ entry of a live run cannot expire under it (see `gpuboot.booking.reservation_ttl
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from gpuboot.inventory import Reservation
+from gpuboot.model import Reservation
 from gpuboot.kube import Conflict, KubeClient
-from gpuboot.placement import Unavailable
+from gpuboot.model import Unavailable
 
-log = logging.getLogger(__name__)
 
 CONFIGMAP = "gpuboot-reservations"
 DATA_KEY = "reservations.json"

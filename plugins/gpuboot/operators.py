@@ -17,18 +17,17 @@ from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperato
 from airflow.sdk import BaseOperator, TriggerRule
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from gpuboot.boot import (DEFAULT_UNAVAILABLE_TTL_SECONDS, CapacityBusy, CapacityUnavailable,  # noqa: F401 (re-export)
-                          JobBoot, WaitsForCapacity)
-from gpuboot.booking import LAUNCH_MARGIN_SECONDS, Booker, LedgerContended, reservation_ttl  # noqa: F401 (re-export)
+from gpuboot.boot import DEFAULT_UNAVAILABLE_TTL_SECONDS, JobBoot
+from gpuboot.booking import LAUNCH_MARGIN_SECONDS, Booker, LedgerContended, reservation_ttl
 from gpuboot.ecs import EcsHook
 from gpuboot.jobspec import JobSpec, JobSpecError, params_schema
+from gpuboot.model import LABEL_JOB, LABEL_TASK
 from gpuboot.kube import KubeClient
 from gpuboot.ledger import ReservationLedger
 from gpuboot.placement import Outcome, Plan
 from gpuboot.triggers import WakeUpTrigger
+from gpuboot.waiting import WaitsForCapacity
 
-JOB_LABEL = "gpuboot.io/job"
-TASK_LABEL = "gpuboot.io/task"
 
 
 # -- shared helpers ------------------------------------------------------------------------
@@ -154,7 +153,7 @@ class PlaceGpuJobOperator(_GpuJobMixin, BaseOperator):
 
 
 # -- start ---------------------------------------------------------------------------------
-class StartGpuNodesOperator(_GpuJobMixin, WaitsForCapacity, BaseOperator):
+class StartGpuNodesOperator(WaitsForCapacity, BaseOperator):
     """Power on exactly the plan's stopped instances and record, per planned node, what the
     readiness rule needs (start time, bootID before the start, GPUs placed there).
 
@@ -268,7 +267,7 @@ class GpuPodOperator(KubernetesPodOperator):
         self.node_selector = {**spec.node_selector, **self.node_selector, "kubernetes.io/hostname": a.hostname}
         self.container_resources = k8s.V1ResourceRequirements(requests=resources, limits=resources)
         self.tolerations = [*self.tolerations, *(k8s.V1Toleration(**_toleration(t)) for t in spec.tolerations)]
-        self.labels = {**self.labels, JOB_LABEL: plan.job_id, TASK_LABEL: a.task}
+        self.labels = {**self.labels, LABEL_JOB: plan.job_id, LABEL_TASK: a.task}
         self.log.info("launching %s on node %s (%s) with %s", a.task, a.node, a.hostname, a.requests)
 
 
@@ -290,7 +289,7 @@ class ReleaseReservationOperator(BaseOperator):
     def execute(self, context):
         job_id = self.job_id or context_job_id(self, context)
         kube = KubeClient(self.kubernetes_conn_id)
-        used = {(p.get("spec") or {}).get("nodeName") for p in kube.list_pods(f"{JOB_LABEL}={job_id}")}
+        used = {(p.get("spec") or {}).get("nodeName") for p in kube.list_pods(f"{LABEL_JOB}={job_id}")}
         boot = JobBoot(kube, EcsHook(self.ecs_conn_id), ReservationLedger(kube, self.ledger_namespace), self.log,
                        spec=None, job_id=job_id)
         released = boot.finish(used=used - {None})

@@ -13,12 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from .inventory import FrozenDict, NodeState, NodeView, gpu_model_matches
+from .inventory import gpu_model_matches
+from .model import NOT_READY_TAINTS, STATE_RANK, FrozenDict, NodeState, NodeView, Unavailable
 from .resources import CPU, GPU, MEMORY, Resources, format_quantity
 
-_RANK = {NodeState.READY: 0, NodeState.BOOTING: 1, NodeState.STOPPED: 2, NodeState.STOPPING: 3}
 # taints a stopped or booting node carries only because it is down; they go away at boot
-_BOOT_TAINTS = frozenset({"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"})
 _CORDON_TAINT = "node.kubernetes.io/unschedulable"
 _OFF_GPU_NODES = "CPU-only work stays off GPU nodes, allow_gpu_nodes: true lets it on"
 _TABLE_LIMIT = 500   # candidate rows kept in XCom / the task log; the rest are counted
@@ -61,62 +60,39 @@ class JobRequest:
                              f"{len(self.tasks)} (the number of tasks), got {self.min_available}")
 
 
-@dataclass(frozen=True)
-class Unavailable:
-    """Capacity placement must not count on until `expires_at` (epoch seconds).
-
-    Either an offering, an instance type in a zone whose start just failed for lack of stock
-    (it blocks only nodes that would need a start: Karpenter's insufficient-capacity cache),
-    or one node that did not become GPU-ready in time (it blocks that node in any state).
-    `boot_id`: for a node mark, the bootID the failed boot left (the evidence the mark rests
-    on; gpuboot.booking drops the mark once the node reports another boot or is Ready)."""
-
-    reason: str
-    expires_at: float
-    instance_type: str | None = None
-    zone: str | None = None
-    node: str | None = None
-    boot_id: str | None = None
-
-    def __post_init__(self):
-        if (self.node is None) == (self.instance_type is None or self.zone is None):
-            raise ValueError("Unavailable: give either node, or instance_type and zone")
-
-    @property
-    def what(self) -> str:
-        return f"node {self.node}" if self.node else f"offering {self.instance_type} in {self.zone}"
-
-    def blocks(self, node: NodeView) -> bool:
-        if self.node is not None:
-            return node.name == self.node
-        return (node.state in (NodeState.STOPPED, NodeState.STOPPING)
-                and (node.instance_type, node.zone) == (self.instance_type, self.zone))
-
-    def to_json(self) -> dict:
-        return {k: v for k, v in (("reason", self.reason), ("expires_at", self.expires_at),
-                                  ("instance_type", self.instance_type), ("zone", self.zone),
-                                  ("node", self.node), ("boot_id", self.boot_id)) if v is not None}
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> "Unavailable":
-        return cls(reason=str(d["reason"]), expires_at=float(d["expires_at"]), instance_type=d.get("instance_type"),
-                   zone=d.get("zone"), node=d.get("node"), boot_id=d.get("boot_id"))
-
-
 class Outcome(str, Enum):
     FITS = "fits"
     BUSY = "busy"
     NEVER = "never"
 
 
+class Verdict(str, Enum):
+    """What placement made of one node for one task (a str, so plans stay plain JSON)."""
+
+    CHOSEN = "chosen"
+    FITS = "fits"
+    BUSY = "busy"              # would fit the empty node, not what is free now
+    TOO_SMALL = "too small"    # would not fit even the empty node
+    EXCLUDED = "excluded"      # a filter (state, selector, taint, GPU model, mark) rules it out
+
+
+# What the PREFER column calls each state: running beats booting beats stopped.
+_PREFER = {NodeState.READY: "running", NodeState.BOOTING: "booting", NodeState.STOPPED: "stopped",
+           NodeState.STOPPING: "stopping", NodeState.UNAVAILABLE: "unavailable"}
+
+
 @dataclass(frozen=True)
 class Candidate:
+    """One row of the decision. `score` is the raw sort key (kept in the XCom JSON for audits);
+    `facts` says the same in words for the table: tasks placed here, what is left, the cost."""
+
     task: str
     node: str
     state: NodeState
-    verdict: str          # "chosen" | "fits" | "too small" | "busy" | "excluded"
+    verdict: Verdict
     reason: str
     score: tuple | None
+    facts: Mapping[str, str] = field(default_factory=FrozenDict)
 
 
 @dataclass(frozen=True)
@@ -143,13 +119,18 @@ class Plan:
         return next((a for a in self.assignments if a.task == task), None)
 
     def table(self) -> str:
-        """Every candidate (task, node, state, verdict, score, reason) as a fixed-width table."""
-        header = ("TASK", "NODE", "STATE", "VERDICT", "SCORE", "REASON")
-        rows = [(c.task, c.node, c.state.value, c.verdict,
-                 "-" if c.score is None else ",".join(_fmt_score(s) for s in c.score), c.reason)
-                for c in self.candidates]
-        widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(5)]
-        lines = ["  ".join(str(v).ljust(w) for v, w in zip(r[:5], widths)) + "  " + r[5]
+        """Every candidate as a fixed-width table a person can read: the state preference, the
+        verdict, how many of the job's tasks go there, what the node has left after them
+        (running/booting nodes are bin-packed), the cost of a slot (stopped nodes: the node's
+        price, or its GPUs when unpriced, per copy of the task it can hold), and why."""
+        header = ("TASK", "NODE", "PREFER", "VERDICT", "TASKS", "GPU LEFT", "CPU LEFT", "MEM LEFT", "COST PER SLOT",
+                  "REASON")
+        keys = ("tasks", "gpu_left", "cpu_left", "mem_left", "cost_per_slot")
+        rows = [(c.task, c.node, _PREFER[c.state], Verdict(c.verdict).value,
+                 *(c.facts.get(k, "-") for k in keys), c.reason) for c in self.candidates]
+        n = len(header) - 1
+        widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(n)]
+        lines = ["  ".join(str(v).ljust(w) for v, w in zip(r[:n], widths)) + "  " + r[n]
                  for r in [header, *rows]]
         if self.candidates_omitted:
             lines.append(f"... {self.candidates_omitted} more candidate rows omitted")
@@ -164,8 +145,9 @@ class Plan:
                              "instance_id": a.instance_id, "state": a.state.value,
                              "requests": a.requests.to_json()} for a in self.assignments],
             "nodes_to_start": list(self.nodes_to_start),
-            "candidates": [{"task": c.task, "node": c.node, "state": c.state.value, "verdict": c.verdict,
-                            "reason": c.reason, "score": None if c.score is None else list(c.score)}
+            "candidates": [{"task": c.task, "node": c.node, "state": c.state.value,
+                            "verdict": Verdict(c.verdict).value, "reason": c.reason,
+                            "score": None if c.score is None else list(c.score), "facts": dict(c.facts)}
                            for c in self.candidates],
             "candidates_omitted": self.candidates_omitted,
         }
@@ -182,15 +164,24 @@ class Plan:
                               for a in d.get("assignments", ())),
             nodes_to_start=tuple(d.get("nodes_to_start", ())),
             candidates=tuple(Candidate(task=c["task"], node=c["node"], state=NodeState(c["state"]),
-                                       verdict=c["verdict"], reason=c["reason"],
-                                       score=None if c["score"] is None else tuple(c["score"]))
+                                       verdict=Verdict(c["verdict"]), reason=c["reason"],
+                                       score=None if c["score"] is None else tuple(c["score"]),
+                                       facts=FrozenDict(c.get("facts") or {}))
                              for c in d.get("candidates", ())),
             candidates_omitted=int(d.get("candidates_omitted", 0)),
         )
 
 
-def _fmt_score(value) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
+def _facts(node: NodeView, need: Resources, k: int) -> FrozenDict:
+    """The table's words for a node that fits: k tasks here, what is left after them, a slot's cost."""
+    left = node.free - Resources({name: k * amount for name, amount in need.items()})
+    facts = {"tasks": str(k), "gpu_left": str(left.gpus), "cpu_left": format_quantity(CPU, left.get(CPU)),
+             "mem_left": format_quantity(MEMORY, left.get(MEMORY))}
+    if STATE_RANK[node.state] >= 2:     # needs a start: what one slot of the task costs
+        slots = _fit_count(node.allocatable, need, _NO_LIMIT)
+        facts["cost_per_slot"] = (f"{node.price_per_hour / slots:.4g}/h" if node.price_per_hour is not None
+                                  else f"{node.allocatable.gpus / slots:g} GPU (no price)")
+    return FrozenDict(facts)
 
 
 # --- filters -------------------------------------------------------------------
@@ -214,7 +205,7 @@ def _exclusion(task: TaskRequest, node: NodeView, whole_fleet: bool,
     `whole_fleet` ignores the node's current condition and unavailability, both temporary
     (used for the "never fits" check).
     """
-    if not whole_fleet and node.state not in _RANK:
+    if not whole_fleet and node.state not in STATE_RANK:
         return f"node {node.state.value}: {node.reason}"
     if not whole_fleet:
         for u in unavailable:
@@ -231,7 +222,7 @@ def _exclusion(task: TaskRequest, node: NodeView, whole_fleet: bool,
     for taint in node.taints:
         if taint.get("effect") not in ("NoSchedule", "NoExecute"):
             continue
-        if (down and taint.get("key") in _BOOT_TAINTS) or (whole_fleet and taint.get("key") == _CORDON_TAINT):
+        if (down and taint.get("key") in NOT_READY_TAINTS) or (whole_fleet and taint.get("key") == _CORDON_TAINT):
             continue
         if not _tolerates(task.tolerations, taint):
             return f"taint {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')} not tolerated"
@@ -278,11 +269,13 @@ def _score(node: NodeView, free: Resources, need: Resources, remaining: int) -> 
     k = _fit_count(free, need, remaining)
     if k == 0:
         return None
-    rank = _RANK[node.state]
+    rank = STATE_RANK[node.state]
     if rank <= 1:
         left = [free.get(name, 0) - k * need.get(name, 0) for name in (GPU, CPU, MEMORY)]
         return (rank, left[0], -k, left[1], left[2]), k
     slots = _fit_count(node.allocatable, need, _NO_LIMIT)
+    # A priced node always ranks before an unpriced one: a known cost beats a guess from GPUs
+    # (the second element), so an operator who prices part of the fleet steers boots there.
     priced = node.price_per_hour is not None
     cost = (float(node.price_per_hour) if priced else float(node.allocatable.gpus)) / slots
     return (rank, 0 if priced else 1, cost, -k, node.allocatable.gpus, -_headroom(node, need)), k
@@ -360,28 +353,28 @@ def _candidates(groups: list[_Group], nodes: Sequence[NodeView], placed: dict[st
         chosen = placed.get(first.name)
         for i, node in enumerate(nodes):
             if i in group.excluded:
-                rows.append(Candidate(first.name, node.name, node.state, "excluded", group.excluded[i], None))
+                rows.append(Candidate(first.name, node.name, node.state, Verdict.EXCLUDED, group.excluded[i], None))
             elif not need.fits_in(node.allocatable):
-                rows.append(Candidate(first.name, node.name, node.state, "too small",
+                rows.append(Candidate(first.name, node.name, node.state, Verdict.TOO_SMALL,
                                       f"capacity: {_short(need, node.allocatable)}", None))
             elif not need.fits_in(node.free):
-                rows.append(Candidate(first.name, node.name, node.state, "busy",
+                rows.append(Candidate(first.name, node.name, node.state, Verdict.BUSY,
                                       f"free now: {_short(need, node.free)}{_held_by(node)}", None))
             else:
-                verdict = "chosen" if i == chosen else "fits"
-                score = _score(node, node.free, need, len(group.tasks))[0]
+                verdict = Verdict.CHOSEN if i == chosen else Verdict.FITS
+                score, k = _score(node, node.free, need, len(group.tasks))
                 rows.append(Candidate(first.name, node.name, node.state, verdict,
-                                      f"{node.reason}; free {node.free}", score))
+                                      f"{node.reason}; free {node.free}", score, _facts(node, need, k)))
         for task in group.tasks[1:]:
             if task.name in placed:
                 node = nodes[placed[task.name]]
-                rows.append(Candidate(task.name, node.name, node.state, "chosen",
+                rows.append(Candidate(task.name, node.name, node.state, Verdict.CHOSEN,
                                       f"same shape as {first.name}", None))
     rows.sort(key=_row_order)
     return rows
 
 
-_VERDICT_ORDER = {"chosen": 0, "fits": 1, "busy": 2, "too small": 3, "excluded": 4}
+_VERDICT_ORDER = {Verdict.CHOSEN: 0, Verdict.FITS: 1, Verdict.BUSY: 2, Verdict.TOO_SMALL: 3, Verdict.EXCLUDED: 4}
 
 
 def _row_order(c: Candidate) -> tuple:

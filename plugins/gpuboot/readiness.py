@@ -42,11 +42,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .inventory import node_condition, parse_time
+from .model import NOT_READY_TAINTS
 from .resources import GPU, QuantityError, parse_quantity
 
 DEFAULT_FALLBACK_SECONDS = 60.0
-# Taints the node-lifecycle controller keeps on a node that is not (yet) Ready or reachable.
-NOT_READY_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
 
 
 @dataclass(frozen=True)

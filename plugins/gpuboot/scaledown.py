@@ -3,15 +3,7 @@
 The decision (`plan_scaledown`, `recheck`) is pure and unit-tested; `IdleScaleDownOperator`
 gathers its inputs, keeps the books on the Nodes and does the stop.
 
-Rules. Only managed nodes are considered (label gpuboot.io/managed=true or ECS tag
-gpuboot:managed=true, the inventory's rule); others are never touched. A node is idle when
-it has no workload pod (bound or pinned to it by nodeSelector, not terminated, not owned by
-a DaemonSet, not a static/mirror pod) and no live reservation in the ledger. When a node is
-first seen idle, annotation gpuboot.io/idle-since is set to that moment (we cannot know
-what ran between two runs, so we never guess earlier); an annotation older than the
-instance's StartTime belongs to an earlier boot and counts as "first seen now". The
-annotation is removed as soon as the node is busy or stopped. A node idle for at least
-`idle_seconds` is stopped with StoppedMode=StopCharging.
+The decision is gpuboot.idle (pure, unit-tested): see its rules there.
 
 Why the stop can never hit a node that a placement has just chosen. The placement
 operator reads the ledger (version V), then the Nodes, places, and commits its
@@ -43,229 +35,18 @@ and the fence entries carry no resources and expire.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timezone
-from enum import Enum
+from collections.abc import Mapping, Sequence
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from gpuboot.ecs import EcsHook
-from gpuboot.inventory import (LABEL_HOSTNAME, Reservation, build_inventory, parse_provider_id,
-                               parse_time)
+from gpuboot.idle import (ANNOTATION_CORDONED_BY, ANNOTATION_IDLE_SINCE, CORDONED_BY, FENCE_JOB, MAX_IDLE_SECONDS,
+                          STOPPED_MODE, NodeDecision, ScaledownPlan, duration, fence_entries, plan_scaledown, recheck)
+from gpuboot.inventory import parse_provider_id
 from gpuboot.kube import Conflict, KubeClient
 from gpuboot.ledger import LedgerConflict, ReservationLedger
-from gpuboot.resources import Resources
-
-ANNOTATION_IDLE_SINCE = "gpuboot.io/idle-since"
-ANNOTATION_CORDONED_BY = "gpuboot.io/cordoned-by"
-CORDONED_BY = "idle-scaledown"
-FENCE_JOB = "gpuboot-idle-scaledown"
-MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
-STOPPED_MODE = "StopCharging"
-MAX_IDLE_SECONDS = 30 * 24 * 3600
-_TERMINATED = ("Succeeded", "Failed")
-
-
-class IdleVerdict(str, Enum):
-    STOP = "stop"            # idle long enough: cordon, re-check, stop
-    IDLE = "idle"            # idle, not yet for long enough
-    BUSY = "busy"            # workload pods
-    RESERVED = "reserved"    # a live reservation
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-    STARTING = "starting"
-    KEPT = "kept"            # left alone for another reason (cordoned by someone else, no instance, ...)
-
-
-@dataclass(frozen=True)
-class NodeDecision:
-    """What this run decides for one managed node, and the books to keep on it."""
-
-    node: str
-    instance_id: str | None
-    verdict: IdleVerdict
-    reason: str
-    idle_since: str | None = None           # gpuboot.io/idle-since after this run (None: absent)
-    idle_since_before: str | None = None    # as read
-    uncordon: bool = False                  # cordoned by gpuboot and no longer being stopped
-
-    @property
-    def annotation_changes(self) -> bool:
-        return self.idle_since != self.idle_since_before
-
-    def line(self) -> str:
-        return f"{self.node:<24} {self.instance_id or '-':<24} {self.verdict.value:<9} {self.reason}"
-
-
-@dataclass(frozen=True)
-class ScaledownPlan:
-    now: float
-    idle_seconds: float
-    decisions: tuple[NodeDecision, ...]
-    unmanaged: tuple[str, ...]
-
-    @property
-    def to_stop(self) -> tuple[NodeDecision, ...]:
-        return tuple(d for d in self.decisions if d.verdict == IdleVerdict.STOP)
-
-    def lines(self) -> list[str]:
-        """One line per managed node (the task log), and one for the nodes never touched."""
-        head = f"{'NODE':<24} {'INSTANCE':<24} {'VERDICT':<9} REASON"
-        tail = f"unmanaged, never touched: {', '.join(self.unmanaged) or 'none'}"
-        return [head, *(d.line() for d in self.decisions), tail]
-
-    def to_json(self) -> dict:
-        return {"now": self.now, "idle_seconds": self.idle_seconds, "unmanaged": list(self.unmanaged),
-                "decisions": {d.node: {"verdict": d.verdict.value, "reason": d.reason} for d in self.decisions}}
-
-
-# --- small helpers -------------------------------------------------------------------
-
-def rfc3339(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def duration(seconds: float) -> str:
-    """90 -> '90s', 600 -> '10m', 4500 -> '1h15m': short, for log lines."""
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
-def is_workload_pod(pod: Mapping) -> bool:
-    """Counts toward "busy": not terminated, not a DaemonSet pod, not a static (mirror) pod."""
-    meta = pod.get("metadata") or {}
-    if (pod.get("status") or {}).get("phase") in _TERMINATED:
-        return False
-    if MIRROR_ANNOTATION in (meta.get("annotations") or {}):
-        return False
-    return not any(ref.get("kind") == "DaemonSet" for ref in meta.get("ownerReferences") or ())
-
-
-def _pod_node(pod: Mapping, node_by_hostname: Mapping[str, str]) -> str | None:
-    """The node a pod runs on, or is pinned to by nodeSelector hostname while still Pending."""
-    spec = pod.get("spec") or {}
-    if spec.get("nodeName"):
-        return spec["nodeName"]
-    return node_by_hostname.get((spec.get("nodeSelector") or {}).get(LABEL_HOSTNAME))
-
-
-def _hostnames(nodes: Iterable[Mapping]) -> dict[str, str]:
-    out = {}
-    for node in nodes:
-        meta = node.get("metadata") or {}
-        out[(meta.get("labels") or {}).get(LABEL_HOSTNAME) or meta["name"]] = meta["name"]
-    return out
-
-
-def find_work(nodes: Iterable[Mapping], pods: Iterable[Mapping], reservations: Iterable[Reservation],
-              now: float) -> dict[str, tuple[IdleVerdict, str]]:
-    """Nodes that have work, with why: BUSY (workload pods) before RESERVED (live reservations).
-    Nodes without work are absent. Scale-down's own fence entries are not work."""
-    node_by_hostname = _hostnames(nodes)
-    pods_on: dict[str, list[str]] = defaultdict(list)
-    for pod in pods:
-        node = _pod_node(pod, node_by_hostname)
-        if node and is_workload_pod(pod):
-            meta = pod.get("metadata") or {}
-            pods_on[node].append(f"{meta.get('namespace', 'default')}/{meta.get('name')}")
-    work: dict[str, tuple[IdleVerdict, str]] = {}
-    for r in sorted(reservations, key=lambda r: r.expires_at):
-        if r.expires_at > now and r.job_id != FENCE_JOB:
-            work.setdefault(r.node, (IdleVerdict.RESERVED, f"reserved by job {r.job_id} (task {r.task}) "
-                                                       f"until {rfc3339(r.expires_at)}"))
-    for node, names in pods_on.items():
-        shown = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
-        work[node] = (IdleVerdict.BUSY, f"busy: {len(names)} pod{'s' if len(names) != 1 else ''} ({shown})")
-    return work
-
-
-# --- the decision ------------------------------------------------------------------------
-
-def plan_scaledown(nodes: Sequence[dict], pods: Sequence[dict], instances: Sequence[dict],
-                   reservations: Sequence[Reservation], now: float, idle_seconds: float) -> ScaledownPlan:
-    """Decide, for every managed node, whether to stop it, and the idle-since books to keep.
-
-    `nodes`/`pods` in API form, `instances` in DescribeInstances form, `reservations` from
-    the ledger (expired ones are ignored), `now` in epoch seconds."""
-    if not 0 < idle_seconds <= MAX_IDLE_SECONDS:
-        raise ValueError(f"idle_seconds must be in (0, {MAX_IDLE_SECONDS}], got {idle_seconds!r}; e.g. 600")
-    by_id = {i.get("InstanceId"): i for i in instances}
-    # The inventory owns the "managed" rule (label or tag); pods and reservations are not needed for it.
-    managed = {v.name for v in build_inventory(list(nodes), [], list(instances), {}, [], now) if v.managed}
-    work = find_work(nodes, pods, reservations, now)
-    decisions, unmanaged = [], []
-    for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
-        name = node["metadata"]["name"]
-        if name not in managed:
-            unmanaged.append(name)
-            continue
-        decisions.append(_decide(node, by_id, work.get(name), now, idle_seconds))
-    return ScaledownPlan(now=now, idle_seconds=idle_seconds, decisions=tuple(decisions),
-                         unmanaged=tuple(unmanaged))
-
-
-def _decide(node: Mapping, by_id: Mapping[str, dict], work: tuple[IdleVerdict, str] | None,
-            now: float, idle_seconds: float) -> NodeDecision:
-    meta, spec = node["metadata"], node.get("spec") or {}
-    annotations = meta.get("annotations") or {}
-    ours = annotations.get(ANNOTATION_CORDONED_BY) == CORDONED_BY
-    before = annotations.get(ANNOTATION_IDLE_SINCE)
-    parsed = parse_provider_id(spec.get("providerID"))
-    instance = by_id.get(parsed[1]) if parsed else None
-    decision = dict(node=meta["name"], instance_id=parsed[1] if parsed else None, idle_since_before=before)
-
-    def decide(verdict: IdleVerdict, reason: str, idle_since: str | None = None, uncordon: bool = False):
-        if uncordon:
-            reason += "; un-cordoning (gpuboot cordoned it)"
-        return NodeDecision(verdict=verdict, reason=reason, idle_since=idle_since, uncordon=uncordon, **decision)
-
-    status = (instance or {}).get("Status")
-    if instance is None:
-        return decide(IdleVerdict.KEPT, "no ECS instance for its providerID", before, uncordon=ours)
-    if status == "Stopping":
-        return decide(IdleVerdict.STOPPING, "instance Stopping; un-cordoned once Stopped" if ours
-                      else "instance Stopping")
-    if status == "Stopped":
-        return decide(IdleVerdict.STOPPED, f"instance Stopped ({instance.get('StoppedMode') or 'mode unknown'})",
-                      uncordon=ours)
-    if status in ("Pending", "Starting"):
-        return decide(IdleVerdict.STARTING, f"instance {status}", uncordon=ours)
-    if status != "Running":
-        return decide(IdleVerdict.KEPT, f"instance status {status!r}", before)
-    if spec.get("unschedulable") and not ours:
-        return decide(IdleVerdict.KEPT, "cordoned by someone else; left alone", before)
-    if work is not None:
-        return decide(*work, uncordon=ours)
-
-    started = parse_time(instance.get("StartTime"))
-    since, stamp = parse_time(before), before
-    if since is None or since > now or (started is not None and since < started):
-        since, stamp = now, rfc3339(now)      # first seen idle in this boot
-    idle_for = now - since
-    if idle_for >= idle_seconds:
-        return decide(IdleVerdict.STOP, f"idle for {duration(idle_for)} >= {duration(idle_seconds)}", stamp)
-    return decide(IdleVerdict.IDLE, f"idle for {duration(idle_for)} < {duration(idle_seconds)}", stamp, uncordon=ours)
-
-
-def recheck(nodes: Sequence[dict], names: Iterable[str], pods: Sequence[dict],
-            reservations: Sequence[Reservation], now: float) -> dict[str, str]:
-    """After the cordon and the fence: which of `names` have work after all, with why."""
-    work = find_work(nodes, pods, reservations, now)
-    return {name: work[name][1] for name in names if name in work}
-
-
-def fence_entries(names: Iterable[str], now: float, ttl: float) -> list[Reservation]:
-    """Zero-resource ledger entries: writing them moves the ledger's version (see the module doc)."""
-    return [Reservation(job_id=FENCE_JOB, task=name, node=name, resources=Resources(), expires_at=now + ttl)
-            for name in sorted(set(names))]
-
+from gpuboot.model import Reservation
 
 # --- the operator ------------------------------------------------------------------------
 

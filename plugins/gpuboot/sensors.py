@@ -17,7 +17,7 @@ another node in the same ledger commit, the instance is stopped again if this jo
 and no other job claims it, the new node is started, and the wait starts over for it, up to
 `max_boot_attempts` boots. A node that was already up when the job chose it is not held to
 the boot timeout (there is no boot) and is never marked for others. When what is left is
-busy, the sensor waits and re-places exactly like the start step (gpuboot.boot.WaitsForCapacity).
+busy, the sensor waits and re-places exactly like the start step (gpuboot.waiting.WaitsForCapacity).
 Why here and not by retrying upstream tasks: Airflow cannot re-run `place`/`start` from a
 downstream failure, while one task that logs "timed out on X (evidence), stopped X,
 re-placed on Y, started Y" keeps the audit trail in one place. The plan the job ends on is
@@ -39,8 +39,8 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException
 
-from gpuboot.boot import (ALREADY_UP_GRACE_SECONDS, DEFAULT_UNAVAILABLE_TTL_SECONDS, BringUp, CapacityUnavailable,
-                          JobBoot, WaitsForCapacity, wait_deadline)
+from gpuboot.boot import (ALREADY_UP_GRACE_SECONDS, DEFAULT_UNAVAILABLE_TTL_SECONDS, BringUp,
+                          JobBoot, wait_deadline)
 from gpuboot.booking import LAUNCH_MARGIN_SECONDS, stamp
 from gpuboot.ecs import EcsHook
 from gpuboot.jobspec import JobSpec
@@ -49,6 +49,7 @@ from gpuboot.ledger import ReservationLedger
 from gpuboot.placement import Plan
 from gpuboot.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline, ReadinessTracker
 from gpuboot.triggers import NodeGpuReadyTrigger
+from gpuboot.waiting import WaitsForCapacity
 
 
 def describe_evidence(evidence: Mapping[str, Any]) -> str:
@@ -202,11 +203,7 @@ class GpuReadySensor(WaitsForCapacity, BaseSensorOperator):
         """Back from waiting for busy capacity (holding nothing): place again and watch the new nodes."""
         settle, _ = self._timing()
         boot = self._boot({"plan": self.plan})
-        try:
-            result = self.capacity_resumed(boot, event["echo"], "resume_after_capacity")
-        except CapacityUnavailable as exc:
-            raise AirflowFailException(str(exc)) from None
-        return self._watch(context, result, settle)
+        return self._watch(context, self.capacity_resumed(boot, event["echo"], "resume_after_capacity"), settle)
 
     def _watch(self, context, result: BringUp, settle: float):
         state = self._state_of(context, result)
@@ -234,7 +231,7 @@ class GpuReadySensor(WaitsForCapacity, BaseSensorOperator):
             return self.bring_up_or_wait(
                 boot, lambda: boot.fail_over(plan, {node: why}, state["tried"], {node: {**baseline, **evidence}}),
                 None, "resume_after_capacity")
-        except CapacityUnavailable as exc:   # nothing left to move to: the run fails, holding nothing
+        except AirflowFailException as exc:   # nothing left to move to: the run fails, holding nothing
             raise AirflowFailException(f"{what}\n{exc}") from None
 
     def _cleared(self, context, evidence: dict, state: dict) -> list[str]:

@@ -35,7 +35,8 @@ def gpu_job_group(job: Mapping | None = None, *, group_id: str = "gpu_job",
     are idempotent, see gpuboot.boot). Failures that no retry can fix (a job that never fits,
     bad input, no capacity left) raise AirflowFailException and are not retried.
     `cpu_jobs_on_gpu_nodes=False` keeps CPU-only jobs off GPU nodes even when they set allow_gpu_nodes."""
-    retry_args = {"retries": retries, "retry_delay": retry_delay, "retry_exponential_backoff": True}
+    # retry_exponential_backoff is a multiplier in Airflow 3.3: True would mean 1, a constant delay
+    retry_args = {"retries": retries, "retry_delay": retry_delay, "retry_exponential_backoff": 2.0}
     with TaskGroup(group_id=group_id, default_args=retry_args) as group:
         place = PlaceGpuJobOperator(task_id="place", job=job, kubernetes_conn_id=kubernetes_conn_id,
                                     ecs_conn_id=ecs_conn_id, ledger_namespace=ledger_namespace,

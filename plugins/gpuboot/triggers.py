@@ -1,26 +1,23 @@
 """NodeGpuReadyTrigger: waits in the triggerer until one Node can really take GPU pods.
 
-It watches the one Node (field selector metadata.name, resuming from the last
-resourceVersion, re-listing on 410) and feeds every event, plus timer ticks when the
-settle window may have completed, into the pure `ReadinessTracker`. The rule itself
-lives in gpuboot.readiness; this module only does the waiting.
+It reads the one Node's states from the Kubernetes adapter's stream (gpuboot.kube.NodeEvents:
+list, watch, resume, re-list on 410, reconnect with backoff) and feeds each, plus timer ticks
+when the settle window may have completed, into the pure `ReadinessTracker`; it keeps only
+the rule, the settle timer and the deadline. The rule itself lives in gpuboot.readiness.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from gpuboot.kube import AsyncKubeClient, Gone
+from gpuboot.kube import AsyncKubeClient
 from gpuboot.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline, ReadinessTracker, Verdict
 
 MAX_HISTORY = 50           # verdict changes returned in the event (the task log keeps every deferral's watch)
-MAX_WATCH_SECONDS = 60      # re-open the watch at least this often (cheap; survives idle proxies)
-ERROR_BACKOFF_SECONDS = 2.0
 
 
 class WakeUpTrigger(BaseTrigger):
@@ -90,72 +87,45 @@ class NodeGpuReadyTrigger(BaseTrigger):
             self.history.append(line)
 
     async def run(self):
-        kube = AsyncKubeClient(self.kubernetes_conn_id)
         baseline = BootBaseline.from_json(self.baseline)
         # Resume from before the start when we started the node: every write since is replayed.
-        resource_version = baseline.resource_version_before if baseline.start_requested_at is not None else None
-        tracker = self.make_tracker(continuous=resource_version is not None)
-        node: dict | None = None          # the latest Node seen (None: nothing seen yet)
+        since = baseline.resource_version_before if baseline.start_requested_at is not None else None
+        tracker = self.make_tracker(continuous=since is not None)
+        kube = AsyncKubeClient(self.kubernetes_conn_id)
+        node: dict | None = None          # the latest Node seen (None: nothing written since the start yet)
         verdict: Verdict | None = None
-        while True:
-            now = time.time()
-            try:
-                if resource_version is None:      # (re-)list: no version to resume from, or after 410 Gone
-                    node = await kube.get_node(self.node)
-                    resource_version = node["metadata"]["resourceVersion"]
-                if node is not None:              # the listed Node, or a timer tick on the last one seen
+        async with kube.node_events(self.node, since, self.log) as events:
+            while True:
+                now = time.time()
+                if node is not None:      # judge the last state again: a settle window may have completed
                     verdict = tracker.observe(node, now)
                     self.note(verdict)
                     if verdict.ready:
                         break
                 if now >= self.deadline:
-                    if verdict is None:           # no write since the start: judge what is there now
-                        verdict = tracker.observe(await kube.get_node(self.node), now)
+                    if verdict is None:   # nothing seen (no write since the start, or the API down)
+                        with contextlib.suppress(Exception):
+                            verdict = tracker.observe(await kube.get_node(self.node), now)
                     yield self._event("timeout", verdict, f"node {self.node} not GPU-ready in time: "
-                                      f"{verdict.reason}")
+                                      f"{verdict.reason if verdict else 'its Node could not be read'}")
                     return
-                remaining = self.deadline - now
                 wait = tracker.next_check_in(now)
-                window = min(remaining, MAX_WATCH_SECONDS, wait if wait is not None else remaining)
-                loop = asyncio.get_running_loop()
-                try:
-                    # The timer leaves the watch as soon as a settle window can complete, so
-                    # readiness is seen then, not at the Node's next heartbeat.
-                    async with asyncio.timeout(window) as timer, contextlib.aclosing(kube.watch_node(
-                            self.node, resource_version, max(1, math.ceil(window)))) as events:
-                        async for kind, obj in events:
-                            resource_version = obj["metadata"]["resourceVersion"]
-                            if kind == "DELETED":
-                                self.log.warning("node %s was deleted; waiting for it to come back", self.node)
-                            node = {} if kind == "DELETED" else obj   # {}: observed as "not found"
-                            verdict = tracker.observe(node, time.time())
-                            self.log.info("node %s: %s", self.node, verdict.reason)
-                            self.note(verdict)
-                            if verdict.ready:
-                                break
-                            settle = tracker.next_check_in(time.time())
-                            if settle is not None:
-                                timer.reschedule(min(timer.when(), loop.time() + settle))
-                except TimeoutError:
-                    continue              # a timer tick: observe the last status again
-                if verdict is not None and verdict.ready:
+                event = await events.next(min(self.deadline - now, wait if wait is not None else self.deadline - now))
+                if event is None:
+                    continue              # a timer: the settle window or the deadline
+                if event.relisted:
+                    self.log.warning("node %s re-listed after 410 Gone: writes in between were not seen, so a "
+                                     "GPU count not seen reset is trusted only after %gs", self.node,
+                                     max(self.fallback_seconds, self.settle_seconds))
+                    tracker.lost_continuity("the watch expired (410 Gone) and the Node was re-listed")
+                if not event.node:
+                    self.log.warning("node %s was deleted; waiting for it to come back", self.node)
+                node = event.node
+                verdict = tracker.observe(node, time.time())
+                self.log.info("node %s: %s", self.node, verdict.reason)
+                self.note(verdict)
+                if verdict.ready:
                     break
-            except Gone:
-                self.log.warning("watch of node %s expired (410 Gone); re-listing: writes in between were not "
-                                 "seen, so a GPU count not seen reset is trusted only after %gs",
-                                 self.node, max(self.fallback_seconds, self.settle_seconds))
-                tracker.lost_continuity("the watch expired (410 Gone) and the Node was re-listed")
-                resource_version = None
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - API hiccups must not end the wait
-                self.log.warning("watching node %s failed (%s: %s); retrying from resourceVersion %s", self.node,
-                                 type(exc).__name__, str(exc)[:200], resource_version)
-                if time.time() >= self.deadline:
-                    yield self._event("timeout", verdict, f"node {self.node} could not be read before "
-                                      f"the deadline: {type(exc).__name__}")
-                    return
-                await asyncio.sleep(ERROR_BACKOFF_SECONDS)
         if "warning" in verdict.evidence:
             self.log.warning("node %s: %s", self.node, verdict.evidence["warning"])
         yield self._event("ready", verdict, f"node {self.node} is GPU-ready: {verdict.reason}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuboot.inventory import Reservation
+from gpuboot.model import Reservation
 from gpuboot.kube import KubeClient
 from gpuboot.ledger import ReservationLedger
 from gpuboot.operators import job_id_for

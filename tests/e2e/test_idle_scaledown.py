@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from gpuboot.scaledown import ANNOTATION_IDLE_SINCE
+from gpuboot.idle import ANNOTATION_IDLE_SINCE
 from tests.e2e.conftest import REPO
 
 RUNNING = "t4-running"      # the e2e fleet's running, managed, idle GPU node

@@ -12,7 +12,7 @@ def test_every_step_of_the_group_is_retried_with_backoff():
     steps = {task.task_id.split(".")[-1]: task for task in dag.tasks}
     assert set(steps) == {"place", "start", "wait_gpu_ready", "launch", "release"}
     for name, task in steps.items():
-        assert task.retries == 2 and task.retry_exponential_backoff, name
+        assert task.retries == 2 and task.retry_exponential_backoff == 2.0, name
 
 
 def test_retries_can_be_turned_off():

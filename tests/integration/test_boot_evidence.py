@@ -10,7 +10,7 @@ import time
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
-from gpuboot.placement import Unavailable
+from gpuboot.model import Unavailable
 from gpuboot.sensors import GpuReadySensor
 
 from .conftest import SETTLE_SECONDS, T4X2, wait_until

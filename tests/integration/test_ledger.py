@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from gpuboot.inventory import Reservation
+from gpuboot.model import Reservation
 from gpuboot.jobspec import JobSpec
 from gpuboot.kube import KubeClient
 from gpuboot.ledger import LedgerConflict, ReservationLedger
@@ -92,7 +92,7 @@ def test_placements_renewals_start_records_and_marks_race_without_a_lost_write(c
     recording starts and 4 marking offerings, all at once. Every write lands, and no GPU is
     promised twice."""
     from gpuboot.ledger import StartedNode
-    from gpuboot.placement import Unavailable
+    from gpuboot.model import Unavailable
 
     ledger = ReservationLedger(KubeClient())
     holders = [f"holder-{i}" for i in range(4)]

@@ -13,7 +13,9 @@ from gpuboot.ecs import EcsHook
 from gpuboot.jobspec import JobSpec
 from gpuboot.kube import KubeClient
 from gpuboot.ledger import ReservationLedger
-from gpuboot.operators import CapacityUnavailable, StartGpuNodesOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from gpuboot.operators import StartGpuNodesOperator
 from gpuboot.placement import Outcome
 from gpuboot.sensors import GpuReadySensor
 
@@ -105,7 +107,7 @@ def test_when_no_offering_has_stock_start_waits_then_fails_naming_each_one_and_h
         operator.execute(ctx)
     assert held("job") == []
     event = run_deferred(deferred.value)
-    with pytest.raises(CapacityUnavailable) as err:
+    with pytest.raises(AirflowFailException) as err:
         while True:
             try:
                 operator.resume(ctx, event)
@@ -158,7 +160,7 @@ def test_capacity_attempts_are_bounded(cloud):
     hog_running_node()
     plan, pushed = place(JOB, job_id="job")
     cloud.set_faults(no_stock=[T4])
-    with pytest.raises(CapacityUnavailable, match=r"gave up after 1 failure\(s\) \(max_attempts=1\)"):
+    with pytest.raises(AirflowFailException, match=r"gave up after 1 failure\(s\) \(max_attempts=1\)"):
         start(plan, pushed["job"], max_capacity_attempts=1)
     assert held("job") == [] and status(cloud, "gpu2-stop") == "Stopped"
 
@@ -167,7 +169,7 @@ def test_without_the_job_a_capacity_error_fails_and_releases(cloud):
     hog_running_node()
     plan, _ = place(JOB, job_id="job")
     cloud.set_faults(no_stock=[T4])
-    with pytest.raises(CapacityUnavailable, match="no job spec given"):
+    with pytest.raises(AirflowFailException, match="no job spec given"):
         start(plan, None)
     assert held("job") == []
 

@@ -10,14 +10,15 @@ import time
 import pytest
 
 from gpuboot.ecs import EcsHook
-from gpuboot.inventory import Reservation
+from gpuboot.model import Reservation
 from gpuboot.jobspec import JobSpec
 from gpuboot.kube import KubeClient
 from gpuboot.ledger import LedgerConflict, ReservationLedger
 from gpuboot.operators import PlaceGpuJobOperator
 from gpuboot.placement import Outcome
 from gpuboot.resources import Resources
-from gpuboot.scaledown import ANNOTATION_CORDONED_BY, ANNOTATION_IDLE_SINCE, CORDONED_BY, IdleScaleDownOperator
+from gpuboot.idle import ANNOTATION_CORDONED_BY, ANNOTATION_IDLE_SINCE, CORDONED_BY
+from gpuboot.scaledown import IdleScaleDownOperator
 from simcloud.testing import small_fleet
 
 from .conftest import expose_connections, wait_until

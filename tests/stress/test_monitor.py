@@ -22,7 +22,7 @@ def cloud(tmp_path):
 
 
 def reserve(job_id: str, node: str, gpus: int = 1) -> None:
-    from gpuboot.inventory import Reservation
+    from gpuboot.model import Reservation
     from gpuboot.kube import KubeClient
     from gpuboot.ledger import ReservationLedger
     from gpuboot.resources import Resources

@@ -1,8 +1,9 @@
 """Inventory: every node state with its reason, capacities, pod requests and reservations."""
 import pytest
 
-from gpuboot.inventory import (NodeState, Reservation, build_inventory, gpu_model_matches, normalize_gpu_model,
-                               parse_provider_id, pod_requests)
+from gpuboot.inventory import (build_inventory, gpu_model_matches, normalize_gpu_model, parse_provider_id,
+                               pod_requests)
+from gpuboot.model import NodeState, Reservation
 from gpuboot.resources import GPU, QuantityError, Resources
 
 from .builders import TYPES, instance, node, pod

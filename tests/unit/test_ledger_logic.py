@@ -10,11 +10,11 @@ import pytest
 
 from gpuboot.boot import ALREADY_UP_GRACE_SECONDS, wait_deadline
 from gpuboot.booking import LAUNCH_MARGIN_SECONDS, outdated_marks, reservation_ttl
-from gpuboot.inventory import NodeState, NodeView, Reservation
+from gpuboot.model import NodeState, NodeView, Reservation
 from gpuboot.jobspec import JobSpec
 from gpuboot.kube import Conflict
 from gpuboot.ledger import JobRecord, ReservationLedger, StartedNode
-from gpuboot.placement import Unavailable
+from gpuboot.model import Unavailable
 from gpuboot.resources import Resources
 from gpuboot.sensors import where_to_look
 

@@ -4,8 +4,9 @@ import random
 
 import pytest
 
-from gpuboot.inventory import NodeState, NodeView, Reservation, build_inventory
-from gpuboot.placement import JobRequest, Outcome, Plan, TaskRequest, place
+from gpuboot.inventory import build_inventory
+from gpuboot.model import NodeState, NodeView, Reservation
+from gpuboot.placement import JobRequest, Outcome, Plan, TaskRequest, Verdict, place
 from gpuboot.resources import GPU, Resources
 
 from .builders import TYPES, instance, node, pod
@@ -270,10 +271,18 @@ def test_plan_json_round_trip_and_table():
     data = json.loads(json.dumps(plan.to_json(), allow_nan=False))
     assert Plan.from_json(data) == plan
     table = plan.table().splitlines()
-    assert table[0].split()[:5] == ["TASK", "NODE", "STATE", "VERDICT", "SCORE"]
+    assert table[0].split()[:4] == ["TASK", "NODE", "PREFER", "VERDICT"]
+    assert "GPU LEFT" in table[0] and "COST PER SLOT" in table[0] and "SCORE" not in table[0]
     assert len(table) == 1 + len(plan.candidates)
-    assert any("w0" in row and "s2" in row and "chosen" in row for row in table)
+    assert any("w0" in row and "s2" in row and "chosen" in row and "stopped" in row for row in table)
     assert any("x" in row.split() and "excluded" in row for row in table)
+    # words, not the raw sort key: the running node left with 0 GPUs after w1, the stopped 2-GPU
+    # node's slot costs 2 GPUs (no price), memory in Kubernetes quantities
+    r_row = next(row for row in table if row.split()[:2] == ["w1", "r"])
+    assert r_row.split()[2:6] == ["running", "chosen", "1", "0"]
+    s2_row = next(row for row in table if row.split()[:2] == ["w0", "s2"])
+    assert "2 GPU (no price)" in s2_row and "Gi" in s2_row
+    assert all(isinstance(c.verdict, Verdict) for c in plan.candidates)
     assert plan.assignment_for("w1").node == "r"
 
 

@@ -1,7 +1,8 @@
 """Placement with an insufficient-capacity cache: offerings out of stock and nodes that failed to boot."""
 import pytest
 
-from gpuboot.placement import Outcome, Unavailable, place
+from gpuboot.placement import Outcome, place
+from gpuboot.model import Unavailable
 
 from .test_placement import BOOTING, READY, STOPPED, STOPPING, chosen, job, nv, task
 

@@ -4,7 +4,7 @@ import random
 import pytest
 
 import gpuboot.placement
-from gpuboot.inventory import NodeState
+from gpuboot.model import NodeState
 from gpuboot.placement import JobRequest, TaskRequest
 from gpuboot.replay import policies
 from gpuboot.replay.metrics import lower_bound_gpu_seconds, percentile

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpuboot.inventory import Reservation
+from gpuboot.model import Reservation
 from gpuboot.resources import Resources
-from gpuboot.scaledown import (ANNOTATION_CORDONED_BY, ANNOTATION_IDLE_SINCE, CORDONED_BY, FENCE_JOB,
-                               IdleVerdict, _as_bool, _as_seconds, duration, fence_entries, plan_scaledown,
-                               recheck, rfc3339)
+from gpuboot.idle import (ANNOTATION_CORDONED_BY, ANNOTATION_IDLE_SINCE, CORDONED_BY, FENCE_JOB, IdleVerdict,
+                          duration, fence_entries, plan_scaledown, recheck, rfc3339)
+from gpuboot.scaledown import _as_bool, _as_seconds
 from tests.unit.builders import instance, node, pod
 
 NOW = 1_700_000_000.0

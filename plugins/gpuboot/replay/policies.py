@@ -10,11 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuboot.inventory import NodeState
+from gpuboot.model import STATE_RANK, NodeState
 from gpuboot.placement import JobRequest, Outcome, TaskRequest, place
 from gpuboot.resources import Resources
 
-_RANK = {NodeState.READY: 0, NodeState.BOOTING: 1, NodeState.STOPPED: 2, NodeState.STOPPING: 3}
 _STARTABLE = (NodeState.STOPPED, NodeState.STOPPING)
 
 
@@ -62,7 +61,7 @@ class AllocateTime:
     def decide(self, job, cluster, arriving: bool) -> Decision:
         best = None
         for node in cluster.ordered_nodes():        # name order: the first of each rank wins
-            rank = _RANK.get(node.state)
+            rank = STATE_RANK.get(node.state)
             if rank is not None and (best is None or rank < best[0]) and job.requests.fits_in(node.free):
                 best = (rank, node)
                 if rank == 0:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuboot.inventory import NodeState, NodeView
+from gpuboot.model import NodeState, NodeView
 from gpuboot.resources import Resources
 
 from .clock import EventClock, Kind

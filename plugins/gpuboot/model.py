@@ -1,0 +1,146 @@
+"""The values every layer shares: node states and views, reservations, unavailable capacity,
+the labels gpuboot reads and writes, and the constants several modules need (one definition each).
+
+Pure data, no decisions: inventory builds NodeViews, placement ranks them, the ledger stores
+Reservations and Unavailable marks, the replay and chaos reuse the same names.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import cached_property
+
+from .resources import Resources
+
+LABEL_GPU_MODEL = "aliyun.accelerator/nvidia_name"
+LABEL_GPU_COUNT = "aliyun.accelerator/nvidia_count"
+LABEL_MANAGED = "gpuboot.io/managed"
+LABEL_JOB = "gpuboot.io/job"
+LABEL_TASK = "gpuboot.io/task"
+LABEL_PRICE = "gpuboot.io/price-per-hour"   # optional node label/annotation, e.g. "3.2"
+LABEL_HOSTNAME = "kubernetes.io/hostname"
+LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+LABEL_ZONE = "topology.kubernetes.io/zone"
+TAG_MANAGED = "gpuboot:managed"
+
+TERMINATED_PHASES = ("Succeeded", "Failed")    # a pod in these holds no node resources
+
+
+class FrozenDict(dict):
+    """A read-only dict: JSON-, pickle- and deepcopy-friendly (Airflow copies operators), hashable."""
+
+    def _readonly(self, *args, **kwargs):
+        raise TypeError(f"{type(self).__name__} is read-only; build a new one instead")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _readonly
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self.items()))
+
+    def __reduce__(self):
+        return (type(self), (dict(self),))
+
+    def __repr__(self) -> str:
+        return f"FrozenDict({dict.__repr__(self)})"
+
+
+class NodeState(str, Enum):
+    READY = "ready"
+    BOOTING = "booting"
+    STOPPED = "stopped"
+    STOPPING = "stopping"
+    UNAVAILABLE = "unavailable"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Capacity promised to one task of a job on one node, until `expires_at` (epoch seconds)."""
+
+    job_id: str
+    task: str
+    node: str
+    resources: Resources
+    expires_at: float
+
+    def to_json(self) -> dict:
+        return {"job_id": self.job_id, "task": self.task, "node": self.node,
+                "resources": self.resources.to_json(), "expires_at": self.expires_at}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "Reservation":
+        return cls(job_id=data["job_id"], task=data["task"], node=data["node"],
+                   resources=Resources.from_json(data["resources"]), expires_at=float(data["expires_at"]))
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    hostname: str
+    state: NodeState
+    reason: str
+    allocatable: Resources
+    allocated: Resources
+    labels: Mapping[str, str] = field(default_factory=FrozenDict)
+    taints: tuple[dict, ...] = ()
+    instance_id: str | None = None
+    instance_type: str | None = None
+    zone: str | None = None
+    gpu_model: str | None = None
+    price_per_hour: float | None = None
+    managed: bool = False
+    holders: tuple[str, ...] = ()     # who uses its capacity (jobs, other pods), for "busy" reasons
+
+
+    @cached_property
+    def free(self) -> Resources:
+        return self.allocatable - self.allocated
+
+
+# Preference among node states: running beats booting beats stopped (stopping last); a state not
+# here (UNAVAILABLE) is never a candidate.
+STATE_RANK = {NodeState.READY: 0, NodeState.BOOTING: 1, NodeState.STOPPED: 2, NodeState.STOPPING: 3}
+# Taints the node-lifecycle controller keeps on a node that is not (yet) Ready or reachable.
+NOT_READY_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """Capacity placement must not count on until `expires_at` (epoch seconds).
+
+    Either an offering, an instance type in a zone whose start just failed for lack of stock
+    (it blocks only nodes that would need a start: Karpenter's insufficient-capacity cache),
+    or one node that did not become GPU-ready in time (it blocks that node in any state).
+    `boot_id`: for a node mark, the bootID the failed boot left (the evidence the mark rests
+    on; gpuboot.booking drops the mark once the node reports another boot or is Ready)."""
+
+    reason: str
+    expires_at: float
+    instance_type: str | None = None
+    zone: str | None = None
+    node: str | None = None
+    boot_id: str | None = None
+
+    def __post_init__(self):
+        if (self.node is None) == (self.instance_type is None or self.zone is None):
+            raise ValueError("Unavailable: give either node, or instance_type and zone")
+
+    @property
+    def what(self) -> str:
+        return f"node {self.node}" if self.node else f"offering {self.instance_type} in {self.zone}"
+
+    def blocks(self, node: NodeView) -> bool:
+        if self.node is not None:
+            return node.name == self.node
+        return (node.state in (NodeState.STOPPED, NodeState.STOPPING)
+                and (node.instance_type, node.zone) == (self.instance_type, self.zone))
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in (("reason", self.reason), ("expires_at", self.expires_at),
+                                  ("instance_type", self.instance_type), ("zone", self.zone),
+                                  ("node", self.node), ("boot_id", self.boot_id)) if v is not None}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "Unavailable":
+        return cls(reason=str(d["reason"]), expires_at=float(d["expires_at"]), instance_type=d.get("instance_type"),
+                   zone=d.get("zone"), node=d.get("node"), boot_id=d.get("boot_id"))

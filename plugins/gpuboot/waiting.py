@@ -1,0 +1,67 @@
+"""The one busy-wait of the start step and the sensor, and how their failures end the task.
+
+When a re-placement finds the fleet busy, the step waits deferred on a timer (WakeUpTrigger),
+holding nothing, and re-places until the job's queue timeout; a job no capacity can ever hold
+(gpuboot.boot.CapacityUnavailable) fails the task without a retry.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping
+
+from airflow.sdk.exceptions import AirflowFailException
+
+from gpuboot.boot import BringUp, CapacityBusy, CapacityUnavailable, JobBoot
+from gpuboot.placement import Outcome
+from gpuboot.triggers import WakeUpTrigger
+
+
+@contextlib.contextmanager
+def final_failures() -> Iterator[None]:
+    """Turn the boot layer's "no capacity, ever" into Airflow's fail-without-retry."""
+    try:
+        yield
+    except CapacityUnavailable as exc:
+        raise AirflowFailException(str(exc)) from None
+
+
+class WaitsForCapacity:
+    """The one busy-wait of the start step and the sensor: when a re-placement finds the fleet
+    busy (capacity in use, or the other candidates only marked unavailable for a while), wait
+    deferred on a timer, holding nothing, and re-place every `busy_poll_seconds` until the job's
+    queue timeout; then fail naming what was tried. Both steps therefore agree on when to wait."""
+
+    busy_poll_seconds: float
+
+    def bring_up_or_wait(self, boot: JobBoot, attempt: Callable[[], BringUp], deadline: float | None,
+                         method_name: str) -> BringUp:
+        """`attempt()` (a bring-up or fail-over); on CapacityBusy, defer to `method_name`."""
+        try:
+            with final_failures():
+                return attempt()
+        except CapacityBusy as busy:
+            if boot.spec is None:
+                raise AirflowFailException(f"{busy}; no job spec given to wait with; pass job=...") from None
+            deadline = deadline or time.time() + boot.spec.queue_timeout_seconds
+            self.wait_for_capacity(boot, busy.tried, deadline, str(busy), method_name)
+
+    def capacity_resumed(self, boot: JobBoot, echo: Mapping, method_name: str) -> BringUp:
+        """Back from the busy-wait timer: place again and bring the new plan up, or wait more."""
+        deadline = float(echo["deadline"])
+        with final_failures():
+            plan = boot.rebook()
+        if plan.outcome == Outcome.BUSY:
+            self.wait_for_capacity(boot, echo["tried"], deadline, f"capacity still busy: {plan.message}", method_name)
+        self.log.info("re-placed job %s after waiting for capacity:\n%s", plan.job_id, plan.table())
+        return self.bring_up_or_wait(boot, lambda: boot.bring_up(plan, echo["tried"]), deadline, method_name)
+
+    def wait_for_capacity(self, boot: JobBoot, tried: list[str], deadline: float, why: str, method_name: str):
+        now = time.time()
+        if now >= deadline:
+            raise AirflowFailException(f"job {boot.job_id}: still no capacity after "
+                                      f"queue_timeout_seconds={boot.spec.queue_timeout_seconds}; tried: "
+                                      f"{'; '.join(tried)}")
+        wake = min(deadline, now + self.busy_poll_seconds)
+        self.log.info("%s; re-placing in %.0fs, giving up in %.0fs", why, wake - now, deadline - now)
+        self.defer(trigger=WakeUpTrigger(wake, {"deadline": deadline, "tried": list(tried)}), method_name=method_name)
