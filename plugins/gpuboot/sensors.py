@@ -48,7 +48,7 @@ from gpuboot.kube import Gone, KubeClient
 from gpuboot.ledger import ReservationLedger
 from gpuboot.placement import Plan
 from gpuboot.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline, ReadinessTracker
-from gpuboot.triggers import NodeGpuReadyTrigger
+from gpuboot.triggers import NodeGpuReadyTrigger, holding_in_fallback
 from gpuboot.waiting import WaitsForCapacity
 
 
@@ -108,6 +108,7 @@ class GpuReadySensor(WaitsForCapacity, BaseSensorOperator):
         self.unavailable_ttl_seconds, self.fallback_seconds = unavailable_ttl_seconds, fallback_seconds
         self.busy_poll_seconds = busy_poll_seconds
         self._trackers: dict[str, ReadinessTracker] = {}
+        self._extended = False                         # poke mode: the deadline was stretched for a fallback window
         self._versions: dict[str, str | None] = {}     # poke mode: the resourceVersion each node was read at
         self._latest: dict[str, dict] = {}
         self._deadline: float | None = None
@@ -251,11 +252,16 @@ class GpuReadySensor(WaitsForCapacity, BaseSensorOperator):
             return PokeReturnValue(is_done=True, xcom_value=cleared)
         for node, verdict in waiting.items():
             self.log.info("node %s not ready yet: %s", node, verdict.reason)
+        holding = [self._trackers[n].next_check_in(now) for n, v in waiting.items()
+                   if holding_in_fallback(self._trackers[n], v, now)]
+        if (self._deadline is not None and now >= self._deadline and len(holding) == len(waiting)
+                and not self._extended):      # as the trigger does: let a fallback window finish, once
+            self._deadline, self._extended = now + max(holding), True
         if self._deadline is not None and now >= self._deadline:
             node, verdict = next(iter(waiting.items()))
             result = self._fail_over(context, self._state, node, verdict.reason, verdict.evidence)
             self._state = self._state_of(context, result)
-            self._trackers, self._versions = {}, {}
+            self._trackers, self._versions, self._extended = {}, {}, False
             self._deadline = self._poke_deadline(self._state) if result.boots else None
         return False
 

@@ -94,6 +94,7 @@ class NodeGpuReadyTrigger(BaseTrigger):
         kube = AsyncKubeClient(self.kubernetes_conn_id)
         node: dict | None = None          # the latest Node seen (None: nothing written since the start yet)
         verdict: Verdict | None = None
+        deadline = self.deadline
         async with kube.node_events(self.node, since, self.log) as events:
             while True:
                 now = time.time()
@@ -102,7 +103,13 @@ class NodeGpuReadyTrigger(BaseTrigger):
                     self.note(verdict)
                     if verdict.ready:
                         break
-                if now >= self.deadline:
+                if now >= deadline and deadline == self.deadline and holding_in_fallback(tracker, verdict, now):
+                    # Everything but the missed reset says ready: let the fallback window finish
+                    # (once) rather than give up a node that is most likely healthy.
+                    deadline = now + tracker.next_check_in(now)
+                    self.log.warning("node %s: boot timeout reached while its count holds in the fallback "
+                                     "window; waiting %.0fs more for the window to complete", self.node, deadline - now)
+                if now >= deadline:
                     if verdict is None:   # nothing seen (no write since the start, or the API down)
                         with contextlib.suppress(Exception):
                             verdict = tracker.observe(await kube.get_node(self.node), now)
@@ -110,7 +117,7 @@ class NodeGpuReadyTrigger(BaseTrigger):
                                       f"{verdict.reason if verdict else 'its Node could not be read'}")
                     return
                 wait = tracker.next_check_in(now)
-                event = await events.next(min(self.deadline - now, wait if wait is not None else self.deadline - now))
+                event = await events.next(min(deadline - now, wait if wait is not None else deadline - now))
                 if event is None:
                     continue              # a timer: the settle window or the deadline
                 if event.relisted:
@@ -129,6 +136,12 @@ class NodeGpuReadyTrigger(BaseTrigger):
         if "warning" in verdict.evidence:
             self.log.warning("node %s: %s", self.node, verdict.evidence["warning"])
         yield self._event("ready", verdict, f"node {self.node} is GPU-ready: {verdict.reason}")
+
+
+def holding_in_fallback(tracker: ReadinessTracker, verdict: Verdict | None, now: float) -> bool:
+    """True while the count holds in the fallback window (the reset was missed, all else ready)."""
+    return (verdict is not None and verdict.evidence.get("path") == "fallback"
+            and tracker.next_check_in(now) is not None)
 
 
 def _clock(epoch: float) -> str:

@@ -246,3 +246,18 @@ def test_extended_needs_are_the_device_plugin_resources_besides_whole_gpus():
     requests = {"cpu": 4000, "memory": 2**34, "nvidia.com/gpu": 1, "aliyun.com/gpu-mem": 8, "rdma/hca": 1,
                 "hugepages-2Mi": 0, "example.kubernetes.io/x": 1, "ephemeral-storage": 10}
     assert extended_needs(requests) == {"aliyun.com/gpu-mem": 8, "rdma/hca": 1}
+
+
+def test_holding_in_fallback_is_what_may_stretch_a_boot_deadline():
+    from gpuboot.triggers import holding_in_fallback
+
+    t = tracker(settle=1.0, fallback=60, continuous=False)
+    n = gpu_node(1, heartbeat=T0 + 3, transition=T0 + 3)
+    v = t.observe(n, T0 + 3)
+    assert holding_in_fallback(t, v, T0 + 4)                     # all in order but the missed reset
+    v = t.observe(gpu_node(1, ready="False", heartbeat=T0 + 5, transition=T0 + 5), T0 + 5)
+    assert not holding_in_fallback(t, v, T0 + 5)                 # a real problem: no stretching
+    t2 = tracker(settle=1.0)
+    reset(t2, T0 + 1)
+    v = t2.observe(n, T0 + 2)
+    assert not holding_in_fallback(t2, v, T0 + 2)                # the fast path never needs it
