@@ -19,14 +19,12 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from gpuboot.boot import DEFAULT_UNAVAILABLE_TTL_SECONDS, JobBoot
 from gpuboot.booking import LAUNCH_MARGIN_SECONDS, Booker, LedgerContended, reservation_ttl
-from gpuboot.ecs import EcsHook
 from gpuboot.jobspec import JobSpec, JobSpecError, params_schema
 from gpuboot.model import LABEL_JOB, LABEL_TASK
-from gpuboot.kube import KubeClient
-from gpuboot.ledger import ReservationLedger
 from gpuboot.placement import Outcome, Plan
+from gpuboot.stepbase import GpuJobStep
 from gpuboot.triggers import WakeUpTrigger
-from gpuboot.waiting import WaitsForCapacity
+from gpuboot.waiting import CapacityWait, WaitsForCapacity
 
 
 
@@ -65,15 +63,8 @@ def push(context: Mapping, key: str, value: Any) -> None:
     context["ti"].xcom_push(key=key, value=value)
 
 
-class _GpuJobMixin:
-    """Connections shared by the gpuboot operators."""
-
-    def _clients(self) -> tuple[KubeClient, EcsHook]:
-        return KubeClient(self.kubernetes_conn_id), EcsHook(self.ecs_conn_id)
-
-
 # -- place ---------------------------------------------------------------------------------
-class PlaceGpuJobOperator(_GpuJobMixin, BaseOperator):
+class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
     """Choose a node for every task of the job (running nodes first, per-node fit), reserve
     that capacity in the ledger atomically, and return the plan. Busy: wait (deferred, timer)
     and re-plan until the job's queue timeout. Never fits: fail at once with the reason."""
@@ -102,7 +93,7 @@ class PlaceGpuJobOperator(_GpuJobMixin, BaseOperator):
 
     def resume(self, context, event: Mapping):
         """Back from the busy-wait timer: place again (the queue deadline comes back in the event)."""
-        return self._attempt(context, self._spec(context), float(event["echo"]["deadline"]))
+        return self._attempt(context, self._spec(context), CapacityWait.from_json(event["echo"]).deadline)
 
     def _spec(self, context) -> JobSpec:
         """The job, with the operator's policy folded in: `cpu_jobs_on_gpu_nodes=False` keeps CPU-only
@@ -117,7 +108,7 @@ class PlaceGpuJobOperator(_GpuJobMixin, BaseOperator):
     def check_namespace(self, spec: JobSpec) -> None:
         """The pods' namespace must exist before anything is reserved or booted: a missing one
         would otherwise be found only by launch, with the node up and the GPUs held."""
-        if not KubeClient(self.kubernetes_conn_id).namespace_exists(spec.namespace):
+        if not self.kube().namespace_exists(spec.namespace):
             raise AirflowFailException(
                 f"job {spec.name}: namespace: {spec.namespace!r} does not exist in the cluster. Create it "
                 f"(kubectl create namespace {spec.namespace}) or set namespace to an existing one")
@@ -135,7 +126,7 @@ class PlaceGpuJobOperator(_GpuJobMixin, BaseOperator):
                                            f"queue_timeout_seconds={spec.queue_timeout_seconds}: {plan.message}")
             wake = min(deadline, now + self.busy_poll_seconds)
             self.log.info("%s; re-planning in %.0fs, giving up in %.0fs", plan.message, wake - now, deadline - now)
-            self.defer(trigger=WakeUpTrigger(wake, {"deadline": deadline}), method_name="resume")
+            self.defer(trigger=WakeUpTrigger(wake, CapacityWait(deadline, []).to_json()), method_name="resume")
         self.log.info("decision: %s; nodes to start: %s", plan.message, list(plan.nodes_to_start) or "none")
         push(context, "job", spec.to_dict())
         push(context, "job_id", job_id)
@@ -143,8 +134,8 @@ class PlaceGpuJobOperator(_GpuJobMixin, BaseOperator):
 
     def place_and_reserve(self, spec: JobSpec, job_id: str) -> Plan:
         """The shared place-and-reserve transaction (gpuboot.booking), committed when the job fits."""
-        kube, ecs = self._clients()
-        booker = Booker(kube, ecs, ReservationLedger(kube, self.ledger_namespace), self.log,
+        kube = self.kube()
+        booker = Booker(kube, self.ecs(), self.ledger(kube), self.log,
                         max_commit_attempts=self.max_commit_attempts, boot_grace_seconds=self.boot_grace_seconds)
         try:
             return booker.book(spec, job_id).plan
@@ -153,7 +144,7 @@ class PlaceGpuJobOperator(_GpuJobMixin, BaseOperator):
 
 
 # -- start ---------------------------------------------------------------------------------
-class StartGpuNodesOperator(WaitsForCapacity, BaseOperator):
+class StartGpuNodesOperator(GpuJobStep, WaitsForCapacity, BaseOperator):
     """Power on exactly the plan's stopped instances and record, per planned node, what the
     readiness rule needs (start time, bootID before the start, GPUs placed there).
 
@@ -198,8 +189,9 @@ class StartGpuNodesOperator(WaitsForCapacity, BaseOperator):
         return self._pushed(context, self.capacity_resumed(boot, event["echo"], "resume"))
 
     def _boot(self, plan: Plan) -> JobBoot:
-        return job_boot(self, plan, max_attempts=self.max_capacity_attempts,
-                        stopping_timeout_seconds=self.stopping_timeout_seconds)
+        return self.job_boot(plan.job_id, max_attempts=self.max_capacity_attempts,
+                             stopping_timeout_seconds=self.stopping_timeout_seconds,
+                             unavailable_ttl_seconds=self.unavailable_ttl_seconds)
 
     def _hold(self, boot: JobBoot) -> None:
         """This step may wait for an instance to stop, then the boot and the launch follow."""
@@ -213,14 +205,6 @@ class StartGpuNodesOperator(WaitsForCapacity, BaseOperator):
         return out
 
 
-def job_boot(task, plan: Plan, **kwargs) -> JobBoot:
-    """The JobBoot for `plan`'s job, with `task`'s connections, ledger and job spec."""
-    kube, ecs = KubeClient(task.kubernetes_conn_id), EcsHook(task.ecs_conn_id)
-    spec = JobSpec.from_dict(dict(task.job), source="job") if task.job else None
-    return JobBoot(kube, ecs, ReservationLedger(kube, task.ledger_namespace), task.log, spec=spec,
-                   job_id=plan.job_id, unavailable_ttl_seconds=task.unavailable_ttl_seconds, **kwargs)
-
-
 # -- launch --------------------------------------------------------------------------------
 def _toleration(t: Mapping) -> dict:
     """API-form toleration (camelCase) to the kubernetes model's keyword names."""
@@ -228,7 +212,7 @@ def _toleration(t: Mapping) -> dict:
     return {names.get(k, k): v for k, v in t.items()}
 
 
-class GpuPodOperator(KubernetesPodOperator):
+class GpuPodOperator(GpuJobStep, KubernetesPodOperator):
     """KubernetesPodOperator pinned to the planned node (nodeSelector kubernetes.io/hostname),
     requesting the job's GPUs/CPU/memory as requests and limits, labelled with the job and task.
     `task_name` picks one assignment of the plan (map it over the plan's tasks for gangs).
@@ -252,7 +236,7 @@ class GpuPodOperator(KubernetesPodOperator):
     def apply_plan(self) -> None:
         from kubernetes.client import models as k8s
 
-        spec = JobSpec.from_dict(dict(self.job), source="job")
+        spec = self.spec()
         plan = Plan.from_json(self.plan)
         chosen = [a for a in plan.assignments if self.task_name in (None, a.task)]
         if len(chosen) != 1:
@@ -272,7 +256,7 @@ class GpuPodOperator(KubernetesPodOperator):
 
 
 # -- release -------------------------------------------------------------------------------
-class ReleaseReservationOperator(BaseOperator):
+class ReleaseReservationOperator(GpuJobStep, BaseOperator):
     """End the job's reservations whatever happened upstream (idempotent). A node the job
     started (its ledger record) where none of its pods ran is stopped again unless another job
     claims it: a run that failed before its launch leaves no instance running."""
@@ -288,10 +272,8 @@ class ReleaseReservationOperator(BaseOperator):
 
     def execute(self, context):
         job_id = self.job_id or context_job_id(self, context)
-        kube = KubeClient(self.kubernetes_conn_id)
-        used = {(p.get("spec") or {}).get("nodeName") for p in kube.list_pods(f"{LABEL_JOB}={job_id}")}
-        boot = JobBoot(kube, EcsHook(self.ecs_conn_id), ReservationLedger(kube, self.ledger_namespace), self.log,
-                       spec=None, job_id=job_id)
+        used = {(p.get("spec") or {}).get("nodeName") for p in self.kube().list_pods(f"{LABEL_JOB}={job_id}")}
+        boot = self.job_boot(job_id)
         released = boot.finish(used=used - {None})
         if released:
             self.log.info("released %d reservation(s) of job %s: %s", len(released), job_id,

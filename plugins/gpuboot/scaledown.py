@@ -46,6 +46,7 @@ from gpuboot.idle import (ANNOTATION_CORDONED_BY, ANNOTATION_IDLE_SINCE, CORDONE
 from gpuboot.inventory import parse_provider_id
 from gpuboot.kube import Conflict, KubeClient
 from gpuboot.ledger import LedgerConflict, ReservationLedger
+from gpuboot.stepbase import GpuJobStep
 from gpuboot.model import Reservation
 
 # --- the operator ------------------------------------------------------------------------
@@ -71,7 +72,7 @@ def _as_seconds(value, field: str) -> float:
     return seconds
 
 
-class IdleScaleDownOperator(BaseOperator):
+class IdleScaleDownOperator(GpuJobStep, BaseOperator):
     """Stop managed ECS instances whose nodes were idle for `idle_seconds` (StopCharging),
     with cordon -> fence -> re-check -> stop (see the module doc). `dry_run` logs the
     decisions and changes nothing. Returns a JSON summary (XCom)."""
@@ -104,8 +105,8 @@ class IdleScaleDownOperator(BaseOperator):
             dry_run = _as_bool(self.dry_run, "dry_run")
         except ValueError as exc:
             raise AirflowFailException(str(exc)) from None
-        kube, ecs = KubeClient(self.kubernetes_conn_id), EcsHook(self.ecs_conn_id)
-        ledger = ReservationLedger(kube, self.ledger_namespace)
+        kube, ecs = self.kube(), self.ecs()
+        ledger = self.ledger(kube)
         plan, nodes = self.survey(kube, ecs, ledger, idle_seconds)
         self.log.info("idle scale-down%s: %d managed node(s), idle time %s", " (DRY RUN)" if dry_run else "",
                       len(plan.decisions), duration(idle_seconds))

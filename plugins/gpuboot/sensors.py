@@ -33,6 +33,7 @@ in its event, and the sensor writes it into the task log: every deferral's histo
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,12 +43,10 @@ from airflow.sdk.exceptions import AirflowFailException
 from gpuboot.boot import (ALREADY_UP_GRACE_SECONDS, DEFAULT_UNAVAILABLE_TTL_SECONDS, BringUp,
                           JobBoot, wait_deadline)
 from gpuboot.booking import LAUNCH_MARGIN_SECONDS, stamp
-from gpuboot.ecs import EcsHook
-from gpuboot.jobspec import JobSpec
 from gpuboot.kube import Gone, KubeClient
-from gpuboot.ledger import ReservationLedger
 from gpuboot.placement import Plan
 from gpuboot.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline, ReadinessTracker
+from gpuboot.stepbase import GpuJobStep
 from gpuboot.triggers import NodeGpuReadyTrigger, holding_in_fallback
 from gpuboot.waiting import WaitsForCapacity
 
@@ -76,7 +75,30 @@ def where_to_look(node: str, evidence: Mapping[str, Any]) -> str:
     return f"hint: node {node} passed the rule only briefly: its Ready condition or GPU count kept changing"
 
 
-class GpuReadySensor(WaitsForCapacity, BaseSensorOperator):
+@dataclass(frozen=True)
+class WaitProgress:
+    """Where a deferred wait stands: which node of the plan it watches, the settle window, the
+    evidence of nodes already cleared, and the plan, baselines and failures it carries. It
+    travels in the trigger's echo (dag.test() hands the resumed task only the event)."""
+
+    index: int
+    settle: float
+    seen: dict
+    plan: dict | None
+    boots: list
+    tried: list
+
+    def to_json(self) -> dict:
+        return {"index": self.index, "settle": self.settle, "seen": dict(self.seen), "plan": self.plan,
+                "boots": list(self.boots), "tried": list(self.tried)}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "WaitProgress":
+        return cls(index=int(d["index"]), settle=float(d["settle"]), seen=dict(d.get("seen") or {}),
+                   plan=d.get("plan"), boots=list(d.get("boots") or []), tried=list(d.get("tried") or []))
+
+
+class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
     """Wait until every node of the plan passes the GPU-readiness rule.
 
     `boots` is the start step's list of baselines (XCom key "boots"), `plan` the start
@@ -115,7 +137,7 @@ class GpuReadySensor(WaitsForCapacity, BaseSensorOperator):
         self._state: dict = {}
 
     def _timing(self) -> tuple[float, float]:
-        spec = JobSpec.from_dict(dict(self.job), source="job") if self.job else None
+        spec = self.spec()
         settle = self.settle_seconds if self.settle_seconds is not None else (spec.settle_seconds if spec else 5)
         timeout = (self.boot_timeout_seconds if self.boot_timeout_seconds is not None
                    else (spec.boot_timeout_seconds if spec else 900))
@@ -145,11 +167,8 @@ class GpuReadySensor(WaitsForCapacity, BaseSensorOperator):
     def _boot(self, state: Mapping) -> JobBoot | None:
         if not state.get("plan"):
             return None
-        kube, ecs = KubeClient(self.kubernetes_conn_id), EcsHook(self.ecs_conn_id)
-        spec = JobSpec.from_dict(dict(self.job), source="job") if self.job else None
-        return JobBoot(kube, ecs, ReservationLedger(kube, self.ledger_namespace), self.log, spec=spec,
-                       job_id=state["plan"]["job_id"], max_attempts=self.max_boot_attempts,
-                       unavailable_ttl_seconds=self.unavailable_ttl_seconds)
+        return self.job_boot(state["plan"]["job_id"], max_attempts=self.max_boot_attempts,
+                             unavailable_ttl_seconds=self.unavailable_ttl_seconds)
 
     @staticmethod
     def _state_of(context, result: BringUp) -> dict:
@@ -159,7 +178,7 @@ class GpuReadySensor(WaitsForCapacity, BaseSensorOperator):
     def _hold_until(self, state: Mapping, moment: float) -> None:
         """Renew the job's reservations to cover waiting until `moment` and the launch after it."""
         if state.get("plan"):
-            ReservationLedger(KubeClient(self.kubernetes_conn_id), self.ledger_namespace).renew(
+            self.ledger().renew(
                 state["plan"]["job_id"], moment + LAUNCH_MARGIN_SECONDS)
 
     def _poke_deadline(self, state: Mapping) -> float:
@@ -177,15 +196,15 @@ class GpuReadySensor(WaitsForCapacity, BaseSensorOperator):
         self.defer(trigger=NodeGpuReadyTrigger(baseline=dict(baseline), deadline=deadline, settle_seconds=settle,
                                                kubernetes_conn_id=self.kubernetes_conn_id,
                                                fallback_seconds=self.fallback_seconds,
-                                               echo={"index": index, "settle": settle, "seen": seen, **state}),
+                                               echo=WaitProgress(index, settle, seen, state["plan"], state["boots"],
+                                                                 state["tried"]).to_json()),
                    method_name="execute_complete")
 
     def execute_complete(self, context, event: Mapping):
         """Back from the trigger; where we were (node, plan, attempts) comes back in event["echo"]."""
-        node, echo = event.get("node"), event["echo"]
-        index, settle, seen = echo["index"], echo["settle"], echo["seen"]
-        state = {"plan": echo.get("plan", self.plan), "boots": echo.get("boots", self.boots),
-                 "tried": echo.get("tried", [])}
+        node, progress = event.get("node"), WaitProgress.from_json(event["echo"])
+        index, settle, seen = progress.index, progress.settle, progress.seen
+        state = {"plan": progress.plan or self.plan, "boots": progress.boots or self.boots, "tried": progress.tried}
         history = event.get("history") or []
         if history:
             self.log.info("watch of node %s in the triggerer (%d change(s)):\n  %s", node, len(history),

@@ -9,12 +9,28 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 
 from airflow.sdk.exceptions import AirflowFailException
 
 from gpuboot.boot import BringUp, CapacityBusy, CapacityUnavailable, JobBoot
 from gpuboot.placement import Outcome
 from gpuboot.triggers import WakeUpTrigger
+
+
+@dataclass(frozen=True)
+class CapacityWait:
+    """A busy-wait in progress: until when the job may wait, and what it tried (the timer's echo)."""
+
+    deadline: float
+    tried: list
+
+    def to_json(self) -> dict:
+        return {"deadline": self.deadline, "tried": list(self.tried)}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "CapacityWait":
+        return cls(deadline=float(d["deadline"]), tried=list(d.get("tried") or []))
 
 
 @contextlib.contextmanager
@@ -48,13 +64,13 @@ class WaitsForCapacity:
 
     def capacity_resumed(self, boot: JobBoot, echo: Mapping, method_name: str) -> BringUp:
         """Back from the busy-wait timer: place again and bring the new plan up, or wait more."""
-        deadline = float(echo["deadline"])
+        wait = CapacityWait.from_json(echo)
         with final_failures():
             plan = boot.rebook()
         if plan.outcome == Outcome.BUSY:
-            self.wait_for_capacity(boot, echo["tried"], deadline, f"capacity still busy: {plan.message}", method_name)
+            self.wait_for_capacity(boot, wait.tried, wait.deadline, f"capacity still busy: {plan.message}", method_name)
         self.log.info("re-placed job %s after waiting for capacity:\n%s", plan.job_id, plan.table())
-        return self.bring_up_or_wait(boot, lambda: boot.bring_up(plan, echo["tried"]), deadline, method_name)
+        return self.bring_up_or_wait(boot, lambda: boot.bring_up(plan, wait.tried), wait.deadline, method_name)
 
     def wait_for_capacity(self, boot: JobBoot, tried: list[str], deadline: float, why: str, method_name: str):
         now = time.time()
@@ -64,4 +80,4 @@ class WaitsForCapacity:
                                       f"{'; '.join(tried)}")
         wake = min(deadline, now + self.busy_poll_seconds)
         self.log.info("%s; re-placing in %.0fs, giving up in %.0fs", why, wake - now, deadline - now)
-        self.defer(trigger=WakeUpTrigger(wake, {"deadline": deadline, "tried": list(tried)}), method_name=method_name)
+        self.defer(trigger=WakeUpTrigger(wake, CapacityWait(deadline, list(tried)).to_json()), method_name=method_name)

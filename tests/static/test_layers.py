@@ -26,7 +26,7 @@ LAYERS: dict[str, set[str]] = {
     "adapters": {"gpuboot.ecs", "gpuboot.kube", "gpuboot.ledger"},
     "lifecycle": {"gpuboot.booking", "gpuboot.boot"},
     "airflow": {"gpuboot.steps", "gpuboot.place", "gpuboot.start", "gpuboot.wait", "gpuboot.launch",
-                "gpuboot.release", "gpuboot.operators", "gpuboot.waiting", "gpuboot.sensors", "gpuboot.triggers", "gpuboot.taskgroup",
+                "gpuboot.release", "gpuboot.operators", "gpuboot.waiting", "gpuboot.stepbase", "gpuboot.sensors", "gpuboot.triggers", "gpuboot.taskgroup",
                 "gpuboot.scaledown", "gpuboot.specdags", "gpuboot_plugin"},
 }
 ORDER = ["core", "adapters", "lifecycle", "airflow"]

@@ -261,3 +261,16 @@ def test_holding_in_fallback_is_what_may_stretch_a_boot_deadline():
     reset(t2, T0 + 1)
     v = t2.observe(n, T0 + 2)
     assert not holding_in_fallback(t2, v, T0 + 2)                # the fast path never needs it
+
+
+def test_the_state_a_resumed_step_carries_round_trips_as_json():
+    import json
+
+    from gpuboot.sensors import WaitProgress
+    from gpuboot.waiting import CapacityWait
+
+    progress = WaitProgress(1, 2.0, {"a": {"ready": "True"}}, {"job_id": "j"}, [{"node": "a"}, {"node": "b"}], ["x"])
+    assert WaitProgress.from_json(json.loads(json.dumps(progress.to_json()))) == progress
+    wait = CapacityWait(1_800_000_000.5, ["offering t in z: NoStock"])
+    assert CapacityWait.from_json(json.loads(json.dumps(wait.to_json()))) == wait
+    assert CapacityWait.from_json({"deadline": 5}).tried == []          # the place step's timer carries no list
