@@ -23,6 +23,10 @@ if "airflow" not in sys.modules:
     _home = tempfile.mkdtemp(prefix="gpuboot-tests-airflow-")
     os.environ["AIRFLOW_HOME"] = _home
     os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_home}/airflow.db"
+# The project's DAGs and plugins, set as early: Airflow caches its DAG bundle list at first use.
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(Path(__file__).resolve().parents[1] / "dags")
+os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(Path(__file__).resolve().parents[1] / "plugins")
 
 REPO = Path(__file__).resolve().parents[1]
 KUBECTL_CANDIDATES = [Path("/usr/bin/kubectl"), REPO / ".tools/debian-kubectl/usr/bin/kubectl"]
