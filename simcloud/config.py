@@ -98,25 +98,18 @@ class Faults:
     def _per_node(key: str, value) -> dict:
         if not isinstance(value, dict):
             raise ValueError(f"fault {key} must be an object of name (node, instance id or action; \"*\") -> value")
-        if key == "ecs_api_quota":
-            try:
-                out = {str(k): float(v) for k, v in value.items()}
-            except (TypeError, ValueError):
-                raise ValueError(f"fault {key}: values must be calls per window, got {value}") from None
-            if any(v < 0 for v in out.values()):
-                raise ValueError(f"fault {key}: calls per window must be >= 0, got {value}")
-            return out
         if key == "boot_order":
             bad = {k: v for k, v in value.items() if v not in BOOT_ORDERS}
             if bad:
                 raise ValueError(f"fault boot_order: {bad} not one of {', '.join(BOOT_ORDERS)}")
             return {str(k): str(v) for k, v in value.items()}
+        unit = "calls per window" if key == "ecs_api_quota" else "seconds"
         try:
             out = {str(k): float(v) for k, v in value.items()}
         except (TypeError, ValueError):
-            raise ValueError(f"fault {key}: values must be seconds, got {value}") from None
+            raise ValueError(f"fault {key}: values must be {unit}, got {value}") from None
         if any(v < 0 for v in out.values()):
-            raise ValueError(f"fault {key}: seconds must be >= 0, got {value}")
+            raise ValueError(f"fault {key}: {unit} must be >= 0, got {value}")
         return out
 
     def for_node(self, key: str, default, *names: str):
