@@ -637,11 +637,15 @@ def make_k8s_app(store: Store, log_source: LogSource, faults: Faults, auth: Auth
             raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
         return web.Response(body=doc, content_type="application/json")
 
+    async def openapi_v2(request: web.Request) -> web.Response:
+        body, content_type = openapi.v2_document(request.headers.get("Accept", ""))
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
     app = web.Application(middlewares=[middleware], client_max_size=64 * 1024 * 1024)
     for path, handler in (("/version", version), ("/healthz", health), ("/readyz", health), ("/livez", health),
                           ("/api", core_versions), ("/api/v1", core_resources), ("/apis", group_list),
                           ("/apis/{group}", group), ("/apis/{group}/{version}", group_resources),
-                          ("/openapi/v3", openapi_root)):
+                          ("/openapi/v2", openapi_v2), ("/openapi/v3", openapi_root)):
         app.router.add_get(path, handler)
         app.router.add_get(path + "/", handler)    # the generated clients ask for "/version/", "/api/v1/"
     app.router.add_get("/openapi/v3/{prefix:.+}", openapi_document)

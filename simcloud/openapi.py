@@ -1,4 +1,4 @@
-"""OpenAPI v3 discovery and server-side field validation, so `kubectl apply/create -f` validate.
+"""OpenAPI v3 (and v2) discovery and server-side field validation, so `kubectl apply/create -f` validate.
 
 kubectl 1.32 validates manifests (`--validate=strict`, its default) in one of two ways:
 if the OpenAPI v3 document of the group-version says the kind's PATCH accepts the
@@ -151,6 +151,79 @@ def v3_root() -> dict:
     return {"paths": {prefix: {"serverRelativeURL": f"/openapi/v3/{prefix}?hash="
                                f"{hashlib.sha512(doc).hexdigest().upper()}"}
                       for prefix, doc in _documents().items()}}
+
+
+# --------------------------------------------------------------------------- OpenAPI v2
+# kubectl before 1.27 (Debian's is 1.20) reads only `/openapi/v2`, as gnostic protobuf: `apply`
+# fails on a 404 there, and `--dry-run=server` is refused unless the kind's PATCH operation
+# (found by its x-kubernetes-group-version-kind) lists a `dryRun` query parameter. The document
+# has those paths and no definitions: for a kind without a schema that kubectl skips client-side
+# validation and builds patches from its compiled-in types, so bodies are still checked here, by
+# `drop_unknown_fields`, as for kubectl 1.32.
+# Clients ask with an "@" (kube-openapi's deprecated spelling), which Go's mime parser refuses in
+# a response's Content-Type; the server answers with the dotted spelling, as kube-openapi does.
+V2_PROTOBUF_ASKED = ("com.github.proto-openapi.spec.v2@v1.0+protobuf", "com.github.proto-openapi.spec.v2.v1.0+protobuf")
+V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
+_INFO = {"title": "Kubernetes", "version": "v1.32.4"}
+_QUERY_PARAMETERS = ("dryRun", "fieldManager", "fieldValidation")
+
+
+def _v2_paths() -> list[tuple[str, ResourceInfo]]:
+    """(item path, kind) for every served kind: where its PATCH lives."""
+    paths = []
+    for prefix, infos in _group_versions().items():
+        for info in infos:
+            base = f"/{prefix}/namespaces/{{namespace}}/{info.name}" if info.namespaced else f"/{prefix}/{info.name}"
+            paths.append((f"{base}/{{name}}", info))
+    return paths
+
+
+def _gvk(info: ResourceInfo) -> dict:
+    return {"group": info.group, "kind": info.kind, "version": info.version}
+
+
+@lru_cache(maxsize=None)
+def _v2_json() -> bytes:
+    return json.dumps({"swagger": "2.0", "info": _INFO, "definitions": {}, "paths": {
+        path: {"patch": {"operationId": f"patch{info.kind}",
+                         "parameters": [{"name": name, "in": "query", "type": "string", "uniqueItems": True}
+                                        for name in _QUERY_PARAMETERS],
+                         "responses": {"200": {"description": "OK"}},
+                         "x-kubernetes-action": "patch", "x-kubernetes-group-version-kind": _gvk(info)}}
+        for path, info in _v2_paths()}}).encode()
+
+
+def _pb(field: int, value: bytes | str) -> bytes:
+    """One length-delimited protobuf field (a string or an embedded message)."""
+    value = value.encode() if isinstance(value, str) else value
+    key, size = field << 3 | 2, len(value)
+    varint = bytearray()
+    while True:
+        varint.append(size & 0x7F | (0x80 if size > 0x7F else 0))
+        size >>= 7
+        if not size:
+            break
+    return bytes([key]) + bytes(varint) + value
+
+
+@lru_cache(maxsize=None)
+def _v2_protobuf() -> bytes:
+    """The same document as gnostic's openapi.v2.Document (field numbers from OpenAPIv2.proto)."""
+    def patch(info: ResourceInfo) -> bytes:                      # Operation
+        params = b"".join(_pb(8, _pb(1, _pb(2, _pb(3, _pb(2, "query") + _pb(4, name) + _pb(6, "string")))))
+                          for name in _QUERY_PARAMETERS)        # ParametersItem.parameter.non_body.query
+        gvk = "".join(f'{key}: "{value}"\n' for key, value in _gvk(info).items())
+        return _pb(5, f"patch{info.kind}") + params + \
+            _pb(13, _pb(1, "x-kubernetes-group-version-kind") + _pb(2, _pb(2, gvk)))  # NamedAny{Any.yaml}
+    paths = b"".join(_pb(2, _pb(1, path) + _pb(2, _pb(8, patch(info)))) for path, info in _v2_paths())
+    return _pb(1, "2.0") + _pb(2, _pb(1, _INFO["title"]) + _pb(2, _INFO["version"])) + _pb(8, paths)
+
+
+def v2_document(accept: str) -> tuple[bytes, str]:
+    """The /openapi/v2 document and its content type: gnostic protobuf when asked for, else JSON."""
+    if any(asked in accept for asked in V2_PROTOBUF_ASKED):
+        return _v2_protobuf(), V2_PROTOBUF
+    return _v2_json(), "application/json"
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """simcloud.openapi: field knowledge of the served kinds, and the OpenAPI v3 documents kubectl reads."""
 import json
 
-from simcloud.openapi import FIELDS_FILE, drop_unknown_fields, dump_fields, generate_fields, v3_document, v3_root
+from simcloud.openapi import (FIELDS_FILE, drop_unknown_fields, dump_fields, generate_fields, v2_document,
+                             v3_document, v3_root)
 from simcloud.store import RESOURCES
 
 
@@ -46,3 +47,16 @@ def test_v3_documents_offer_field_validation_on_each_kinds_patch():
 def test_the_shipped_field_table_matches_the_installed_kubernetes_client():
     # regenerate with `python -m simcloud.openapi` after upgrading the `kubernetes` pin
     assert FIELDS_FILE.read_text() == dump_fields(generate_fields())
+
+
+def test_openapi_v2_lists_a_patch_with_dry_run_for_every_kind_in_json_and_protobuf():
+    body, content_type = v2_document("application/json")
+    doc = json.loads(body)
+    assert content_type == "application/json" and doc["swagger"] == "2.0" and doc["definitions"] == {}
+    kinds = {(op["patch"]["x-kubernetes-group-version-kind"]["kind"]) for op in doc["paths"].values()
+             if "dryRun" in [p["name"] for p in op["patch"]["parameters"]]}
+    assert kinds == {info.kind for info in RESOURCES.values()}
+    # kubectl 1.20 asks with the deprecated "@" spelling; Go cannot parse it back, so the answer is dotted
+    pb, pb_type = v2_document("application/com.github.proto-openapi.spec.v2@v1.0+protobuf")
+    assert pb_type == "application/com.github.proto-openapi.spec.v2.v1.0+protobuf" and pb.startswith(b"\n\x032.0")
+    assert all(path.encode() in pb for path in doc["paths"])
