@@ -21,13 +21,13 @@ test: install
 	$(PY) -m pytest
 
 test-unit: install
-	$(PY) -m pytest tests/unit
+	$(PY) -m pytest tests/gpuboot/unit tests/simcloud/unit
 
 test-conformance: install
-	$(PY) -m pytest tests/conformance
+	$(PY) -m pytest tests/simcloud/conformance
 
 test-e2e: install
-	$(PY) -m pytest tests/e2e
+	$(PY) -m pytest tests/gpuboot/e2e
 
 lock:
 	$(UV) pip compile --quiet -p 3.11 requirements.txt requirements-test.txt -o constraints.txt
@@ -43,7 +43,7 @@ demo: install
 # The demo end to end in oneshot mode (slow: boots Airflow standalone), kept out of `make test`.
 .PHONY: test-demo
 test-demo: install
-	GPUBOOT_TEST_DEMO=1 $(PY) -m pytest tests/e2e/test_demo.py
+	GPUBOOT_TEST_DEMO=1 $(PY) -m pytest tests/gpuboot/e2e/test_demo.py
 
 # Trace replay (gpuboot.replay) of ../shared/traces under four boot policies: table on stdout,
 # results/replay/summary.json and replay.png. Options: make replay REPLAY_ARGS="--start 115d --duration 7d".
@@ -56,14 +56,14 @@ replay: install
 bench: install
 	$(PY) -m bench $(BENCH_ARGS)
 
-# The distributed run (tests/distributed): PostgreSQL, Redis and Airflow on CeleryExecutor as separate
+# The distributed run (tests/gpuboot/distributed): PostgreSQL, Redis and Airflow on CeleryExecutor as separate
 # processes (api-server, scheduler, dag-processor, triggerer, Celery worker); gpu_job triggered through
 # the REST API. Installs the two servers from Debian when missing (needs root); kept out of `make test`.
 .PHONY: test-distributed
 test-distributed: install
 	@if ! command -v redis-server >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql redis-server; fi
-	GPUBOOT_DISTRIBUTED=1 $(PY) -m pytest tests/distributed --durations=5
+	GPUBOOT_DISTRIBUTED=1 $(PY) -m pytest tests/gpuboot/distributed --durations=5
 
 # Fault-injection run (chaos/): concurrent gpu_job runs on the local cloud with ECS throttling, NoStock,
 # a node never Ready, a device plugin never registering, 409 bursts and one worker SIGKILLed; ends with

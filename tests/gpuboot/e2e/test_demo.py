@@ -1,0 +1,61 @@
+"""`DEMO_ONESHOT=1 scripts/demo.py` end to end: local cloud + airflow standalone + one gpu_job run.
+
+Slow (Airflow standalone boots four components): it runs only when GPUBOOT_TEST_DEMO=1,
+which `make test-demo` sets.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.gpuboot.e2e.conftest import REPO
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("GPUBOOT_TEST_DEMO") != "1", reason="slow; run with `make test-demo` (GPUBOOT_TEST_DEMO=1)"
+)
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes whose command line or environment mentions `text`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = (proc / "environ").read_bytes().decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and (text in cmdline or text in environ):
+            found.append(f"{proc.name}: {cmdline[:200]}")
+    return found
+
+
+def test_demo_oneshot_runs_the_job_and_cleans_up(tmp_path):
+    demo_dir = tmp_path / "demo"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.update(DEMO_ONESHOT="1", DEMO_DIR=str(demo_dir), DEMO_PASSWORD="e2e-pass")
+
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "demo.py")],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=900,
+    )
+    out = done.stdout + done.stderr
+
+    assert done.returncode == 0, out[-6000:]
+    assert "Airflow UI: http://127.0.0.1:" in out and "login: admin / e2e-pass" in out
+    for task in ("place", "start", "wait_gpu_ready", "launch"):
+        assert any(task in line and line.rstrip().endswith("success") for line in out.splitlines()), task
+    assert "pod | epoch 1/10" in out and "pod | training done" in out
+    assert "finished: success" in out
+    # the idle scale-down runs from the start (not paused) and stops the node the job booted (issue 9)
+    assert "gpuboot_idle_scaledown is unpaused" in out, out[-6000:]
+    assert any(line.startswith("    scale-down | gpu-") and " stop " in line for line in out.splitlines()), out[-6000:]
+    assert "scale-down stopped gpu-" in out and "nothing is left running idle" in out
+    assert processes_mentioning(str(demo_dir)) == []

@@ -1,0 +1,170 @@
+"""Each gpuboot operator's execute against the local cloud, with a minimal Airflow context
+(a stand-in task instance that only records XCom pushes; Kubernetes and ECS are real)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+
+from gpuboot.ecs import EcsHook
+from gpuboot.kube import KubeClient
+from gpuboot.ledger import ReservationLedger
+from gpuboot.operators import (GpuPodOperator, PlaceGpuJobOperator, ReleaseReservationOperator,
+                               StartGpuNodesOperator)
+from gpuboot.sensors import GpuReadySensor
+from gpuboot.triggers import NodeGpuReadyTrigger
+
+from .conftest import SETTLE_SECONDS
+
+JOB = {"name": "train", "image": "python:3.11", "command": ["python", "-c", "print('epoch 1/1 done')"],
+       "gpus": 1, "cpu": "1", "memory": "1Gi", "settle_seconds": int(SETTLE_SECONDS), "boot_timeout_seconds": 30}
+
+
+class TaskInstanceStandIn:
+    """Just enough of a task instance: identity and XCom pushes."""
+
+    def __init__(self, task_id: str):
+        self.dag_id, self.task_id, self.run_id, self.map_index, self.try_number = "d", task_id, "r1", -1, 1
+        self.pushed: dict[str, object] = {}
+
+    def xcom_push(self, key, value):
+        self.pushed[key] = value
+
+
+def context(task_id: str, params: dict | None = None) -> dict:
+    return {"ti": TaskInstanceStandIn(task_id), "run_id": "r1", "dag": None, "params": params or {}}
+
+
+def place(job: dict, job_id: str = "job-1", **kwargs):
+    ctx = context("place")
+    plan = PlaceGpuJobOperator(task_id="place", job=job, job_id=job_id, **kwargs).execute(ctx)
+    return plan, ctx["ti"].pushed
+
+
+def run_deferred(deferred: TaskDeferred):
+    """What the triggerer does: run the trigger until its first event."""
+    return asyncio.run(deferred.trigger.run().__anext__()).payload
+
+
+def test_place_prefers_the_running_node_and_reserves_it(cloud):
+    plan, pushed = place(JOB)
+    assert plan["outcome"] == "fits"
+    assert [a["node"] for a in plan["assignments"]] == ["gpu-run"] and plan["nodes_to_start"] == []
+    assert pushed["job"]["image"] == "python:3.11" and pushed["job_id"] == "job-1"
+    assert [(r.job_id, r.node) for r in ReservationLedger(KubeClient()).live()] == [("job-1", "gpu-run")]
+
+
+def test_place_never_boots_a_node_too_small_for_the_task_alone(cloud):
+    """The seed's regression: 1 GPU free on a running node + a stopped 1-GPU node do not make 2."""
+    plan, _ = place({**JOB, "gpus": 2})
+    assert [a["node"] for a in plan["assignments"]] == ["gpu2-stop"]
+    assert plan["nodes_to_start"] == ["gpu2-stop"]
+
+
+def test_place_retry_keeps_one_reservation_per_task(cloud):
+    place(JOB)
+    place(JOB)                                       # a retry of the same job id re-places, not adds
+    assert len(ReservationLedger(KubeClient()).live()) == 1
+
+
+def test_never_fits_fails_at_once_with_the_reason(cloud):
+    with pytest.raises(AirflowFailException, match="can never run") as err:
+        place({**JOB, "gpus": 8})
+    assert "nvidia.com/gpu" in str(err.value)
+
+
+def test_busy_defers_on_a_timer_then_gives_up_at_the_queue_timeout(cloud):
+    for n in range(3):                               # take all 4 GPUs (1 + 1 + 2)
+        place({**JOB, "gpus": 2 if n == 2 else 1}, job_id=f"hog-{n}")
+    op = PlaceGpuJobOperator(task_id="place", job=JOB, job_id="late", busy_poll_seconds=1)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context("place"))
+    assert deferred.value.method_name == "resume"
+    woke = run_deferred(deferred.value)              # the timer fires and carries the queue deadline back
+    assert woke["echo"]["deadline"] > 0
+    with pytest.raises(TaskDeferred):                # still busy, deadline not reached: wait again
+        op.resume(context("place"), woke)
+    with pytest.raises(AirflowFailException, match="still waiting for capacity"):
+        op.resume(context("place"), {"status": "wake", "echo": {"deadline": 1.0}})
+
+
+def test_invalid_job_fails_without_retry_naming_the_field(cloud):
+    with pytest.raises(AirflowFailException, match="gpus"):
+        place({**JOB, "gpus": -1})
+
+
+def test_job_from_dag_run_params(cloud):
+    """A param the DAG declares for its own use is not part of the job (an undeclared key is a
+    typo and fails: tests/gpuboot/e2e/test_trigger_input.py)."""
+    ctx = context("place", params={**JOB, "unrelated_param": 1})
+    plan = PlaceGpuJobOperator(task_id="place", job_id="from-params", params={"unrelated_param": 1}).execute(ctx)
+    assert plan["outcome"] == "fits"
+
+
+def test_start_wait_launch_release_on_a_stopped_node(cloud):
+    """The whole chain by hand: the 2-GPU job boots gpu2-stop, the sensor (deferred) waits for
+    its GPUs, the pod runs pinned there and its log reaches the task log, release cleans up."""
+    job = {**JOB, "gpus": 2}
+    plan, pushed = place(job, job_id="chain")
+    iid = plan["assignments"][0]["instance_id"]
+    boot_before = KubeClient().get_node("gpu2-stop")["status"]["nodeInfo"]["bootID"]
+
+    ctx = context("start")
+    started = StartGpuNodesOperator(task_id="start", plan=plan).execute(ctx)
+    assert started["started"] == [iid]
+    (boot,) = started["boots"]
+    assert boot["node"] == "gpu2-stop" and boot["boot_id_before"] == boot_before and boot["gpus_needed"] == 2
+    assert EcsHook().statuses([iid])[iid] in ("Starting", "Running")
+    again = StartGpuNodesOperator(task_id="start", plan=plan).execute(context("start"))
+    assert again["started"] == []                    # a retry does not start it twice
+
+    sensor = GpuReadySensor(task_id="wait", boots=started["boots"], job=pushed["job"], plan=plan)
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(context("wait"))
+    assert isinstance(deferred.value.trigger, NodeGpuReadyTrigger)
+    event = run_deferred(deferred.value)
+    ctx = context("wait")
+    assert sensor.execute_complete(ctx, event) == ["train"]
+    assert int(ctx["ti"].pushed["evidence"]["gpu2-stop"]["gpus_allocatable"]) == 2
+
+    launch = GpuPodOperator(task_id="launch", job=pushed["job"], plan=plan, task_name="train",
+                            startup_timeout_seconds=30)
+    launch.apply_plan()
+    pod = launch.build_pod_request_obj(context("launch"))
+    assert pod.spec.node_selector["kubernetes.io/hostname"] == "gpu2-stop"
+    assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "2"
+    assert pod.metadata.labels["gpuboot.io/job"] == "chain" and pod.metadata.labels["gpuboot.io/task"] == "train"
+
+    released = ReleaseReservationOperator(task_id="release", job_id="chain").execute(context("release"))
+    assert released == ["train"] and ReservationLedger(KubeClient()).live() == []
+    assert ReleaseReservationOperator(task_id="release", job_id="chain").execute(context("release")) == []
+
+
+def test_poke_mode_applies_the_same_rule_and_times_out_with_evidence(cloud):
+    cloud.set_faults(device_plugin_never=["gpu-stop"])
+    job = {**JOB, "boot_timeout_seconds": 3}
+    # occupy gpu-run so the job goes to the stopped 1-GPU node
+    place(JOB, job_id="hog")
+    plan, pushed = place(job, job_id="stuck")
+    assert plan["nodes_to_start"] == ["gpu-stop"]
+    started = StartGpuNodesOperator(task_id="start", plan=plan).execute(context("start"))
+    sensor = GpuReadySensor(task_id="wait", boots=started["boots"], job=pushed["job"], deferrable=False,
+                            poke_interval=0.2)
+    with pytest.raises(AirflowFailException, match="not GPU-ready") as err:
+        sensor.execute(context("wait"))
+    assert "gpus_allocatable" in str(err.value)
+
+
+def test_a_deferred_wait_that_times_out_fails_with_what_it_saw(cloud):
+    cloud.set_faults(never_ready=["gpu-stop"])
+    place(JOB, job_id="hog")
+    plan, pushed = place({**JOB, "boot_timeout_seconds": 3}, job_id="never")   # >= 1s boot + 2s settle
+    started = StartGpuNodesOperator(task_id="start", plan=plan).execute(context("start"))
+    sensor = GpuReadySensor(task_id="wait", boots=started["boots"], job=pushed["job"])
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(context("wait"))
+    event = run_deferred(deferred.value)
+    with pytest.raises(AirflowFailException, match="gpu-stop not GPU-ready") as err:
+        sensor.execute_complete(context("wait"), event)
+    assert "ready=" in str(err.value)

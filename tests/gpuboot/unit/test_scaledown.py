@@ -1,0 +1,236 @@
+"""The pure idle scale-down decision: what counts as work, idle-since books, who is never touched."""
+from __future__ import annotations
+
+import pytest
+
+from gpuboot.model import Reservation
+from gpuboot.resources import Resources
+from gpuboot.idle import (ANNOTATION_CORDONED_BY, ANNOTATION_IDLE_SINCE, CORDONED_BY, FENCE_JOB, IdleVerdict,
+                          duration, fence_entries, plan_scaledown, recheck, rfc3339)
+from gpuboot.scaledown import _as_bool, _as_seconds
+from tests.gpuboot.unit.builders import instance, node, pod
+
+NOW = 1_700_000_000.0
+IDLE = 600.0
+MANAGED = {"gpuboot.io/managed": "true"}
+BOOTED = NOW - 3600
+
+
+def managed_node(name: str, *, idle_since: float | str | None = None, cordoned_by_us: bool = False,
+                 unschedulable: bool = False, labels: dict | None = None) -> dict:
+    n = node(name, labels={**MANAGED, **(labels or {})}, unschedulable=unschedulable or cordoned_by_us)
+    if idle_since is not None:
+        n["metadata"]["annotations"][ANNOTATION_IDLE_SINCE] = (
+            idle_since if isinstance(idle_since, str) else rfc3339(idle_since))
+    if cordoned_by_us:
+        n["metadata"]["annotations"][ANNOTATION_CORDONED_BY] = CORDONED_BY
+    return n
+
+
+def plan(nodes, pods=(), instances=None, reservations=(), now=NOW, idle=IDLE):
+    instances = instances if instances is not None else [instance(n["metadata"]["name"], start=BOOTED)
+                                                         for n in nodes]
+    return plan_scaledown(list(nodes), list(pods), instances, list(reservations), now, idle)
+
+
+def decision(p, name):
+    (d,) = [d for d in p.decisions if d.node == name]
+    return d
+
+
+def daemonset_pod(name: str, node_name: str) -> dict:
+    p = pod(name, node_name, requests={"cpu": "100m"}, namespace="kube-system")
+    p["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "nvidia-dp",
+                                         "uid": "u1", "controller": True}]
+    return p
+
+
+def mirror_pod(name: str, node_name: str) -> dict:
+    p = pod(name, node_name, namespace="kube-system")
+    p["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "abc"}
+    return p
+
+
+def reservation(job: str, node_name: str, expires_at: float = NOW + 300) -> Reservation:
+    return Reservation(job_id=job, task=f"{job}-0", node=node_name,
+                       resources=Resources.parse({"nvidia.com/gpu": 1}), expires_at=expires_at)
+
+
+# --- what counts as work -------------------------------------------------------------------
+
+def test_daemonset_mirror_and_terminated_pods_do_not_make_a_node_busy():
+    pods = [daemonset_pod("dp-a", "a"), mirror_pod("static-a", "a"),
+            pod("done", "a", phase="Succeeded"), pod("crashed", "a", phase="Failed")]
+    d = decision(plan([managed_node("a", idle_since=NOW - 700)], pods), "a")
+    assert d.verdict == IdleVerdict.STOP
+    assert d.reason == "idle for 11m >= 10m"
+
+
+def test_workload_pods_make_a_node_busy_and_clear_its_idle_since():
+    pods = [pod("train-1", "a"), pod("train-2", "a", phase="Pending"), daemonset_pod("dp-a", "a")]
+    d = decision(plan([managed_node("a", idle_since=NOW - 1800)], pods), "a")
+    assert d.verdict == IdleVerdict.BUSY
+    assert d.reason == "busy: 2 pods (default/train-1, default/train-2)"
+    assert d.idle_since is None and d.annotation_changes
+
+
+def test_a_pending_pod_pinned_to_the_node_by_hostname_counts():
+    pinned = pod("launching", None, phase="Pending")
+    pinned["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "host-a"}
+    d = decision(plan([managed_node("a", idle_since=NOW - 1800)], [pinned]), "a")
+    assert d.verdict == IdleVerdict.BUSY and "default/launching" in d.reason
+
+
+def test_a_live_reservation_blocks_an_expired_one_and_the_fence_do_not():
+    nodes = [managed_node("a", idle_since=NOW - 1800), managed_node("b", idle_since=NOW - 1800)]
+    reservations = [reservation("job-x", "a"), reservation("job-old", "b", expires_at=NOW - 1),
+                    *fence_entries(["b"], NOW, 900)]
+    p = plan(nodes, reservations=reservations)
+    a, b = decision(p, "a"), decision(p, "b")
+    assert a.verdict == IdleVerdict.RESERVED
+    assert a.reason.startswith("reserved by job job-x (task job-x-0) until ")
+    assert a.idle_since is None
+    assert b.verdict == IdleVerdict.STOP
+
+
+def test_pods_are_reported_before_reservations():
+    d = decision(plan([managed_node("a")], [pod("p", "a")], reservations=[reservation("j", "a")]), "a")
+    assert d.verdict == IdleVerdict.BUSY
+
+
+# --- managed only ----------------------------------------------------------------------------
+
+def test_unmanaged_nodes_never_get_a_decision_however_long_idle():
+    cpu = node("cpu-1", gpus=0, instance=None)                 # not an ECS node at all
+    plain = node("gpu-plain", labels={})                          # ECS node, not opted in
+    plain["metadata"]["annotations"][ANNOTATION_IDLE_SINCE] = rfc3339(NOW - 10 * 86400)
+    tagged = node("gpu-tagged", labels={})
+    instances = [instance("gpu-plain", start=BOOTED),
+                 instance("gpu-tagged", start=BOOTED, tags={"gpuboot:managed": "true"})]
+    p = plan([cpu, plain, tagged], instances=instances)
+    assert [d.node for d in p.decisions] == ["gpu-tagged"]       # the ECS tag opts in too
+    assert p.unmanaged == ("cpu-1", "gpu-plain")
+    assert p.lines()[-1] == "unmanaged, never touched: cpu-1, gpu-plain"
+    assert [d.node for d in p.to_stop] == []
+
+
+# --- idle-since books and the idle time --------------------------------------------------------
+
+def test_first_seen_idle_starts_the_clock_now_and_does_not_stop():
+    d = decision(plan([managed_node("a")]), "a")
+    assert (d.verdict, d.reason) == (IdleVerdict.IDLE, "idle for 0s < 10m")
+    assert d.idle_since == rfc3339(NOW) and d.idle_since_before is None and d.annotation_changes
+
+
+@pytest.mark.parametrize(("idle_for", "verdict", "reason"), [
+    (180, IdleVerdict.IDLE, "idle for 3m < 10m"),
+    (599, IdleVerdict.IDLE, "idle for 9m < 10m"),
+    (600, IdleVerdict.STOP, "idle for 10m >= 10m"),
+    (720, IdleVerdict.STOP, "idle for 12m >= 10m"),
+])
+def test_stop_only_after_the_idle_time(idle_for, verdict, reason):
+    d = decision(plan([managed_node("a", idle_since=NOW - idle_for)]), "a")
+    assert (d.verdict, d.reason) == (verdict, reason)
+    assert not d.annotation_changes                       # the recorded start of idleness is kept
+
+
+def test_idle_since_from_an_earlier_boot_restarts_the_clock():
+    n = managed_node("a", idle_since=NOW - 1800)          # written before the instance's last start
+    d = decision(plan([n], instances=[instance("a", start=NOW - 120)]), "a")
+    assert d.verdict == IdleVerdict.IDLE
+    assert d.idle_since == rfc3339(NOW)
+
+
+@pytest.mark.parametrize("bad", ["yesterday", rfc3339(NOW + 3600)])
+def test_unreadable_or_future_idle_since_restarts_the_clock(bad):
+    d = decision(plan([managed_node("a", idle_since=bad)]), "a")
+    assert d.verdict == IdleVerdict.IDLE and d.idle_since == rfc3339(NOW)
+
+
+# --- instance states and cordons ------------------------------------------------------------
+
+def test_instances_not_running_are_not_stopped_and_lose_idle_since():
+    nodes = [managed_node(n, idle_since=NOW - 1800) for n in ("stopped", "stopping", "starting")]
+    instances = [instance("stopped", "Stopped"), instance("stopping", "Stopping"), instance("starting", "Starting")]
+    p = plan(nodes, instances=instances)
+    assert {d.node: d.verdict for d in p.decisions} == {
+        "stopped": IdleVerdict.STOPPED, "stopping": IdleVerdict.STOPPING, "starting": IdleVerdict.STARTING}
+    assert decision(p, "stopped").reason == "instance Stopped (StopCharging)"
+    assert all(d.idle_since is None for d in p.decisions)
+    assert p.to_stop == ()
+
+
+def test_gpuboot_cordons_are_released_once_stopped_not_while_stopping():
+    nodes = [managed_node("stopped", cordoned_by_us=True), managed_node("stopping", cordoned_by_us=True),
+             managed_node("started", cordoned_by_us=True)]
+    instances = [instance("stopped", "Stopped"), instance("stopping", "Stopping"), instance("started", "Pending")]
+    p = plan(nodes, instances=instances)
+    assert {d.node: d.uncordon for d in p.decisions} == {"stopped": True, "stopping": False, "started": True}
+    assert "un-cordoning" in decision(p, "stopped").reason
+
+
+def test_an_interrupted_run_cordon_is_released_when_the_node_is_busy_or_not_due():
+    nodes = [managed_node("busy", idle_since=NOW - 1800, cordoned_by_us=True),
+             managed_node("young", idle_since=NOW - 60, cordoned_by_us=True),
+             managed_node("due", idle_since=NOW - 1800, cordoned_by_us=True)]
+    p = plan(nodes, [pod("p", "busy")])
+    assert {d.node: (d.verdict, d.uncordon) for d in p.decisions} == {
+        "busy": (IdleVerdict.BUSY, True), "young": (IdleVerdict.IDLE, True), "due": (IdleVerdict.STOP, False)}
+
+
+def test_a_node_cordoned_by_someone_else_is_left_alone():
+    n = managed_node("a", idle_since=NOW - 1800, unschedulable=True)
+    d = decision(plan([n]), "a")
+    assert d.verdict == IdleVerdict.KEPT and not d.uncordon and not d.annotation_changes
+    assert d.reason == "cordoned by someone else; left alone"
+
+
+def test_a_node_whose_instance_is_gone_is_kept():
+    d = decision(plan([managed_node("a")], instances=[]), "a")
+    assert (d.verdict, d.reason) == (IdleVerdict.KEPT, "no ECS instance for its providerID")
+
+
+# --- re-check, log lines, inputs -----------------------------------------------------------
+
+def test_recheck_names_only_the_nodes_that_found_work():
+    nodes = [managed_node("a"), managed_node("b"), managed_node("c")]
+    found = recheck(nodes, ["a", "b", "c"], [pod("late", "b"), daemonset_pod("ds", "c")],
+                    [reservation("job-y", "a"), *fence_entries(["a", "b", "c"], NOW, 60)], NOW)
+    assert set(found) == {"a", "b"}
+    assert "job-y" in found["a"] and found["b"] == "busy: 1 pod (default/late)"
+
+
+def test_one_log_line_per_managed_node():
+    nodes = [managed_node("busy"), managed_node("idle"), managed_node("reserved")]
+    p = plan(nodes, [pod("p", "busy")], reservations=[reservation("job-x", "reserved")])
+    lines = p.lines()
+    assert len(lines) == 1 + 3 + 1
+    assert lines[1].split()[:3] == ["busy", "i-busy", "busy"]
+    assert "reserved by job job-x" in lines[3]
+    assert p.to_json()["decisions"]["idle"] == {"verdict": "idle", "reason": "idle for 0s < 10m"}
+
+
+def test_fence_entries_hold_no_resources():
+    entries = fence_entries(["b", "a", "a"], NOW, 60)
+    assert [(e.job_id, e.node, e.resources, e.expires_at) for e in entries] == [
+        (FENCE_JOB, "a", Resources(), NOW + 60), (FENCE_JOB, "b", Resources(), NOW + 60)]
+
+
+def test_durations_read_well():
+    assert [duration(s) for s in (0, 59.9, 119, 120, 3599, 7200, 7260 + 59)] == \
+        ["0s", "59s", "119s", "2m", "59m", "2h00m", "2h01m"]
+
+
+@pytest.mark.parametrize("bad", [0, -5, "ten", None, 31 * 86400])
+def test_bad_idle_time_names_the_field(bad):
+    with pytest.raises(ValueError, match="idle_seconds"):
+        _as_seconds(bad, "idle_seconds")
+    if isinstance(bad, (int, float)) or bad is None:
+        with pytest.raises(ValueError, match="idle_seconds"):
+            plan([managed_node("a")], idle=bad if bad is not None else float("nan"))
+
+
+def test_flags_from_templates():
+    assert [_as_bool(v, "dry_run") for v in (True, "True", "false", "0", "")] == [True, True, False, False, False]
+    with pytest.raises(ValueError, match="dry_run"):
+        _as_bool("maybe", "dry_run")
