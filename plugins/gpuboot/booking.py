@@ -35,13 +35,12 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuboot.ecs import EcsHook
 from gpuboot.inventory import build_inventory, parse_provider_id
 from gpuboot.model import NodeState, NodeView, Reservation
 from gpuboot.jobspec import JobSpec
-from gpuboot.kube import KubeClient
 from gpuboot.ledger import JobRecord, LedgerConflict, LedgerState, ReservationLedger
 from gpuboot.placement import Outcome, Plan, place
+from gpuboot.ports import ClusterReads, Ecs
 from gpuboot.model import Unavailable
 from gpuboot.idle import find_work
 
@@ -69,7 +68,7 @@ class Survey:
     views: list[NodeView]
 
 
-def survey(kube: KubeClient, ecs: EcsHook, reservations: list[Reservation], now: float,
+def survey(kube: ClusterReads, ecs: Ecs, reservations: list[Reservation], now: float,
            boot_grace_seconds: float = 900) -> Survey:
     """Nodes and active pods from Kubernetes joined to their ECS instances and types."""
     nodes = kube.list_nodes()
@@ -116,7 +115,7 @@ class Booking:
 class Booker:
     """Place-and-reserve for one job, against the ledger in `ledger.namespace`."""
 
-    def __init__(self, kube: KubeClient, ecs: EcsHook, ledger: ReservationLedger, log: logging.Logger, *,
+    def __init__(self, kube: ClusterReads, ecs: Ecs, ledger: ReservationLedger, log: logging.Logger, *,
                  max_commit_attempts: int = 20, boot_grace_seconds: float = 900,
                  clock: Callable[[], float] = time.time) -> None:
         self.kube, self.ecs, self.ledger, self.log = kube, ecs, ledger, log

@@ -35,13 +35,12 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpuboot.booking import LAUNCH_MARGIN_SECONDS, Booker, reservation_ttl, stamp
-from gpuboot.ecs import EcsError, EcsHook, InstanceOutcome
 from gpuboot.inventory import parse_time
 from gpuboot.model import NodeState
 from gpuboot.jobspec import JobSpec
-from gpuboot.kube import KubeClient
 from gpuboot.ledger import JobRecord, ReservationLedger, StartedNode
 from gpuboot.placement import Assignment, Outcome, Plan
+from gpuboot.ports import ClusterReads, Ecs, EcsError, InstanceOutcome
 from gpuboot.model import Unavailable
 from gpuboot.readiness import BootBaseline, extended_needs
 
@@ -98,7 +97,7 @@ def slim(plan: Plan) -> Plan:
 class JobBoot:
     """Bring-up and fall-back for one job (`spec` as `job_id`)."""
 
-    def __init__(self, kube: KubeClient, ecs: EcsHook, ledger: ReservationLedger, log: logging.Logger, *,
+    def __init__(self, kube: ClusterReads, ecs: Ecs, ledger: ReservationLedger, log: logging.Logger, *,
                  spec: JobSpec | None, job_id: str, max_attempts: int = 3,
                  unavailable_ttl_seconds: float = DEFAULT_UNAVAILABLE_TTL_SECONDS,
                  stopping_timeout_seconds: float = 600, boot_grace_seconds: float = 900,

@@ -17,36 +17,15 @@ from typing import Any, TypeVar
 
 from airflow.sdk import BaseHook
 
+# What crosses the port to the lifecycle (gpuboot.ports), re-exported: this adapter makes them.
+from gpuboot.ports import (RUNNING_OR_COMING, STOPPED_OR_GOING, EcsError, InstanceOutcome,  # noqa: F401
+                           classify_code)
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DESCRIBE_BATCH = 100        # DescribeInstances: at most 100 ids in InstanceIds
 TYPES_BATCH = 10            # DescribeInstanceTypes: at most 10 InstanceTypes.N
-RUNNING_OR_COMING = frozenset({"Pending", "Starting", "Running"})
-STOPPED_OR_GOING = frozenset({"Stopping", "Stopped"})
-
-_TRANSIENT_CODES = frozenset({"ServiceUnavailable", "InternalError", "UnknownError", "RequestTimeout"})
-_CAPACITY_MARKERS = ("NoStock", "InsufficientCapacity", "ResourceNotAvailable", "Zone.NotOnSale",
-                     "InvalidInstanceType.ZoneNotSupported", "OutOfStock")
-
-
-class EcsError(Exception):
-    """A classified ECS failure. kind: "capacity" (try another node/type), "transient"
-    (retried already, may succeed later) or "permanent" (fix the request or the setup)."""
-
-    def __init__(self, kind: str, code: str, message: str, request_id: str | None = None):
-        self.kind, self.code, self.message, self.request_id = kind, code, message, request_id
-        super().__init__(f"ECS {code} ({kind}): {message}" + (f" [RequestId {request_id}]" if request_id else ""))
-
-
-def classify_code(code: str | None, status: int | None = None) -> str:
-    """Map an ECS error code (and HTTP status) to capacity / transient / permanent."""
-    code = code or ""
-    if any(marker in code for marker in _CAPACITY_MARKERS):
-        return "capacity"
-    if code.startswith("Throttling") or code in _TRANSIENT_CODES or (status is not None and status >= 500):
-        return "transient"
-    return "permanent"
 
 
 def to_ecs_error(exc: BaseException) -> EcsError:
@@ -66,22 +45,6 @@ def to_ecs_error(exc: BaseException) -> EcsError:
     message = body.get("Message") or getattr(exc, "message", None) or code
     request_id = getattr(exc, "request_id", None) or body.get("RequestId")
     return EcsError(classify_code(code, status), str(code), str(message), request_id)
-
-
-@dataclass(frozen=True)
-class InstanceOutcome:
-    """What a start/stop did to one instance. outcome: "done" (request accepted),
-    "already" (already in or heading to the wanted state), "stopping" (start asked while
-    the instance is still Stopping: wait for Stopped, then start), "failed" (see error)."""
-
-    instance_id: str
-    outcome: str
-    previous_status: str | None = None
-    error: EcsError | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome in ("done", "already")
 
 
 @dataclass(frozen=True)

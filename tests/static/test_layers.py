@@ -4,10 +4,12 @@ Every module of the package is listed in exactly one layer (a new module must be
 its imports, module-level or inside functions, may only reach the layers below it:
 
     airflow    operators, sensor, trigger, task group, DAG loaders   may import anything below
-    lifecycle  booking and boot fall-back: adapters + core, no Airflow
+    lifecycle  booking and boot fall-back: adapters + core, no Airflow (they reach Kubernetes and ECS
+               through the Protocols of gpuboot.ports)
     adapters   ECS, Kubernetes, the ledger: I/O through the client libraries, no operator, and of the
                core only its values (not the placement engine)
-    core       pure decisions and values: no I/O library, no Airflow, nothing above
+    core       pure decisions and values, and the ports (Protocols) the adapters fill: no I/O library,
+               no Airflow, nothing above
 Nothing under plugins/ imports the local cloud.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ PACKAGE = PLUGINS / "gpuboot"
 
 LAYERS: dict[str, set[str]] = {
     "core": {"gpuboot", "gpuboot.model", "gpuboot.resources", "gpuboot.inventory", "gpuboot.placement",
-             "gpuboot.readiness", "gpuboot.jobspec", "gpuboot.idle", "gpuboot.replay"},
+             "gpuboot.readiness", "gpuboot.jobspec", "gpuboot.idle", "gpuboot.replay", "gpuboot.ports"},
     "adapters": {"gpuboot.ecs", "gpuboot.kube", "gpuboot.ledger"},
     "lifecycle": {"gpuboot.booking", "gpuboot.boot"},
     "airflow": {"gpuboot.steps", "gpuboot.place", "gpuboot.start", "gpuboot.wait", "gpuboot.launch",
