@@ -1,7 +1,7 @@
 """The ledger's pure rules (issue 9, defects 2-4, 8): how long a reservation lives, until when a
 node is waited for, which boot-failure marks still stand, the job record, the failure hints.
-The ledger's compare-and-swap runs against an in-memory ConfigMap here (a fake behind the
-KubeClient interface); tests/gpuboot/integration/test_ledger.py races it on the local cloud."""
+The ledger's compare-and-swap runs against an in-memory ConfigMap here (tests/gpuboot/fakes.py,
+behind gpuboot.ports.ConfigMapStore); tests/gpuboot/integration/test_ledger.py races it on the local cloud."""
 from __future__ import annotations
 
 import threading
@@ -12,11 +12,12 @@ from gpuboot.boot import ALREADY_UP_GRACE_SECONDS, wait_deadline
 from gpuboot.booking import LAUNCH_MARGIN_SECONDS, outdated_marks, reservation_ttl
 from gpuboot.model import NodeState, NodeView, Reservation
 from gpuboot.jobspec import JobSpec
-from gpuboot.kube import Conflict
 from gpuboot.ledger import JobRecord, ReservationLedger, StartedNode
 from gpuboot.model import Unavailable
 from gpuboot.resources import Resources
 from gpuboot.sensors import where_to_look
+
+from tests.gpuboot.fakes import FakeCluster
 
 BASE = {"name": "t", "image": "i", "command": ["true"]}
 
@@ -72,32 +73,8 @@ def test_where_to_look_names_the_kubelet_or_the_device_plugin():
     assert "device plugin never registered" in hint and "spec.nodeName=n" in hint
 
 
-class MemoryKube:
-    """One ConfigMap with resourceVersion compare-and-swap, as the API server does it."""
-
-    def __init__(self):
-        self.lock, self.cm, self.version = threading.Lock(), None, 0
-
-    def read_configmap(self, namespace, name):
-        with self.lock:
-            return None if self.cm is None else {**self.cm, "metadata": {**self.cm["metadata"],
-                                                                        "resourceVersion": str(self.version)}}
-
-    def create_configmap(self, namespace, body):
-        with self.lock:
-            if self.cm is not None:
-                raise Conflict("exists")
-            self.cm, self.version = body, self.version + 1
-
-    def replace_configmap(self, namespace, body):
-        with self.lock:
-            if body["metadata"]["resourceVersion"] != str(self.version):
-                raise Conflict("stale")
-            self.cm, self.version = body, self.version + 1
-
-
 def test_renewals_and_start_records_of_many_jobs_at_once_lose_no_write():
-    ledger = ReservationLedger(MemoryKube(), clock=lambda: 1000.0)
+    ledger = ReservationLedger(FakeCluster(), clock=lambda: 1000.0)
     gpu = Resources.parse({"nvidia.com/gpu": 1})
     jobs = [f"j{i}" for i in range(12)]
     for j in jobs:
