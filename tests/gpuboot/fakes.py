@@ -160,7 +160,7 @@ class FakeCluster:
 
 class FakeEcs:
     """ECS as gpuboot sees it: gpuboot.ports.Ecs. `calls` lists every start, stop and wait as
-    (action, instance ids); `no_stock` holds instance types out of stock (every start of one
+    (action, instance ids), and `on_call` observes them; `no_stock` holds instance types out of stock (every start of one
     answers OperationDenied.NoStock); `start_errors` maps an instance id to the code its next
     start answers, once."""
 
@@ -172,6 +172,11 @@ class FakeEcs:
         self.no_stock: set[str] = set()
         self.start_errors: dict[str, str] = {}
         self.calls: list[tuple[str, tuple[str, ...]]] = []
+        self._observers: list[Callable[[str, tuple[str, ...]], object]] = []
+
+    def on_call(self, observer: Callable[[str, tuple[str, ...]], object]) -> None:
+        """Call `observer(action, instance ids)` at each start, stop and wait, before it acts."""
+        self._observers.append(observer)
 
     def status(self, instance_id: str) -> str:
         return self.instances[instance_id]["Status"]
@@ -199,12 +204,12 @@ class FakeEcs:
 
     def wait_for_status(self, instance_ids: Sequence[str], wanted: set[str] | frozenset[str],
                         timeout: float) -> dict[str, str]:
-        self.calls.append(("wait", tuple(instance_ids)))
+        self._called("wait", instance_ids)
         self.settle(instance_ids)
         return self.statuses(instance_ids)
 
     def start_instances(self, instance_ids: Sequence[str]) -> dict[str, InstanceOutcome]:
-        self.calls.append(("start", tuple(instance_ids)))
+        self._called("start", instance_ids)
         return self._power(instance_ids, skip=RUNNING_OR_COMING, defer={"Stopping"}, to="Starting",
                            refusal=self._start_refusal)
 
@@ -212,7 +217,7 @@ class FakeEcs:
                        stopped_mode: str = "StopCharging") -> dict[str, InstanceOutcome]:
         if stopped_mode not in ("StopCharging", "KeepCharging"):
             raise ValueError(f"stopped_mode must be StopCharging or KeepCharging, got {stopped_mode!r}")
-        self.calls.append(("stop", tuple(instance_ids)))
+        self._called("stop", instance_ids)
         outcomes = self._power(instance_ids, skip=STOPPED_OR_GOING, defer=set(), to="Stopping",
                                refusal=lambda inst: None if inst["Status"] == "Running" else "IncorrectInstanceStatus")
         for iid, outcome in outcomes.items():
@@ -221,6 +226,11 @@ class FakeEcs:
         return outcomes
 
     # -- internals -------------------------------------------------------------------------
+    def _called(self, action: str, instance_ids: Sequence[str]) -> None:
+        self.calls.append((action, tuple(instance_ids)))
+        for observer in self._observers:
+            observer(action, tuple(instance_ids))
+
     def _start_refusal(self, inst: dict) -> str | None:
         if inst["Status"] != "Stopped":
             return "IncorrectInstanceStatus"
