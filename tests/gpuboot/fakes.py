@@ -160,9 +160,9 @@ class FakeCluster:
 
 class FakeEcs:
     """ECS as gpuboot sees it: gpuboot.ports.Ecs. `calls` lists every start, stop and wait as
-    (action, instance ids), and `on_call` observes them; `no_stock` holds instance types out of stock (every start of one
-    answers OperationDenied.NoStock); `start_errors` maps an instance id to the code its next
-    start answers, once."""
+    (action, instance ids), and `on_call` observes them; `no_stock` holds instance types out of
+    stock (every start of one answers OperationDenied.NoStock); `start_errors` maps an instance
+    id to the code its next start answers, once."""
 
     def __init__(self, instances: Iterable[dict], types: Mapping[str, dict],
                  clock: Callable[[], float]) -> None:

@@ -129,8 +129,8 @@ def test_the_ports_list_exactly_what_the_lifecycle_and_the_ledger_call():
 
 def test_the_lifecycle_imports_no_airflow_and_no_client_library():
     """What keeps its unit tests fast: booking and boot load without Airflow or an I/O library."""
-    code = ("import sys, gpuboot.boot, gpuboot.booking; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'airflow', 'kubernetes', 'alibabacloud_ecs20140526'}))")
+    code = ("import sys, gpuboot.boot, gpuboot.booking; print(sorted({m.split('.')[0] for m in sys.modules}"
+            " & {'airflow', 'kubernetes', 'alibabacloud_ecs20140526'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(PACKAGE.parent)})
     assert out.stdout.strip() == "[]"
