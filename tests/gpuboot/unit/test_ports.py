@@ -9,6 +9,7 @@ import inspect
 import subprocess
 import sys
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
@@ -25,7 +26,7 @@ VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 def members(protocol: type) -> list[str]:
     """The methods a Protocol asks for (its own and its Protocol bases')."""
-    names = {n for k in protocol.__mro__ if k not in (object,) and getattr(k, "_is_protocol", False)
+    names = {n for k in protocol.__mro__ if Protocol in k.__bases__
              for n, v in vars(k).items() if callable(v) and not n.startswith("_")}
     return sorted(names)
 
