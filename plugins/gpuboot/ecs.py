@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -84,10 +85,75 @@ def _batches(items: Sequence[str], size: int) -> Iterable[list[str]]:
         yield list(items[i:i + size])
 
 
+CREDENTIAL_MODES = ("static", "default_chain")
+# Environment variables of the default chain whose values are secret (redacted from its errors).
+_SECRET_ENV = ("ALIBABA_CLOUD_ACCESS_KEY_SECRET", "ALIBABA_CLOUD_SECURITY_TOKEN")
+
+
+def _extra_field(extra: dict, name: str, conn_type: str = "alibaba_cloud") -> Any:
+    """An extra field as the UI stores it: `name`, or the older `extra__<conn_type>__name`."""
+    value = extra.get(name)
+    return value if value not in (None, "") else extra.get(f"extra__{conn_type}__{name}")
+
+
+def _redact(text: str, secrets: Iterable[str | None]) -> str:
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            text = text.replace(secret, "***")
+    return text
+
+
+def credential_settings(conn_id: str, login: str | None, password: str | None, extra: dict) -> dict[str, Any]:
+    """The SDK Config arguments for the connection's credential mode (extra `credential_mode`):
+
+    * "static" (default): the AccessKey pair from login/password or, as the form of the
+      `apache-airflow-providers-alibaba` connection stores it, from extra `access_key_id` /
+      `access_key_secret` (optionally `security_token` for an STS pair);
+    * "default_chain": Alibaba Cloud's default credentials chain (`alibabacloud_credentials`):
+      environment variables, the RRSA OIDC token file with role and provider ARNs, the CLI and
+      credentials-file profiles, the ECS instance RAM role. It is asked once here, so a setup
+      that yields nothing fails at once (a permanent EcsError) instead of after the retries.
+
+    Errors name the missing fields, never a value."""
+    mode = str(_extra_field(extra, "credential_mode") or "static").strip().lower()
+    if mode not in CREDENTIAL_MODES:
+        raise ValueError(f"connection {conn_id!r}: extra.credential_mode must be one of "
+                         f"{', '.join(CREDENTIAL_MODES)}, got {mode!r}")
+    key_id = login or _extra_field(extra, "access_key_id")
+    secret = password or _extra_field(extra, "access_key_secret")
+    if mode == "static":
+        missing = [name for name, value in (("login (AccessKey ID) or extra.access_key_id", key_id),
+                                            ("password (AccessKey secret) or extra.access_key_secret", secret))
+                   if not value]
+        if missing:
+            raise ValueError(f"connection {conn_id!r}: missing {', '.join(missing)} (credential_mode "
+                             'static); or set extra {"credential_mode": "default_chain"} to use the '
+                             "environment, RRSA or the instance RAM role")
+        return {"access_key_id": key_id, "access_key_secret": secret,
+                "security_token": _extra_field(extra, "security_token") or None}
+    if key_id or secret:
+        raise ValueError(f"connection {conn_id!r}: credential_mode default_chain takes its keys from the "
+                         "chain; leave login/password and extra access_key_id/access_key_secret empty")
+    from alibabacloud_credentials.client import Client as CredentialClient
+
+    credential = CredentialClient()
+    try:
+        credential.get_credential()
+    except Exception as exc:  # noqa: BLE001 - whatever the chain raised, reported without secrets
+        detail = _redact(f"{type(exc).__name__}: {exc}"[:800], (os.environ.get(n) for n in _SECRET_ENV))
+        raise EcsError("permanent", "InvalidCredentials",
+                       f"connection {conn_id!r}: the default credentials chain found no credentials ({detail})"
+                       ) from None
+    return {"credential": credential}
+
+
 class EcsHook(BaseHook):
     """ECS through `alibabacloud_ecs20140526`, configured by an `alibaba_cloud` connection:
-    login = AccessKeyId, password = AccessKeySecret, extra `region_id` (required) and, for
-    a private or local endpoint, `endpoint` ("host:port") and `protocol` ("http"/"https")."""
+    extra `region_id` (required; `region` is read too), for a private or local endpoint
+    `endpoint` ("host:port") and `protocol` ("http"/"https"), and `credential_mode` ("static":
+    login = AccessKey ID, password = AccessKey secret, or extra access_key_id/access_key_secret;
+    "default_chain": environment, RRSA, instance RAM role; see credential_settings).
+    Its form fields are declared in gpuboot.provider (the provider's connection-types)."""
 
     conn_name_attr = "ecs_conn_id"
     default_conn_name = "alibaba_ecs_default"
@@ -102,6 +168,26 @@ class EcsHook(BaseHook):
         self.read_timeout_ms = read_timeout_ms
         self._client = None
         self._region: str | None = None
+
+    # Airflow 3.3 reads the form from the provider info (conn-fields, ui-field-behaviour) without
+    # importing the hook; these two serve an Airflow that asks the hook, from the same definition.
+    @classmethod
+    def get_connection_form_widgets(cls) -> dict[str, Any]:
+        from flask_appbuilder.fieldwidgets import BS3TextFieldWidget
+        from flask_babel import lazy_gettext
+        from wtforms import StringField
+
+        from gpuboot.provider import CONN_FIELDS
+
+        return {name: StringField(lazy_gettext(field["label"]), widget=BS3TextFieldWidget(),
+                                  description=field.get("description"))
+                for name, field in CONN_FIELDS.items()}
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        from gpuboot.provider import UI_FIELD_BEHAVIOUR
+
+        return {key.replace("-", "_"): value for key, value in UI_FIELD_BEHAVIOUR.items()}
 
     # -- connection ---------------------------------------------------------------
     @property
@@ -119,16 +205,14 @@ class EcsHook(BaseHook):
 
         conn = self.get_connection(self.ecs_conn_id)
         extra = conn.extra_dejson
-        region = extra.get("region_id") or extra.get("region")
-        missing = [name for name, value in (("login (AccessKeyId)", conn.login),
-                                            ("password (AccessKeySecret)", conn.password),
-                                            ("extra.region_id", region)) if not value]
-        if missing:
-            raise ValueError(f"connection {self.ecs_conn_id!r}: missing {', '.join(missing)}; "
-                             'set them, e.g. extra {"region_id": "cn-hangzhou"}')
-        config = Config(access_key_id=conn.login, access_key_secret=conn.password, region_id=region,
-                        endpoint=extra.get("endpoint") or None, protocol=extra.get("protocol") or None,
-                        read_timeout=self.read_timeout_ms, connect_timeout=5_000)
+        region = _extra_field(extra, "region_id") or _extra_field(extra, "region")
+        if not region:
+            raise ValueError(f"connection {self.ecs_conn_id!r}: missing extra.region_id; "
+                             'set it, e.g. extra {"region_id": "cn-hangzhou"}')
+        credentials = credential_settings(self.ecs_conn_id, conn.login, conn.password, extra)
+        config = Config(region_id=region, endpoint=_extra_field(extra, "endpoint") or None,
+                        protocol=_extra_field(extra, "protocol") or None,
+                        read_timeout=self.read_timeout_ms, connect_timeout=5_000, **credentials)
         self._client, self._region = Client(config), region
         return self._client
 

@@ -25,11 +25,11 @@ PACKAGE = PLUGINS / "gpuboot"
 LAYERS: dict[str, set[str]] = {
     "core": {"gpuboot", "gpuboot.model", "gpuboot.resources", "gpuboot.inventory", "gpuboot.placement",
              "gpuboot.readiness", "gpuboot.jobspec", "gpuboot.idle", "gpuboot.replay", "gpuboot.ports"},
-    "adapters": {"gpuboot.ecs", "gpuboot.kube", "gpuboot.ledger"},
+    "adapters": {"gpuboot.ecs", "gpuboot.provider", "gpuboot.kube", "gpuboot.ledger"},
     "lifecycle": {"gpuboot.booking", "gpuboot.boot"},
     "airflow": {"gpuboot.steps", "gpuboot.place", "gpuboot.start", "gpuboot.wait", "gpuboot.launch",
                 "gpuboot.release", "gpuboot.operators", "gpuboot.waiting", "gpuboot.stepbase", "gpuboot.sensors", "gpuboot.triggers", "gpuboot.taskgroup",
-                "gpuboot.scaledown", "gpuboot.specdags", "gpuboot_plugin"},
+                "gpuboot.scaledown", "gpuboot.specdags", "gpuboot.plugin", "gpuboot_plugin"},
 }
 ORDER = ["core", "adapters", "lifecycle", "airflow"]
 PACKAGES = {"gpuboot.replay"}      # entries that cover their submodules

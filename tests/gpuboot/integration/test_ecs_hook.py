@@ -117,3 +117,109 @@ def test_missing_region_names_the_field(monkeypatch):
                                                                  "password": "b"}))
     with pytest.raises(ValueError, match="region_id"):
         EcsHook("ecs_noregion").describe_instances()
+
+
+# -- credential modes (issue 15): every mode the local cloud can serve, none leaking the secret --
+
+def _conn(ecs_server, **fields) -> str:
+    extra = {"region_id": REGION, "endpoint": ecs_server.endpoint, "protocol": "http", **fields.pop("extra", {})}
+    return json.dumps({"conn_type": "alibaba_cloud", **fields, "extra": extra})
+
+
+@pytest.mark.parametrize("extra", [
+    {"access_key_id": ACCESS_KEY_ID, "access_key_secret": ACCESS_KEY_SECRET},
+    # as older forms store extra fields, with the region under the alibaba provider's `region` name
+    {"extra__alibaba_cloud__access_key_id": ACCESS_KEY_ID, "extra__alibaba_cloud__access_key_secret": ACCESS_KEY_SECRET,
+     "region_id": None, "region": REGION},
+], ids=["alibaba-provider-extras", "prefixed-extras"])
+def test_static_keys_from_the_alibaba_providers_extra_fields(ecs_server, monkeypatch, caplog, extra):
+    """The form of apache-airflow-providers-alibaba (same conn type) keeps the keys in extra fields."""
+    monkeypatch.setenv("AIRFLOW_CONN_ECS_EXTRAS", _conn(ecs_server, extra=extra))
+    caplog.set_level(logging.DEBUG)
+    hook = EcsHook("ecs_extras", retry=FAST)
+    instances = hook.describe_instances(["i-gpu-a"])
+    assert instances[0]["Status"] == "Stopped"
+    assert hook.start_instances(["i-gpu-a"])["i-gpu-a"].outcome == "done"
+    # what a task would push to XCom, and every log line, are free of the secret
+    assert ACCESS_KEY_SECRET not in json.dumps(instances) + caplog.text
+
+
+def test_login_password_win_and_a_wrong_extra_secret_is_not_echoed(ecs_server, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_ECS_BOTH", _conn(ecs_server, login=ACCESS_KEY_ID, password=ACCESS_KEY_SECRET,
+                                                      extra={"access_key_secret": "stale-secret-abc"}))
+    assert EcsHook("ecs_both", retry=FAST).statuses(["i-gpu-a"]) == {"i-gpu-a": "Stopped"}
+    monkeypatch.setenv("AIRFLOW_CONN_ECS_WRONG", _conn(ecs_server, extra={
+        "access_key_id": ACCESS_KEY_ID, "access_key_secret": "wrong-extra-secret-xyz"}))
+    with pytest.raises(EcsError) as err:
+        EcsHook("ecs_wrong", retry=FAST).statuses(["i-gpu-a"])
+    assert err.value.kind == "permanent" and "Signature" in err.value.code
+    assert "wrong-extra-secret-xyz" not in str(err.value)
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"extra": {"credential_mode": "sso"}}, "credential_mode must be one of static, default_chain"),
+    ({"login": ACCESS_KEY_ID, "password": ACCESS_KEY_SECRET, "extra": {"credential_mode": "default_chain"}},
+     "leave login/password"),
+    ({"login": ACCESS_KEY_ID}, r"missing password \(AccessKey secret\) or extra.access_key_secret"),
+])
+def test_credential_settings_errors_name_fields_not_values(ecs_server, monkeypatch, fields, match):
+    monkeypatch.setenv("AIRFLOW_CONN_ECS_CFG", _conn(ecs_server, **fields))
+    with pytest.raises(ValueError, match=match) as err:
+        EcsHook("ecs_cfg", retry=FAST).get_conn()
+    assert ACCESS_KEY_SECRET not in str(err.value)
+
+
+# alibabacloud_credentials reads its environment variables when first imported: each case of the
+# default chain runs in a fresh interpreter, as an Airflow worker starts with its environment.
+CHAIN_SCRIPT = """
+import json, logging, sys
+logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+from gpuboot.ecs import EcsError, EcsHook, RetryPolicy
+try:
+    hook = EcsHook("ecs_chain", retry=RetryPolicy(attempts=3, base_seconds=0.01, cap_seconds=0.02))
+    print(json.dumps({"ok": hook.statuses(["i-gpu-a", "i-gpu-r1"])}))
+except EcsError as e:
+    print(json.dumps({"error": [e.kind, e.code, str(e)]}))
+"""
+
+
+def _run_chain(ecs_server, tmp_path, env: dict[str, str]) -> tuple[dict, str]:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[3]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ALIBABA_CLOUD_")}
+    env = {**base, "PYTHONPATH": f"{repo / 'plugins'}{os.pathsep}{repo}", "HOME": str(tmp_path),
+           # no instance metadata service or CLI profile here: the chain must stop at what is given
+           "ALIBABA_CLOUD_ECS_METADATA_DISABLED": "true", "ALIBABA_CLOUD_CLI_PROFILE_DISABLED": "true",
+           "AIRFLOW_CONN_ECS_CHAIN": _conn(ecs_server, extra={"credential_mode": "default_chain"}), **env}
+    done = subprocess.run([sys.executable, "-c", CHAIN_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stdout + done.stderr
+
+
+def test_default_chain_takes_the_environment_credentials(ecs_server, tmp_path):
+    result, output = _run_chain(ecs_server, tmp_path, {"ALIBABA_CLOUD_ACCESS_KEY_ID": ACCESS_KEY_ID,
+                                                       "ALIBABA_CLOUD_ACCESS_KEY_SECRET": ACCESS_KEY_SECRET})
+    assert result == {"ok": {"i-gpu-a": "Stopped", "i-gpu-r1": "Running"}}
+    assert ACCESS_KEY_SECRET not in output
+
+
+def test_default_chain_with_a_wrong_environment_secret_is_refused_without_echoing_it(ecs_server, tmp_path):
+    result, output = _run_chain(ecs_server, tmp_path, {"ALIBABA_CLOUD_ACCESS_KEY_ID": ACCESS_KEY_ID,
+                                                       "ALIBABA_CLOUD_ACCESS_KEY_SECRET": "env-wrong-secret-123"})
+    kind, code, _ = result["error"]
+    assert kind == "permanent" and "Signature" in code
+    assert "env-wrong-secret-123" not in output
+
+
+def test_default_chain_without_any_credentials_fails_at_once(ecs_server, tmp_path):
+    """Nothing in the chain: a permanent error naming the chain, before any ECS call or retry."""
+    result, output = _run_chain(ecs_server, tmp_path, {})
+    kind, code, message = result["error"]
+    assert (kind, code) == ("permanent", "InvalidCredentials")
+    assert "default credentials chain" in message and "EnvironmentVariableCredentialsProvider" in message
+    assert "retrying" not in output
