@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 UV := $(PYTHON) -m uv
 export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)
 
-.PHONY: install test test-unit test-conformance test-e2e lock bench demo clean
+.PHONY: install test test-unit test-conformance test-e2e lock bench demo clean dist
 
 install: $(STAMP)
 
@@ -33,7 +33,16 @@ lock:
 	$(UV) pip compile --quiet -p 3.11 requirements.txt requirements-test.txt -o constraints.txt
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache dist build plugins/*.egg-info
+
+# The provider wheel (pyproject.toml: the `gpuboot` package of plugins/, entry points for the
+# providers manager and the plugin) into dist/, for `pip install` and the Dockerfile.
+dist:
+	@$(PYTHON) -m uv --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet uv
+	rm -rf dist build plugins/*.egg-info
+	$(UV) build --quiet --wheel --out-dir dist
+	@rm -rf build plugins/*.egg-info
+	@ls dist/*.whl
 
 # The demo (scripts/demo.py): local cloud + Airflow standalone + one gpu_job run.
 # DEMO_ONESHOT=1 exits after the job with its status.
@@ -44,6 +53,12 @@ demo: install
 .PHONY: test-demo
 test-demo: install
 	GPUBOOT_TEST_DEMO=1 $(PY) -m pytest tests/gpuboot/e2e/test_demo.py
+
+# The provider wheel built, installed into a fresh virtualenv with Airflow (from constraints.txt)
+# and checked there: providers list, the connection form, the plugin, gpu_job parsing (~1.5 min).
+.PHONY: test-package
+test-package: install
+	GPUBOOT_TEST_PACKAGE=1 $(PY) -m pytest tests/packaging
 
 # Trace replay (gpuboot.replay) of ../shared/traces under four boot policies: table on stdout,
 # results/replay/summary.json and replay.png. Options: make replay REPLAY_ARGS="--start 115d --duration 7d".

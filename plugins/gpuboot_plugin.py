@@ -1,10 +1,8 @@
-"""Registers gpuboot with Airflow's plugin manager, so `airflow plugins` and the UI list it.
-
-The library itself is the `gpuboot` package next to this file (plugins/ is on sys.path for
-the scheduler, workers, dag-processor and triggerer alike); this file adds nothing else.
+"""The plugins-folder entry of gpuboot, for a source checkout whose plugins/ is Airflow's plugins
+folder (the scheduler, workers, dag-processor and triggerer then find the `gpuboot` package next
+to this file on sys.path). An installed wheel registers the same plugin by its `airflow.plugins`
+entry point instead; use one or the other, not both (Airflow would skip the second "gpuboot").
 """
-from airflow.plugins_manager import AirflowPlugin
+from gpuboot.plugin import GpuBootPlugin
 
-
-class GpuBootPlugin(AirflowPlugin):
-    name = "gpuboot"
+__all__ = ["GpuBootPlugin"]

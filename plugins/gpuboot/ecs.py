@@ -153,7 +153,9 @@ class EcsHook(BaseHook):
     `endpoint` ("host:port") and `protocol` ("http"/"https"), and `credential_mode` ("static":
     login = AccessKey ID, password = AccessKey secret, or extra access_key_id/access_key_secret;
     "default_chain": environment, RRSA, instance RAM role; see credential_settings).
-    Its form fields are declared in gpuboot.provider (the provider's connection-types)."""
+    Its form is declared in gpuboot.provider (`conn-fields` and `ui-field-behaviour` of the
+    provider info): Airflow 3.3 reads it from there without importing the hook, and deprecates
+    (since 3.2) the hook methods get_connection_form_widgets / get_ui_field_behaviour."""
 
     conn_name_attr = "ecs_conn_id"
     default_conn_name = "alibaba_ecs_default"
@@ -168,26 +170,6 @@ class EcsHook(BaseHook):
         self.read_timeout_ms = read_timeout_ms
         self._client = None
         self._region: str | None = None
-
-    # Airflow 3.3 reads the form from the provider info (conn-fields, ui-field-behaviour) without
-    # importing the hook; these two serve an Airflow that asks the hook, from the same definition.
-    @classmethod
-    def get_connection_form_widgets(cls) -> dict[str, Any]:
-        from flask_appbuilder.fieldwidgets import BS3TextFieldWidget
-        from flask_babel import lazy_gettext
-        from wtforms import StringField
-
-        from gpuboot.provider import CONN_FIELDS
-
-        return {name: StringField(lazy_gettext(field["label"]), widget=BS3TextFieldWidget(),
-                                  description=field.get("description"))
-                for name, field in CONN_FIELDS.items()}
-
-    @classmethod
-    def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        from gpuboot.provider import UI_FIELD_BEHAVIOUR
-
-        return {key.replace("-", "_"): value for key, value in UI_FIELD_BEHAVIOUR.items()}
 
     # -- connection ---------------------------------------------------------------
     @property
