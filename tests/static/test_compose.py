@@ -15,6 +15,7 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
 from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -132,11 +133,14 @@ def test_airflow_services_run_the_right_commands(services):
 
 
 @pytest.mark.parametrize("name", AIRFLOW_SERVICES)
-def test_every_airflow_service_mounts_dags_plugins_and_the_cloud_state(services, name):
+def test_every_airflow_service_mounts_dags_and_the_cloud_state_but_not_the_package(services, name):
     mounts = _mounts(services[name])
     assert Path(mounts.get("/opt/airflow/dags", "")) == Path("dags"), f"{name} must mount ./dags"
-    # The triggerer imports the GPU-readiness trigger from here; the worker the operators.
-    assert Path(mounts.get("/opt/airflow/plugins", "")) == Path("plugins"), f"{name} must mount ./plugins"
+    # The triggerer imports the GPU-readiness trigger, the worker the operators, from the wheel the
+    # image installed. A mounted ./plugins would register the plugin a second time (Airflow reports
+    # it as an import error) and its gpuboot would not even be imported: site-packages comes first.
+    assert not any(Path(source) == Path("plugins") or Path(source).is_relative_to("plugins")
+                   for source in mounts.values()), f"{name} mounts ./plugins over the installed provider"
     assert mounts.get(SIMCLOUD_WORKDIR) == _mounts(services["simcloud"])[SIMCLOUD_WORKDIR], \
         f"{name} must mount the volume simcloud writes its kubeconfig and connections to"
 
@@ -344,12 +348,29 @@ def test_dockerfile_builds_from_the_pinned_airflow_on_the_constraints_python():
     assert tag == expected, f"Dockerfile FROM tag {tag} != {expected} (requirements.txt pin, constraints.txt Python)"
 
 
-def test_dockerfile_installs_requirements_with_the_constraints_without_moving_airflow():
+def _wheel_name() -> str:
+    """The file `make dist` builds: the distribution of pyproject.toml at its version."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return f"{project['name']}-{project['version']}-py3-none-any.whl"
+
+
+def test_dockerfile_installs_the_provider_wheel_with_the_constraints_without_moving_airflow():
+    """The image installs the wheel of this version (not files copied from plugins/), with the
+    local cloud's extra for the simcloud service, pinned by the constraints."""
     copies = _copies()
-    assert copies.get("requirements.txt") == "/requirements.txt"
     assert copies.get("constraints.txt") == "/constraints.txt"
-    assert re.search(r'^RUN pip install .*"apache-airflow==\$\{AIRFLOW_VERSION\}" -r /requirements\.txt '
-                     r'-c /constraints\.txt$', _dockerfile(), re.MULTILINE)
+    wheel = _wheel_name()
+    assert copies.get(f"dist/{wheel}") == f"/wheels/{wheel}", \
+        f"the Dockerfile must COPY dist/{wheel} (make dist of pyproject.toml's version) to /wheels/"
+    assert re.search(rf'^RUN pip install .*"apache-airflow==\$\{{AIRFLOW_VERSION\}}" "/wheels/{re.escape(wheel)}'
+                     r'\[simcloud\]" -c /constraints\.txt$', _dockerfile(), re.MULTILINE)
+    assert not any(source.startswith("plugins") or source.startswith("requirements")
+                   for source in copies), "the package and its requirements come from the wheel"
+
+
+def test_the_wheel_the_image_installs_reaches_the_build_context():
+    assert _in_context(f"dist/{_wheel_name()}")
+    assert not _in_context("dist/gpuboot-0.0.1-py3-none-any.tar.gz") and not _in_context("plugins/gpuboot/ecs.py")
 
 
 # .dockerignore as Docker reads it: patterns in order, the last match wins, `!` re-includes, and
