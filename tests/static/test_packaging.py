@@ -139,3 +139,13 @@ def test_provider_info_describes_the_hook_and_validates_against_airflows_schema(
     assert {"region_id", "endpoint", "credential_mode"} <= set(conn["conn-fields"])
     from gpuboot.ecs import CREDENTIAL_MODES
     assert [m for m in conn["conn-fields"]["credential_mode"]["schema"]["enum"] if m] == list(CREDENTIAL_MODES)
+
+
+def test_a_source_checkouts_plugins_folder_registers_the_same_plugin():
+    """Without the wheel (make demo, the tests, the distributed run), Airflow's plugins-folder loader
+    finds the plugin in plugins/gpuboot_plugin.py, and only there (.airflowignore keeps gpuboot/ out)."""
+    from airflow._shared.plugins_manager import _load_plugins_from_plugin_directory
+
+    plugins, errors = _load_plugins_from_plugin_directory(plugins_folder=str(ROOT / "plugins"))
+    assert errors == {}
+    assert [(p.name, Path(str(p.source.path)).name) for p in plugins] == [("gpuboot", "gpuboot_plugin.py")]
