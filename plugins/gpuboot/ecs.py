@@ -108,7 +108,7 @@ def credential_settings(conn_id: str, login: str | None, password: str | None, e
 
     * "static" (default): the AccessKey pair from login/password or, as the form of the
       `apache-airflow-providers-alibaba` connection stores it, from extra `access_key_id` /
-      `access_key_secret` (optionally `security_token` for an STS pair);
+      `access_key_secret`;
     * "default_chain": Alibaba Cloud's default credentials chain (`alibabacloud_credentials`):
       environment variables, the RRSA OIDC token file with role and provider ARNs, the CLI and
       credentials-file profiles, the ECS instance RAM role. It is asked once here, so a setup
@@ -129,8 +129,7 @@ def credential_settings(conn_id: str, login: str | None, password: str | None, e
             raise ValueError(f"connection {conn_id!r}: missing {', '.join(missing)} (credential_mode "
                              'static); or set extra {"credential_mode": "default_chain"} to use the '
                              "environment, RRSA or the instance RAM role")
-        return {"access_key_id": key_id, "access_key_secret": secret,
-                "security_token": _extra_field(extra, "security_token") or None}
+        return {"access_key_id": key_id, "access_key_secret": secret}
     if key_id or secret:
         raise ValueError(f"connection {conn_id!r}: credential_mode default_chain takes its keys from the "
                          "chain; leave login/password and extra access_key_id/access_key_secret empty")
