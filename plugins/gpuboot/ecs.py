@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -96,11 +97,17 @@ def _extra_field(extra: dict, name: str, conn_type: str = "alibaba_cloud") -> An
     return value if value not in (None, "") else extra.get(f"extra__{conn_type}__{name}")
 
 
+# The chain's errors may quote an STS answer (alibabacloud_credentials does when one lacks a
+# field): any secret-looking value in it is masked, whatever its source.
+_SECRET_FIELD = re.compile(r'("?(?:AccessKeySecret|SecurityToken|access_key_secret|security_token)"?\s*[:=]\s*"?)'
+                           r'[^",}\s]+', re.IGNORECASE)
+
+
 def _redact(text: str, secrets: Iterable[str | None]) -> str:
     for secret in secrets:
         if secret and len(secret) >= 4:
             text = text.replace(secret, "***")
-    return text
+    return _SECRET_FIELD.sub(r"\1***", text)
 
 
 def credential_settings(conn_id: str, login: str | None, password: str | None, extra: dict) -> dict[str, Any]:

@@ -223,3 +223,15 @@ def test_default_chain_without_any_credentials_fails_at_once(ecs_server, tmp_pat
     assert (kind, code) == ("permanent", "InvalidCredentials")
     assert "default credentials chain" in message and "EnvironmentVariableCredentialsProvider" in message
     assert "retrying" not in output
+
+
+def test_chain_errors_are_redacted_of_secret_values():
+    """An STS answer quoted in a chain error (the library does so when a field is missing) keeps
+    the key id but loses the secret and the token, as do the chain's secret environment values."""
+    from gpuboot.ecs import _redact
+
+    quoted = ('CredentialException: error retrieving credentials from oidc_role_arn result: {"Credentials": '
+              '{"AccessKeyId": "STS.abc", "AccessKeySecret": "tmp-secret-1", "SecurityToken": "tok/en+2=="}}')
+    redacted = _redact(quoted + " env-secret-3", ["env-secret-3", None])
+    assert "STS.abc" in redacted
+    assert not any(s in redacted for s in ("tmp-secret-1", "tok/en+2==", "env-secret-3"))
