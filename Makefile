@@ -55,7 +55,7 @@ test-demo: install
 	GPUBOOT_TEST_DEMO=1 $(PY) -m pytest tests/gpuboot/e2e/test_demo.py
 
 # The provider wheel built, installed into a fresh virtualenv with Airflow (from constraints.txt)
-# and checked there: providers list, the connection form, the plugin, gpu_job parsing (~1.5 min).
+# and checked there: providers list, the connection form, the plugin, gpu_job parsing (~2 min).
 .PHONY: test-package
 test-package: install
 	GPUBOOT_TEST_PACKAGE=1 $(PY) -m pytest tests/packaging

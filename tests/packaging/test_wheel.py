@@ -7,8 +7,8 @@ list` shows the provider; the connection form the UI gets (the api-server's hook
 service) has the `alibaba_cloud` type with its fields; the plugin is loaded from its entry point;
 the `gpu_job` DAG parses.
 
-The wheel's contents are checked in every run (a build, ~7 s); the installed wheel is slow (about
-1.5 min on 2 busy cores: the install and two Airflow start-ups) and runs only when
+The wheel's contents are checked in every run (a build, ~7 s); the installed wheel is slow (90 to 110 s
+on 2 busy cores: the install and two Airflow start-ups) and runs only when
 GPUBOOT_TEST_PACKAGE=1, as `make test-package` (which .ci/run calls) sets it.
 """
 from __future__ import annotations
