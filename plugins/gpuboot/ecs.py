@@ -103,11 +103,55 @@ _SECRET_FIELD = re.compile(r'("?(?:AccessKeySecret|SecurityToken|access_key_secr
                            r'[^",}\s]+', re.IGNORECASE)
 
 
+# A failed STS exchange (RRSA) reports its URL, whose query holds the OIDC token.
+_OIDC_TOKEN_PARAM = re.compile(r"(OIDCToken=)[^&\s'\"]+")
+
+
 def _redact(text: str, secrets: Iterable[str | None]) -> str:
     for secret in secrets:
         if secret and len(secret) >= 4:
             text = text.replace(secret, "***")
-    return _SECRET_FIELD.sub(r"\1***", text)
+    return _OIDC_TOKEN_PARAM.sub(r"\1***", _SECRET_FIELD.sub(r"\1***", text))
+
+
+def _chain_secrets() -> list[str]:
+    """The secret values the default chain may be holding: its secret environment variables and
+    the RRSA token (the file's content)."""
+    values = [os.environ.get(name) or "" for name in _SECRET_ENV]
+    token_file = os.environ.get("ALIBABA_CLOUD_OIDC_TOKEN_FILE")
+    if token_file:
+        try:
+            with open(token_file, encoding="utf-8") as fh:
+                values.append(fh.read().strip())
+        except OSError:
+            pass
+    return [v for v in values if v]
+
+
+class _RedactingFilter(logging.Filter):
+    """Masks secrets in the records of the Alibaba Cloud libraries' own loggers, which write to
+    stderr (hence the task log) through handlers of their own: `credentials` logs a failed STS
+    exchange with its URL, OIDC token included, and a traceback; the Tea cores log requests under
+    DEBUG=sdk."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        import traceback
+
+        text = record.getMessage()
+        if record.exc_info:
+            text += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
+        record.msg, record.args, record.exc_info, record.exc_text = _redact(text, _chain_secrets()), None, None, None
+        return True
+
+
+_SDK_LOGGERS = ("credentials", "alibabacloud-tea", "darabonba-core")
+
+
+def _guard_sdk_logs() -> None:
+    for name in _SDK_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _RedactingFilter) for f in logger.filters):
+            logger.addFilter(_RedactingFilter())
 
 
 def credential_settings(conn_id: str, login: str | None, password: str | None, extra: dict) -> dict[str, Any]:
@@ -122,6 +166,7 @@ def credential_settings(conn_id: str, login: str | None, password: str | None, e
       that yields nothing fails at once (a permanent EcsError) instead of after the retries.
 
     Errors name the missing fields, never a value."""
+    _guard_sdk_logs()
     mode = str(_extra_field(extra, "credential_mode") or "static").strip().lower()
     if mode not in CREDENTIAL_MODES:
         raise ValueError(f"connection {conn_id!r}: extra.credential_mode must be one of "
@@ -146,7 +191,7 @@ def credential_settings(conn_id: str, login: str | None, password: str | None, e
     try:
         credential.get_credential()
     except Exception as exc:  # noqa: BLE001 - whatever the chain raised, reported without secrets
-        detail = _redact(f"{type(exc).__name__}: {exc}"[:800], (os.environ.get(n) for n in _SECRET_ENV))
+        detail = _redact(f"{type(exc).__name__}: {exc}", _chain_secrets())[:800]
         raise EcsError("permanent", "InvalidCredentials",
                        f"connection {conn_id!r}: the default credentials chain found no credentials ({detail})"
                        ) from None

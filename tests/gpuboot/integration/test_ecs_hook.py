@@ -170,55 +170,88 @@ def test_credential_settings_errors_name_fields_not_values(ecs_server, monkeypat
 
 
 # alibabacloud_credentials reads its environment variables when first imported: each case of the
-# default chain runs in a fresh interpreter, as an Airflow worker starts with its environment.
-CHAIN_SCRIPT = """
-import json, logging, sys
-logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+# default chain runs in a fresh process, as an Airflow worker starts with its environment. Importing
+# Airflow costs seconds, so one helper process imports it (and the hook, which loads the
+# Alibaba Cloud libraries only when it connects) and forks a child per case; the child sets the
+# case's environment, imports the libraries for the first time and calls ECS.
+CHAIN_HOST = """
+import json, logging, os, sys
 from gpuboot.ecs import EcsError, EcsHook, RetryPolicy
-try:
-    hook = EcsHook("ecs_chain", retry=RetryPolicy(attempts=3, base_seconds=0.01, cap_seconds=0.02))
-    print(json.dumps({"ok": hook.statuses(["i-gpu-a", "i-gpu-r1"])}))
-except EcsError as e:
-    print(json.dumps({"error": [e.kind, e.code, str(e)]}))
+assert not [m for m in sys.modules if m.startswith(("alibabacloud", "Tea", "darabonba"))], "imported too early"
+for line in sys.stdin:
+    case = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        os.environ.update(case["env"])
+        out = os.open(case["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, force=True)
+        try:
+            hook = EcsHook("ecs_chain", retry=RetryPolicy(attempts=3, base_seconds=0.01, cap_seconds=0.02))
+            result = {"ok": hook.statuses(["i-gpu-a", "i-gpu-r1"])}
+        except EcsError as e:
+            result = {"error": [e.kind, e.code, str(e)]}
+        with open(case["result"], "w") as fh:
+            json.dump(result, fh)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    print(status, flush=True)
 """
 
 
-def _run_chain(ecs_server, tmp_path, env: dict[str, str]) -> tuple[dict, str]:
+@pytest.fixture(scope="module")
+def chain_host():
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[3]
-    base = {k: v for k, v in os.environ.items() if not k.startswith("ALIBABA_CLOUD_")}
-    env = {**base, "PYTHONPATH": f"{repo / 'plugins'}{os.pathsep}{repo}", "HOME": str(tmp_path),
-           # no instance metadata service or CLI profile here: the chain must stop at what is given
-           "ALIBABA_CLOUD_ECS_METADATA_DISABLED": "true", "ALIBABA_CLOUD_CLI_PROFILE_DISABLED": "true",
-           "AIRFLOW_CONN_ECS_CHAIN": _conn(ecs_server, extra={"credential_mode": "default_chain"}), **env}
-    done = subprocess.run([sys.executable, "-c", CHAIN_SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1]), done.stdout + done.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALIBABA_CLOUD_")}
+    env.update({"PYTHONPATH": f"{repo / 'plugins'}{os.pathsep}{repo}",
+                # no instance metadata service or CLI profile here: the chain must stop at what is given
+                "ALIBABA_CLOUD_ECS_METADATA_DISABLED": "true", "ALIBABA_CLOUD_CLI_PROFILE_DISABLED": "true"})
+    host = subprocess.Popen([sys.executable, "-c", CHAIN_HOST], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    yield host
+    host.stdin.close()
+    host.wait(timeout=30)
 
 
-def test_default_chain_takes_the_environment_credentials(ecs_server, tmp_path):
-    result, output = _run_chain(ecs_server, tmp_path, {"ALIBABA_CLOUD_ACCESS_KEY_ID": ACCESS_KEY_ID,
+def _run_chain(chain_host, ecs_server, tmp_path, env: dict[str, str]) -> tuple[dict, str]:
+    """(the hook's result or error, everything the case wrote to stdout and stderr)."""
+    env = {"HOME": str(tmp_path), "AIRFLOW_CONN_ECS_CHAIN": _conn(ecs_server, extra={"credential_mode": "default_chain"}),
+           **env}
+    case = {"env": env, "output": str(tmp_path / "output.txt"), "result": str(tmp_path / "result.json")}
+    chain_host.stdin.write(json.dumps(case) + "\n")
+    chain_host.stdin.flush()
+    status = chain_host.stdout.readline().strip()
+    output = (tmp_path / "output.txt").read_text()
+    assert status == "0", f"the case's process ended with status {status!r}:\n{output[-3000:]}"
+    return json.loads((tmp_path / "result.json").read_text()), output
+
+
+def test_default_chain_takes_the_environment_credentials(chain_host, ecs_server, tmp_path):
+    result, output = _run_chain(chain_host, ecs_server, tmp_path, {"ALIBABA_CLOUD_ACCESS_KEY_ID": ACCESS_KEY_ID,
                                                        "ALIBABA_CLOUD_ACCESS_KEY_SECRET": ACCESS_KEY_SECRET})
     assert result == {"ok": {"i-gpu-a": "Stopped", "i-gpu-r1": "Running"}}
     assert ACCESS_KEY_SECRET not in output
 
 
-def test_default_chain_with_a_wrong_environment_secret_is_refused_without_echoing_it(ecs_server, tmp_path):
-    result, output = _run_chain(ecs_server, tmp_path, {"ALIBABA_CLOUD_ACCESS_KEY_ID": ACCESS_KEY_ID,
+def test_default_chain_with_a_wrong_environment_secret_is_refused_without_echoing_it(chain_host, ecs_server, tmp_path):
+    result, output = _run_chain(chain_host, ecs_server, tmp_path, {"ALIBABA_CLOUD_ACCESS_KEY_ID": ACCESS_KEY_ID,
                                                        "ALIBABA_CLOUD_ACCESS_KEY_SECRET": "env-wrong-secret-123"})
     kind, code, _ = result["error"]
     assert kind == "permanent" and "Signature" in code
     assert "env-wrong-secret-123" not in output
 
 
-def test_default_chain_without_any_credentials_fails_at_once(ecs_server, tmp_path):
+def test_default_chain_without_any_credentials_fails_at_once(chain_host, ecs_server, tmp_path):
     """Nothing in the chain: a permanent error naming the chain, before any ECS call or retry."""
-    result, output = _run_chain(ecs_server, tmp_path, {})
+    result, output = _run_chain(chain_host, ecs_server, tmp_path, {})
     kind, code, message = result["error"]
     assert (kind, code) == ("permanent", "InvalidCredentials")
     assert "default credentials chain" in message and "EnvironmentVariableCredentialsProvider" in message
@@ -235,3 +268,28 @@ def test_chain_errors_are_redacted_of_secret_values():
     redacted = _redact(quoted + " env-secret-3", ["env-secret-3", None])
     assert "STS.abc" in redacted
     assert not any(s in redacted for s in ("tmp-secret-1", "tok/en+2==", "env-secret-3"))
+
+
+def test_default_chain_with_rrsa_whose_sts_is_unreachable_keeps_the_oidc_token_out(chain_host, ecs_server, tmp_path):
+    """RRSA's variables (ACK's pod identity webhook sets them) with an STS that cannot be reached
+    (the local cloud has no STS; a proxy on a closed port refuses the https call): a permanent
+    error naming the provider, and the OIDC token, which the library puts in the STS URL it logs
+    (through its own stderr handler, with a traceback) and raises, in neither the error nor the output."""
+    import socket
+
+    token = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6YWlyZmxvdzp3b3JrZXIifQ.c2lnbmF0dXJl"
+    (tmp_path / "token").write_text(token)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    result, output = _run_chain(chain_host, ecs_server, tmp_path, {
+        "ALIBABA_CLOUD_OIDC_TOKEN_FILE": str(tmp_path / "token"),
+        "ALIBABA_CLOUD_ROLE_ARN": "acs:ram::1234567890:role/gpuboot-ecs",
+        "ALIBABA_CLOUD_OIDC_PROVIDER_ARN": "acs:ram::1234567890:oidc-provider/ack-rrsa-c0ffee",
+        "HTTPS_PROXY": f"http://127.0.0.1:{closed_port}", "https_proxy": f"http://127.0.0.1:{closed_port}",
+        "NO_PROXY": "", "no_proxy": ""})
+    kind, code, message = result["error"]
+    assert (kind, code) == ("permanent", "InvalidCredentials")
+    assert "OIDCRoleArnCredentialsProvider" in message and "OIDCToken=***" in message
+    assert "AssumeRoleWithOIDC" in output, "the STS exchange was not even attempted"
+    assert token not in output and token[:40] not in output
