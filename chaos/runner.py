@@ -142,7 +142,8 @@ class ProcessWorkers:
     already imported (cheap, like a prefork worker pool). A process that dies fails the try.
     Create it after the environment (AIRFLOW_CONN_*) is set: the forkserver inherits it."""
 
-    PRELOAD = ["chaos.runner", "gpuboot.operators", "gpuboot.sensors", "gpuboot.triggers"]
+    PRELOAD = ["chaos.runner", "gpuboot.steps.place", "gpuboot.steps.start", "gpuboot.steps.wait",
+               "gpuboot.steps.launch", "gpuboot.steps.release", "gpuboot.triggers"]
 
     def __init__(self, log_path: str | None = None) -> None:
         import multiprocessing

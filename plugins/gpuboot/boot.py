@@ -67,7 +67,7 @@ class BootError(Exception):
 class CapacityUnavailable(Exception):
     """No capacity left for the job: every offering tried was out of stock (or failed to boot),
     and nothing else can ever hold it. The message names each one and why. No retry can fix
-    it: the Airflow steps fail the task for good (gpuboot.waiting.final_failures)."""
+    it: the Airflow steps fail the task for good (gpuboot.steps.waiting.final_failures)."""
 
 
 class CapacityBusy(Exception):

@@ -46,7 +46,7 @@ from gpuboot.idle import (ANNOTATION_CORDONED_BY, ANNOTATION_IDLE_SINCE, CORDONE
 from gpuboot.inventory import parse_provider_id
 from gpuboot.kube import Conflict, KubeClient
 from gpuboot.ledger import LedgerConflict, ReservationLedger
-from gpuboot.stepbase import GpuJobStep
+from gpuboot.steps.base import GpuJobStep
 from gpuboot.model import Reservation
 
 # --- the operator ------------------------------------------------------------------------

@@ -17,9 +17,11 @@ from datetime import timedelta
 
 from airflow.sdk import TaskGroup
 
-from gpuboot.operators import (GpuPodOperator, PlaceGpuJobOperator, ReleaseReservationOperator,
-                               StartGpuNodesOperator)
-from gpuboot.sensors import GpuReadySensor
+from gpuboot.steps.launch import GpuPodOperator
+from gpuboot.steps.place import PlaceGpuJobOperator
+from gpuboot.steps.release import ReleaseReservationOperator
+from gpuboot.steps.start import StartGpuNodesOperator
+from gpuboot.steps.wait import GpuReadySensor
 
 
 def gpu_job_group(job: Mapping | None = None, *, group_id: str = "gpu_job",

@@ -3,7 +3,7 @@
 Every module of the package is listed in exactly one layer (a new module must be placed), and
 its imports, module-level or inside functions, may only reach the layers below it:
 
-    airflow    operators, sensor, trigger, task group, DAG loaders   may import anything below
+    airflow    the steps, trigger, task group, DAG loaders   may import anything below
     lifecycle  booking and boot fall-back: adapters + core, no Airflow (they reach Kubernetes and ECS
                through the Protocols of gpuboot.ports)
     adapters   ECS, Kubernetes, the ledger: I/O through the client libraries, no operator, and of the
@@ -27,9 +27,10 @@ LAYERS: dict[str, set[str]] = {
              "gpuboot.readiness", "gpuboot.jobspec", "gpuboot.idle", "gpuboot.replay", "gpuboot.ports"},
     "adapters": {"gpuboot.ecs", "gpuboot.provider", "gpuboot.kube", "gpuboot.ledger"},
     "lifecycle": {"gpuboot.booking", "gpuboot.boot"},
-    "airflow": {"gpuboot.steps", "gpuboot.place", "gpuboot.start", "gpuboot.wait", "gpuboot.launch",
-                "gpuboot.release", "gpuboot.operators", "gpuboot.waiting", "gpuboot.stepbase", "gpuboot.sensors", "gpuboot.triggers", "gpuboot.taskgroup",
-                "gpuboot.scaledown", "gpuboot.specdags", "gpuboot.plugin", "gpuboot_plugin"},
+    "airflow": {"gpuboot.steps", "gpuboot.steps.base", "gpuboot.steps.place", "gpuboot.steps.start",
+                "gpuboot.steps.wait", "gpuboot.steps.launch", "gpuboot.steps.release", "gpuboot.steps.waiting",
+                "gpuboot.triggers", "gpuboot.taskgroup", "gpuboot.scaledown", "gpuboot.specdags", "gpuboot.plugin",
+                "gpuboot_plugin"},
 }
 ORDER = ["core", "adapters", "lifecycle", "airflow"]
 PACKAGES = {"gpuboot.replay"}      # entries that cover their submodules
@@ -123,8 +124,8 @@ def test_the_check_catches_forbidden_imports():
         "gpuboot.placement:1 imports kubernetes (no kubernetes in the core layer)"]
     assert violations("def f():\n    from gpuboot.boot import JobBoot\n", "gpuboot.readiness") == [
         "gpuboot.readiness:2 imports gpuboot.boot (lifecycle layer, above core)"]
-    assert violations("from .sensors import GpuReadySensor\n", "gpuboot.boot") == [
-        "gpuboot.boot:1 imports gpuboot.sensors (airflow layer, above lifecycle)"]
+    assert violations("from .steps.wait import GpuReadySensor\n", "gpuboot.boot") == [
+        "gpuboot.boot:1 imports gpuboot.steps.wait (airflow layer, above lifecycle)"]
     assert violations("from airflow.sdk.exceptions import AirflowException\n", "gpuboot.booking") == [
         "gpuboot.booking:1 imports airflow.sdk.exceptions (no airflow in the lifecycle layer)"]
     assert violations("from gpuboot import scaledown\n", "gpuboot.ledger") == [

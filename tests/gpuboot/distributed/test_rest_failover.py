@@ -50,7 +50,7 @@ def test_clearing_wait_gpu_ready_mid_failover_leaves_no_instance_running(distrib
     wait_until(lambda: procs.check_alive() or api.dag_loaded(DAG_ID), timeout=180, interval=1,
                message=lambda: f"{DAG_ID} not parsed by the dag-processor in 180s")
     run_id = api.trigger(DAG_ID, JOB)
-    from gpuboot.operators import job_id_for   # imports Airflow: not at collection (tests/conftest.py)
+    from gpuboot.steps.base import job_id_for   # imports Airflow: not at collection (tests/conftest.py)
 
     job_id = job_id_for(DAG_ID, run_id, "gpu_job")
 

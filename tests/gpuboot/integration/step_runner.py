@@ -21,8 +21,9 @@ from pathlib import Path
 from airflow.sdk.exceptions import TaskDeferred
 
 from gpuboot.ecs import EcsHook
-from gpuboot.operators import GpuPodOperator, StartGpuNodesOperator
-from gpuboot.sensors import GpuReadySensor
+from gpuboot.steps.launch import GpuPodOperator
+from gpuboot.steps.start import StartGpuNodesOperator
+from gpuboot.steps.wait import GpuReadySensor
 
 OPERATORS = {"start": StartGpuNodesOperator, "wait": GpuReadySensor, "launch": GpuPodOperator}
 

@@ -9,7 +9,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from gpuboot.ecs import EcsHook
 from gpuboot.kube import KubeClient
 from gpuboot.ledger import CONFIGMAP
-from gpuboot.operators import PlaceGpuJobOperator
+from gpuboot.steps.place import PlaceGpuJobOperator
 
 from .conftest import FLEET, SimCloud, expose_connections
 from .test_operators import JOB, context
@@ -72,7 +72,7 @@ def test_unknown_keys_in_dag_run_params_fail_place_with_the_likely_field_and_res
 
 
 def test_params_a_users_dag_declares_for_itself_are_not_job_fields_but_typos_still_fail():
-    from gpuboot.operators import resolve_job
+    from gpuboot.steps.base import resolve_job
 
     declared = ["dataset", "name"]
     spec = resolve_job(None, {"params": {**JOB, "dataset": "imagenet"}}, declared=declared)
@@ -94,7 +94,7 @@ def test_a_namespace_that_does_not_exist_fails_place_naming_it_before_anything_i
 
 @pytest.mark.parametrize("kwargs", [{"max_boot_attempts": 0}, {"deferrable": False, "mode": "reschedule"}])
 def test_sensor_arguments_that_cannot_work_are_refused_at_dag_parse_time(kwargs):
-    from gpuboot.sensors import GpuReadySensor
+    from gpuboot.steps.wait import GpuReadySensor
 
     with pytest.raises(ValueError, match="max_boot_attempts|reschedule"):
         GpuReadySensor(task_id="wait", boots=[], **kwargs)

@@ -11,7 +11,7 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
 from gpuboot.model import Unavailable
-from gpuboot.sensors import GpuReadySensor
+from gpuboot.steps.wait import GpuReadySensor
 
 from .conftest import SETTLE_SECONDS, T4X2, wait_until
 from .test_failover_retries import resume_until_done

@@ -17,7 +17,7 @@ from gpuboot.ecs import EcsHook
 from gpuboot.jobspec import JobSpec
 from gpuboot.kube import KubeClient
 from gpuboot.ledger import ReservationLedger
-from gpuboot.operators import ReleaseReservationOperator
+from gpuboot.steps.release import ReleaseReservationOperator
 
 from .conftest import wait_until
 from .test_operators import JOB, context, place

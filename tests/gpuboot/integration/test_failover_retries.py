@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
-from gpuboot.operators import ReleaseReservationOperator
-from gpuboot.sensors import GpuReadySensor
+from gpuboot.steps.release import ReleaseReservationOperator
+from gpuboot.steps.wait import GpuReadySensor
 
 from .conftest import wait_until
 from .test_operators import context, place, run_deferred

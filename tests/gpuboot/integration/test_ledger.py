@@ -11,9 +11,9 @@ from gpuboot.model import Reservation
 from gpuboot.jobspec import JobSpec
 from gpuboot.kube import KubeClient
 from gpuboot.ledger import LedgerConflict, ReservationLedger
-from gpuboot.operators import PlaceGpuJobOperator
 from gpuboot.placement import Outcome
 from gpuboot.resources import Resources
+from gpuboot.steps.place import PlaceGpuJobOperator
 
 ONE_GPU = Resources.parse({"nvidia.com/gpu": 1, "cpu": "1"})
 

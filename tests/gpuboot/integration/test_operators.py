@@ -10,9 +10,11 @@ from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from gpuboot.ecs import EcsHook
 from gpuboot.kube import KubeClient
 from gpuboot.ledger import ReservationLedger
-from gpuboot.operators import (GpuPodOperator, PlaceGpuJobOperator, ReleaseReservationOperator,
-                               StartGpuNodesOperator)
-from gpuboot.sensors import GpuReadySensor
+from gpuboot.steps.launch import GpuPodOperator
+from gpuboot.steps.place import PlaceGpuJobOperator
+from gpuboot.steps.release import ReleaseReservationOperator
+from gpuboot.steps.start import StartGpuNodesOperator
+from gpuboot.steps.wait import GpuReadySensor
 from gpuboot.triggers import NodeGpuReadyTrigger
 
 from .conftest import SETTLE_SECONDS

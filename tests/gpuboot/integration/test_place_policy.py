@@ -6,7 +6,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from gpuboot.ecs import EcsHook
-from gpuboot.operators import PlaceGpuJobOperator
+from gpuboot.steps.place import PlaceGpuJobOperator
 
 from .test_operators import JOB, context, place
 

@@ -15,9 +15,9 @@ from gpuboot.kube import KubeClient
 from gpuboot.ledger import ReservationLedger
 from airflow.sdk.exceptions import AirflowFailException
 
-from gpuboot.operators import StartGpuNodesOperator
 from gpuboot.placement import Outcome
-from gpuboot.sensors import GpuReadySensor
+from gpuboot.steps.start import StartGpuNodesOperator
+from gpuboot.steps.wait import GpuReadySensor
 
 from .conftest import T4, T4X2, SimCloud, expose_connections, small_fleet, wait_until
 from .test_operators import JOB, context, place, run_deferred

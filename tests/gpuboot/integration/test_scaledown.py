@@ -14,9 +14,9 @@ from gpuboot.model import Reservation
 from gpuboot.jobspec import JobSpec
 from gpuboot.kube import KubeClient
 from gpuboot.ledger import LedgerConflict, ReservationLedger
-from gpuboot.operators import PlaceGpuJobOperator
 from gpuboot.placement import Outcome
 from gpuboot.resources import Resources
+from gpuboot.steps.place import PlaceGpuJobOperator
 from gpuboot.idle import ANNOTATION_CORDONED_BY, ANNOTATION_IDLE_SINCE, CORDONED_BY
 from gpuboot.scaledown import IdleScaleDownOperator
 from simcloud.testing import small_fleet

@@ -15,7 +15,7 @@ from gpuboot.jobspec import JobSpec
 from gpuboot.ledger import JobRecord, ReservationLedger, StartedNode
 from gpuboot.model import Unavailable
 from gpuboot.resources import Resources
-from gpuboot.sensors import where_to_look
+from gpuboot.steps.wait import where_to_look
 
 from tests.gpuboot.fakes import FakeCluster
 

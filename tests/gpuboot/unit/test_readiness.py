@@ -266,8 +266,8 @@ def test_holding_in_fallback_is_what_may_stretch_a_boot_deadline():
 def test_the_state_a_resumed_step_carries_round_trips_as_json():
     import json
 
-    from gpuboot.sensors import WaitProgress
-    from gpuboot.waiting import CapacityWait
+    from gpuboot.steps.wait import WaitProgress
+    from gpuboot.steps.waiting import CapacityWait
 
     progress = WaitProgress(1, 2.0, {"a": {"ready": "True"}}, {"job_id": "j"}, [{"node": "a"}, {"node": "b"}], ["x"])
     assert WaitProgress.from_json(json.loads(json.dumps(progress.to_json()))) == progress

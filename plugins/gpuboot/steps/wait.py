@@ -17,7 +17,7 @@ another node in the same ledger commit, the instance is stopped again if this jo
 and no other job claims it, the new node is started, and the wait starts over for it, up to
 `max_boot_attempts` boots. A node that was already up when the job chose it is not held to
 the boot timeout (there is no boot) and is never marked for others. When what is left is
-busy, the sensor waits and re-places exactly like the start step (gpuboot.waiting.WaitsForCapacity).
+busy, the sensor waits and re-places exactly like the start step (gpuboot.steps.waiting.WaitsForCapacity).
 Why here and not by retrying upstream tasks: Airflow cannot re-run `place`/`start` from a
 downstream failure, while one task that logs "timed out on X (evidence), stopped X,
 re-placed on Y, started Y" keeps the audit trail in one place. The plan the job ends on is
@@ -46,9 +46,9 @@ from gpuboot.booking import LAUNCH_MARGIN_SECONDS, stamp
 from gpuboot.kube import Gone, KubeClient
 from gpuboot.placement import Plan
 from gpuboot.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline, ReadinessTracker
-from gpuboot.stepbase import GpuJobStep
+from gpuboot.steps.base import GpuJobStep
 from gpuboot.triggers import NodeGpuReadyTrigger, holding_in_fallback
-from gpuboot.waiting import WaitsForCapacity
+from gpuboot.steps.waiting import WaitsForCapacity
 
 
 def describe_evidence(evidence: Mapping[str, Any]) -> str:

@@ -1,0 +1,90 @@
+"""What every gpuboot step shares on the Airflow side: its connections, the ledger's namespace,
+the job spec (parsed once per task instance) and the JobBoot built from them.
+
+The steps (place, start, wait_gpu_ready, launch, release, idle scale-down) each set
+`kubernetes_conn_id`, `ecs_conn_id`, `ledger_namespace` and, where they take one, `job`;
+this mixin turns those into adapters, so no step builds them its own way. The helpers below
+(`resolve_job`, `job_id_for`, `context_job_id`, `push`) are the steps' other shared pieces.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from gpuboot.boot import JobBoot
+from gpuboot.ecs import EcsHook
+from gpuboot.jobspec import JobSpec, JobSpecError, params_schema
+from gpuboot.kube import KubeClient
+from gpuboot.ledger import ReservationLedger
+
+
+class GpuJobStep:
+    """Mixin for the gpuboot steps (see the module doc)."""
+
+    kubernetes_conn_id: str
+    ecs_conn_id: str
+    ledger_namespace: str = "default"
+    job: Mapping | Any = None
+
+    def kube(self) -> KubeClient:
+        return KubeClient(self.kubernetes_conn_id)
+
+    def ecs(self) -> EcsHook:
+        return EcsHook(self.ecs_conn_id)
+
+    def ledger(self, kube: KubeClient | None = None) -> ReservationLedger:
+        return ReservationLedger(kube or self.kube(), self.ledger_namespace)
+
+    def spec(self) -> JobSpec | None:
+        """The job as the place step validated it (XCom "job"), parsed once; None when wired without it."""
+        if not self.job:
+            return None
+        cached = getattr(self, "_spec_cache", None)
+        if cached is None or cached[0] is not self.job:
+            cached = (self.job, JobSpec.from_dict(dict(self.job), source="job"))
+            self._spec_cache = cached
+        return cached[1]
+
+    def job_boot(self, job_id: str, **kwargs) -> JobBoot:
+        """Bring-up and fall-back for `job_id` with this step's connections, ledger and spec."""
+        kube = self.kube()
+        return JobBoot(kube, self.ecs(), self.ledger(kube), self.log, spec=self.spec(), job_id=job_id, **kwargs)
+
+
+# -- shared helpers ------------------------------------------------------------------------
+def resolve_job(job: Mapping | None, context: Mapping, declared: Iterable[str] = ()) -> JobSpec:
+    """The job from the `job` argument, or from the DAG run's params when it is None;
+    an invalid job fails the task at once (no retry) with the field and the fix.
+
+    From params, every key is part of the job except params the DAG declares for its own
+    use (`declared` minus the JobSpec fields): a key the trigger conf brings that is neither
+    (a typo such as `gpu`) is refused by JobSpec's unknown-field check, never dropped."""
+    if job is None:
+        own = set(declared) - set(params_schema())
+        job = {k: v for k, v in (context.get("params") or {}).items() if k not in own}
+        source = "DAG run params"
+    else:
+        source = "job"
+    try:
+        return JobSpec.from_dict(dict(job), source=source)
+    except JobSpecError as exc:
+        raise AirflowFailException(str(exc)) from None
+
+
+def job_id_for(dag_id: str, run_id: str, group: str) -> str:
+    """Stable across retries of one run, unique per (DAG, run, task group), a valid label value."""
+    digest = hashlib.sha256(f"{dag_id}\x00{run_id}\x00{group}".encode()).hexdigest()[:20]
+    return f"gb-{digest}"
+
+
+def context_job_id(task: BaseOperator, context: Mapping) -> str:
+    group = task.task_id.rpartition(".")[0]   # tasks of one task group share the job id
+    return job_id_for(task.dag_id, context["run_id"], group)
+
+
+def push(context: Mapping, key: str, value: Any) -> None:
+    context["ti"].xcom_push(key=key, value=value)
