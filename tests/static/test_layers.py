@@ -118,6 +118,14 @@ def test_every_module_keeps_to_its_layer(path):
     assert violations(path.read_text(), module_name(path)) == []
 
 
+def test_the_layers_name_exactly_the_modules_that_exist():
+    """No entry outlives its module (a moved or deleted one must leave the map), none is in two layers."""
+    existing = {module_name(p) for p in package_modules()}
+    listed = [name for names in LAYERS.values() for name in names]
+    assert sorted(set(listed) - existing) == []
+    assert len(listed) == len(set(listed))
+
+
 def test_the_check_catches_forbidden_imports():
     """The check itself can fail: each kind of crossing is reported with its line."""
     assert violations("import kubernetes\n", "gpuboot.placement") == [
@@ -126,6 +134,9 @@ def test_the_check_catches_forbidden_imports():
         "gpuboot.readiness:2 imports gpuboot.boot (lifecycle layer, above core)"]
     assert violations("from .steps.wait import GpuReadySensor\n", "gpuboot.boot") == [
         "gpuboot.boot:1 imports gpuboot.steps.wait (airflow layer, above lifecycle)"]
+    assert violations("from gpuboot.steps import place\n", "gpuboot.booking") == [
+        "gpuboot.booking:1 imports gpuboot.steps (airflow layer, above lifecycle)",
+        "gpuboot.booking:1 imports gpuboot.steps.place (airflow layer, above lifecycle)"]
     assert violations("from airflow.sdk.exceptions import AirflowException\n", "gpuboot.booking") == [
         "gpuboot.booking:1 imports airflow.sdk.exceptions (no airflow in the lifecycle layer)"]
     assert violations("from gpuboot import scaledown\n", "gpuboot.ledger") == [
