@@ -253,19 +253,6 @@ class ReservationLedger:
                 continue
         raise LedgerConflict(f"could not release job {job_id} after {attempts} conflicting writes")
 
-    def mark_unavailable(self, marks: Iterable[Unavailable], attempts: int = 20) -> None:
-        """Add (or renew) insufficient-capacity marks, retrying through conflicts."""
-        marks = list(marks)
-        for _ in range(attempts):
-            state = self.snapshot()
-            try:
-                self._write(list(state.reservations), _merge(state.unavailable, marks), state.version,
-                            list(state.jobs))
-                return
-            except LedgerConflict:
-                continue
-        raise LedgerConflict(f"could not record {len(marks)} unavailable mark(s) after {attempts} conflicting writes")
-
     def _write(self, entries: list[Reservation], unavailable: Iterable[Unavailable], version: str | None,
                jobs: Iterable[JobRecord] | None = None) -> None:
         """Write the whole ledger at `version`. `jobs` None keeps the records as they were read

@@ -16,7 +16,7 @@ from gpuboot.steps.wait import GpuReadySensor
 from .conftest import SETTLE_SECONDS, T4X2, wait_until
 from .test_failover_retries import resume_until_done
 from .test_operators import JOB, context, place, run_deferred
-from .test_resilience import FAST_BOOT, ZONE, held, hog_running_node, ledger, logged, start, status
+from .test_resilience import FAST_BOOT, ZONE, held, hog_running_node, ledger, logged, mark, start, status
 
 SETTLED = {**FAST_BOOT, "settle_seconds": int(SETTLE_SECONDS)}   # outlasts simcloud's stale phase
 
@@ -42,13 +42,13 @@ def test_a_node_already_up_is_not_held_to_the_boot_timeout_nor_marked(cloud, cap
 def test_a_boot_failure_mark_goes_once_the_node_is_ready_or_boots_again(cloud, capfd):
     boot_id = lambda node: cloud.core_v1().read_node(node).status.node_info.boot_id  # noqa: E731
     until = time.time() + 600
-    ledger().mark_unavailable([
+    mark(
         Unavailable(reason="not GPU-ready within 10s", expires_at=until, node="gpu-run", boot_id=boot_id("gpu-run")),
         Unavailable(reason="not GPU-ready within 10s", expires_at=until, node="gpu-stop", boot_id="an-older-boot"),
         Unavailable(reason="not GPU-ready within 10s", expires_at=until, node="gpu2-stop",
                     boot_id=boot_id("gpu2-stop")),
         Unavailable(reason="NoStock", expires_at=until, instance_type=T4X2, zone=ZONE),
-    ])
+    )
     plan, _ = place(JOB, job_id="job")
     # gpu-run is Ready with its GPUs: its mark is gone and the job runs there
     assert [a["node"] for a in plan["assignments"]] == ["gpu-run"]
@@ -66,9 +66,9 @@ def test_a_failover_that_finds_the_rest_busy_waits_like_start_then_runs(cloud, c
         place({**JOB, "name": "big", "gpus": 2}, job_id="big")
         free = lambda: ledger().release("big")  # noqa: E731
     else:
-        mark = Unavailable(reason="OperationDenied.NoStock", expires_at=time.time() + 600, instance_type=T4X2, zone=ZONE)
-        ledger().mark_unavailable([mark])
-        free = lambda: ledger().drop_unavailable([mark])  # noqa: E731
+        offering = Unavailable(reason="OperationDenied.NoStock", expires_at=time.time() + 600, instance_type=T4X2, zone=ZONE)
+        mark(offering)
+        free = lambda: ledger().drop_unavailable([offering])  # noqa: E731
     cloud.set_faults(never_ready=["gpu-stop"])
     plan, pushed = place(SETTLED, job_id="job")
     out, _ = start(plan, pushed["job"])

@@ -94,6 +94,8 @@ def test_placements_renewals_start_records_and_marks_race_without_a_lost_write(c
     from gpuboot.ledger import StartedNode
     from gpuboot.model import Unavailable
 
+    from .test_resilience import mark
+
     ledger = ReservationLedger(KubeClient())
     holders = [f"holder-{i}" for i in range(4)]
     for i, job in enumerate(holders):
@@ -118,8 +120,8 @@ def test_placements_renewals_start_records_and_marks_race_without_a_lost_write(c
                 ReservationLedger(KubeClient()).record_starts(f"starter-{i}", [StartedNode(f"n{i}", f"i-{i}", 1.0)],
                                                               4e9)
             else:
-                ReservationLedger(KubeClient()).mark_unavailable(
-                    [Unavailable(reason="NoStock", expires_at=4e9, instance_type=f"type-{i}", zone="z")])
+                mark(Unavailable(reason="NoStock", expires_at=4e9, instance_type=f"type-{i}", zone="z"),
+                     job_id=f"marker-{i}")
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 

@@ -13,8 +13,7 @@ from gpuboot.ecs import EcsHook
 from gpuboot.jobspec import JobSpec
 from gpuboot.kube import KubeClient
 from gpuboot.ledger import ReservationLedger
-from airflow.sdk.exceptions import AirflowFailException
-
+from gpuboot.model import Unavailable
 from gpuboot.placement import Outcome
 from gpuboot.steps.start import StartGpuNodesOperator
 from gpuboot.steps.wait import GpuReadySensor
@@ -28,6 +27,13 @@ FAST_BOOT = {**JOB, "boot_timeout_seconds": 10, "settle_seconds": 1}  # a boot t
 
 def ledger() -> ReservationLedger:
     return ReservationLedger(KubeClient())
+
+
+def mark(*marks: Unavailable, job_id: str = "marker") -> None:
+    """Write marks the way the product does: in the booking commit of a job that gives up
+    (gpuboot.boot: a fail-over out of attempts), retried through conflicts like every booking."""
+    Booker(KubeClient(), EcsHook(), ledger(), logging.getLogger("marks")).book(
+        None, job_id, marks=marks, release_unplaced=True, place_job=False)
 
 
 def held(job_id: str) -> list[str]:

@@ -136,8 +136,9 @@ def test_a_node_the_job_started_and_leaves_is_fenced_in_that_commit_then_stopped
 def test_a_boot_failure_mark_goes_once_the_node_is_ready_with_its_gpus():
     c = cloud({"gpu-run": ("Running", T4)})
     ledger = c.ledger()
-    ledger.mark_unavailable([Unavailable(reason="not GPU-ready in time", expires_at=c.clock() + 600,
-                                         node="gpu-run", boot_id="boot-1")])
+    booker(c).book(None, "gave-up", marks=[Unavailable(reason="not GPU-ready in time", expires_at=c.clock() + 600,
+                                                       node="gpu-run", boot_id="boot-1")],
+                   release_unplaced=True, place_job=False)            # marked as a job giving up marks it
     c.cluster.put_node(node("gpu-run", ready="False", labels={"gpuboot.io/managed": "true"}))
     assert booker(c).book(SPEC, "job").plan.outcome == Outcome.BUSY    # the only node is marked and down
     assert len(ledger.snapshot().unavailable) == 1
