@@ -39,6 +39,14 @@ MIN_BOOT_SECONDS_ENV = "GPUBOOT_MIN_BOOT_SECONDS"
 DEFAULT_MIN_BOOT_SECONDS = 60
 MAX_SETTLE_SECONDS = 600
 MAX_REPLICAS = 1000
+# The namespaces jobs may run in: an allow-list, so that whoever may trigger `gpu_job` cannot
+# create pods in kube-system or another team's namespace. Comma-separated, set in the
+# environment of every Airflow component (the form is built by the DAG processor, the spec
+# re-checked by the place step on a worker); the first is the default of the `namespace`
+# field. deploy/kubernetes/rbac.yaml grants the pod rights in these namespaces only (a Role and
+# RoleBinding each): change the two together.
+JOB_NAMESPACES_ENV = "GPUBOOT_JOB_NAMESPACES"
+DEFAULT_JOB_NAMESPACES = ("gpu-jobs",)
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 _DNS_LABEL = re.compile(DNS_LABEL)
@@ -60,6 +68,20 @@ def min_boot_seconds() -> int:
     return int(raw)
 
 
+def job_namespaces() -> tuple[str, ...]:
+    """The namespaces jobs may run in (GPUBOOT_JOB_NAMESPACES), the default first."""
+    raw = os.environ.get(JOB_NAMESPACES_ENV, "").strip()
+    if not raw:
+        return DEFAULT_JOB_NAMESPACES
+    names = tuple(dict.fromkeys(n.strip() for n in raw.split(",") if n.strip()))
+    bad = [n for n in names if not _DNS_LABEL.match(n)]
+    if bad or not names:
+        problem = f"{bad[0]!r} is not a namespace name" if bad else "names no namespace"
+        raise ValueError(f"{JOB_NAMESPACES_ENV}={raw!r}: {problem}; use comma-separated DNS-1123 labels, "
+                         f"e.g. {DEFAULT_JOB_NAMESPACES[0]},team-a")
+    return names
+
+
 class JobSpecError(ValueError):
     """A job spec mistake: `field` names what is wrong, the message says how to fix it."""
 
@@ -79,7 +101,7 @@ class JobSpec:
     cpu: str = "1"
     memory: str = "4Gi"
     gpu_model: str | None = None
-    namespace: str = "default"
+    namespace: str = DEFAULT_JOB_NAMESPACES[0]   # from_dict: the first of job_namespaces()
     replicas: int = 1
     min_available: int | None = None          # None = replicas (a gang: all or nothing)
     node_selector: Mapping[str, str] = field(default_factory=FrozenDict)
@@ -182,7 +204,7 @@ class _Validator:
             "cpu": self.quantity(CPU, raw.get("cpu", "1")),
             "memory": self.quantity(MEMORY, raw.get("memory", "4Gi")),
             "gpu_model": self.gpu_model(raw.get("gpu_model")),
-            "namespace": self.dns_label("namespace", raw.get("namespace", "default")),
+            "namespace": self.namespace(raw.get("namespace")),
             "replicas": self.integer("replicas", raw.get("replicas", 1), 1, MAX_REPLICAS),
             "node_selector": self.node_selector(raw.get("node_selector", {})),
             "tolerations": self.tolerations(raw.get("tolerations", ())),
@@ -212,6 +234,18 @@ class _Validator:
             self.fail(key, f"{value!r} is not a DNS-1123 label",
                       "Use at most 63 lower-case letters, digits and '-', starting and ending with a letter "
                       "or digit, e.g. 'train-resnet'")
+        return value
+
+    def namespace(self, value) -> str:
+        """One of the configured job namespaces (GPUBOOT_JOB_NAMESPACES); absent: the first."""
+        allowed = job_namespaces()
+        if value is None:
+            return allowed[0]
+        if value not in allowed:
+            self.fail("namespace", f"{value!r} is not a namespace gpuboot runs jobs in",
+                      f"Use {' or '.join(map(repr, allowed))} ({allowed[0]!r} when left out); an "
+                      f"administrator adds namespaces to {JOB_NAMESPACES_ENV} and grants gpuboot a Role there "
+                      "(deploy/kubernetes/rbac.yaml)")
         return value
 
     def image(self, value) -> str:
@@ -409,6 +443,7 @@ def params_schema() -> dict[str, dict]:
                    "maxLength": MAX_CONTAINER_ARGV_ENV_BYTES}
     quantity = {"type": ["string", "number"], "pattern": QUANTITY_PATTERN, "exclusiveMinimum": 0}
     seconds = {"type": "integer", "minimum": 1, "maximum": MAX_TIMEOUT_SECONDS}
+    namespaces = job_namespaces()
     spec = {
         "name": (None, {"type": "string", "pattern": DNS_LABEL}, "Job name: a DNS label, e.g. train-resnet"),
         "image": (None, {"type": "string", "minLength": 1, "pattern": r"^\S+$"}, "Container image"),
@@ -423,7 +458,8 @@ def params_schema() -> dict[str, dict]:
         "memory": ("4Gi", quantity, "Memory per task, a Kubernetes quantity (512Mi, 16Gi, ...)"),
         "gpu_model": (None, {"type": ["null", "string"], "enum": [None, "", *KNOWN_GPU_MODELS]},
                       "Required GPU model, or empty for any"),
-        "namespace": ("default", {"type": "string", "pattern": DNS_LABEL}, "Namespace for the pod(s)"),
+        "namespace": (namespaces[0], {"type": "string", "enum": list(namespaces)},
+                      "Namespace for the pod(s): one of those gpuboot is configured for"),
         "replicas": (1, {"type": "integer", "minimum": 1, "maximum": MAX_REPLICAS}, "Number of pods"),
         "min_available": (None, {"type": ["null", "integer"], "minimum": 1},
                           "Pods that must be placed together (empty = all replicas)"),

@@ -2,7 +2,8 @@
 import jsonschema
 import pytest
 
-from gpuboot.jobspec import KNOWN_GPU_MODELS, JobSpec, JobSpecError, check_known_fields, params_schema
+from gpuboot.jobspec import (JOB_NAMESPACES_ENV, KNOWN_GPU_MODELS, JobSpec, JobSpecError, check_known_fields,
+                             job_namespaces, params_schema)
 from gpuboot.resources import GPU, Resources
 
 BASE = {"name": "train", "image": "pytorch/pytorch:2.3", "command": ["python", "train.py"]}
@@ -14,7 +15,7 @@ def spec(**changes):
 
 def test_minimal_spec_gets_defaults():
     s = JobSpec.from_dict(BASE)
-    assert s.gpus == 1 and s.cpu == "1" and s.memory == "4Gi" and s.namespace == "default"
+    assert s.gpus == 1 and s.cpu == "1" and s.memory == "4Gi" and s.namespace == "gpu-jobs"
     assert s.replicas == 1 and s.min_available is None and s.gpu_model is None
     assert s.requests() == Resources.parse({"cpu": "1", "memory": "4Gi", GPU: 1})
 
@@ -26,7 +27,7 @@ def test_command_string_is_shell_split():
 
 
 FULL = spec(args=["--epochs", "3"], env={"EPOCHS": "3", "SEED": 7}, gpus=2, cpu="3500m", memory="1.5Gi",
-            gpu_model="Tesla-T4", namespace="ml", replicas=4, min_available=2,
+            gpu_model="Tesla-T4", namespace="gpu-jobs", replicas=4, min_available=2,
             node_selector={"pool": "gpu"}, tolerations=[{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
             queue_timeout_seconds=60, boot_timeout_seconds=300, settle_seconds=0, reservation_ttl_seconds=600,
             extra_resources={"example.com/fpga": 1}, allow_gpu_nodes=True)
@@ -76,6 +77,8 @@ def test_to_job_request_names_tasks_and_gang_size():
     ({"extra_resources": {"nvidia.com/gpu": 1}}, "extra_resources.nvidia.com/gpu"),
     ({"namespace": "My_NS"}, "namespace"),
     ({"namespace": "-ns"}, "namespace"),
+    ({"namespace": "kube-system"}, "namespace"),
+    ({"namespace": ""}, "namespace"),
     ({"name": "Train"}, "name"),
     ({"name": "x" * 64}, "name"),
     ({"name": "x" * 62, "replicas": 2}, "name"),
@@ -216,7 +219,8 @@ def test_params_schema_covers_every_field_with_valid_defaults():
     ("gpus", 2), ("gpus", -1), ("gpus", 1.5), ("gpus", "x"),
     ("cpu", "500m"), ("cpu", "2"), ("cpu", 4), ("cpu", "lots"), ("cpu", "-1"), ("cpu", 0),
     ("memory", "16Gi"), ("memory", "16GB"),
-    ("namespace", "ml"), ("namespace", "My_NS"), ("name", "Train"), ("name", "train"),
+    ("namespace", "ml"), ("namespace", "My_NS"), ("namespace", "gpu-jobs"), ("namespace", "kube-system"),
+    ("namespace", ""), ("name", "Train"), ("name", "train"),
     ("replicas", 0), ("replicas", 2), ("settle_seconds", 601), ("settle_seconds", 0),
     ("queue_timeout_seconds", 0), ("boot_timeout_seconds", 10**7), ("boot_timeout_seconds", 60),
     ("gpu_model", "T4"), ("gpu_model", "Voodoo5"), ("gpu_model", None),
@@ -253,3 +257,34 @@ def test_specs_and_job_requests_survive_deepcopy_pickle_and_json():
         s.env["X"] = "1"  # type: ignore[index]
     with pytest.raises(TypeError, match="read-only"):
         req.tasks[0].node_selector.update({"x": "y"})  # type: ignore[attr-defined]
+
+
+# -- the job namespaces (GPUBOOT_JOB_NAMESPACES) ---------------------------------------------
+
+def test_jobs_run_only_in_the_configured_namespaces_the_first_by_default(monkeypatch):
+    monkeypatch.delenv(JOB_NAMESPACES_ENV, raising=False)
+    assert job_namespaces() == ("gpu-jobs",)
+    assert params_schema()["namespace"]["schema"]["enum"] == ["gpu-jobs"]
+    with pytest.raises(JobSpecError) as err:
+        JobSpec.from_dict(spec(namespace="kube-system"), source="dags/jobs/x.yaml")
+    assert str(err.value) == (
+        "dags/jobs/x.yaml: namespace: 'kube-system' is not a namespace gpuboot runs jobs in. Use 'gpu-jobs' "
+        "('gpu-jobs' when left out); an administrator adds namespaces to GPUBOOT_JOB_NAMESPACES and grants "
+        "gpuboot a Role there (deploy/kubernetes/rbac.yaml)")
+    monkeypatch.setenv(JOB_NAMESPACES_ENV, " team-a, gpu-jobs ,team-a,")
+    assert job_namespaces() == ("team-a", "gpu-jobs")
+    assert JobSpec.from_dict(BASE).namespace == "team-a"
+    assert JobSpec.from_dict(spec(namespace="gpu-jobs")).namespace == "gpu-jobs"
+    entry = params_schema()["namespace"]
+    assert entry["default"] == "team-a" and entry["schema"]["enum"] == ["team-a", "gpu-jobs"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate("kube-system", entry["schema"])
+    with pytest.raises(JobSpecError, match="Use 'team-a' or 'gpu-jobs'"):
+        JobSpec.from_dict(spec(namespace="default"))
+
+
+@pytest.mark.parametrize("raw", ["Team_A", "gpu-jobs,kube system", " , "])
+def test_a_malformed_namespace_list_is_refused_naming_the_variable(monkeypatch, raw):
+    monkeypatch.setenv(JOB_NAMESPACES_ENV, raw)
+    with pytest.raises(ValueError, match=f"^{JOB_NAMESPACES_ENV}=.*use comma-separated DNS-1123 labels"):
+        job_namespaces()
