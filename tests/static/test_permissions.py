@@ -59,6 +59,9 @@ PLANNED: dict[tuple[str, str, str], str] = {}
 
 # Resources used only in the ledger namespace: granted by a Role there, never cluster-wide.
 LEDGER_RESOURCES = {"configmaps"}
+# The Roles, by scope (see _scope): the jobs' pods in each job namespace, the ledger in its own.
+JOBS_ROLE, LEDGER_ROLE = "gpuboot-jobs", "gpuboot-ledger"
+NAMESPACES = ROOT / "deploy" / "kubernetes" / "namespace.yaml"
 
 # ECS action -> (RAM Resource it is granted on, whether the gpuboot:managed tag is required).
 ECS_ACTIONS: dict[str, tuple[str, bool]] = {
@@ -88,14 +91,25 @@ def kube_uses(plugin_uses) -> list[Use]:
     return [u for u in plugin_uses + kpo if u.api == "kube"]
 
 
+def _scope(method: str, resource: str) -> str:
+    """Where a call needs its right: "cluster" (cluster-scoped objects, or every namespace at once:
+    placement's reads, scale-down's cordon), "ledger" (the ConfigMap in the ledger namespace) or
+    "jobs" (anything else namespaced: the pod operator, in the job's namespace only)."""
+    if resource in LEDGER_RESOURCES:
+        return "ledger"
+    if method.endswith("_for_all_namespaces") or "_namespaced_" not in method:
+        return "cluster"
+    return "jobs"
+
+
 @pytest.fixture(scope="module")
-def needed(kube_uses) -> dict[tuple[str, str, str], list[Use]]:
-    """(apiGroup, resource, verb) -> the uses that need it."""
-    out: dict[tuple[str, str, str], list[Use]] = defaultdict(list)
+def needed(kube_uses) -> dict[str, dict[tuple[str, str, str], list[Use]]]:
+    """scope -> (apiGroup, resource, verb) -> the uses that need it."""
+    out: dict[str, dict[tuple[str, str, str], list[Use]]] = {s: defaultdict(list) for s in ("cluster", "jobs", "ledger")}
     for use in kube_uses:
         if use.name in KUBE_CALLS:
             group, resource, verb = KUBE_CALLS[use.name]
-            out[(group, resource, "watch" if use.watch else verb)].append(use)
+            out[_scope(use.name, resource)][(group, resource, "watch" if use.watch else verb)].append(use)
     return out
 
 
@@ -144,28 +158,42 @@ def test_every_ecs_call_is_mapped(plugin_uses):
 
 # -- Kubernetes RBAC -----------------------------------------------------------------------
 
+def _roles(rbac, scope: str) -> list[dict]:
+    if scope == "cluster":
+        return rbac["ClusterRole"]
+    return [r for r in rbac["Role"] if r["metadata"]["name"] == (JOBS_ROLE if scope == "jobs" else LEDGER_ROLE)]
+
+
+def test_rbac_has_only_the_known_roles(rbac):
+    assert {r["metadata"]["name"] for r in rbac["Role"]} == {JOBS_ROLE, LEDGER_ROLE}
+    assert [r["metadata"]["name"] for r in rbac["ClusterRole"]] == ["gpuboot"]
+
+
 def test_rbac_grants_every_call(needed, rbac):
-    cluster = {g for r in rbac["ClusterRole"] for g, _ in _grants(r)}
-    ledger = {g for r in rbac["Role"] for g, _ in _grants(r)}
     missing = []
-    for perm, uses in sorted(needed.items()):
-        granted = ledger if perm[1] in LEDGER_RESOURCES else cluster
-        if perm not in granted:
-            scope = "Role gpuboot-ledger" if perm[1] in LEDGER_RESOURCES else "ClusterRole gpuboot"
-            missing.append(f"{scope}: apiGroup {perm[0]!r} {perm[1]} {perm[2]}  <- {_where(uses)}")
+    for scope, perms in needed.items():
+        for role in _roles(rbac, scope):
+            granted = {g for g, _ in _grants(role)}
+            for perm, uses in sorted(perms.items()):
+                if perm not in granted:
+                    where = role["metadata"].get("namespace")
+                    missing.append(f"{role['kind']} {role['metadata']['name']}{f' in {where}' if where else ''}: "
+                                   f"apiGroup {perm[0]!r} {perm[1]} {perm[2]}  <- {_where(uses)}")
     assert not missing, "deploy/kubernetes/rbac.yaml lacks:\n  " + "\n  ".join(missing)
 
 
 def test_rbac_grants_nothing_more(needed, rbac):
+    """Nothing a call does not need, and each right in its own scope only: no pod write
+    cluster-wide, no ConfigMap right outside the ledger's Role."""
     extra = sorted({f"{role['kind']} {role['metadata']['name']}: {perm}"
-                    for kind in ("ClusterRole", "Role") for role in rbac[kind]
-                    for perm, _ in _grants(role) if perm not in needed and perm not in PLANNED})
-    assert not extra, "granted but no call needs it (remove it, or the code lost a call):\n  " + \
+                    for scope in needed for role in _roles(rbac, scope)
+                    for perm, _ in _grants(role) if perm not in needed[scope] and perm not in PLANNED})
+    assert not extra, "granted but no call needs it in that scope (remove it, or the code lost a call):\n  " + \
         "\n  ".join(extra)
 
 
 def test_planned_grants_are_still_planned(needed):
-    landed = sorted(perm for perm in PLANNED if perm in needed)
+    landed = sorted(perm for perm in PLANNED if any(perm in perms for perms in needed.values()))
     assert not landed, f"the code now makes these calls: drop them from PLANNED: {landed}"
 
 
@@ -212,9 +240,21 @@ def test_ledger_role_is_where_the_plugin_keeps_the_ledger(rbac):
     defaults = _defaults("ledger_namespace")
     if not defaults:
         pytest.skip("no ledger_namespace parameter in the plugin yet")
-    namespaces = {r["metadata"]["namespace"] for r in rbac["Role"]}
+    namespaces = {r["metadata"]["namespace"] for r in _roles(rbac, "ledger")}
     assert defaults == namespaces, (f"the plugin's default ledger_namespace {defaults} != the Role's "
                                     f"namespace {namespaces}: change rbac.yaml and docs together")
+
+
+def test_job_roles_are_in_the_default_job_namespaces_which_namespace_yaml_creates(rbac):
+    """A Role and RoleBinding gpuboot-jobs in each namespace GPUBOOT_JOB_NAMESPACES defaults to,
+    and no other (the form and the place step refuse the rest), each created by namespace.yaml."""
+    from gpuboot.jobspec import DEFAULT_JOB_NAMESPACES
+
+    for kind in ("Role", "RoleBinding"):
+        where = sorted(r["metadata"]["namespace"] for r in rbac[kind] if r["metadata"]["name"] == JOBS_ROLE)
+        assert where == sorted(DEFAULT_JOB_NAMESPACES), f"{kind} {JOBS_ROLE} in {where}, want {DEFAULT_JOB_NAMESPACES}"
+    created = {d["metadata"]["name"] for d in yaml.safe_load_all(NAMESPACES.read_text()) if d and d["kind"] == "Namespace"}
+    assert set(DEFAULT_JOB_NAMESPACES) <= created, f"{NAMESPACES.name} creates {created}"
 
 
 def test_roles_are_bound_to_the_service_account(rbac):

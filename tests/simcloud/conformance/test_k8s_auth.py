@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[3]
 RBAC = REPO / "deploy/kubernetes/rbac.yaml"
 NAMESPACE_YAML = REPO / "deploy/kubernetes/namespace.yaml"
 SA = "system:serviceaccount:gpuboot:gpuboot"
+JOBS = "gpu-jobs"      # the job namespace rbac.yaml grants pod rights in (GPUBOOT_JOB_NAMESPACES' default)
 
 
 def _status(err: ApiException) -> dict:
@@ -52,7 +53,8 @@ def _forbidden(err: ApiException) -> str:
 def _apply_shipped_rbac(binary: str, k8s: K8sServer) -> None:
     out = kubectl(binary, k8s, "apply", "-f", str(NAMESPACE_YAML), "-f", str(RBAC)).stdout
     assert "serviceaccount/gpuboot created" in out and "clusterrolebinding.rbac.authorization.k8s.io/gpuboot created" \
-        in out and "rolebinding.rbac.authorization.k8s.io/gpuboot-ledger created" in out, out
+        in out and "rolebinding.rbac.authorization.k8s.io/gpuboot-ledger created" in out and \
+        "rolebinding.rbac.authorization.k8s.io/gpuboot-jobs created" in out, out
 
 
 # --------------------------------------------------------------------------- authentication
@@ -111,8 +113,18 @@ def test_shipped_rbac_applies_with_kubectl_and_grants_exactly_its_rules(binary, 
     sa = k8s.core_v1(token)
     assert [n.metadata.name for n in sa.list_node().items] == ["gpu-a"]
     assert sa.list_pod_for_all_namespaces().items == []
-    sa.create_namespaced_pod("default", pod_body("job-0"))
-    sa.patch_namespaced_pod("job-0", "default", {"metadata": {"labels": {"done": "true"}}})
+    sa.create_namespaced_pod(JOBS, pod_body("job-0"))
+    sa.patch_namespaced_pod("job-0", JOBS, {"metadata": {"labels": {"done": "true"}}})
+    assert [p.metadata.name for p in sa.list_pod_for_all_namespaces().items] == ["job-0"]   # reads everywhere
+    for namespace in ("default", "kube-system"):                        # ... but writes in the job namespace only
+        with pytest.raises(ApiException) as err:
+            sa.create_namespaced_pod(namespace, pod_body("job-0"))
+        assert _forbidden(err.value) == (f'pods is forbidden: User "{SA}" cannot create resource "pods" in API '
+                                         f'group "" in the namespace "{namespace}"')
+    k8s.core_v1().create_namespaced_pod("default", pod_body("other"))
+    with pytest.raises(ApiException) as err:
+        sa.delete_namespaced_pod("other", "default")
+    assert _forbidden(err.value).startswith(f'pods "other" is forbidden: User "{SA}" cannot delete resource "pods"')
     sa.patch_node("gpu-a", {"spec": {"unschedulable": True}})
     with pytest.raises(ApiException) as err:                            # the ledger Role: one ConfigMap by name
         sa.read_namespaced_config_map("gpuboot-reservations", "default")
@@ -134,11 +146,11 @@ def test_shipped_rbac_applies_with_kubectl_and_grants_exactly_its_rules(binary, 
     assert _forbidden(err.value) == (f'nodes "gpu-a" is forbidden: User "{SA}" cannot patch resource '
                                      f'"nodes/status" in API group "" at the cluster scope')
     with pytest.raises(ApiException) as err:
-        sa.create_namespaced_pod_binding("job-0", "default", {"metadata": {"name": "job-0"},
+        sa.create_namespaced_pod_binding("job-0", JOBS, {"metadata": {"name": "job-0"},
                                                               "target": {"kind": "Node", "name": "gpu-a"}})
     assert "cannot create resource \"pods/binding\"" in _forbidden(err.value)
     with pytest.raises(ApiException) as err:
-        sa.delete_collection_namespaced_pod("default")
+        sa.delete_collection_namespaced_pod(JOBS)
     assert "cannot deletecollection resource \"pods\"" in _forbidden(err.value)
     with pytest.raises(ApiException) as err:                            # no escalation through RBAC objects
         kubernetes.client.RbacAuthorizationV1Api(sa.api_client).create_cluster_role_binding({
@@ -147,7 +159,7 @@ def test_shipped_rbac_applies_with_kubectl_and_grants_exactly_its_rules(binary, 
             "subjects": [{"kind": "ServiceAccount", "name": "gpuboot", "namespace": "gpuboot"}]})
     assert "cannot create resource \"clusterrolebindings\" in API group \"rbac.authorization.k8s.io\"" in \
         _forbidden(err.value)
-    sa.delete_namespaced_pod("job-0", "default")
+    sa.delete_namespaced_pod("job-0", JOBS)
 
 
 @pytest.mark.parametrize("binary", KUBECTL_PARAMS)
@@ -163,13 +175,18 @@ def test_kubectl_auth_can_i_answers_for_the_serviceaccount_and_through_impersona
     assert can_i("list", "nodes", kubeconfig=as_sa) == "yes"
     assert can_i("watch", "nodes", kubeconfig=as_sa) == "yes"
     assert can_i("delete", "nodes", kubeconfig=as_sa) == "no"
-    assert can_i("get", "pods", "--subresource=log", "-n", "default", kubeconfig=as_sa) == "yes"
-    assert can_i("create", "pods", "-n", "kube-system", kubeconfig=as_sa) == "yes"      # cluster-wide today
+    assert can_i("get", "pods", "--subresource=log", "-n", JOBS, kubeconfig=as_sa) == "yes"
+    assert can_i("get", "pods", "--subresource=log", "-n", "default", kubeconfig=as_sa) == "no"
+    assert can_i("create", "pods", "-n", JOBS, kubeconfig=as_sa) == "yes"
+    assert can_i("create", "pods", "-n", "kube-system", kubeconfig=as_sa) == "no"       # the job namespaces only
+    assert can_i("create", "pods", "-n", "default", kubeconfig=as_sa) == "no"
+    assert can_i("list", "pods", "--all-namespaces", kubeconfig=as_sa) == "yes"         # placement's read
     assert can_i("update", "configmaps/gpuboot-reservations", "-n", "default", kubeconfig=as_sa) == "yes"
     assert can_i("update", "configmaps/other", "-n", "default", kubeconfig=as_sa) == "no"
     assert can_i("get", "secrets", "-n", "default", kubeconfig=as_sa) == "no"
-    assert can_i("create", "pods", "--as", SA, "-n", "default") == "yes"              # admin may impersonate
-    assert can_i("delete", "pods", "--as", SA, "-n", "default") == "yes"
+    assert can_i("create", "pods", "--as", SA, "-n", JOBS) == "yes"                   # admin may impersonate
+    assert can_i("delete", "pods", "--as", SA, "-n", JOBS) == "yes"
+    assert can_i("delete", "pods", "--as", SA, "-n", "kube-system") == "no"
     assert can_i("create", "secrets", "--as", SA, "-n", "default") == "no"
     with pytest.raises(AssertionError, match="cannot impersonate resource"):         # the SA may not
         kubectl(binary, k8s, "get", "pods", "--as", "system:serviceaccount:kube-system:default", kubeconfig=as_sa)
