@@ -201,7 +201,7 @@ def run_chaos(job_count: int = 16, seed: int = 7, workdir: Path | str = "chaos-r
     workdir = Path(workdir)
     fleet = small_fleet(NODES)
     with SimCloud.start(fleet, workdir / "cloud", seed=seed, ready_timeout=120) as cloud, \
-            cloud_connections(cloud.connections_file):
+            cloud_connections(cloud.gpuboot_connections()):   # the product as its ServiceAccount
         before = _instances(cloud)
         cloud.set_faults(**FAULTS)
         killer = WorkerKiller(cloud, kill_step)

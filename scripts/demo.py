@@ -2,7 +2,8 @@
 
 `make demo` runs this. It starts simcloud with the demo fleet, starts `airflow standalone`
 (SQLite, AIRFLOW_HOME under the demo folder, this repo's dags/ and plugins/, the cloud's
-connections as AIRFLOW_CONN_* variables), triggers `gpu_job` through the REST API for a
+connections as AIRFLOW_CONN_* variables: Kubernetes as the ServiceAccount of the shipped
+deploy/kubernetes/rbac.yaml, applied with namespace.yaml first), triggers `gpu_job` through the REST API for a
 job only a stopped node can hold, and follows it: task states as they change, then the
 pod's log lines from the launch task's log. Then it shows the idle scale-down (which runs
 from the start, unpaused) stopping the node the job booted: it triggers
@@ -368,7 +369,9 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup on SIGTERM too
     try:
         with running_cloud(fleet, demo_dir / "cloud") as cloud:
-            env = airflow_env(home, port, password_file, Path(cloud.connections_file))
+            connections = cloud.gpuboot_connections()   # the product runs with the rights it ships
+            say("applied deploy/kubernetes/{namespace,rbac}.yaml; Airflow acts as ServiceAccount gpuboot/gpuboot")
+            env = airflow_env(home, port, password_file, connections)
             with running_airflow(env, home / "standalone.log") as proc:
                 api = AirflowApi(url)
                 try:

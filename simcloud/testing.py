@@ -7,6 +7,7 @@
         ecs = cloud.ecs_client()                   # alibabacloud_ecs20140526 Client on cloud.ecs
         cloud.set_faults(never_ready=["gpu-1"])    # PATCH /_simcloud/faults
         sa = cloud.serviceaccount_kubeconfig("gpuboot", "gpuboot")   # act as a ServiceAccount (RBAC applies)
+        product = cloud.gpuboot_connections()      # deploy/kubernetes/ applied; Airflow connections as its SA
         v1_sa = cloud.core_v1(sa)
         wait_until(lambda: cloud.node_ready("cpu-1"), timeout=5)
 
@@ -61,6 +62,10 @@ DEFAULT_NODES = [
     {"name": "gpu-t4-1", "instance_type": "ecs.gn6i-c4g1.xlarge", "status": "Stopped"},
 ]
 MANAGED = {"labels": {"gpuboot.io/managed": "true"}, "tags": {"gpuboot:managed": "true"}}
+# What the product ships for its own identity in a cluster (the job namespaces, its ServiceAccount
+# and least-privilege RBAC), and the ServiceAccount that RBAC binds.
+GPUBOOT_MANIFESTS = (REPO_ROOT / "deploy/kubernetes/namespace.yaml", REPO_ROOT / "deploy/kubernetes/rbac.yaml")
+GPUBOOT_SERVICEACCOUNT = ("gpuboot", "gpuboot")
 
 
 def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.05,
@@ -208,6 +213,24 @@ class SimCloud:
 
     def serviceaccount_connections_file(self, namespace: str, name: str) -> Path:
         return self.workdir / f"connections-{namespace}-{name}.json"
+
+    def apply(self, *manifests: Path | str) -> None:
+        """Create every object of these YAML files as the admin (what `kubectl create -f` does)."""
+        from kubernetes import utils
+        for path in manifests:
+            utils.create_from_yaml(self.api_client(), str(path))
+
+    def gpuboot_connections(self, manifests: tuple[Path | str, ...] = GPUBOOT_MANIFESTS) -> Path:
+        """Airflow connections for the product, acting as the ServiceAccount deploy/kubernetes/rbac.yaml
+        binds: the shipped manifests created as the admin (on the first call), then a connections file
+        whose kubernetes_default carries that ServiceAccount's token (ECS as in connections.json). The
+        harness keeps the admin identity (`kubeconfig`, `core_v1()`), so a verb missing from the shipped
+        RBAC fails the product, not the test's own reads."""
+        path = self.serviceaccount_connections_file(*GPUBOOT_SERVICEACCOUNT)
+        if not path.exists():
+            self.apply(*manifests)
+            self.serviceaccount_kubeconfig(*GPUBOOT_SERVICEACCOUNT, connections=True)
+        return path
 
     def instance_id(self, node_name: str) -> str:
         return next(n["instance_id"] for n in self.state()["nodes"] if n["name"] == node_name)

@@ -53,7 +53,8 @@ def distributed(request):
             try:
                 pg = start_postgres(procs, base / "pg")
                 broker = start_redis(procs, base / "redis")
-                airflow = start_airflow(procs, base / "airflow", pg, broker, REPO / "dags", cloud.connections_file)
+                airflow = start_airflow(procs, base / "airflow", pg, broker, REPO / "dags",
+                                        cloud.gpuboot_connections())   # the product as its ServiceAccount
             except BaseException:
                 print(procs.tails(80), flush=True)
                 raise
@@ -109,8 +110,9 @@ def xcoms(api, run_id: str) -> dict[tuple[str, str, int], object]:
 
 
 def secrets_of(cloud) -> dict[str, str]:
-    """The credentials the plugin is handed: the ECS AccessKey secret and the Kubernetes token."""
-    kubeconfig = yaml.safe_load(cloud.kubeconfig.read_text())
+    """The credentials the plugin is handed: the ECS AccessKey secret and its ServiceAccount's token."""
+    connection = json.loads(cloud.gpuboot_connections().read_text())["kubernetes_default"]
+    kubeconfig = yaml.safe_load(Path(connection["extra"]["kube_config_path"]).read_text())
     return {"ECS AccessKey secret": cloud.ecs["access_key_secret"],
             "Kubernetes token": kubeconfig["users"][0]["user"]["token"]}
 

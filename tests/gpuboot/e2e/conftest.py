@@ -60,7 +60,9 @@ def cloud(tmp_path):
 
 @pytest.fixture
 def connections(cloud) -> Path:
-    """The cloud's Airflow connections at one fixed path for the whole session.
+    """The product's Airflow connections at one fixed path for the whole session: Kubernetes as
+    the ServiceAccount deploy/kubernetes/rbac.yaml binds (the shipped manifests applied first, see
+    SimCloud.gpuboot_connections), ECS from the cloud; the test's own reads stay admin.
 
     Pass this, not cloud.connections_file, to dag.test(conn_file_path=...): the Task SDK
     builds a custom secrets backend once per process (airflow.sdk.configuration.
@@ -70,7 +72,7 @@ def connections(cloud) -> Path:
     import airflow.configuration
 
     path = Path(airflow.configuration.AIRFLOW_HOME) / "e2e-connections.json"
-    shutil.copyfile(cloud.connections_file, path)
+    shutil.copyfile(cloud.gpuboot_connections(), path)
     return path
 
 

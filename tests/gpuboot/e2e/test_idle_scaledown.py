@@ -51,8 +51,8 @@ def test_it_runs_from_the_start_even_where_new_dags_are_created_paused(scaledown
 def run(dag, cloud, capfd, conf: dict) -> dict:
     """One dag.test() run with every param given (dag.test() keeps earlier runs' conf in the
     shared DAG object's params); the task's summary (its XCom return value)."""
-    dag_run = dag.test(conn_file_path=str(cloud.connections_file), run_conf={"dry_run": False, "idle_minutes": 10,
-                                                                            **conf})
+    dag_run = dag.test(conn_file_path=str(cloud.gpuboot_connections()),   # as the product's ServiceAccount
+                       run_conf={"dry_run": False, "idle_minutes": 10, **conf})
     output = capfd.readouterr().out
     assert dag_run.state == "success", output[-3000:]
     return dag_run.get_task_instance("scale_down").xcom_pull(task_ids="scale_down")

@@ -1,12 +1,15 @@
 """A local cloud per test for the gpuboot adapters and operators, with short emulated timings,
-and the Airflow connections it writes exposed as AIRFLOW_CONN_* for the hooks."""
+the shipped namespaces and RBAC applied (the jobs' namespace, gpu-jobs, exists), and the Airflow
+connections it writes exposed as AIRFLOW_CONN_* for the hooks. The adapters here act as the
+admin (the tests also write through them); the e2e, stress, chaos and distributed tests run the
+product as its ServiceAccount, and test_rbac.py checks those rights against the cloud."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from simcloud.testing import SimCloud, small_fleet, wait_until  # noqa: F401  (re-exported for the tests)
+from simcloud.testing import GPUBOOT_MANIFESTS, SimCloud, small_fleet, wait_until  # noqa: F401  (re-exported)
 
 T4 = "ecs.gn6i-c4g1.xlarge"
 T4X2 = "ecs.gn6i-c24g1.12xlarge"
@@ -24,6 +27,12 @@ FLEET = small_fleet([
 SETTLE_SECONDS = 2.0
 
 
+def with_job_namespaces(sim: SimCloud) -> SimCloud:
+    """Apply deploy/kubernetes/ (namespace.yaml creates gpu-jobs, where jobs run by default)."""
+    sim.apply(*GPUBOOT_MANIFESTS)
+    return sim
+
+
 def expose_connections(connections_file, monkeypatch) -> None:
     for conn_id, conn in json.loads(open(connections_file).read()).items():
         monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(conn))
@@ -33,5 +42,6 @@ def expose_connections(connections_file, monkeypatch) -> None:
 def cloud(tmp_path, monkeypatch):
     """The test fleet above, running, with kubernetes_default / alibaba_ecs_default pointing at it."""
     with SimCloud.start(FLEET, tmp_path / "simcloud") as sim:
+        with_job_namespaces(sim)
         expose_connections(sim.connections_file, monkeypatch)
         yield sim

@@ -62,7 +62,7 @@ class Step:
 
 
 def job_pods(cloud, job_id: str) -> list:
-    return cloud.core_v1().list_namespaced_pod("default", label_selector=f"gpuboot.io/job={job_id}").items
+    return cloud.core_v1().list_namespaced_pod("gpu-jobs", label_selector=f"gpuboot.io/job={job_id}").items
 
 
 def test_killed_start_wait_and_launch_retry_to_one_start_one_pod_and_a_clean_ledger(cloud, tmp_path):

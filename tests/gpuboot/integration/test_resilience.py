@@ -18,7 +18,7 @@ from gpuboot.placement import Outcome
 from gpuboot.steps.start import StartGpuNodesOperator
 from gpuboot.steps.wait import GpuReadySensor
 
-from .conftest import T4, T4X2, SimCloud, expose_connections, small_fleet, wait_until
+from .conftest import T4, T4X2, SimCloud, expose_connections, small_fleet, wait_until, with_job_namespaces
 from .test_operators import JOB, context, place, run_deferred
 
 ZONE = "cn-hangzhou-h"
@@ -199,6 +199,7 @@ def test_an_instance_caught_stopping_is_started_once_stopped(tmp_path, monkeypat
     fleet = small_fleet([{"name": "gpu-a", "instance_type": T4, "status": "Running"}],
                         timings={"stop_seconds": 2.0})
     with SimCloud.start(fleet, tmp_path / "sim") as sim:
+        with_job_namespaces(sim)
         expose_connections(sim.connections_file, monkeypatch)
         iid = sim.instance_id("gpu-a")
         EcsHook().stop_instances([iid])

@@ -46,7 +46,7 @@ def job(n: int) -> dict:
 def outcome(tmp_path_factory):
     """Run the 30 jobs once; the tests below each check one property of what happened."""
     with SimCloud.start(FLEET, tmp_path_factory.mktemp("stress"), ready_timeout=120) as cloud, \
-            cloud_connections(cloud.connections_file):
+            cloud_connections(cloud.gpuboot_connections()):   # the product as its ServiceAccount
         cloud.set_faults(k8s_latency_ms=10)
         runner = DagRunner(job_dag("gpu_job_stress", busy_poll_seconds=1, poke_interval=0.5))
         try:
