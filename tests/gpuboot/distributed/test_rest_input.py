@@ -23,8 +23,6 @@ TYPOS = {**{k: v for k, v in JOB.items() if k not in ("gpus", "memory")},
 # Refused by the place task, each naming its field (the form cannot check these alone).
 AT_PLACE = {
     "typos": (TYPOS, "DAG run params: gpu: unknown field. Did you mean 'gpus'?"),
-    "namespace": ({**JOB, "name": "ns-train", "namespace": "team-nowhere"},
-                  "namespace: 'team-nowhere' does not exist in the cluster"),
     "boot-timeout": ({**JOB, "name": "bt-train", "boot_timeout_seconds": 3, "settle_seconds": 5},
                      "boot_timeout_seconds: 3s is shorter than a boot can take"),
 }
@@ -67,6 +65,9 @@ def test_bad_trigger_input_over_rest_is_refused_before_anything_is_reserved_or_b
     # At trigger time: an argument over Linux's per-argument limit (issue 9: 200 KB) is a 400 naming it.
     refused = post_run(api, {**JOB, "args": ["--data", "x" * 200_000]})
     assert refused.status_code == 400 and "args" in refused.text, (refused.status_code, refused.text[:500])
+    # ... and so is a namespace outside GPUBOOT_JOB_NAMESPACES (the form's enum): no pods in kube-system.
+    refused = post_run(api, {**JOB, "name": "ns-train", "namespace": "kube-system"})
+    assert refused.status_code == 400 and "namespace" in refused.text, (refused.status_code, refused.text[:500])
 
     # At the place task: each run fails there, naming the field; nothing is reserved, booted or launched.
     runs = {}

@@ -59,3 +59,13 @@ def test_unknown_keys_in_the_trigger_conf_fail_place_naming_the_likely_field(clo
     assert "DAG run params: gpu: unknown field. Did you mean 'gpus'?" in task_log(output, dag_run, "place")
     assert live_reservations(cloud) == [] and node_boot_id(cloud, "t4-stopped") == boot_before
     assert [p for p in all_pods(cloud) if (p.metadata.labels or {}).get("gpuboot.io/job")] == []
+
+
+@pytest.mark.parametrize("namespace", ["kube-system", "default"])
+def test_a_namespace_outside_the_job_namespaces_is_refused_at_trigger_time(gpu_job_dag, namespace):
+    """The form offers GPUBOOT_JOB_NAMESPACES only (an enum): whoever may trigger gpu_job cannot
+    aim its pods at kube-system (and the ServiceAccount could not create them there: test_rbac.py)."""
+    from airflow.sdk.exceptions import ParamValidationError
+
+    with pytest.raises(ParamValidationError, match="namespace"):
+        gpu_job_dag.test(run_conf=dict(JOB, namespace=namespace))

@@ -11,7 +11,7 @@ from gpuboot.kube import KubeClient
 from gpuboot.ledger import CONFIGMAP
 from gpuboot.steps.place import PlaceGpuJobOperator
 
-from .conftest import FLEET, SimCloud, expose_connections
+from .conftest import FLEET, SimCloud, expose_connections, with_job_namespaces
 from .test_operators import JOB, context
 
 CATALOGUE = [
@@ -35,6 +35,7 @@ CATALOGUE = [
 @pytest.fixture(scope="module")
 def shared_cloud(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp, SimCloud.start(FLEET, tmp_path_factory.mktemp("bad-input")) as sim:
+        with_job_namespaces(sim)
         expose_connections(sim.connections_file, mp)
         yield sim
 
@@ -81,7 +82,21 @@ def test_params_a_users_dag_declares_for_itself_are_not_job_fields_but_typos_sti
         resolve_job(None, {"params": {**JOB, "dataset": "imagenet", "memroy": "64Gi"}}, declared=declared)
 
 
-def test_a_namespace_that_does_not_exist_fails_place_naming_it_before_anything_is_reserved(shared_cloud):
+def test_a_namespace_outside_the_job_namespaces_fails_place_naming_the_field_before_anything_is_reserved(
+        shared_cloud):
+    op = PlaceGpuJobOperator(task_id="place", job={**JOB, "gpus": 2, "namespace": "kube-system"}, job_id="ns")
+    with pytest.raises(AirflowFailException) as err:
+        op.execute(context("place"))
+    assert str(err.value).startswith("job: namespace: 'kube-system' is not a namespace gpuboot runs jobs in. "
+                                     "Use 'gpu-jobs'")
+    assert KubeClient().read_configmap("default", CONFIGMAP) is None
+    stopped = [shared_cloud.instance_id(n) for n in ("gpu-stop", "gpu2-stop")]
+    assert set(EcsHook().statuses(stopped).values()) == {"Stopped"}
+
+
+def test_a_namespace_that_does_not_exist_fails_place_naming_it_before_anything_is_reserved(shared_cloud,
+                                                                                          monkeypatch):
+    monkeypatch.setenv("GPUBOOT_JOB_NAMESPACES", "gpu-jobs,team-nowhere")   # configured, never created
     op = PlaceGpuJobOperator(task_id="place", job={**JOB, "gpus": 2, "namespace": "team-nowhere"}, job_id="ns")
     with pytest.raises(AirflowFailException) as err:
         op.execute(context("place"))
