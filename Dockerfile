@@ -19,3 +19,4 @@ RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" "/wheels/gpu
 
 COPY --chown=airflow:0 dags/ /opt/airflow/dags/
 COPY --chown=airflow:0 simcloud/ /opt/gpuboot/simcloud/
+COPY --chown=airflow:0 deploy/kubernetes/ /opt/gpuboot/deploy/kubernetes/

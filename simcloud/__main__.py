@@ -1,4 +1,4 @@
-"""Command line: `python -m simcloud serve ...` and `python -m simcloud fault ...`."""
+"""Command line: `python -m simcloud serve|fault|state|token|apply ...`."""
 from __future__ import annotations
 
 import argparse
@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     token.add_argument("--connections", type=Path,
                        help="also write an Airflow connections.json whose kubernetes_default uses that kubeconfig")
     token.add_argument("--namespace", default="default", help="the kubeconfig context's namespace")
+    apply = sub.add_parser("apply", help="create the objects of YAML manifests in a running local cloud, as its "
+                                         "admin (what exists already is left as it is)")
+    apply.add_argument("--workdir", required=True, type=Path)
+    apply.add_argument("manifests", nargs="+", type=Path, metavar="FILE")
     args = parser.parse_args(argv)
 
     if args.command == "serve":
@@ -47,6 +51,13 @@ def main(argv: list[str] | None = None) -> int:
         return main_serve(fleet, args.workdir, args.k8s_port, args.ecs_port, args.seed, args.host)
 
     from simcloud import admin
+    if args.command == "apply":
+        try:
+            print("\n".join(admin.apply_manifests(args.workdir, *args.manifests)))
+        except Exception as exc:   # the client's ApiException, a YAML error, a missing file: one line, exit 2
+            print(f"simcloud apply: {type(exc).__name__}: {str(exc)[:500]}", file=sys.stderr)
+            return 2
+        return 0
     if args.command == "token":
         namespace, sep, name = args.serviceaccount.partition("/")
         if not sep or not namespace or not name:

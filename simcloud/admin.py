@@ -5,7 +5,8 @@ object of fault -> new value, see simcloud.config.Faults), `GET /_simcloud/state
 `POST /_simcloud/compact` (drop the watch history and end open watches: 410 on resume), and
 `POST /_simcloud/serviceaccount-token` ({"namespace", "name"} -> {"token", "user"}: a token of
 an existing ServiceAccount; only with the admin bearer token of the workdir's kubeconfig).
-The client helpers find the server through `WORKDIR/simcloud.json`.
+The client helpers find the server through `WORKDIR/simcloud.json`; `apply_manifests` creates
+objects through the Kubernetes API itself, as the admin.
 """
 from __future__ import annotations
 
@@ -139,6 +140,29 @@ def write_serviceaccount_files(workdir: Path, namespace: str, name: str, kubecon
     write_identity(workdir, service_account_user(namespace, name).name, token, kubeconfig, connections,
                    context_namespace)
     return token
+
+
+def apply_manifests(workdir: Path, *manifests: Path | str, api_client=None) -> list[str]:
+    """Create every object of these YAML files as the admin of the workdir's kubeconfig, as an
+    administrator applies deploy/kubernetes/ to a real cluster; an object that already exists is
+    left as it is (a re-run changes nothing). Returns "kind/name created|unchanged" lines."""
+    import yaml
+    from kubernetes import config, utils
+    from kubernetes.utils import FailToCreateError
+
+    client = api_client or config.new_client_from_config(config_file=str(Path(workdir) / "kubeconfig"))
+    done = []
+    for path in manifests:
+        for obj in (o for o in yaml.safe_load_all(Path(path).read_text()) if o):
+            name = f"{obj['kind'].lower()}/{obj['metadata']['name']}"
+            try:
+                utils.create_from_dict(client, obj)
+                done.append(f"{name} created")
+            except FailToCreateError as exc:
+                if not all(getattr(e, "status", None) == 409 for e in exc.api_exceptions):
+                    raise
+                done.append(f"{name} unchanged")
+    return done
 
 
 def parse_assignments(items: list[str]) -> dict:

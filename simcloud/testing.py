@@ -215,10 +215,8 @@ class SimCloud:
         return self.workdir / f"connections-{namespace}-{name}.json"
 
     def apply(self, *manifests: Path | str) -> None:
-        """Create every object of these YAML files as the admin (what `kubectl create -f` does)."""
-        from kubernetes import utils
-        for path in manifests:
-            utils.create_from_yaml(self.api_client(), str(path))
+        """Create every object of these YAML files as the admin (see simcloud.admin.apply_manifests)."""
+        admin.apply_manifests(self.workdir, *manifests, api_client=self.api_client())
 
     def gpuboot_connections(self, manifests: tuple[Path | str, ...] = GPUBOOT_MANIFESTS) -> Path:
         """Airflow connections for the product, acting as the ServiceAccount deploy/kubernetes/rbac.yaml

@@ -27,8 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "docker-compose.md"
 AIRFLOW_SERVICES = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
                     "airflow-worker", "airflow-triggerer", "airflow-init")
-REQUIRED = ("postgres", "redis", "simcloud") + AIRFLOW_SERVICES
-LONG_RUNNING = tuple(s for s in REQUIRED if s != "airflow-init")
+REQUIRED = ("postgres", "redis", "simcloud", "simcloud-bootstrap") + AIRFLOW_SERVICES
+ONE_SHOT = ("airflow-init", "simcloud-bootstrap")
+LONG_RUNNING = tuple(s for s in REQUIRED if s not in ONE_SHOT)
 SIMCLOUD_WORKDIR = "/opt/simcloud"
 # The secrets the compose file requires from the environment (or .env), as the tests give them.
 DEMO_ENV = {"FERNET_KEY": base64.urlsafe_b64encode(bytes(range(32))).decode(),
@@ -167,10 +168,10 @@ def test_airflow_env_is_consistent(services, name):
     api = urlsplit(env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"])
     assert (api.hostname, api.path) == ("airflow-apiserver", "/execution/")
     assert f"{api.port}:{api.port}" in services["airflow-apiserver"]["ports"]
-    # Connections come from the file the local cloud writes, never from this file.
+    # Connections come from the file the local cloud's bootstrap writes, never from this file.
     assert env["AIRFLOW__SECRETS__BACKEND"] == "airflow.secrets.local_filesystem.LocalFilesystemBackend"
     kwargs = json.loads(env["AIRFLOW__SECRETS__BACKEND_KWARGS"])
-    assert kwargs == {"connections_file_path": f"{SIMCLOUD_WORKDIR}/connections.json"}
+    assert kwargs == {"connections_file_path": f"{SIMCLOUD_WORKDIR}/connections-gpuboot.json"}
     assert not any("AIRFLOW_CONN_" in k or "ACCESS_KEY" in k.upper() for k in env)
 
 
@@ -199,7 +200,7 @@ def test_depends_on_graph_is_sane(services):
             if condition == "service_healthy":
                 assert services[dep].get("healthcheck"), f"{name} waits for {dep} to be healthy: no healthcheck"
             elif condition == "service_completed_successfully":
-                assert dep == "airflow-init", f"{name} waits for {dep} to exit"
+                assert dep in ONE_SHOT, f"{name} waits for {dep} to exit"
         graph[name] = set(deps)
     # No cycles (Kahn).
     remaining = dict(graph)
@@ -216,6 +217,9 @@ def test_depends_on_graph_is_sane(services):
     # The two services that talk to the cloud wait until it answers.
     for name in ("airflow-worker", "airflow-triggerer"):
         assert services[name]["depends_on"]["simcloud"]["condition"] == "service_healthy"
+        assert services[name]["depends_on"]["simcloud-bootstrap"]["condition"] == "service_completed_successfully", \
+            f"{name} must wait for the ServiceAccount's connections"
+    assert services["simcloud-bootstrap"]["depends_on"]["simcloud"]["condition"] == "service_healthy"
     assert "airflow-apiserver" in graph["airflow-worker"]
 
 
@@ -241,6 +245,37 @@ def test_simcloud_serves_the_demo_fleet_to_the_other_containers(services):
         f"compose serves {options['--fleet']}, but {host_fleet.relative_to(ROOT)} does not exist"
 
 
+def _bootstrap_steps(services) -> list[list[str]]:
+    """The `python -m simcloud ...` lines of the bootstrap's script, as argument lists."""
+    script = services["simcloud-bootstrap"]["command"][-1]
+    return [line.split() for line in script.splitlines() if line.strip().startswith("python -m simcloud")]
+
+
+def test_the_product_acts_as_the_shipped_serviceaccount_not_the_admin(services):
+    """The bootstrap applies deploy/kubernetes/ (the files the image carries) as the admin, then writes
+    connections with the ServiceAccount rbac.yaml binds; that file is the one every Airflow service
+    reads, so a right missing from rbac.yaml fails under compose as on a real cluster."""
+    bootstrap = services["simcloud-bootstrap"]
+    assert bootstrap["image"] == services["simcloud"]["image"]
+    assert _mounts(bootstrap)[SIMCLOUD_WORKDIR] == _mounts(services["simcloud"])[SIMCLOUD_WORKDIR]
+    apply, token = _bootstrap_steps(services)
+    assert apply[:4] == ["python", "-m", "simcloud", "apply"]
+    manifests = [a for a in apply[4:] if not a.startswith("--") and a != SIMCLOUD_WORKDIR]
+    assert {Path(m).name for m in manifests} == {"namespace.yaml", "rbac.yaml"}
+    for manifest in manifests:
+        on_host = _image_path_on_host(Path(bootstrap["working_dir"]) / manifest)
+        assert on_host.is_file() and on_host.is_relative_to(ROOT / "deploy" / "kubernetes"), on_host
+    options = dict(zip(token[4::2], token[5::2]))
+    assert token[:4] == ["python", "-m", "simcloud", "token"] and options["--workdir"] == SIMCLOUD_WORKDIR
+    rbac = list(yaml.safe_load_all((ROOT / "deploy/kubernetes/rbac.yaml").read_text()))
+    account = next(o["metadata"] for o in rbac if o and o["kind"] == "ServiceAccount")
+    assert options["--serviceaccount"] == f"{account['namespace']}/{account['name']}"
+    for name in AIRFLOW_SERVICES:
+        kwargs = json.loads(_env(services[name])["AIRFLOW__SECRETS__BACKEND_KWARGS"])
+        assert kwargs["connections_file_path"] == options["--connections"], \
+            f"{name} must read the ServiceAccount's connections, not the admin's"
+
+
 @lru_cache(maxsize=None)
 def _cli_options(subcommand: str) -> frozenset[str]:
     """The options of `python -m simcloud SUBCOMMAND`, read from its --help."""
@@ -255,6 +290,10 @@ def test_simcloud_cli_accepts_the_compose_options(services):
     passed = {c for c in _command(services["simcloud"]) if c.startswith("--")}
     missing = passed - _cli_options("serve")
     assert not missing, f"simcloud serve has no {sorted(missing)} (compose passes them)"
+    for step in _bootstrap_steps(services):
+        passed = {c for c in step if c.startswith("--")}
+        missing = passed - _cli_options(step[3])
+        assert not missing, f"simcloud {step[3]} has no {sorted(missing)} (the bootstrap passes them)"
 
 
 # -- secrets and ownership: what every service must agree on (issue 16, points 1 and 2) ---------

@@ -1,4 +1,4 @@
-"""`python -m simcloud serve|fault|state`: the files it writes, clean shutdown, runtime faults, kubectl."""
+"""`python -m simcloud serve|fault|state|token|apply`: the files it writes, clean shutdown, runtime faults, kubectl."""
 from __future__ import annotations
 
 import json
@@ -14,6 +14,7 @@ import pytest
 from alibabacloud_ecs20140526 import models as ecs_models
 
 from simcloud.testing import REPO_ROOT, SimCloud, pod_log, process_alive, small_fleet, wait_until
+from simcloud.workdir import kubernetes_connection
 from tests.conftest import kubectl_binaries
 
 DEMO_FLEET = REPO_ROOT / "simcloud" / "fleets" / "demo.yaml"
@@ -156,3 +157,34 @@ def test_kubectl_get_nodes_wide_shows_running_and_stopped_gpu_nodes_of_the_demo_
     for stopped in ("gpu-t4-1", "gpu-a10-1", "gpu-t4x2-1", "gpu-a10x2-1", "gpu-v100x4-1"):
         assert rows[stopped][1] == "NotReady", rows[stopped]
     assert rows["gpu-t4-1"][4] == "v1.30.1-aliyun.1" and rows["gpu-t4-1"][5].startswith("172.16.")
+
+
+def test_apply_then_token_is_the_compose_bootstrap_and_the_token_has_only_the_shipped_rights(simcloud_factory):
+    """What docker-compose's simcloud-bootstrap runs: the shipped manifests applied as the admin (a
+    re-run changes nothing), then connections acting as the ServiceAccount, which may create pods in
+    the job namespace and not in kube-system."""
+    cloud = simcloud_factory()
+    wd = str(cloud.workdir)
+    manifests = [str(REPO_ROOT / "deploy/kubernetes/namespace.yaml"), str(REPO_ROOT / "deploy/kubernetes/rbac.yaml")]
+    first = cli("apply", "--workdir", wd, *manifests).stdout.splitlines()
+    assert "namespace/gpu-jobs created" in first and "serviceaccount/gpuboot created" in first
+    again = cli("apply", "--workdir", wd, *manifests).stdout.splitlines()
+    assert again == [line.replace(" created", " unchanged") for line in first]
+    missing = cli("apply", "--workdir", wd, str(cloud.workdir / "nowhere.yaml"), check=False)
+    assert missing.returncode == 2 and "simcloud apply: FileNotFoundError" in missing.stderr
+
+    kubeconfig, connections = cloud.workdir / "kubeconfig-gpuboot", cloud.workdir / "connections-gpuboot.json"
+    cli("token", "--workdir", wd, "--serviceaccount", "gpuboot/gpuboot", "--namespace", "gpu-jobs",
+        "--kubeconfig", str(kubeconfig), "--connections", str(connections))
+    conns = json.loads(connections.read_text())
+    assert conns["kubernetes_default"] == kubernetes_connection(kubeconfig, "gpu-jobs")
+    assert conns["alibaba_ecs_default"] == json.loads((cloud.workdir / "connections.json").read_text())[
+        "alibaba_ecs_default"]
+    from kubernetes.client.exceptions import ApiException
+    v1 = cloud.core_v1(kubeconfig)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+           "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    v1.create_namespaced_pod("gpu-jobs", pod, dry_run="All")
+    with pytest.raises(ApiException) as refused:
+        v1.create_namespaced_pod("kube-system", pod, dry_run="All")
+    assert refused.value.status == 403
