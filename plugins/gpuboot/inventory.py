@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from dataclasses import replace
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 
@@ -224,6 +225,37 @@ def _reservation_usage(reservations: Iterable[Reservation], backed: set[tuple[st
         if r.expires_at > now and (r.node, r.job_id, r.task) not in backed:
             usage[r.node] += r.resources
     return usage
+
+
+def backed_tasks(pods: Iterable[Mapping]) -> set[tuple[str, str, str]]:
+    """(node, job, task) of every active gpuboot pod: their reservations are counted as the pod."""
+    backed = set()
+    for pod in pods:
+        if pod_is_active(pod):
+            labels = (pod.get("metadata") or {}).get("labels") or {}
+            if LABEL_JOB in labels and LABEL_TASK in labels:
+                backed.add((pod["spec"]["nodeName"], labels[LABEL_JOB], labels[LABEL_TASK]))
+    return backed
+
+
+def with_reservations(views: Iterable[NodeView], backed: set[tuple[str, str, str]],
+                      reservations: Iterable[Reservation], now: float) -> list[NodeView]:
+    """`views` built without reservations (build_inventory(..., reservations=[])) with these counted:
+    the same views build_inventory gives with them, at the cost of the reservations only (a placer
+    re-placing against a survey it already read, gpuboot.booking)."""
+    reservations = [r for r in reservations if r.expires_at > now and (r.node, r.job_id, r.task) not in backed]
+    reserved = _reservation_usage(reservations, backed, now)
+    holders: dict[str, dict[str, None]] = defaultdict(dict)
+    for r in reservations:
+        if r.resources:
+            holders[r.node][f"job {r.job_id} ({r.task}, reserved)"] = None
+    out = []
+    for v in views:
+        if v.name in reserved or v.name in holders:
+            more = [h for h in holders.get(v.name, ()) if h not in v.holders]
+            v = replace(v, allocated=v.allocated + reserved.get(v.name, Resources()), holders=(*v.holders, *more))
+        out.append(v)
+    return out
 
 
 def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],

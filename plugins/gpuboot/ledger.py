@@ -18,6 +18,20 @@ left the record) and the nodes that failed for it. Every later try and every ste
 job reads it from here, not from an XCom of an earlier try: that is what lets a retry stop
 a node an earlier try started, and never wait again on a node that already failed for it.
 
+Tombstones and the write counter (key `meta.json`). Every write bumps `seq`, a counter of the
+ledger's own writes (not the opaque resourceVersion), and leaves a tombstone for each live
+reservation it removes (a release, a re-placement, a job giving up), stamped with that write's
+seq and kept TOMBSTONE_SECONDS. A placer that re-places against a cluster survey read after
+ledger seq s counts the tombstones with seq > s as still reserved (their pods may have been
+bound after its pod listing): see `gpuboot.booking.Booker` for the safety argument. When a
+tombstone is pruned the ledger raises `tombstones_from` past its seq, so a placer whose survey
+predates a pruned tombstone knows it and reads the cluster again: the safety does not rest on
+clocks agreeing.
+
+Size. A ConfigMap holds at most 1 MiB: every write prunes what expired (reservations, marks,
+records, tombstones) and a write that would still be larger than MAX_LEDGER_BYTES is refused
+with `LedgerFull`, which says what fills it; nothing is ever truncated silently.
+
 Lifetime. The TTL of an entry exists only for crashed runs. A live run keeps what it holds
 with `renew` (compare-and-swap like every write): each step extends the job's reservations
 and record to cover its own longest wait plus the launch before it starts waiting, so an
@@ -26,6 +40,7 @@ entry of a live run cannot expire under it (see `gpuboot.booking.reservation_ttl
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -33,16 +48,69 @@ from dataclasses import dataclass, field, replace
 from gpuboot.model import Reservation
 from gpuboot.kube import Conflict, KubeClient
 from gpuboot.model import Unavailable
+from gpuboot.resources import Resources
 
 
 CONFIGMAP = "gpuboot-reservations"
 DATA_KEY = "reservations.json"
 UNAVAILABLE_KEY = "unavailable.json"
 JOBS_KEY = "jobs.json"
+TOMBSTONES_KEY = "tombstones.json"
+META_KEY = "meta.json"
+TOMBSTONE_SECONDS = 120         # longer than any survey a placer re-places against (booking.SURVEY_MAX_AGE_SECONDS)
+MAX_LEDGER_BYTES = 1_000_000    # the API server refuses a ConfigMap over 1 MiB (data + metadata)
 
 
 class LedgerConflict(Exception):
     """The ledger changed since it was read: re-read, re-place, commit again."""
+
+
+class LedgerFull(Exception):
+    """A write would make the ledger ConfigMap larger than a ConfigMap may be (1 MiB)."""
+
+
+WRITE_CONTENDED_SECONDS = 30    # a read-modify-write (renew, release, marks) retries conflicts at least this long
+
+
+def _retries(attempts: int):
+    """Attempt numbers for a read-modify-write: at least `attempts`, and for WRITE_CONTENDED_SECONDS
+    (a burst of placements keeps the ledger changing; a release must not fail for that)."""
+    give_up = time.monotonic() + WRITE_CONTENDED_SECONDS
+    attempt = 0
+    while attempt < attempts or time.monotonic() < give_up:
+        yield attempt
+        attempt += 1
+
+
+def backoff(attempt: int, base: float = 0.02, cap: float = 1.0, rng: random.Random | None = None) -> float:
+    """Seconds to wait after the `attempt`-th conflict in a row: full jitter, capped exponential
+    (so writers that collided spread out instead of colliding again in lockstep)."""
+    return (rng or random).uniform(0, min(cap, base * 2 ** min(attempt, 16)))
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    """A reservation a write removed (`seq`: that write's), kept TOMBSTONE_SECONDS for placers
+    whose cluster survey predates it (gpuboot.booking)."""
+
+    job_id: str
+    task: str
+    node: str
+    resources: Resources
+    seq: int
+    expires_at: float
+
+    def as_reservation(self) -> Reservation:
+        return Reservation(self.job_id, self.task, self.node, self.resources, float("inf"))
+
+    def to_json(self) -> dict:
+        return {"job_id": self.job_id, "task": self.task, "node": self.node,
+                "resources": self.resources.to_json(), "seq": self.seq, "expires_at": self.expires_at}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Tombstone":
+        return cls(d["job_id"], d["task"], d["node"], Resources.from_json(d["resources"]), int(d["seq"]),
+                   float(d["expires_at"]))
 
 
 @dataclass(frozen=True)
@@ -111,6 +179,9 @@ class LedgerState:
     unavailable: tuple[Unavailable, ...]
     version: str | None        # None: no ledger yet
     jobs: tuple[JobRecord, ...] = field(default=())
+    seq: int = 0               # writes so far (the ledger's own counter)
+    tombstones: tuple[Tombstone, ...] = field(default=())
+    tombstones_from: int = 0   # every tombstone with seq > this is still here (older ones may be pruned)
 
     def record(self, job_id: str, now: float) -> JobRecord | None:
         """The job's live record (None: it has none, or it expired with the crashed run)."""
@@ -126,6 +197,13 @@ class LedgerState:
     def live_unavailable(self, now: float) -> list[Unavailable]:
         return [u for u in self.unavailable if u.expires_at > now]
 
+    def released_since(self, seq: int, job_id: str) -> list[Reservation] | None:
+        """Reservations of other jobs removed by writes after `seq`, as reservations to count (see
+        gpuboot.booking); None when some of them may have been pruned (read the cluster again)."""
+        if self.tombstones_from > seq or self.seq < seq:
+            return None
+        return [t.as_reservation() for t in self.tombstones if t.seq > seq and t.job_id != job_id]
+
 
 class ReservationLedger:
     """Live reservations of every job, in ConfigMap `gpuboot-reservations` of `namespace`."""
@@ -139,10 +217,14 @@ class ReservationLedger:
         if cm is None:
             return LedgerState((), (), None)
         data = cm.get("data") or {}
+        meta = json.loads(data.get(META_KEY) or "{}")
         return LedgerState(tuple(Reservation.from_json(d) for d in json.loads(data.get(DATA_KEY) or "[]")),
                            tuple(Unavailable.from_json(d) for d in json.loads(data.get(UNAVAILABLE_KEY) or "[]")),
                            cm["metadata"]["resourceVersion"],
-                           tuple(JobRecord.from_json(d) for d in json.loads(data.get(JOBS_KEY) or "[]")))
+                           tuple(JobRecord.from_json(d) for d in json.loads(data.get(JOBS_KEY) or "[]")),
+                           int(meta.get("seq", 0)),
+                           tuple(Tombstone.from_json(d) for d in json.loads(data.get(TOMBSTONES_KEY) or "[]")),
+                           int(meta.get("tombstones_from", 0)))
 
     def read(self) -> tuple[list[Reservation], str | None]:
         """All reservations (expired ones included) and the version they were read at (None: no ledger yet)."""
@@ -158,37 +240,40 @@ class ReservationLedger:
 
     def commit(self, job_id: str, reservations: Iterable[Reservation], expected_version: str | None,
                unavailable: Iterable[Unavailable] = (), record: JobRecord | None = None,
-               drop_unavailable: Iterable[Unavailable] = ()) -> None:
+               drop_unavailable: Iterable[Unavailable] = (), state: LedgerState | None = None) -> None:
         """Replace `job_id`'s entries with `reservations` (and its record with `record`, when
         given), add the `unavailable` marks and remove `drop_unavailable`, in one write, only if
         the ledger is still at `expected_version` (the version the placement was computed
-        from); else LedgerConflict."""
+        from); else LedgerConflict. `state`: the ledger as read at that version (spares a read;
+        the write's compare-and-swap still refuses it if the ledger moved since)."""
         new = list(reservations)
         if any(r.job_id != job_id for r in new) or (record is not None and record.job_id != job_id):
             raise ValueError(f"commit for job {job_id!r} got entries of another job")
-        state = self.snapshot()
+        if state is None or state.version != expected_version:
+            state = self.snapshot()
         if state.version != expected_version:
             raise LedgerConflict(f"ledger moved from version {expected_version} to {state.version}")
         jobs = list(state.jobs) if record is None else [j for j in state.jobs if j.job_id != job_id] + [record]
         self._write([r for r in state.reservations if r.job_id != job_id] + new,
-                    _merge(_without(state.unavailable, drop_unavailable), unavailable), state.version, jobs)
+                    _merge(_without(state.unavailable, drop_unavailable), unavailable), state, jobs)
 
     def update(self, change: Callable[[LedgerState], tuple[list[Reservation], list[Unavailable],
                                                             list[JobRecord]] | None],
                what: str, attempts: int = 20) -> LedgerState | None:
         """Read-modify-write through conflicts: `change(state)` returns the new entries (or None:
         nothing to write). Returns the state the write was guarded by (None: nothing written)."""
-        for _ in range(attempts):
+        for attempt in _retries(attempts):
             state = self.snapshot()
             new = change(state)
             if new is None:
                 return None
             try:
-                self._write(new[0], new[1], state.version, new[2])
+                self._write(new[0], new[1], state, new[2])
                 return state
             except LedgerConflict:
+                time.sleep(backoff(attempt))
                 continue
-        raise LedgerConflict(f"could not {what} after {attempts} conflicting writes")
+        raise LedgerConflict(f"could not {what}: every write conflicted for {WRITE_CONTENDED_SECONDS} s")
 
     def renew(self, job_id: str, until: float) -> list[Reservation]:
         """Extend the job's live reservations and record to at least `until` (never shortens).
@@ -239,7 +324,7 @@ class ReservationLedger:
     def release(self, job_id: str, attempts: int = 20) -> list[Reservation]:
         """Remove every entry of `job_id`, its record included (idempotent); returns the
         reservations that were removed."""
-        for _ in range(attempts):
+        for attempt in _retries(attempts):
             state = self.snapshot()
             mine = [r for r in state.reservations if r.job_id == job_id]
             jobs = [j for j in state.jobs if j.job_id != job_id]
@@ -247,39 +332,78 @@ class ReservationLedger:
                 return []
             try:
                 self._write([r for r in state.reservations if r.job_id != job_id], state.unavailable,
-                            state.version, jobs)
+                            state, jobs)
                 return mine
             except LedgerConflict:
+                time.sleep(backoff(attempt))
                 continue
-        raise LedgerConflict(f"could not release job {job_id} after {attempts} conflicting writes")
+        raise LedgerConflict(f"could not release job {job_id}: every write conflicted for {WRITE_CONTENDED_SECONDS} s")
 
-    def _write(self, entries: list[Reservation], unavailable: Iterable[Unavailable], version: str | None,
-               jobs: Iterable[JobRecord] | None = None) -> None:
-        """Write the whole ledger at `version`. `jobs` None keeps the records as they were read
-        (only for callers that read them in the same snapshot: the CAS refuses any other)."""
+    def _write(self, entries: list[Reservation], unavailable: Iterable[Unavailable], prev: LedgerState,
+               jobs: Iterable[JobRecord]) -> None:
+        """Write the whole ledger over `prev` (compare-and-swap on its version), compacted: what
+        expired is pruned, each live reservation of `prev` that `entries` drops leaves a tombstone."""
         now = self.clock()
-        if jobs is None:
-            jobs = self.snapshot().jobs if version is not None else ()
-        kept = sorted((r for r in entries if r.expires_at > now), key=lambda r: (r.job_id, r.task))
-        marks = sorted((u for u in unavailable if u.expires_at > now), key=lambda u: u.what)
-        records = sorted((j for j in jobs if j.expires_at > now), key=lambda j: j.job_id)
-        data = {DATA_KEY: json.dumps([r.to_json() for r in kept], sort_keys=True)}
-        if marks:
-            data[UNAVAILABLE_KEY] = json.dumps([u.to_json() for u in marks], sort_keys=True)
-        if records:
-            data[JOBS_KEY] = json.dumps([j.to_json() for j in records], sort_keys=True)
+        data, _ = ledger_data(prev, entries, unavailable, jobs, now)
+        size = len(json.dumps(data).encode())
+        if size > MAX_LEDGER_BYTES:
+            parts = ", ".join(f"{len(json.loads(data[k]))} {what} ({len(data[k].encode()):,} bytes)"
+                              for k, what in ((DATA_KEY, "reservations"), (JOBS_KEY, "job records"),
+                                              (UNAVAILABLE_KEY, "unavailable marks"), (TOMBSTONES_KEY, "tombstones"))
+                              if k in data)
+            raise LedgerFull(
+                f"ledger ConfigMap {self.namespace}/{self.name} would be {size:,} bytes, over the "
+                f"{MAX_LEDGER_BYTES:,}-byte limit of a ConfigMap (1 MiB) even with expired entries pruned: {parts}. "
+                f"The write was refused and nothing changed: too many jobs hold reservations or records in "
+                f"this ledger at once; let some finish, or give groups of jobs their own ledger_namespace")
         body = {"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": self.name, "namespace": self.namespace,
                              "labels": {"app.kubernetes.io/managed-by": "gpuboot"}},
                 "data": data}
         try:
-            if version is None:
+            if prev.version is None:
                 self.kube.create_configmap(self.namespace, body)
             else:
-                body["metadata"]["resourceVersion"] = version
+                body["metadata"]["resourceVersion"] = prev.version
                 self.kube.replace_configmap(self.namespace, body)
         except Conflict as exc:
             raise LedgerConflict(str(exc)) from None
+
+
+def _key(r: Reservation) -> tuple[str, str, str]:
+    return r.job_id, r.task, r.node
+
+
+def ledger_data(prev: LedgerState, entries: Iterable[Reservation], unavailable: Iterable[Unavailable],
+                jobs: Iterable[JobRecord], now: float) -> tuple[dict[str, str], int]:
+    """The ConfigMap data of the write after `prev` (pure), and that write's seq.
+
+    Compaction: expired reservations, marks, records and tombstones are dropped (the seq of the
+    newest tombstone dropped raises `tombstones_from`, see the module doc); a live reservation of
+    `prev` that `entries` no longer has (same job, task and node) leaves a tombstone."""
+    seq = prev.seq + 1
+    kept = sorted((r for r in entries if r.expires_at > now), key=lambda r: (r.job_id, r.task))
+    still = {_key(r) for r in kept}
+    removed = [Tombstone(r.job_id, r.task, r.node, r.resources, seq, now + TOMBSTONE_SECONDS)
+               for r in prev.reservations if r.expires_at > now and _key(r) not in still]
+    tombstones, floor = [], prev.tombstones_from
+    for t in (*prev.tombstones, *removed):
+        if t.expires_at > now:
+            tombstones.append(t)
+        else:
+            floor = max(floor, t.seq)
+    tombstones.sort(key=lambda t: (t.seq, t.job_id, t.task))
+    marks = sorted((u for u in unavailable if u.expires_at > now), key=lambda u: u.what)
+    records = sorted((j for j in jobs if j.expires_at > now), key=lambda j: j.job_id)
+    data = {DATA_KEY: json.dumps([r.to_json() for r in kept], sort_keys=True),
+            META_KEY: json.dumps({"seq": seq, "tombstones_from": floor}, sort_keys=True)}
+    if marks:
+        data[UNAVAILABLE_KEY] = json.dumps([u.to_json() for u in marks], sort_keys=True)
+    if records:
+        data[JOBS_KEY] = json.dumps([j.to_json() for j in records], sort_keys=True)
+    if tombstones:
+        data[TOMBSTONES_KEY] = json.dumps([t.to_json() for t in tombstones], sort_keys=True)
+    return data, seq
 
 
 def _put(jobs: Iterable[JobRecord], record: JobRecord) -> list[JobRecord]:
