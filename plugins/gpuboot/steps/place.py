@@ -6,15 +6,17 @@ The job is validated once, here: the canonical spec goes to the other steps via 
 from __future__ import annotations
 
 import dataclasses
+import random
 import time
 from collections.abc import Mapping
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException
 
-from gpuboot.booking import Booker, LedgerContended
+from gpuboot.booking import CONTENDED_SECONDS, Booker, LedgerContended
 from gpuboot.jobspec import JobSpec
 from gpuboot.placement import Outcome, Plan
+from gpuboot.ports import EcsError
 from gpuboot.steps.base import GpuJobStep, context_job_id, push, resolve_job
 from gpuboot.steps.waiting import CapacityWait
 from gpuboot.triggers import WakeUpTrigger
@@ -23,7 +25,10 @@ from gpuboot.triggers import WakeUpTrigger
 class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
     """Choose a node for every task of the job (running nodes first, per-node fit), reserve
     that capacity in the ledger atomically, and return the plan. Busy: wait (deferred, timer)
-    and re-plan until the job's queue timeout. Never fits: fail at once with the reason."""
+    and re-plan until the job's queue timeout. Never fits: fail at once with the reason.
+    Contended (a burst of placements kept the ledger changing for `contended_seconds`, or ECS
+    answered a survey with a transient error): wait the same way, holding nothing, for a jittered
+    few seconds, and place again; never a failure inside the queue timeout."""
 
     template_fields = ("job", "job_id")
     ui_color = "#e8f4ff"
@@ -31,7 +36,8 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
     def __init__(self, *, job: Mapping | None = None, job_id: str | None = None,
                  kubernetes_conn_id: str = "kubernetes_default", ecs_conn_id: str = "alibaba_ecs_default",
                  ledger_namespace: str = "default", busy_poll_seconds: float = 30.0,
-                 max_commit_attempts: int = 20, boot_grace_seconds: float = 900,
+                 max_commit_attempts: int | None = None, boot_grace_seconds: float = 900,
+                 contended_seconds: float = CONTENDED_SECONDS,
                  cpu_jobs_on_gpu_nodes: bool = True, **kwargs) -> None:
         super().__init__(**kwargs)
         self.job, self.job_id = job, job_id
@@ -40,6 +46,7 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
         self.ledger_namespace = ledger_namespace
         self.busy_poll_seconds = busy_poll_seconds
         self.max_commit_attempts = max_commit_attempts
+        self.contended_seconds = contended_seconds
         self.boot_grace_seconds = boot_grace_seconds
 
     def execute(self, context):
@@ -71,7 +78,19 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
 
     def _attempt(self, context, spec: JobSpec, deadline: float):
         job_id = self.job_id or context_job_id(self, context)
-        plan = self.place_and_reserve(spec, job_id)
+        try:
+            plan = self.place_and_reserve(spec, job_id)
+        except (LedgerContended, EcsError) as exc:
+            if isinstance(exc, EcsError) and exc.kind != "transient":
+                raise
+            # a burst: the ledger kept changing, or ECS answered slowly to every survey at once
+            now = time.time()
+            if now >= deadline:
+                raise AirflowFailException(f"job {spec.name} could not commit its placement before "
+                                           f"queue_timeout_seconds={spec.queue_timeout_seconds}: {exc}") from None
+            wake = min(deadline, now + random.uniform(1.0, 1.0 + min(10.0, self.busy_poll_seconds)))
+            self.log.info("%s; deferred, placing again in %.1fs, giving up in %.0fs", exc, wake - now, deadline - now)
+            self.defer(trigger=WakeUpTrigger(wake, CapacityWait(deadline, []).to_json()), method_name="resume")
         self.log.info("placement of job %s (%s):\n%s", spec.name, job_id, plan.table())
         if plan.outcome == Outcome.NEVER:
             raise AirflowFailException(f"job {spec.name} can never run in this fleet: {plan.message}")
@@ -91,9 +110,6 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
     def place_and_reserve(self, spec: JobSpec, job_id: str) -> Plan:
         """The shared place-and-reserve transaction (gpuboot.booking), committed when the job fits."""
         kube = self.kube()
-        booker = Booker(kube, self.ecs(), self.ledger(kube), self.log,
-                        max_commit_attempts=self.max_commit_attempts, boot_grace_seconds=self.boot_grace_seconds)
-        try:
-            return booker.book(spec, job_id).plan
-        except LedgerContended as exc:
-            raise AirflowException(str(exc)) from None
+        booker = Booker(kube, self.ecs(), self.ledger(kube), self.log, max_commit_attempts=self.max_commit_attempts,
+                        boot_grace_seconds=self.boot_grace_seconds, contended_seconds=self.contended_seconds)
+        return booker.book(spec, job_id).plan     # LedgerContended: the caller defers
