@@ -1,4 +1,4 @@
-"""python -m bench [--quick] [--parts placement,readiness,overhead] [--out results/bench]"""
+"""python -m bench [--quick] [--parts placement,readiness,overhead,burst] [--out results/bench]"""
 from __future__ import annotations
 
 import os
@@ -29,7 +29,7 @@ import traceback  # noqa: E402
 from bench import report  # noqa: E402
 from bench.common import output_to  # noqa: E402
 
-PARTS = ("placement", "readiness", "overhead")
+PARTS = ("placement", "readiness", "overhead", "burst")
 
 
 def machine() -> dict:
@@ -46,8 +46,15 @@ def run_part(part: str, workdir: Path, args) -> dict:
     if part == "readiness":
         from bench import readiness_lag
         return readiness_lag.run(workdir, quick=args.quick, boots=args.boots)
+    if part == "burst":
+        from bench import burst
+        return burst.run(workdir, quick=args.quick, sizes=_ints(args.burst_fleets), bursts=_ints(args.burst_jobs))
     from bench import overhead
     return overhead.run(workdir, quick=args.quick)
+
+
+def _ints(text: str | None) -> tuple[int, ...] | None:
+    return tuple(int(x) for x in text.split(",") if x.strip()) if text else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="small sizes and few boots (a smoke run)")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     p.add_argument("--boots", type=int, default=50, help="emulated boots for the readiness lag")
+    p.add_argument("--burst-fleets", help="burst: fleet sizes, comma-separated (default 100,1000; --quick 100)")
+    p.add_argument("--burst-jobs", help="burst: jobs per burst, comma-separated (default 50,200; --quick 50)")
     p.add_argument("--out", default=str(REPO / "results" / "bench"), help="where the JSON goes")
     args = p.parse_args(argv)
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]

@@ -44,7 +44,18 @@ def overhead(result: dict) -> str:
             + format_table(rows, columns) + "\n" + "\n".join(result.get("notes", [])) + "\n")
 
 
+def burst(result: dict) -> str:
+    rows = [{**r, "reads": f"{r['reads_per_placement_mean']:g} / {r['reads_median']:g} / {r['reads_max']:g}",
+             "ledger": f"{r['ledger_peak_bytes'] / 1024:.0f} KiB"} for r in result["rows"]]
+    columns = [("nodes", "nodes"), ("jobs", "jobs"), ("placed", "placed"), ("failed", "failed"),
+               ("wall_s", "wall s"), ("placements_per_s", "placements/s"),
+               ("reads", "full reads per placement (mean / median / max)"), ("conflicts", "conflicts"),
+               ("deferrals", "deferrals"), ("ledger", "ledger at peak")]
+    return ("== Bursts: N place transactions at once, one process each (Booker.book through the real hooks)\n"
+            + format_table(rows, columns) + "\n")
+
+
 def render(part: str, result: dict) -> str:
     if "error" in result:
         return f"== {part}: FAILED: {result['error']}\n"
-    return {"placement": placement, "readiness": readiness, "overhead": overhead}[part](result)
+    return {"placement": placement, "readiness": readiness, "overhead": overhead, "burst": burst}[part](result)
