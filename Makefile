@@ -66,7 +66,8 @@ test-package: install
 replay: install
 	$(PY) -m gpuboot.replay $(REPLAY_ARGS)
 
-# Benchmarks (bench/): placement cost at 1k/10k nodes, readiness detection lag, end-to-end overhead.
+# Benchmarks (bench/): placement cost at 1k/10k nodes, readiness detection lag, end-to-end overhead,
+# bursts of concurrent place transactions (part burst: BENCH_ARGS="--parts burst --burst-jobs 50").
 # Tables on stdout, JSON under results/bench/. BENCH_ARGS="--quick" for a smoke run.
 bench: install
 	$(PY) -m bench $(BENCH_ARGS)
