@@ -1,10 +1,11 @@
-"""`python -m chaos [--jobs N] [--seed S] [--kill-step launch|start|wait_gpu_ready] [--workdir DIR]`
+"""`python -m chaos [--jobs N] [--seed S] [--kill-step place|start|wait_gpu_ready|launch] [--workdir DIR]`
 
 The fault-injection run of chaos.scenario against a fresh local cloud. Progress goes to
 stdout, every log to DIR/chaos.log and DIR/workers.log; the last line is the summary
 `chaos: J jobs, S succeeded, F failed with a reason, 0 overcommitted, 0 leaked
 reservations, 0 idle instances left running`. Exit status 1 when any of the zero figures
-is not zero, a job ended without a reason, or the killed step left a second pod.
+is not zero, a job ended without a reason, the killed step left a second pod or was not
+retried to success.
 """
 from __future__ import annotations
 

@@ -245,11 +245,15 @@ class DagRunner:
     """Runs DAG runs of `dag`; `run()` is thread-safe, so many runs can go at once."""
 
     def __init__(self, dag, workers=None, triggerer: Triggerer | None = None, *, min_retries: int = 2,
-                 retry_delay: float = 0.5, on_spawn: Callable | None = None) -> None:
+                 retry_delay: float = 0.5, on_spawn: Callable | None = None,
+                 on_result: Callable[[StepCall, StepResult], None] | None = None) -> None:
+        """`on_spawn(call, process)` is called as a ProcessWorkers worker starts, `on_result(call,
+        outcome)` as any worker's call ends (with the same call object): what that worker's try did."""
         self.dag = dag
         self.workers = workers or InlineWorkers()
         self.triggerer = triggerer or Triggerer()
-        self.min_retries, self.retry_delay, self.on_spawn = min_retries, retry_delay, on_spawn
+        self.min_retries, self.retry_delay = min_retries, retry_delay
+        self.on_spawn, self.on_result = on_spawn, on_result
 
     def close(self) -> None:
         self.triggerer.close()
@@ -338,6 +342,8 @@ class DagRunner:
                             task_id=task.task_id, map_index=map_index, try_number=try_number, params=params)
             while True:
                 outcome = self.workers.run(call, self.on_spawn)
+                if self.on_result:
+                    self.on_result(call, outcome)
                 for k, v in outcome.pushed.items():
                     result.xcom[(task.task_id, map_index, k)] = v
                 if outcome.status != "deferred":

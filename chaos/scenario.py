@@ -66,18 +66,28 @@ def jobs(count: int, seed: int, run_seconds: float = 2, boot_timeout: int = 8) -
     return out
 
 
+WORKER_DIED = "worker process died"     # chaos.runner.ProcessWorkers' error for a try whose worker died
+
+
 class WorkerKiller:
     """SIGKILLs one worker process running task `step` (first try), at the moment that hurts:
     for `launch`, once its pod runs; for `start`, once ECS shows one of its instances starting;
-    otherwise as soon as it is up. Stays armed until a kill hits a live process. It waits for
-    the moment as long as the worker lives (bounded by `timeout`): on a loaded machine a pod
-    may take minutes to run, and a killer that gave up early would leave no step killed."""
+    otherwise as soon as it is up. It waits for the moment as long as the worker lives (bounded
+    by `timeout`): on a loaded machine a pod may take minutes to run, and a killer that gave up
+    early would leave no step killed.
+
+    A kill counts (`killed`) only once the try it was aimed at is seen to have died of it
+    (`on_result`, from the DagRunner): a step such as `start` may send its result in the
+    instant between the moment and the signal, and then the try succeeded and nothing was
+    killed. Until a kill counts the killer stays armed (one kill in flight at a time)."""
 
     def __init__(self, cloud: SimCloud, step: str = "launch", timeout: float = 600.0) -> None:
         self.cloud, self.step, self.timeout = cloud, step, timeout
         self.lock = threading.Lock()
         self.busy = False
+        self.aimed: StepCall | None = None      # the try a SIGKILL was sent to, not yet seen to end
         self.killed: StepCall | None = None
+        self.missed = 0                         # kills that came after their try had ended
 
     def on_spawn(self, call: StepCall, process) -> None:
         if not call.task_id.endswith("." + self.step) or call.try_number != 1 or call.method != "execute":
@@ -87,6 +97,22 @@ class WorkerKiller:
                 return
             self.busy = True
         threading.Thread(target=self._kill_when_it_hurts, args=(call, process), daemon=True).start()
+
+    def on_result(self, call, outcome) -> None:
+        """The try `call` ended with `outcome`: confirm the kill aimed at it, or re-arm."""
+        with self.lock:
+            if self.aimed is not call:
+                return
+            self.aimed = None
+            if outcome.status == "failed" and (outcome.error or "").startswith(WORKER_DIED):
+                self.killed = call
+                log.warning("chaos: the SIGKILL failed %s %s try %d (%s)", call.run_id, call.task_id,
+                            call.try_number, outcome.error)
+            else:
+                self.missed += 1
+                log.warning("chaos: the SIGKILL of %s %s came after its try had ended (%s); re-arming",
+                            call.run_id, call.task_id, outcome.status)
+            self.busy = False
 
     def _moment(self, call: StepCall) -> Callable[[], bool]:
         if self.step == "launch":
@@ -101,17 +127,53 @@ class WorkerKiller:
         return lambda: True
 
     def _kill_when_it_hurts(self, call: StepCall, process) -> None:
+        sent = False
         try:
             moment = self._moment(call)
             wait_until(lambda: not process.is_alive() or moment(), timeout=self.timeout, interval=0.1)
-            if process.is_alive():
+            with self.lock:
+                if process.is_alive():
+                    self.aimed, sent = call, True
+            if sent:
                 process.kill()
-                self.killed = call
                 log.warning("chaos: SIGKILLed the worker of %s %s (pid %s)", call.run_id, call.task_id, process.pid)
         except Exception as exc:  # noqa: BLE001 - a missed moment only re-arms the killer
             log.info("chaos: kill of %s %s skipped (%s)", call.run_id, call.task_id, exc)
         finally:
-            self.busy = False
+            if not sent:
+                with self.lock:
+                    self.busy = False
+
+
+@dataclass
+class KilledStep:
+    """What became of the killed step, read from its run's history: one source for the report
+    line and the verdict."""
+
+    run_id: str
+    task_id: str
+    map_index: int
+    killed_try: int
+    run_state: str
+    tries: list[tuple[int, str]]            # (try number, how it ended), in order
+
+    @classmethod
+    def of(cls, run: RunResult, killed: StepCall) -> "KilledStep":
+        ended = [(a.try_number, a.status) for a in run.history
+                 if a.task_id == killed.task_id and a.map_index == killed.map_index and a.status != "deferred"]
+        return cls(run.run_id, killed.task_id, killed.map_index, killed.try_number, run.state, ended)
+
+    @property
+    def retried(self) -> bool:
+        """A later try of the step succeeded (whatever became of the job after the step)."""
+        return any(n > self.killed_try and status == "success" for n, status in self.tries)
+
+    def line(self, pods: int) -> str:
+        step = self.task_id + (f"[{self.map_index}]" if self.map_index >= 0 else "")
+        tries = ", ".join(f"try {n} {status}" for n, status in self.tries) or "no try recorded"
+        return (f"killed worker of {self.run_id} {step} (try {self.killed_try}): "
+                f"{'retried to success' if self.retried else 'NOT retried to success'} ({tries}); "
+                f"job {self.run_state}, {pods} pod(s)")
 
 
 @dataclass
@@ -120,8 +182,7 @@ class ChaosOutcome:
     report: MonitorReport
     idle_running: list[str] = field(default_factory=list)     # instances we started, idle, still running
     duplicate_pods: dict[str, int] = field(default_factory=dict)
-    killed: StepCall | None = None
-    killed_retried: bool = False
+    killed: KilledStep | None = None
     scaledown_passes: int = 0
 
     @property
@@ -147,8 +208,9 @@ class ChaosOutcome:
         out += [f"job {r.run_id} ended {r.state} without a reason: {r.short_states()}" for r in self.without_reason]
         out += [f"instance {i} was started by this run and is left running idle" for i in self.idle_running]
         out += [f"job {job} has {n} pods (crash safety: one expected)" for job, n in self.duplicate_pods.items()]
-        if self.killed is not None and not self.killed_retried:
-            out.append(f"the killed step {self.killed.run_id} {self.killed.task_id} was not retried to an end")
+        if self.killed is not None and not self.killed.retried:
+            out.append(f"the killed step {self.killed.run_id} {self.killed.task_id} was not retried to success: "
+                       f"{self.killed.tries}")
         return out
 
 
@@ -207,7 +269,7 @@ def run_chaos(job_count: int = 16, seed: int = 7, workdir: Path | str = "chaos-r
         killer = WorkerKiller(cloud, kill_step)
         runner = DagRunner(job_dag("gpu_job_chaos", busy_poll_seconds=1, poke_interval=0.5),
                            ProcessWorkers(log_path=str(workdir / "workers.log")), Triggerer(),
-                           on_spawn=killer.on_spawn)
+                           on_spawn=killer.on_spawn, on_result=killer.on_result)
         confs = jobs(job_count, seed)
         progress(f"chaos: {job_count} jobs (seed {seed}) on {len(NODES)} nodes; faults {FAULTS}; "
                  f"killing one {kill_step} worker; logs in {workdir}")
@@ -220,15 +282,16 @@ def run_chaos(job_count: int = 16, seed: int = 7, workdir: Path | str = "chaos-r
                 passes = scale_down(cloud, before)
         finally:
             runner.close()
-        outcome = ChaosOutcome(results=results, report=monitor.report, killed=killer.killed, scaledown_passes=passes)
+        outcome = ChaosOutcome(results=results, report=monitor.report, scaledown_passes=passes)
         outcome.idle_running = _idle_started(cloud, before, monitor.report.ledger)
-        outcome.duplicate_pods = {job: len(pods) for job, pods in job_pods(cloud.core_v1()).items() if len(pods) > 1}
+        pods = job_pods(cloud.core_v1())
+        outcome.duplicate_pods = {job: len(p) for job, p in pods.items() if len(p) > 1}
         if killer.killed is not None:
             run = next(r for r in results if r.run_id == killer.killed.run_id)
-            outcome.killed_retried = any(a.task_id == killer.killed.task_id and a.try_number > 1
-                                         for a in run.history) and run.state == "success"
-            progress(f"  killed worker of {run.run_id} {killer.killed.task_id}: retried -> {run.state}, "
-                     f"{len(job_pods(cloud.core_v1()).get(_job_id(run), []))} pod(s)")
+            outcome.killed = KilledStep.of(run, killer.killed)
+            progress("  " + outcome.killed.line(len(pods.get(_job_id(run), []))))
+        else:
+            progress(f"  no {kill_step} worker was killed ({killer.missed} kill(s) came after the try had ended)")
         return outcome
 
 
