@@ -84,8 +84,8 @@ test-distributed: install
 # Fault-injection run (chaos/): concurrent gpu_job runs on the local cloud with ECS throttling, NoStock,
 # a node never Ready, a device plugin never registering, 409 bursts and one worker SIGKILLed; ends with
 # the `chaos: J jobs, ...` summary line, non-zero exit on any overcommit, leak or idle instance left,
-# or a killed step not retried to success. Options: make chaos CHAOS_ARGS="--jobs 30 --seed 3 --kill-step start".
-# Its core cases run in make test.
+# or a killed step not retried to success. Options: make chaos CHAOS_ARGS="--jobs 30 --seed 3 --kill-step start";
+# --burst fires every job at the same instant (a barrier releases them together). Its core cases run in make test.
 .PHONY: chaos
 chaos: install
 	$(PY) -m chaos $(CHAOS_ARGS)

@@ -1,11 +1,12 @@
-"""`python -m chaos [--jobs N] [--seed S] [--kill-step place|start|wait_gpu_ready|launch] [--workdir DIR]`
+"""`python -m chaos [--jobs N] [--seed S] [--kill-step place|start|wait_gpu_ready|launch] [--burst] [--workdir DIR]`
 
 The fault-injection run of chaos.scenario against a fresh local cloud. Progress goes to
 stdout, every log to DIR/chaos.log and DIR/workers.log; the last line is the summary
 `chaos: J jobs, S succeeded, F failed with a reason, 0 overcommitted, 0 leaked
 reservations, 0 idle instances left running`. Exit status 1 when any of the zero figures
 is not zero, a job ended without a reason, the killed step left a second pod or was not
-retried to success.
+retried to success. `--burst` releases every job in the same instant (a barrier) instead
+of one after another as their threads come up.
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7, help="seed for the job mix and the cloud's randomness")
     parser.add_argument("--kill-step", default="launch", choices=["place", "start", "wait_gpu_ready", "launch"],
                         help="the step whose worker is SIGKILLed once (default launch, while its pod runs)")
+    parser.add_argument("--burst", action="store_true",
+                        help="fire every job at the same instant (all held at a barrier, then released)")
     parser.add_argument("--workdir", type=Path, default=None, help="where logs go (default: a new temp dir)")
     args = parser.parse_args(argv)
     if args.jobs < 1:
@@ -38,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     def progress(line: str) -> None:
         print(line, file=console, flush=True)
 
-    outcome = run_chaos(args.jobs, args.seed, workdir, args.kill_step, progress)
+    outcome = run_chaos(args.jobs, args.seed, workdir, args.kill_step, progress, burst=args.burst)
     for problem in outcome.problems():
         progress(f"  problem: {problem}")
     progress(outcome.summary())

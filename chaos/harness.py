@@ -50,10 +50,19 @@ def job_dag(dag_id: str = "gpu_job", **group_kwargs):
     return dag
 
 
-def run_all(runner: DagRunner, confs: Sequence[dict], prefix: str = "run") -> list[RunResult]:
-    """Start every run at once (one thread each) and wait for all of them."""
+def run_all(runner: DagRunner, confs: Sequence[dict], prefix: str = "run", burst: bool = False) -> list[RunResult]:
+    """Start every run (one thread each) and wait for all of them. Without `burst` each run
+    starts as soon as its thread is up, one after another; with it every run waits at a barrier
+    until all threads are up and all are released in the same instant (their place steps race)."""
+    gate = threading.Barrier(len(confs)) if burst else None
+
+    def one(run_id: str, conf: dict) -> RunResult:
+        if gate is not None:
+            gate.wait()
+        return runner.run(run_id, conf)
+
     with ThreadPoolExecutor(max_workers=len(confs), thread_name_prefix=prefix) as pool:
-        futures = [pool.submit(runner.run, f"{prefix}-{i:03d}", conf) for i, conf in enumerate(confs)]
+        futures = [pool.submit(one, f"{prefix}-{i:03d}", conf) for i, conf in enumerate(confs)]
         return [f.result() for f in futures]
 
 

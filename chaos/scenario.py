@@ -259,7 +259,8 @@ def scale_down(cloud: SimCloud, before: dict[str, str], idle_seconds: float = 2,
 
 
 def run_chaos(job_count: int = 16, seed: int = 7, workdir: Path | str = "chaos-run", kill_step: str = "launch",
-              progress: Callable[[str], None] = lambda line: None) -> ChaosOutcome:
+              progress: Callable[[str], None] = lambda line: None, burst: bool = False) -> ChaosOutcome:
+    """`burst`: every job is released in the same instant (chaos.harness.run_all)."""
     workdir = Path(workdir)
     fleet = small_fleet(NODES)
     with SimCloud.start(fleet, workdir / "cloud", seed=seed, ready_timeout=120) as cloud, \
@@ -272,10 +273,10 @@ def run_chaos(job_count: int = 16, seed: int = 7, workdir: Path | str = "chaos-r
                            on_spawn=killer.on_spawn, on_result=killer.on_result)
         confs = jobs(job_count, seed)
         progress(f"chaos: {job_count} jobs (seed {seed}) on {len(NODES)} nodes; faults {FAULTS}; "
-                 f"killing one {kill_step} worker; logs in {workdir}")
+                 f"killing one {kill_step} worker; {'burst: all released at once; ' if burst else ''}logs in {workdir}")
         try:
             with Monitor(api_client_factory(cloud.kubeconfig)) as monitor, ConflictBursts(cloud, size=3, every=1.5):
-                results = run_all(runner, confs, prefix="chaos")
+                results = run_all(runner, confs, prefix="chaos", burst=burst)
                 for r in results:
                     progress(f"  {r.run_id} {r.conf['name']}: {r.state}" + (f" ({r.reason})" if r.reason else ""))
                 cloud.set_faults(k8s_conflict_burst=0, never_ready=[], device_plugin_never=[])
