@@ -163,14 +163,15 @@ def airflow_env(home: Path, port: int, pg: Postgres, broker: Redis, dags_folder:
 
 
 def start_airflow(procs: Processes, home: Path, pg: Postgres, broker: Redis, dags_folder: Path,
-                  connections_file: Path, timeout: float = 300) -> Airflow:
+                  connections_file: Path, timeout: float = 300, extra_env: dict[str, str] | None = None) -> Airflow:
     """`airflow db migrate`, then api-server, scheduler, dag-processor, triggerer and a Celery
-    worker as separate processes; returns once all report healthy and the worker is ready."""
+    worker as separate processes; returns once all report healthy and the worker is ready.
+    `extra_env` is added to every component's environment (e.g. a larger worker concurrency)."""
     home.mkdir(parents=True)
     password = secrets.token_urlsafe(12)
     (home / "passwords.json").write_text(json.dumps({ADMIN: password}))
     port = free_port()
-    env = airflow_env(home, port, pg, broker, dags_folder, connections_file)
+    env = {**airflow_env(home, port, pg, broker, dags_folder, connections_file), **(extra_env or {})}
     airflow = str(VENV_BIN / "airflow")
     migrate = subprocess.run([airflow, "db", "migrate"], env=env, cwd=home, capture_output=True, text=True,
                              timeout=timeout)

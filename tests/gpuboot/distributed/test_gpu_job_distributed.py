@@ -42,19 +42,23 @@ STEPS = ("place", "start", "wait_gpu_ready", "launch", "release")
 @pytest.fixture
 def distributed(request):
     """(cloud, airflow, procs): the local cloud and the whole Airflow stack, torn down always;
-    on failure the end of every process log is printed first."""
+    on failure the end of every process log is printed first. A test module may set FLEET (a
+    simcloud fleet; default NODES with TIMINGS) and AIRFLOW_ENV (more environment for every
+    Airflow component)."""
+    fleet = getattr(request.module, "FLEET", None) or small_fleet(NODES, timings=TIMINGS)
     base = Path(tempfile.mkdtemp(prefix="gpuboot-distributed-"))
     base.chmod(0o755)  # PostgreSQL runs as the `postgres` user and must reach its directory
     started = time.monotonic()
     try:
-        with SimCloud.start(small_fleet(NODES, timings=TIMINGS), base / "cloud") as cloud, \
+        with SimCloud.start(fleet, base / "cloud") as cloud, \
                 Processes(base / "logs") as procs:
             procs.extra_logs["simcloud"] = cloud.log_path
             try:
                 pg = start_postgres(procs, base / "pg")
                 broker = start_redis(procs, base / "redis")
                 airflow = start_airflow(procs, base / "airflow", pg, broker, REPO / "dags",
-                                        cloud.gpuboot_connections())   # the product as its ServiceAccount
+                                        cloud.gpuboot_connections(),   # the product as its ServiceAccount
+                                        extra_env=getattr(request.module, "AIRFLOW_ENV", None))
             except BaseException:
                 print(procs.tails(80), flush=True)
                 raise
