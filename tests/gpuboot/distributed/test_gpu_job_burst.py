@@ -90,7 +90,9 @@ def test_a_burst_of_runs_over_rest_all_succeed_on_nodes_with_room(distributed):
                timeout=180, interval=1, message=lambda: f"{DAG_ID} not parsed by the dag-processor in 180s")
     before = instance_statuses(cloud)
 
-    with Monitor(api_client_factory(cloud.kubeconfig)) as monitor:
+    monitor = Monitor(api_client_factory(cloud.kubeconfig))
+    monitor.start(timeout=180)    # its first listings take long on a loaded machine (30 s seen short)
+    try:
         started = time.monotonic()
         run_ids = trigger_burst(api, BURST)
         assert len(set(run_ids)) == BURST
@@ -103,6 +105,8 @@ def test_a_burst_of_runs_over_rest_all_succeed_on_nodes_with_room(distributed):
         states = wait_until(all_ended, timeout=BURST_TIMEOUT, interval=2,
                             message=lambda: f"burst not finished in {BURST_TIMEOUT}s: {run_states(api)}")
         print(f"burst of {BURST} runs ended in {time.monotonic() - started:.0f}s", flush=True)
+    finally:
+        monitor.stop(timeout=180)
     failed = [r for r in run_ids if states[r] != "success"]
     assert failed == [], f"{len(failed)} of {BURST} runs failed:\n" + "\n".join(why_failed(api, r) for r in failed)
 
