@@ -61,7 +61,12 @@ def trigger_burst(api, count: int) -> list[str]:
 
     def one(n: int) -> str:
         gate.wait()
-        return api.trigger(DAG_ID, job(n), unpause=False)
+        # Twenty POSTs at once to one api-server worker: on a loaded machine some took over the
+        # client's 30 s. A longer wait, not a retry (a POST retried could start a run twice).
+        r = api.http.post(f"/api/v2/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": job(n)},
+                          timeout=180)
+        assert r.status_code < 300, (r.status_code, r.text[:500])
+        return r.json()["dag_run_id"]
 
     with ThreadPoolExecutor(max_workers=count, thread_name_prefix="trigger") as pool:
         return list(pool.map(one, range(count)))
