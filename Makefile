@@ -81,6 +81,12 @@ test-distributed: install
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql redis-server; fi
 	GPUBOOT_DISTRIBUTED=1 $(PY) -m pytest tests/gpuboot/distributed --durations=5
 
+# The REST burst on the same stack (20 gpu_job runs posted at once; issue 11). Slow, and not yet
+# seen to finish within its bound on a shared 2-core machine, so .ci/run does not call it.
+.PHONY: test-distributed-burst
+test-distributed-burst: install
+	GPUBOOT_DISTRIBUTED=1 GPUBOOT_DISTRIBUTED_BURST=1 $(PY) -m pytest tests/gpuboot/distributed/test_gpu_job_burst.py --durations=5
+
 # Fault-injection run (chaos/): concurrent gpu_job runs on the local cloud with ECS throttling, NoStock,
 # a node never Ready, a device plugin never registering, 409 bursts and one worker SIGKILLed; ends with
 # the `chaos: J jobs, ...` summary line, non-zero exit on any overcommit, leak or idle instance left,

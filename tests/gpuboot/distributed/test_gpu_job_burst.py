@@ -25,7 +25,7 @@ from simcloud.testing import small_fleet, wait_until
 from tests.gpuboot.distributed.test_gpu_job_distributed import DAG_ID, distributed, short  # noqa: F401
 from tests.shared import live_reservations
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(2000)]
+pytestmark = [pytest.mark.distributed, pytest.mark.distributed_burst, pytest.mark.timeout(2000)]
 
 V100X4, T4X2, T4 = "ecs.gn6v-c8g1.8xlarge", "ecs.gn6i-c24g1.12xlarge", "ecs.gn6i-c4g1.xlarge"
 STOPPED = {"v100x4-a": V100X4, "v100x4-b": V100X4, "t4x2-a": T4X2, "t4-a": T4, "t4-b": T4}
