@@ -3,6 +3,7 @@ the reservation ledger afterwards."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 from gpuboot.model import Reservation
@@ -33,3 +34,12 @@ def live_reservations(cloud) -> list[Reservation]:
         raise
     entries = [Reservation.from_json(d) for d in json.loads((cm.data or {}).get(DATA_KEY) or "[]")]
     return [r for r in entries if r.expires_at > time.time()]
+
+
+def run_threads(threads: list[threading.Thread], timeout: float) -> None:
+    """Start every actor at once, then wait for all of them; one still running at the bound fails the test."""
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not [t.name for t in threads if t.is_alive()], f"actors still running after {timeout}s"

@@ -14,6 +14,7 @@ from gpuboot.ledger import LedgerConflict, ReservationLedger
 from gpuboot.placement import Outcome
 from gpuboot.resources import Resources
 from gpuboot.steps.place import PlaceGpuJobOperator
+from tests.shared import run_threads
 
 ONE_GPU = Resources.parse({"nvidia.com/gpu": 1, "cpu": "1"})
 
@@ -73,10 +74,7 @@ def test_concurrent_placements_never_promise_a_gpu_twice(cloud):
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(10)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    run_threads(threads, 120)
     assert not errors, errors
     assert Counter(outcomes.values()) == {Outcome.FITS: 4, Outcome.BUSY: 6}
     live = ReservationLedger(KubeClient()).live()
@@ -127,10 +125,7 @@ def test_placements_renewals_start_records_and_marks_race_without_a_lost_write(c
 
     threads = [threading.Thread(target=actor, args=(kind, i)) for kind in ("place", "renew", "record", "mark")
                for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    run_threads(threads, 120)
     assert not errors, errors
     state = ledger.snapshot()
     assert {r.job_id: r.expires_at for r in state.reservations if r.job_id in holders} == dict.fromkeys(holders, 4e9)

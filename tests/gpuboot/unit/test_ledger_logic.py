@@ -18,6 +18,7 @@ from gpuboot.resources import Resources
 from gpuboot.steps.wait import where_to_look
 
 from tests.gpuboot.fakes import FakeCluster
+from tests.shared import run_threads
 
 BASE = {"name": "t", "image": "i", "command": ["true"]}
 
@@ -98,10 +99,7 @@ def test_renewals_and_start_records_of_many_jobs_at_once_lose_no_write():
             errors.append(exc)
 
     threads = [threading.Thread(target=f, args=(j,)) for j in jobs for f in (renew, record)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    run_threads(threads, 30)
     assert not errors, errors
     state = ledger.snapshot()
     assert {r.job_id: r.expires_at for r in state.reservations} == dict.fromkeys(jobs, 5000.0)
