@@ -89,11 +89,12 @@ def pod_log(v1, name: str, namespace: str = "default", **params) -> str:
 
 
 def process_alive(pid: int) -> bool:
-    """True while `pid` runs (a zombie waiting to be reaped counts as gone)."""
+    """True while `pid` runs (a zombie waiting to be reaped counts as gone). A process reaped between
+    the open and the read makes the read fail with ESRCH (ProcessLookupError): gone too."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return False
 
 
