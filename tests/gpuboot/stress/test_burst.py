@@ -53,7 +53,7 @@ def pod_for(job_id: str, assignment) -> dict:
                                      "resources": {"requests": resources, "limits": resources}}]}}
 
 
-def run_job(n: int, go: threading.Event, core) -> dict:
+def run_job(n: int, go: threading.Barrier, core) -> dict:
     from gpuboot.booking import Booker, LedgerContended
     from gpuboot.ecs import EcsHook
     from gpuboot.jobspec import JobSpec
@@ -97,13 +97,12 @@ def outcome(tmp_path_factory):
             cloud_connections(cloud.connections_file):
         cloud.set_faults(k8s_latency_ms=10)
         core = cloud.core_v1()
-        go = threading.Event()
+        go = threading.Barrier(JOBS + 1)            # every actor ready, then all released in one instant
         with Monitor(api_client_factory(cloud.kubeconfig)) as monitor, ConflictBursts(cloud, size=3) as bursts, \
                 ThreadPoolExecutor(max_workers=JOBS) as pool:
             futures = [pool.submit(run_job, n, go, core) for n in range(JOBS)]
-            time.sleep(0.5)
+            go.wait(timeout=120)
             began = time.monotonic()
-            go.set()
             results = [f.result() for f in futures]
             wall = time.monotonic() - began
         from gpuboot.kube import KubeClient
