@@ -1,10 +1,42 @@
-"""Where each task of a job goes: per-node fit, running nodes first, then the fewest wasted GPUs.
+"""Where each task of a job goes: per-node fit, running nodes first, then what the decision costs.
 
 Pure and deterministic, so that the DAGs and the trace replay share it unchanged.
 The seed's bug was booting a node because "cluster free + new node" covered a
 task; here a task fits a node only when that node's own free capacity covers
 every resource it asks for. Cost is O(nodes) per distinct task shape plus
 O(log nodes) per task, so a 64-task gang over 10,000 nodes stays fast.
+
+Cost model (`CostModel`, per task, USD). Putting a task on a node pays for the node for as
+long as the decision keeps it up, and makes the job wait:
+
+    cost = price * (overhead_h + run_h) / slots  +  wait_usd_per_hour * wait_h
+
+* `price`: the node's hourly price (ECS DescribePrice, or the gpuboot.io/price-per-hour
+  override; unpriced nodes use their GPU count instead and rank after every priced one);
+* `overhead_h`: what a start adds whatever the job does: the boot's billed time before the
+  job runs plus the idle tail before scale-down stops the node (0 for a node already up);
+* `run_h`: the job's expected duration when the spec gives it, else `run_hours`;
+* `slots`: copies of the task the empty node holds. The hours are shared by the tasks the
+  node carries while it is up, so a task pays its slot's share, and a node whose CPU or
+  memory cannot feed all its GPUs pays for the GPUs it strands;
+* `wait_h`: the job's wait, the boot delay for a node that needs a start (plus the stop
+  for one still stopping), at `wait_usd_per_hour` (default 10 USD per job-hour, an
+  operator's value of a job's time; see the README's sweep to choose it from data).
+
+Order: the state first (running beats booting beats stopped beats stopping: a start is
+never traded for money), then the cost, then more of the job's tasks on one node, then
+(nodes needing a start) the smaller node and the most CPU and memory per GPU, then the name.
+Because the hours are shared per slot, the cost ranks nodes of one state by price per slot
+whatever the hours; the hours and the wait make the figure a decision's real cost (shown in
+the table and kept in the score for audits).
+
+Among running nodes the order is deliberately stable (cost, then name) rather than
+"fullest first": on the openb replay (README, Performance) fullest-first made a node that
+just lost a job the least attractive, so it drained, stopped after the idle timeout, and the
+next burst had to boot again (159 boots, 4.6 s mean wait on 60 nodes); a stable order keeps
+refilling the same cheap nodes and lets the dear or last ones drain (84 boots, 2.2 s, and
+4 % cheaper). The score only grows as the remaining task count drops, which keeps the lazy
+heap in _assign exact.
 """
 from __future__ import annotations
 
@@ -22,6 +54,40 @@ _CORDON_TAINT = "node.kubernetes.io/unschedulable"
 _OFF_GPU_NODES = "CPU-only work stays off GPU nodes, allow_gpu_nodes: true lets it on"
 _TABLE_LIMIT = 500   # candidate rows kept in XCom / the task log; the rest are counted
 _NO_LIMIT = 1 << 30
+
+
+HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """What placement counts as a decision's cost (module doc). The replay passes its own delays."""
+
+    boot_seconds: float = 150.0        # billed before the job runs: ECS start + kubelet + device plugin
+    stop_seconds: float = 30.0         # a Stopping node finishes stopping before it can start again
+    idle_seconds: float = 600.0        # the idle tail before scale-down stops the node
+    run_hours: float = 1.0             # a job's duration when its spec does not say
+    wait_usd_per_hour: float = 10.0    # what one hour of a job's wait is worth
+
+    def __post_init__(self):
+        for name in ("boot_seconds", "stop_seconds", "idle_seconds", "run_hours", "wait_usd_per_hour"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"cost model: {name} must be >= 0, got {getattr(self, name)}")
+
+    def per_task(self, node: NodeView, need: Resources, run_hours: float | None = None) -> tuple[bool, float]:
+        """(priced, cost of one task on `node`) in USD, or in GPU-hours when the node has no price."""
+        slots = max(1, _fit_count(node.allocatable, need, _NO_LIMIT))
+        rank = STATE_RANK[node.state]
+        start = rank >= 2
+        wait = (self.boot_seconds + (self.stop_seconds if rank == 3 else 0.0)) if rank >= 1 else 0.0
+        hours = (self.boot_seconds + self.idle_seconds) / HOUR if start else 0.0
+        hours += self.run_hours if run_hours is None else run_hours
+        priced = node.price_per_hour is not None
+        rate = float(node.price_per_hour) if priced else float(node.allocatable.gpus)
+        return priced, rate * hours / slots + (self.wait_usd_per_hour * wait / HOUR if priced else 0.0)
+
+
+DEFAULT_COST = CostModel()
 
 
 @dataclass(frozen=True)
@@ -48,8 +114,11 @@ class JobRequest:
     job_id: str
     tasks: tuple[TaskRequest, ...]
     min_available: int
+    expected_run_seconds: float | None = None   # how long the job runs, when its spec says
 
     def __post_init__(self):
+        if self.expected_run_seconds is not None and self.expected_run_seconds < 0:
+            raise ValueError(f"job {self.job_id}: expected_run_seconds: must be >= 0, got {self.expected_run_seconds}")
         if not self.tasks:
             raise ValueError(f"job {self.job_id}: tasks: a job needs at least one task")
         names = [t.name for t in self.tasks]
@@ -252,33 +321,24 @@ def _headroom(node: NodeView, need: Resources) -> float:
     return min(ratios, default=0.0)
 
 
-def _score(node: NodeView, free: Resources, need: Resources, remaining: int) -> tuple[tuple, int] | None:
+def _score(node: NodeView, free: Resources, need: Resources, remaining: int,
+           cost: CostModel = DEFAULT_COST, run_hours: float | None = None) -> tuple[tuple, int] | None:
     """(score, k): k = how many of the `remaining` same-shape tasks go on this node; None if none fits.
 
-    Lower wins: READY < BOOTING < STOPPED < STOPPING. A node that is up (or coming up) is
-    paid for, so bin-pack: least GPU left after placing the k tasks, then more tasks per
-    node, then cpu and memory left. A node that needs a start is chosen by what a slot
-    costs, a slot being one copy of the task on the empty node: price / slots, or, with no
-    price, GPUs / slots, so GPUs the node's CPU or memory could never feed count against
-    it (the old "least GPU left" booted 2-GPU nodes a 1-GPU task starves of CPU). Then
-    more tasks per boot, then the smaller node (least waste if no other task comes), then
-    the most CPU and memory per GPU relative to the task (the next, hungrier tasks still
-    find CPU next to each free GPU).
-    The score only grows as `remaining` drops, which keeps the lazy heap in _assign exact.
-    """
+    Lower wins (module doc): the state, a priced node before an unpriced one, the task's cost
+    (rounded to 6 significant digits so that twins tie and fall to the name), more tasks on
+    this node; for a node needing a start, then the smaller node (least waste if no other task
+    comes) and the most CPU and memory per GPU relative to the task (the next, hungrier
+    tasks still find CPU next to each free GPU)."""
     k = _fit_count(free, need, remaining)
     if k == 0:
         return None
     rank = STATE_RANK[node.state]
+    priced, each = cost.per_task(node, need, run_hours)
+    key = (rank, 0 if priced else 1, float(f"{each:.6g}"), -k)
     if rank <= 1:
-        left = [free.get(name, 0) - k * need.get(name, 0) for name in (GPU, CPU, MEMORY)]
-        return (rank, left[0], -k, left[1], left[2]), k
-    slots = _fit_count(node.allocatable, need, _NO_LIMIT)
-    # A priced node always ranks before an unpriced one: a known cost beats a guess from GPUs
-    # (the second element), so an operator who prices part of the fleet steers boots there.
-    priced = node.price_per_hour is not None
-    cost = (float(node.price_per_hour) if priced else float(node.allocatable.gpus)) / slots
-    return (rank, 0 if priced else 1, cost, -k, node.allocatable.gpus, -_headroom(node, need)), k
+        return key, k
+    return (*key, node.allocatable.gpus, -_headroom(node, need)), k
 
 
 # --- the greedy placer -----------------------------------------------------------
@@ -313,7 +373,8 @@ def _groups(job: JobRequest, nodes: Sequence[NodeView], whole_fleet: bool,
     return list(by_shape.values())
 
 
-def _assign(groups: list[_Group], nodes: Sequence[NodeView], free: list[Resources]) -> dict[str, int]:
+def _assign(groups: list[_Group], nodes: Sequence[NodeView], free: list[Resources],
+            cost: CostModel = DEFAULT_COST, run_hours: float | None = None) -> dict[str, int]:
     """Greedy per shape: the best node takes as many of the remaining tasks as it holds, and so on.
 
     Lazy heap: a popped node is re-scored with the current remaining count; since scores
@@ -324,13 +385,13 @@ def _assign(groups: list[_Group], nodes: Sequence[NodeView], free: list[Resource
         need, pending = group.tasks[0].requests, list(group.tasks)
         heap = []
         for i in group.eligible:
-            scored = _score(nodes[i], free[i], need, len(pending))
+            scored = _score(nodes[i], free[i], need, len(pending), cost, run_hours)
             if scored:
                 heap.append((scored[0], nodes[i].name, i))
         heapq.heapify(heap)
         while pending and heap:
             score, name, i = heapq.heappop(heap)
-            rescored = _score(nodes[i], free[i], need, len(pending))
+            rescored = _score(nodes[i], free[i], need, len(pending), cost, run_hours)
             if rescored is None:
                 continue
             current, k = rescored
@@ -344,7 +405,8 @@ def _assign(groups: list[_Group], nodes: Sequence[NodeView], free: list[Resource
     return placed
 
 
-def _candidates(groups: list[_Group], nodes: Sequence[NodeView], placed: dict[str, int]) -> list[Candidate]:
+def _candidates(groups: list[_Group], nodes: Sequence[NodeView], placed: dict[str, int],
+                cost: CostModel = DEFAULT_COST, run_hours: float | None = None) -> list[Candidate]:
     """One row per node for the first task of each shape, plus a row per further chosen task."""
     rows: list[Candidate] = []
     for group in groups:
@@ -362,7 +424,7 @@ def _candidates(groups: list[_Group], nodes: Sequence[NodeView], placed: dict[st
                                       f"free now: {_short(need, node.free)}{_held_by(node)}", None))
             else:
                 verdict = Verdict.CHOSEN if i == chosen else Verdict.FITS
-                score, k = _score(node, node.free, need, len(group.tasks))
+                score, k = _score(node, node.free, need, len(group.tasks), cost, run_hours)
                 rows.append(Candidate(first.name, node.name, node.state, verdict,
                                       f"{node.reason}; free {node.free}", score, _facts(node, need, k)))
         for task in group.tasks[1:]:
@@ -425,16 +487,18 @@ def _never_message(job: JobRequest, nodes: Sequence[NodeView], groups: list[_Gro
             f"even the whole fleet, empty, holds only {len(placed)}")
 
 
-def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unavailable] = ()) -> Plan:
+def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unavailable] = (),
+          cost: CostModel = DEFAULT_COST) -> Plan:
     """Plan `job` on `nodes`: FITS with assignments, or BUSY / NEVER with a message that says why.
 
     `unavailable` (the caller passes only unexpired entries) keeps offerings that ran out of
     stock, and nodes that failed to boot, out of this plan; being temporary, they make a job
-    that only they could hold BUSY, never NEVER."""
+    that only they could hold BUSY, never NEVER. `cost` prices the decision (module doc)."""
     nodes = sorted(nodes, key=lambda n: n.name)
+    run_hours = None if job.expected_run_seconds is None else job.expected_run_seconds / HOUR
     groups = _groups(job, nodes, whole_fleet=False, unavailable=unavailable)
-    placed = _assign(groups, nodes, [n.free for n in nodes])
-    rows = _candidates(groups, nodes, placed)
+    placed = _assign(groups, nodes, [n.free for n in nodes], cost, run_hours)
+    rows = _candidates(groups, nodes, placed, cost, run_hours)
     kept = _keep(rows)
     omitted = len(rows) - len(kept)
 

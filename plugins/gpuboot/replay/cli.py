@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from . import trace
-from .metrics import demand_series, lower_bound_gpu_seconds
+from .metrics import demand_series, lower_bound_cost, lower_bound_gpu_seconds
 from .policies import POLICIES, Gpuboot
 from .report import format_table, write_json
 from .sim import SimConfig, Simulation
@@ -15,7 +15,8 @@ from .sim import SimConfig, Simulation
 DAY = 86400
 PLACES = {name for name, cls in POLICIES.items() if issubclass(cls, Gpuboot)}   # policies that call place()
 DEFAULT_OUT = Path(__file__).resolve().parents[3] / "results" / "replay"
-TABLE = [("policy", "policy"), ("billed_node_hours", "node-h"), ("billed_gpu_hours", "GPU-h"),
+TABLE = [("policy", "policy"), ("billed_cost", "cost $"), ("lower_bound_cost", "cost lower bound $"),
+         ("billed_node_hours", "node-h"), ("billed_gpu_hours", "GPU-h"),
          ("lower_bound_gpu_hours", "GPU-h lower bound"), ("wait_mean_seconds", "wait mean s"),
          ("wait_p95_seconds", "wait p95 s"), ("boots", "boots"), ("wasted_boots", "wasted boots"),
          ("jobs_never_placed", "never placed"), ("wall_seconds", "sim s")]
@@ -73,12 +74,13 @@ def run(args) -> dict:
                        device_plugin_seconds=args.device_plugin_seconds, stop_seconds=args.stop_seconds,
                        idle_timeout=trace.parse_duration(args.idle_timeout, "--idle-timeout"))
     bound = lower_bound_gpu_seconds(loaded.jobs, end)
+    money_bound = lower_bound_cost(loaded.jobs, fleet, end)
     results, series = [], {}
     for name in names:
         policy = POLICIES[name](exact=True) if args.exact and name in PLACES else POLICIES[name]()
         sim = Simulation(fleet, loaded.jobs, policy, config)
         recorder = sim.run()
-        results.append(recorder.summary(bound, sim.wall_seconds))
+        results.append(recorder.summary(bound, sim.wall_seconds, money_bound))
         series[name] = recorder.series
     summary = {
         "trace": str(directory),

@@ -40,6 +40,7 @@ class Recorder:
     end: float
     node_seconds: float = 0.0
     gpu_seconds: float = 0.0
+    cost: float = 0.0              # USD: each node's price for the seconds it was powered on
     used_gpu_seconds: float = 0.0
     boots: int = 0
     wasted_boots: int = 0
@@ -54,11 +55,13 @@ class Recorder:
     _nodes_on: int = 0
     _gpus_on: int = 0
 
-    def powered(self, gpus: int, since: float, until: float) -> None:
-        """A node with `gpus` GPUs was billed from `since` to `until` (clipped to the window)."""
+    def powered(self, gpus: int, price_per_hour: float, since: float, until: float) -> None:
+        """A node with `gpus` GPUs at `price_per_hour` was billed from `since` to `until` (clipped
+        to the window; billed per second, as ECS bills pay-as-you-go instances)."""
         seconds = max(0.0, min(until, self.end) - max(since, self.start))
         self.node_seconds += seconds
         self.gpu_seconds += seconds * gpus
+        self.cost += seconds / HOUR * price_per_hour
 
     def power_change(self, at: float, nodes: int, gpus: int) -> None:
         self._nodes_on += nodes
@@ -81,7 +84,8 @@ class Recorder:
         if message not in self.never_fit_examples and len(self.never_fit_examples) < 3:
             self.never_fit_examples.append(message)
 
-    def summary(self, lower_bound_gpu_seconds: float, wall_seconds: float) -> dict:
+    def summary(self, lower_bound_gpu_seconds: float, wall_seconds: float,
+                lower_bound_cost: float | None = None) -> dict:
         """JSON-safe figures of this run."""
         def hours(seconds: float) -> float:
             return round(seconds / HOUR, 3)
@@ -95,6 +99,8 @@ class Recorder:
             "billed_gpu_hours": hours(self.gpu_seconds),
             "used_gpu_hours": hours(self.used_gpu_seconds),
             "lower_bound_gpu_hours": hours(lower_bound_gpu_seconds),
+            "billed_cost": round(self.cost, 2),
+            "lower_bound_cost": None if lower_bound_cost is None else round(lower_bound_cost, 2),
             "wait_mean_seconds": secs(mean(self.waits)),
             "wait_p95_seconds": secs(percentile(self.waits, 95)),
             "boots": self.boots,
@@ -130,3 +136,20 @@ def demand_series(jobs: Iterable, start: float, end: float) -> list[tuple[float,
 def lower_bound_gpu_seconds(jobs: Iterable, end: float) -> float:
     """GPU-seconds the jobs use inside the window if each starts the moment it arrives."""
     return sum(job.gpus * max(0.0, min(job.arrival + job.run_seconds, end) - job.arrival) for job in jobs)
+
+
+def lower_bound_cost(jobs: Iterable, fleet: Sequence, end: float) -> float:
+    """USD no policy can beat on this fleet: each job, from arrival for as long as it runs inside
+    the window, pays the smallest share of a node it fits: its largest fraction of the node's
+    GPUs, CPU or memory, times the node's price (perfect packing, no boot, no idle time)."""
+    shapes = {(n.capacity, n.price_per_hour) for n in fleet}
+    cheapest: dict = {}
+    total = 0.0
+    for job in jobs:
+        need = job.requests
+        if need not in cheapest:
+            shares = [price * max((need.get(name) / capacity.get(name) for name in need if need.get(name)), default=0.0)
+                      for capacity, price in shapes if need.fits_in(capacity)]
+            cheapest[need] = min(shares, default=0.0)
+        total += cheapest[need] * max(0.0, min(job.arrival + job.run_seconds, end) - job.arrival) / HOUR
+    return total

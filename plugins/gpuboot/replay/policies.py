@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuboot.model import STATE_RANK, NodeState
-from gpuboot.placement import JobRequest, Outcome, TaskRequest, place
+from gpuboot.placement import CostModel, JobRequest, Outcome, TaskRequest, place
 from gpuboot.resources import Resources
 
 _STARTABLE = (NodeState.STOPPED, NodeState.STOPPING)
@@ -37,12 +37,19 @@ class Gpuboot:
     def decide(self, job, cluster, arriving: bool) -> Decision:
         request = JobRequest(job_id=job.name, tasks=(TaskRequest(name=job.name, requests=job.requests),),
                              min_available=1)
-        plan = self._place(request, cluster.views(None if self._exact else len(request.tasks)))
+        plan = self._place(request, cluster.views(None if self._exact else len(request.tasks)),
+                           cost=cost_model(cluster.config))
         if plan.outcome is Outcome.FITS:
             return Decision(node=plan.assignments[0].node, start=tuple(plan.nodes_to_start))
         if plan.outcome is Outcome.NEVER:
             return Decision(never=plan.message)
         return Decision()
+
+
+def cost_model(config) -> CostModel:
+    """The placement's cost model with the simulation's own delays (boot, stop, idle stop)."""
+    return CostModel(boot_seconds=config.boot_delay, stop_seconds=config.stop_seconds,
+                     idle_seconds=config.idle_timeout)
 
 
 class AlwaysOn(Gpuboot):

@@ -53,6 +53,7 @@ class SimNode:
         self.spec = spec
         self.name = spec.name
         self.capacity = spec.capacity
+        self.price = spec.price_per_hour
         self.state = NodeState.STOPPED
         self.allocated = Resources()
         self.running: set[str] = set()      # jobs running here
@@ -83,7 +84,7 @@ class SimNode:
                 allocatable=self.capacity, allocated=self.allocated,
                 labels={GPU_MODEL_LABEL: spec.gpu_model, MANAGED_LABEL: "true", HOSTNAME_LABEL: self.name},
                 taints=(), instance_id=f"i-{self.name}", instance_type=spec.instance_type, zone=None,
-                gpu_model=spec.gpu_model, price_per_hour=None, managed=True)
+                gpu_model=spec.gpu_model, price_per_hour=self.price, managed=True)
         return self._view
 
 
@@ -145,7 +146,7 @@ class Simulation:
         end = self.config.end
         for node in self.nodes.values():
             if node.powered_since is not None:
-                self.recorder.powered(node.capacity.gpus, node.powered_since, end)
+                self.recorder.powered(node.capacity.gpus, node.price, node.powered_since, end)
             if node.episode is not None and node.state is not NodeState.BOOTING:
                 self.recorder.boot_closed(node.episode)   # booted and up, yet none of its jobs ran there
             self.recorder.waiting_at_end += len(node.waiting)
@@ -260,7 +261,7 @@ class Simulation:
         self.recorder.power_change(self.clock.now, 1, node.capacity.gpus)
 
     def _power_off(self, node: SimNode) -> None:
-        self.recorder.powered(node.capacity.gpus, node.powered_since, self.clock.now)
+        self.recorder.powered(node.capacity.gpus, node.price, node.powered_since, self.clock.now)
         node.powered_since = None
         self.recorder.power_change(self.clock.now, -1, -node.capacity.gpus)
 

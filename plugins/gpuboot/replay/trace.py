@@ -15,6 +15,8 @@ from pathlib import Path
 
 from gpuboot.resources import CPU, GPU, MEMORY, Resources
 
+from .prices import node_price
+
 NODE_FILE = "openb_node_list_gpu_node.csv"
 POD_FILE = "openb_pod_list_default.csv"
 _REPO = Path(__file__).resolve().parents[3]
@@ -57,6 +59,11 @@ class FleetNode:
     @property
     def capacity(self) -> Resources:
         return Resources({CPU: self.cpu_milli, MEMORY: self.memory_mib * 2**20, GPU: self.gpus})
+
+    @property
+    def price_per_hour(self) -> float:
+        """USD per hour while powered on (gpuboot.replay.prices)."""
+        return node_price(self.model, self.gpus, self.cpu_milli, self.memory_mib)
 
 
 @dataclass(frozen=True)

@@ -67,13 +67,24 @@ def test_stopping_node_is_started_when_chosen():
     assert plan.outcome is Outcome.FITS and plan.nodes_to_start == ("s",)
 
 
-def test_bin_packing_among_running_nodes():
-    nodes = [nv("empty", gpus=4), nv("half", gpus=4, used={GPU: 2}), nv("almost", gpus=4, used={GPU: 3})]
-    assert chosen(place(job(task()), nodes)) == {"t": "almost"}
-    assert chosen(place(job(task(gpus=2)), nodes)) == {"t": "half"}
-    # GPU ties broken by cpu left, then memory
-    nodes = [nv("roomy", gpus=2, cpu="32"), nv("tight", gpus=2, cpu="4")]
-    assert chosen(place(job(task()), nodes)) == {"t": "tight"}
+def test_running_nodes_by_cost_per_slot_then_a_stable_order_not_fullest_first():
+    """A running node is already paid for: the task's share is price (else GPUs) / slots, and
+    twins keep a stable order (the name), so the same nodes absorb the arrivals and the others drain."""
+    nodes = [nv("c-empty", gpus=4), nv("b-half", gpus=4, used={GPU: 2}), nv("a-almost", gpus=4, used={GPU: 3})]
+    assert chosen(place(job(task()), nodes)) == {"t": "a-almost"}
+    assert chosen(place(job(task(gpus=2)), nodes)) == {"t": "b-half"}      # a-almost has no room
+    emptier_first = [nv("a-empty", gpus=4), nv("b-almost", gpus=4, used={GPU: 3})]
+    assert chosen(place(job(task()), emptier_first)) == {"t": "a-empty"}   # load does not reorder twins
+    # the cheaper slot wins over the name; a node whose CPU strands GPUs pays for them
+    priced = [nv("a-dear", gpus=2, price_per_hour=4.0), nv("b-cheap", gpus=2, price_per_hour=3.0)]
+    assert chosen(place(job(task()), priced)) == {"t": "b-cheap"}
+    hungry = task(cpu="6")
+    strands = [nv("a-tight", gpus=2, cpu="8"), nv("b-roomy", gpus=2, cpu="16")]   # a-tight feeds 1 of its 2 GPUs
+    assert chosen(place(job(hungry), strands)) == {"t": "b-roomy"}
+    # a gang's tasks go together where more of them fit
+    gang = job(task("x"), task("y"))
+    assert chosen(place(gang, [nv("a-one", gpus=4, used={GPU: 3}), nv("b-two", gpus=4, used={GPU: 2})])) == \
+        {"x": "b-two", "y": "b-two"}
 
 
 def test_stopped_nodes_by_cost_per_slot_then_size_then_headroom_then_name():
@@ -105,7 +116,7 @@ def test_a_booted_node_never_strands_gpus_its_cpu_cannot_feed():
     plan = place(job(task("a", **hungry)), nodes)
     assert chosen(plan) == {"a": "roomy"} and plan.nodes_to_start == ("roomy",)
     rows = {c.node: c for c in plan.candidates}
-    assert rows["one"].verdict == "too small" and rows["tight"].score[2] == 2.0 and rows["roomy"].score[2] == 1.0
+    assert rows["one"].verdict == "too small" and rows["tight"].score[2] == pytest.approx(2 * rows["roomy"].score[2], rel=1e-5)
     # roomy is up now, with the first task on it: the second task bin-packs there, no second boot
     up = [n if n.name != "roomy" else nv("roomy", READY, gpus=4, cpu="48", memory="192Gi",
                                           used={GPU: 1, "cpu": "12", "memory": "48Gi"}) for n in nodes]

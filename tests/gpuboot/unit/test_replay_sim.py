@@ -107,12 +107,12 @@ def test_replay_uses_the_products_place_function():
     assert policies.place is gpuboot.placement.place
     calls = []
 
-    def counting_place(request, nodes):
-        calls.append(request.job_id)
-        return gpuboot.placement.place(request, nodes)
+    def counting_place(request, nodes, cost):
+        calls.append((request.job_id, cost.boot_seconds, cost.idle_seconds))
+        return gpuboot.placement.place(request, nodes, cost=cost)
 
     result = run(Gpuboot(place=counting_place), SEED_FLEET, SEED_JOBS)
-    assert calls == ["j1", "j2"]
+    assert calls == [("j1", 30, 600), ("j2", 30, 600)]     # with the simulation's own delays
     assert result["placement_calls"] == 2
 
 
