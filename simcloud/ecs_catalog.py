@@ -14,6 +14,7 @@ from simcloud.ecs_params import Params, as_int, check_region, invalid, missing, 
 CURRENCY = "USD"
 RESOURCE_TYPES = ("instance", "disk", "diskperformance", "bandwidth", "ddh", "ElasticityAssurance",
                   "CapacityReservation")
+SYSTEM_DISK_CATEGORIES = ("cloud", "cloud_efficiency", "cloud_ssd", "cloud_essd", "cloud_auto", "cloud_essd_entry")
 DESTINATIONS = ("Zone", "IoOptimized", "InstanceType", "SystemDisk", "DataDisk", "Network", "ddh")
 
 
@@ -33,8 +34,16 @@ def price_of(cloud: EcsCloud, type_id: str) -> float:
 
 
 def describe_price(params: Params, cloud: EcsCloud) -> dict:
-    """ResourceType instance, pay-as-you-go, PriceUnit Hour: the only price a fleet file states."""
+    """ResourceType instance, pay-as-you-go, PriceUnit Hour: the only price a fleet file states.
+
+    ZoneId, when given, must be a zone of the fleet (every zone sells at the fleet's price);
+    SystemDisk.Category must be a real category. The price is the instance type's alone:
+    simcloud does not price disks (the real answer adds a systemDisk DetailInfo)."""
     check_region(params, cloud)
+    zone = params.get("ZoneId") or None
+    if zone is not None and zone not in zones(cloud):
+        raise invalid("ZoneId", zone, f"a zone of region {cloud.region_id}: {', '.join(zones(cloud)) or 'none'}")
+    one_of(params, "SystemDisk.Category", SYSTEM_DISK_CATEGORIES)
     resource = one_of(params, "ResourceType", RESOURCE_TYPES, "instance")
     if resource != "instance":
         raise invalid("ResourceType", resource, "instance (simcloud prices only instances)")

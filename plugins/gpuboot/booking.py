@@ -63,6 +63,7 @@ from gpuboot.jobspec import JobSpec
 from gpuboot.ledger import JobRecord, LedgerConflict, LedgerState, ReservationLedger, backoff
 from gpuboot.placement import Outcome, Plan, place
 from gpuboot.ports import ClusterReads, Ecs
+from gpuboot.pricing import PRICES, PriceCache
 from gpuboot.model import Unavailable
 from gpuboot.idle import find_work
 
@@ -101,13 +102,19 @@ class Survey:
 
 
 def survey(kube: ClusterReads, ecs: Ecs, reservations: list[Reservation], now: float,
-           boot_grace_seconds: float = 900) -> Survey:
-    """Nodes and active pods from Kubernetes joined to their ECS instances and types: the full cluster read."""
+           boot_grace_seconds: float = 900, prices: PriceCache = PRICES) -> Survey:
+    """Nodes and active pods from Kubernetes joined to their ECS instances, types and prices
+    (DescribePrice through the shared, TTL'd `prices` cache): the full cluster read."""
     nodes = kube.list_nodes()
     pods = kube.list_active_pods()
     ids = sorted({i for i in map(instance_id_of, nodes) if i})
     instances = ecs.describe_instances(ids) if ids else []
     types = ecs.describe_instance_types({i["InstanceType"] for i in instances if i.get("InstanceType")})
+    priced = prices.prices(ecs, {(i["InstanceType"], i.get("ZoneId")) for i in instances if i.get("InstanceType")},
+                           getattr(ecs, "region_id", "") or "")
+    for (itype, zone), price in priced.items():
+        if itype in types and price is not None:
+            types[itype] = {**types[itype], "PricesPerHour": {**types[itype].get("PricesPerHour", {}), zone: price}}
     bare = tuple(build_inventory(nodes, pods, instances, types, [], now, boot_grace_seconds=boot_grace_seconds))
     return Survey(nodes, pods, [], bare, frozenset(backed_tasks(pods))).recounted(reservations, now)
 

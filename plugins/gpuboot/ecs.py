@@ -297,6 +297,20 @@ class EcsHook(BaseHook):
                     break
         return found
 
+    def describe_price(self, instance_type: str, zone: str | None) -> float:
+        """DescribePrice (ResourceType instance, PriceUnit Hour, pay-as-you-go): TradePrice, the
+        price after discounts, per hour. Raises EcsError (e.g. permanent when ECS prices no such type)."""
+        from alibabacloud_ecs20140526 import models
+
+        request = models.DescribePriceRequest(region_id=self.region_id, resource_type="instance",
+                                              instance_type=instance_type, zone_id=zone or None, price_unit="Hour")
+        body = self._call("DescribePrice", lambda: self.get_conn().describe_price(request)).body.to_map()
+        price = ((body.get("PriceInfo") or {}).get("Price") or {}).get("TradePrice")
+        if price is None:
+            raise EcsError("permanent", "PriceNotFound", f"DescribePrice answered no TradePrice for {instance_type}",
+                           body.get("RequestId"))
+        return float(price)
+
     def statuses(self, instance_ids: Sequence[str]) -> dict[str, str]:
         return {i["InstanceId"]: i.get("Status", "") for i in self.describe_instances(instance_ids)}
 

@@ -151,8 +151,10 @@ def _tags(instance: Mapping) -> dict[str, str]:
     return {t.get("TagKey"): t.get("TagValue") for t in tags if isinstance(t, Mapping)}
 
 
-def _price(labels: Mapping, annotations: Mapping, itype: Mapping) -> float | None:
-    for raw in (annotations.get(LABEL_PRICE), labels.get(LABEL_PRICE), itype.get("PricePerHour")):
+def _price(labels: Mapping, annotations: Mapping, itype: Mapping, zone: str | None = None) -> float | None:
+    """The node's override (annotation, then label), else ECS's price for its type in its zone."""
+    by_zone = itype.get("PricesPerHour") or {}
+    for raw in (annotations.get(LABEL_PRICE), labels.get(LABEL_PRICE), by_zone.get(zone), itype.get("PricePerHour")):
         try:
             if raw is not None:
                 return float(raw)
@@ -341,7 +343,7 @@ def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],
             instance_type=instance.get("InstanceType") or labels.get(LABEL_INSTANCE_TYPE),
             zone=instance.get("ZoneId") or labels.get(LABEL_ZONE),
             gpu_model=labels.get(LABEL_GPU_MODEL) or itype.get("GPUSpec") or instance.get("GPUSpec") or None,
-            price_per_hour=_price(labels, annotations, itype),
+            price_per_hour=_price(labels, annotations, itype, instance.get("ZoneId")),
             managed=managed,
             holders=tuple(holders.get(name, ())),
         ))

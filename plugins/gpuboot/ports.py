@@ -110,6 +110,11 @@ class Ecs(Protocol):
         """Instance types in DescribeInstanceTypes form, keyed by InstanceTypeId."""
         ...
 
+    def describe_price(self, instance_type: str, zone: str | None) -> float:
+        """DescribePrice: the pay-as-you-go hourly TradePrice of one instance type (in `zone` when
+        given); raises EcsError when ECS has no price for it (gpuboot.pricing caches the answer)."""
+        ...
+
     def statuses(self, instance_ids: Sequence[str]) -> dict[str, str]:
         ...
 

@@ -42,6 +42,8 @@ MESSAGES = {   # what ECS says with each code the fakes answer
                                "try other types of resources or other regions and zones.",
     "IncorrectInstanceStatus": "The current status of the resource does not support this operation.",
     "InvalidInstanceId.NotFound": "The specified InstanceId does not exist.",
+    "InvalidInstanceType.ValueNotSupported": "The specified InstanceType does not exist or beyond the permitted range.",
+    "ServiceUnavailable": "The request has failed due to a temporary failure of the server.",
 }
 
 
@@ -171,6 +173,8 @@ class FakeEcs:
         self.clock = clock
         self.no_stock: set[str] = set()
         self.start_errors: dict[str, str] = {}
+        self.prices: dict[str, float] = {}          # instance type -> hourly price DescribePrice answers
+        self.price_errors: dict[str, str] = {}      # instance type -> the code its next DescribePrice answers, once
         self.calls: list[tuple[str, tuple[str, ...]]] = []
         self._observers: list[Callable[[str, tuple[str, ...]], object]] = []
 
@@ -198,6 +202,15 @@ class FakeEcs:
 
     def describe_instance_types(self, type_ids: Iterable[str]) -> dict[str, dict]:
         return {t: copy.deepcopy(self.types[t]) for t in sorted(set(type_ids)) if t in self.types}
+
+    def describe_price(self, instance_type: str, zone: str | None) -> float:
+        self._called("price", (instance_type, zone or ""))
+        code = self.price_errors.pop(instance_type, None)
+        if code is None and instance_type not in self.prices:
+            code = "InvalidInstanceType.ValueNotSupported"
+        if code is not None:
+            raise EcsError(classify_code(code), code, MESSAGES.get(code, code))
+        return self.prices[instance_type]
 
     def statuses(self, instance_ids: Sequence[str]) -> dict[str, str]:
         return {i: self.instances[i]["Status"] for i in instance_ids if i in self.instances}

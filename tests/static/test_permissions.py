@@ -68,6 +68,7 @@ ECS_ACTIONS: dict[str, tuple[str, bool]] = {
     "DescribeInstances": (INSTANCE_ARN, False),
     "DescribeInstanceStatus": (INSTANCE_ARN, False),
     "DescribeInstanceTypes": ("*", False),  # a catalogue, not an instance: no resource level
+    "DescribePrice": ("*", False),          # a price list: ECS authorises it on all resources only
     "StartInstances": (INSTANCE_ARN, True),
     "StopInstances": (INSTANCE_ARN, True),
 }

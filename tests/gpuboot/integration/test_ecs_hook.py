@@ -50,6 +50,17 @@ def test_describe_instance_types_keyed_by_id(hook):
     assert types["ecs.gn6i-c4g1.xlarge"]["GPUAmount"] == 1
 
 
+def test_describe_price_is_the_hourly_trade_price_and_an_unpriced_type_is_a_permanent_error(hook):
+    assert hook.describe_price("ecs.gn6i-c4g1.xlarge", "cn-hangzhou-h") == 1.2
+    assert hook.describe_price("ecs.g7.xlarge", None) == 0.2
+    with pytest.raises(EcsError) as unpriced:
+        hook.describe_price("ecs.gn7i-c32g1.8xlarge", None)          # the harness gives it no price
+    assert (unpriced.value.kind, unpriced.value.code) == ("permanent", "PriceNotFound")
+    with pytest.raises(EcsError) as unknown:
+        hook.describe_price("ecs.nope.large", None)
+    assert unknown.value.code == "InvalidInstanceType.ValueNotSupported" and ACCESS_KEY_SECRET not in str(unknown.value)
+
+
 def test_start_is_idempotent_and_stop_uses_economical_mode(hook, ecs_server):
     first = hook.start_instances(["i-gpu-a", "i-gpu-r1"])
     assert first["i-gpu-a"].outcome == "done" and first["i-gpu-r1"].outcome == "already"

@@ -123,7 +123,7 @@ def calls_on(path: Path, receivers: set[str]) -> set[str]:
 
 
 def test_the_ports_list_exactly_what_the_lifecycle_and_the_ledger_call():
-    lifecycle = calls_on(PACKAGE / "booking.py", {"kube", "ecs"}) | calls_on(PACKAGE / "boot.py", {"kube", "ecs"})
+    lifecycle = set().union(*(calls_on(PACKAGE / f"{name}.py", {"kube", "ecs"}) for name in ("booking", "boot", "pricing")))
     assert lifecycle == {f"kube.{m}" for m in members(ClusterReads)} | {f"ecs.{m}" for m in members(Ecs)}
     assert calls_on(PACKAGE / "ledger.py", {"kube"}) == {f"kube.{m}" for m in members(ConfigMapStore)}
 

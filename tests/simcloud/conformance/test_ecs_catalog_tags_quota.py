@@ -64,6 +64,27 @@ def test_describe_price_legacy(ecs_server):
                                            ResourceType="disk")) == ("InvalidParameter", 400)
 
 
+def test_describe_price_per_zone_and_system_disk_both_sdks(ecs_server):
+    """What gpuboot asks (gpuboot.ecs.EcsHook.describe_price): a type in a zone, per hour."""
+    client = client_for(ecs_server)
+    body = client.describe_price(ecs.DescribePriceRequest(
+        region_id=REGION, resource_type="instance", instance_type="ecs.gn6i-c4g1.xlarge", zone_id="cn-hangzhou-h",
+        price_unit="Hour", system_disk=ecs.DescribePriceRequestSystemDisk(category="cloud_essd"))).body
+    assert (body.price_info.price.trade_price, body.price_info.price.original_price) == (1.2, 1.2)
+    assert official_error(lambda: client.describe_price(ecs.DescribePriceRequest(
+        region_id=REGION, instance_type="ecs.gn6i-c4g1.xlarge", zone_id="cn-hangzhou-z"))) == ("InvalidParameter", 400)
+    assert official_error(lambda: client.describe_price(ecs.DescribePriceRequest(
+        region_id=REGION, instance_type="ecs.gn6i-c4g1.xlarge",
+        system_disk=ecs.DescribePriceRequestSystemDisk(category="floppy")))) == ("InvalidParameter", 400)
+    legacy_body = call(ecs_server, legacy(DescribePriceRequest, InstanceType="ecs.gn6i-c4g1.xlarge",
+                                          ZoneId="cn-hangzhou-h", PriceUnit="Hour", SystemDiskCategory="cloud_essd"))
+    assert legacy_body["PriceInfo"]["Price"]["TradePrice"] == 1.2
+    assert legacy_error(ecs_server, legacy(DescribePriceRequest, InstanceType="ecs.gn6i-c4g1.xlarge",
+                                           SystemDiskCategory="floppy")) == ("InvalidParameter", 400)
+    assert legacy_error(ecs_server, legacy(DescribePriceRequest, InstanceType="ecs.gn6i-c4g1.xlarge",
+                                           ZoneId="cn-hangzhou-z")) == ("InvalidParameter", 400)
+
+
 # ------------------------------------------------------------------ DescribeAvailableResource
 
 def test_available_resource_follows_the_no_stock_fault_official(ecs_server):
