@@ -60,11 +60,22 @@ test-demo: install
 test-package: install
 	GPUBOOT_TEST_PACKAGE=1 $(PY) -m pytest tests/packaging
 
-# Trace replay (gpuboot.replay) of ../shared/traces under four boot policies: table on stdout,
-# results/replay/summary.json and replay.png. Options: make replay REPLAY_ARGS="--start 115d --duration 7d".
+# Trace replay (gpuboot.replay) of ../shared/traces under four boot policies, on a fleet sized to
+# the trace's demand (60 random nodes, 302 GPUs, for a peak of 70): cost, node/GPU-hours, waits on
+# stdout, results/replay/summary.json and replay.png (~1 min). Other windows or fleets:
+# make replay REPLAY_ARGS="--fleet 150 --seed 1 --start 115d --duration 7d" (no --fleet: all 1,213 nodes).
+REPLAY_ARGS ?= --fleet 60
 .PHONY: replay
 replay: install
 	$(PY) -m gpuboot.replay $(REPLAY_ARGS)
+
+# Cost vs mean wait for choosing idle_seconds: the replay over idle timeouts (2m..60m) x boot delays
+# (150 s, 300 s) for first fit, queue-time and gpuboot on the same fleet; results/replay/sweep.json
+# and sweep.png (~10 min at nice 10 on this machine). SWEEP_ARGS="--duration 30d" for a quicker one.
+SWEEP_ARGS ?= --fleet 60
+.PHONY: sweep
+sweep: install
+	nice -n 10 $(PY) -m gpuboot.replay.sweep $(SWEEP_ARGS)
 
 # Benchmarks (bench/): placement cost at 1k/10k nodes, readiness detection lag, end-to-end overhead,
 # bursts of concurrent place transactions (part burst: BENCH_ARGS="--parts burst --burst-jobs 50").

@@ -10,7 +10,10 @@ A fleet is YAML (or the same structure as a dict)::
     pods_per_node: 0        # benchmark only: placeholder pods per Running node (see below)
     instance_types:
       ecs.gn6i-c4g1.xlarge: {cpu: 4, memory_gib: 15, gpu: 1, gpu_spec: NVIDIA T4, price_per_hour: 1.2}
-      # optional per type: family (default "ecs.gn6i"), gpu_memory_mib (default from the GPU model)
+      # optional per type: family (default "ecs.gn6i"), gpu_memory_mib (default from the GPU model),
+      # price_per_hour: what DescribePrice answers (USD, pay-as-you-go, every zone); none = PriceNotFound.
+      # The demo's and the tests' prices are indicative (simcloud/testing.py INSTANCE_TYPES says where
+      # they come from, looked up 2026-12-01), not Alibaba Cloud's list.
     nodes:
       - name: gpu-t4-1                 # Node name == kubernetes.io/hostname == ECS HostName
         instance_type: ecs.gn6i-c4g1.xlarge

@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import trace
+from . import prices, trace
 from .metrics import demand_series, lower_bound_cost, lower_bound_gpu_seconds
 from .policies import POLICIES, Gpuboot
 from .report import format_table, write_json
@@ -90,6 +90,9 @@ def run(args) -> dict:
                   "sample": "all" if args.fleet is None else f"{args.fleet_sample} (seed {args.seed})"},
         "jobs": {"replayed": len(loaded.jobs), "skipped": dict(loaded.skipped),
                  "fractional_gpu_as_one": loaded.fractional, "gpu_spec_ignored": loaded.gpu_spec_ignored},
+        "prices": {"source": prices.SOURCE, "per_gpu_hour": dict(prices.PER_GPU), "per_vcpu_hour": prices.PER_VCPU,
+                   "per_gib_hour": prices.PER_GIB,
+                   "fleet_per_hour": round(sum(n.price_per_hour for n in fleet), 2)},
         "config": {k: getattr(config, k) for k in ("start_seconds", "boot_seconds", "device_plugin_seconds",
                                                      "stop_seconds", "idle_timeout")},
         "notes": [
@@ -99,6 +102,9 @@ def run(args) -> dict:
             "Boot-on-demand policies start with every node stopped; billed time is clipped to the window; "
             "jobs not started by the window end count as never placed; waits are over the jobs that started.",
             "A boot is wasted when none of the jobs it was started for ran on that node while it was up.",
+            "billed_cost: each node's price (gpuboot.replay.prices) for every second it was powered on (booting, "
+            "running, idle, stopping). lower_bound_cost: each job, from arrival for its run, pays its largest share "
+            "(GPUs, CPU or memory) of the cheapest node that holds it (perfect packing, no boot, no idle time).",
         ],
         "policies": results,
     }
