@@ -118,14 +118,21 @@ def run(args) -> dict:
     return summary
 
 
+def attempt(action, *args):
+    """(action's result, 0), or (None, 2) with `error: ...` on stderr for a bad option or trace."""
+    try:
+        return action(*args), 0
+    except (trace.TraceError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return None, 2
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     began = time.perf_counter()
-    try:
-        summary = run(args)
-    except (trace.TraceError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    summary, status = attempt(run, args)
+    if status:
+        return status
     w, f, j = summary["window"], summary["fleet"], summary["jobs"]
     print(f"trace {summary['trace']}: days {w['start_day']:g} + {w['days']:g}, fleet {f['nodes']} nodes / "
           f"{f['gpus']} GPUs ({f['sample']}), {j['replayed']} jobs "

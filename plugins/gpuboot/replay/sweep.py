@@ -112,11 +112,9 @@ def plot_sweep(path: Path, result: dict) -> Path:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     began = time.perf_counter()
-    try:
-        result = run(argv)
-    except (trace.TraceError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    result, status = cli.attempt(run, argv)
+    if status:
+        return status
     print(format_table(result["points"], TABLE))
     out = Path(parser().parse_known_args(argv)[0].out)
     print(f"wrote {out / 'sweep.json'} and {out / 'sweep.png'} in {time.perf_counter() - began:.1f}s")
