@@ -175,6 +175,7 @@ class FakeEcs:
         self.start_errors: dict[str, str] = {}
         self.prices: dict[str, float] = {}          # instance type -> hourly price DescribePrice answers
         self.price_errors: dict[str, str] = {}      # instance type -> the code its next DescribePrice answers, once
+        self.price_calls: list[tuple[str, str]] = []   # every DescribePrice as (instance type, zone or "")
         self.calls: list[tuple[str, tuple[str, ...]]] = []
         self._observers: list[Callable[[str, tuple[str, ...]], object]] = []
 
@@ -204,7 +205,7 @@ class FakeEcs:
         return {t: copy.deepcopy(self.types[t]) for t in sorted(set(type_ids)) if t in self.types}
 
     def describe_price(self, instance_type: str, zone: str | None) -> float:
-        self._called("price", (instance_type, zone or ""))
+        self.price_calls.append((instance_type, zone or ""))
         code = self.price_errors.pop(instance_type, None)
         if code is None and instance_type not in self.prices:
             code = "InvalidInstanceType.ValueNotSupported"

@@ -14,7 +14,7 @@ OTHER_ZONE = "cn-hangzhou-i"
 
 
 def price_calls(ecs):
-    return ecs.calls_to("price")
+    return ecs.price_calls
 
 
 def test_each_offering_is_asked_once_per_ttl():
