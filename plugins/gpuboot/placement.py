@@ -326,7 +326,7 @@ def _score(node: NodeView, free: Resources, need: Resources, remaining: int,
     """(score, k): k = how many of the `remaining` same-shape tasks go on this node; None if none fits.
 
     Lower wins (module doc): the state, a priced node before an unpriced one, the task's cost
-    (rounded to 6 significant digits so that twins tie and fall to the name), more tasks on
+    (rounded to 1e-9, so that equal costs tie and fall to the name), more tasks on
     this node; for a node needing a start, then the smaller node (least waste if no other task
     comes) and the most CPU and memory per GPU relative to the task (the next, hungrier
     tasks still find CPU next to each free GPU)."""
@@ -335,7 +335,7 @@ def _score(node: NodeView, free: Resources, need: Resources, remaining: int,
         return None
     rank = STATE_RANK[node.state]
     priced, each = cost.per_task(node, need, run_hours)
-    key = (rank, 0 if priced else 1, float(f"{each:.6g}"), -k)
+    key = (rank, 0 if priced else 1, round(each, 9), -k)
     if rank <= 1:
         return key, k
     return (*key, node.allocatable.gpus, -_headroom(node, need)), k

@@ -96,6 +96,7 @@ def plot_sweep(path: Path, result: dict) -> Path:
     if bound is not None:
         axis.axhline(bound, color="black", linewidth=0.8, linestyle=":", label=f"cost lower bound {bound:,.0f} $")
     axis.set_xscale("symlog", linthresh=10)
+    axis.set_xlim(left=0)                         # waits are never negative
     axis.set_xlabel("mean wait per job (s)")
     axis.set_ylabel("billed cost (USD)")
     f, w = result["fleet"], result["window"]
