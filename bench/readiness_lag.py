@@ -3,15 +3,20 @@
 Boots N stopped 1-GPU nodes in simcloud (staggered) and, for each boot, runs side by
 side in one asyncio loop:
 - the product's `NodeGpuReadyTrigger` (its real `run()`: a watch on the one Node from the
-  resourceVersion read before the start);
+  resourceVersion read before the start), which sees the kubelet's zero and so fires on the
+  **fast path** (no window);
 - pollers at 5 s and 30 s on a fixed grid with a random phase which, like the poke-mode
   `GpuReadySensor`, replay the Node's writes since their last read (a short watch from it)
-  into the same `ReadinessTracker`.
-The moment of registration is taken from a separate watch on all Nodes: the first
-event, after the boot's zeroed count, whose allocatable nvidia.com/gpu is the real one.
-Each scenario is a fresh local cloud: the seed's "stale-first" boot order, the same with
-the kubelet's reset 10 s late (far past the settle window), and the real kubelet's order.
-A detector firing before the registration is an early fire: the pod would fail admission.
+  into the same `ReadinessTracker` (fast path too, late by up to one interval);
+- a poller every 5 s that only reads the Node (no replay, as after a re-list), which misses
+  the zero whenever no read lands on it and must then take the **fallback** window;
+- "window only", the rule before the reset was required, as a control.
+Every fire records its path (`evidence["path"]`). The moment of registration is taken from
+a separate watch on all Nodes: the first event, after the boot's zeroed count, whose
+allocatable nvidia.com/gpu is the real one. Each scenario is a fresh local cloud: the seed's
+"stale-first" boot order, the same with the kubelet's reset 10 s late (far past the settle
+window), and the real kubelet's order. A detector firing before the registration is an
+early fire: the pod would fail admission.
 """
 from __future__ import annotations
 
@@ -20,12 +25,16 @@ import random
 import time
 from pathlib import Path
 
+import aiohttp
+
 from .common import local_cloud, stats
 
 GPU = "nvidia.com/gpu"
 T4 = "ecs.gn6i-c4g1.xlarge"
 INTERVALS = (5.0, 30.0)
 SETTLE = 5.0
+FALLBACK = 20.0       # the bench's fallback window (the product's default is 60 s): longer than any stale phase here
+READ_ONLY = "poll 5s, reads only"
 SCENARIOS = {
     "stale-first": {},
     "stale-first, reset 10 s late": {"gpu_reset_delay_seconds": {"*": 10}},
@@ -70,41 +79,58 @@ class Registrations:
                     self.at[name] = now
 
 
-async def _trigger(baseline: dict, deadline: float, window_only: bool = False) -> float | None:
+async def _trigger(baseline: dict, deadline: float, window_only: bool = False) -> tuple[float, str] | None:
     from gpuboot.readiness import BootBaseline, ReadinessTracker
     from gpuboot.triggers import NodeGpuReadyTrigger
+
+    class WindowTracker(ReadinessTracker):
+        """Blind to the kubelet's zero: every count must hold for the window (the path reads "fallback")."""
+
+        def _note_resets(self, boot_id, counts) -> None:
+            return None
 
     class WindowOnly(NodeGpuReadyTrigger):
         """The rule before the reset was required: fresh, Ready and the count held for the window."""
 
         def make_tracker(self, continuous: bool):
-            return ReadinessTracker(BootBaseline.from_json(self.baseline), settle_seconds=SETTLE,
-                                    fallback_seconds=SETTLE, continuous=False)
+            return WindowTracker(BootBaseline.from_json(self.baseline), settle_seconds=SETTLE,
+                                 fallback_seconds=SETTLE, continuous=False)
 
     cls = WindowOnly if window_only else NodeGpuReadyTrigger
-    async for event in cls(baseline=baseline, deadline=deadline, settle_seconds=SETTLE).run():
-        return time.time() if event.payload["status"] == "ready" else None
+    async for event in cls(baseline=baseline, deadline=deadline, settle_seconds=SETTLE,
+                           fallback_seconds=FALLBACK).run():
+        at = time.time()
+        return (at, event.payload["evidence"].get("path")) if event.payload["status"] == "ready" else None
     return None
 
 
-async def _poller(baseline: dict, interval: float, phase: float, deadline: float) -> float | None:
-    from gpuboot.kube import AsyncKubeClient
+async def _poller(baseline: dict, interval: float, phase: float, deadline: float,
+                  replay: bool = True) -> tuple[float, str] | None:
+    """Judge the Node every `interval` s; `replay`: feed every write since the last read (as the
+    poke-mode sensor does), else only the Node as it is at each read (the zero is then often missed)."""
+    from gpuboot.kube import AsyncKubeClient, Gone
     from gpuboot.readiness import BootBaseline, ReadinessTracker
-
-    from gpuboot.kube import Gone
 
     kube = AsyncKubeClient()
     version = baseline["resource_version_before"]
-    tracker = ReadinessTracker(BootBaseline.from_json(baseline), settle_seconds=SETTLE, continuous=True)
+    tracker = ReadinessTracker(BootBaseline.from_json(baseline), settle_seconds=SETTLE, fallback_seconds=FALLBACK,
+                               continuous=replay)
     latest = None
     tick = baseline["start_requested_at"] + phase
     while tick < deadline:
         await asyncio.sleep(max(0.0, tick - time.time()))
         try:
-            states = [obj async for _, obj in kube.watch_node(baseline["node"], version, 1)]
-        except Gone:
-            tracker.lost_continuity("410 Gone")
-            states = [await kube.get_node(baseline["node"])]
+            if not replay:
+                states = [await kube.get_node(baseline["node"])]
+            else:
+                try:
+                    states = [obj async for _, obj in kube.watch_node(baseline["node"], version, 1)]
+                except Gone:
+                    tracker.lost_continuity("410 Gone")
+                    states = [await kube.get_node(baseline["node"])]
+        except (OSError, asyncio.TimeoutError, aiohttp.ClientError):   # a loaded machine: try at the next tick
+            tick += interval
+            continue
         if states:
             latest, version = states[-1], states[-1]["metadata"]["resourceVersion"]
         elif latest is None:
@@ -113,8 +139,10 @@ async def _poller(baseline: dict, interval: float, phase: float, deadline: float
         for state in states or [latest]:
             verdict = tracker.observe(state, time.time())
         if verdict.ready:
-            return time.time()
-        tick += interval
+            return time.time(), verdict.evidence.get("path")
+        # as the sensor does: look again when a window may complete, not only on the grid
+        wait = tracker.next_check_in(time.time())
+        tick = min(tick + interval, time.time() + wait) if wait is not None else tick + interval
     return None
 
 
@@ -136,6 +164,7 @@ async def _boot(name: str, delay: float, registrations: Registrations, rng: rand
                  "window only (old rule)": _trigger(baseline, deadline, window_only=True)}
     for interval in INTERVALS:
         detectors[f"poll {interval:g}s"] = _poller(baseline, interval, rng.uniform(0, interval), deadline)
+    detectors[READ_ONLY] = _poller(baseline, 5.0, rng.uniform(0, 5.0), deadline, replay=False)
     fired = dict(zip(detectors, await asyncio.gather(*detectors.values())))
     return {"node": name, "start_requested_at": baseline["start_requested_at"],
             "registered_at": registrations.at.get(name), "fired_at": fired}
@@ -165,13 +194,19 @@ def _scenario(workdir: Path, count: int, seed: int, faults: dict) -> dict:
     with local_cloud(fleet, workdir):
         results = asyncio.run(_run(count, stagger=min(30.0, count * 0.6), seed=seed))
     detectors = list(results[0]["fired_at"])
-    lags = {d: [r["fired_at"][d] - r["registered_at"] for r in results
-                if r["fired_at"][d] is not None and r["registered_at"] is not None] for d in detectors}
+
+    def lags(detector: str, path: str | None = None) -> list[float]:
+        return [r["fired_at"][detector][0] - r["registered_at"] for r in results
+                if r["fired_at"][detector] is not None and r["registered_at"] is not None
+                and (path is None or r["fired_at"][detector][1] == path)]
+    paths = {d: sorted({r["fired_at"][d][1] for r in results if r["fired_at"][d] is not None}) for d in detectors}
     return {
         "faults": faults,
-        "lag_seconds": {d: stats(v) for d, v in lags.items()},
-        "lag_minus_settle_seconds": {d: stats([x - SETTLE for x in v]) for d, v in lags.items()},
-        "fired_before_registration": {d: sum(1 for x in v if x < 0) for d, v in lags.items()},
+        "lag_seconds": {d: stats(lags(d)) for d in detectors},
+        "lag_seconds_by_path": {d: {p: stats(lags(d, p)) for p in paths[d]} for d in detectors},
+        "fired_before_registration": {d: sum(1 for x in lags(d) if x < 0) for d in detectors},
+        "fired_before_registration_by_path": {d: {p: sum(1 for x in lags(d, p) if x < 0) for p in paths[d]}
+                                              for d in detectors},
         "missed": {d: sum(1 for r in results if r["fired_at"][d] is None) for d in detectors},
         "registration_unseen": sum(1 for r in results if r["registered_at"] is None),
         "per_boot": results,
@@ -183,12 +218,16 @@ def run(workdir: Path, quick: bool = False, boots: int = 50, seed: int = 1) -> d
     scenarios = {name: _scenario(workdir / f"cloud-{i}", count, seed, faults)
                  for i, (name, faults) in enumerate(SCENARIOS.items())}
     return {
-        "boots": count, "settle_seconds": SETTLE, "timings": TIMINGS, "scenarios": scenarios,
+        "boots": count, "settle_seconds": SETTLE, "fallback_seconds": FALLBACK, "timings": TIMINGS,
+        "scenarios": scenarios,
         "notes": [
             "Registration time: a separate watch on all Nodes, first real GPU count after the boot's zero.",
+            "Paths: 'reset seen' = the fast path (every needed count seen at 0 after the start, then covering the "
+            f"request: no window); 'fallback' = the zero was not seen, the count held for the fallback window "
+            f"({FALLBACK:g} s here, 60 s by default).",
             "Pollers replay the Node's writes since their last read (a 1 s watch from it), like the poke-mode "
-            f"GpuReadySensor, into the same ReadinessTracker and settle window ({SETTLE:g} s); all detectors "
-            "run in one process.",
+            f"GpuReadySensor, into the same ReadinessTracker; '{READ_ONLY}' reads the Node only (no replay, as "
+            "after a re-list); all detectors run in one process.",
             f"kubelet heartbeat every {TIMINGS['heartbeat_seconds']:g} s (kubelet default nodeStatusUpdateFrequency).",
             "window only (old rule) = the trigger with the rule before the reset was required (fresh status, "
             "Ready and the count held for the settle window), kept as a control: it fires early when the reset "

@@ -25,14 +25,21 @@ def placement(result: dict) -> str:
 
 
 def readiness(result: dict) -> str:
-    rows = [{"scenario": scenario, "detector": name,
-             **{k: v for k, v in s.items() if k in ("n", "median", "p95", "max")},
-             "early": part["fired_before_registration"][name], "missed": part["missed"][name]}
-            for scenario, part in result["scenarios"].items() for name, s in part["lag_seconds"].items()]
-    columns = [("scenario", "boot order"), ("detector", "detector"), ("n", "boots"), ("median", "median s"),
-               ("p95", "p95 s"), ("max", "max s"), ("early", "early fires"), ("missed", "missed")]
-    return (f"== Readiness detection lag: GPUs registered -> detector fires (settle window "
-            f"{result['settle_seconds']:g} s included; {result['boots']} boots per scenario)\n"
+    rows = []
+    for scenario, part in result["scenarios"].items():
+        for name, overall in part["lag_seconds"].items():
+            by_path = part.get("lag_seconds_by_path", {}).get(name) or {"": overall}
+            early = part.get("fired_before_registration_by_path", {}).get(name, {})
+            for path, s in by_path.items():
+                rows.append({"scenario": scenario, "detector": name, "path": path,
+                             **{k: v for k, v in s.items() if k in ("n", "median", "p95", "max")},
+                             "early": early.get(path, part["fired_before_registration"][name]),
+                             "missed": part["missed"][name]})
+    columns = [("scenario", "boot order"), ("detector", "detector"), ("path", "path"), ("n", "boots"),
+               ("median", "median s"), ("p95", "p95 s"), ("max", "max s"), ("early", "early fires"),
+               ("missed", "missed")]
+    return (f"== Readiness detection lag: GPUs registered -> detector fires (fast path: no window; fallback: "
+            f"{result.get('fallback_seconds', result['settle_seconds']):g} s; {result['boots']} boots per scenario)\n"
             + format_table(rows, columns) + "\n" + "\n".join(result.get("notes", [])) + "\n")
 
 

@@ -13,28 +13,34 @@ Why the count can be trusted, and when (the facts are in the README, with source
   device plugin's registration makes the count non-zero again. When we asked ECS to
   start the instance it was Stopped, so the old kubelet was gone: a zero seen after the
   start request, followed by a count that covers the request, can only be this boot's
-  device plugin registering. That is the **fast path**: no time window is involved, so a
-  kubelet whose reset comes late (a slow node, API latency, a reconnecting watch) can
-  delay readiness but never fake it.
+  device plugin registering. That is the **fast path**: once every needed resource was
+  seen at 0 and now covers the request, and the status is the new boot's (below), the
+  verdict is ready at once, with no time window. No window is needed because none could
+  help: the stale value is told from the real one by the zero between them, not by how
+  long either lasts, so a kubelet whose reset comes late (a slow node, API latency, a
+  reconnecting watch) can delay readiness but never fake it. Each resource needs its own
+  zero: device plugins register one by one (GPU, `aliyun.com/gpu-mem`, RDMA...).
 * The zero is seen only if every write to the Node since before the start is seen.
   The trigger watches from the Node's resourceVersion read just before the start
   request (`BootBaseline.resource_version_before`), so the API server replays every
   write since; the tracker is then `continuous` and, until it sees the zero, it waits
   (the count it shows is the one from before the stop) however long that takes, up to
-  the boot timeout.
+  the boot timeout. A zero read without that continuity (a poll, a re-list) counts just
+  the same: it was the Node's state after the start.
 * When continuity is lost (a watch that expired with 410 Gone and was re-listed, a
   poking sensor that reads the Node now and then, a baseline without a resourceVersion,
-  a start made by an earlier try) the zero may have passed unseen. Then the count is
-  trusted only after it held, with everything else in order, for the longer
-  **fallback** window (`fallback_seconds`, at least the settle window), and the verdict
-  says so as a warning: never a silent early fire, and a node whose reset was missed
-  still comes up (late) rather than being given up.
+  a start made by an earlier try) and the zero was not seen, it may have passed unseen.
+  Then the count is trusted only after it held, with everything else in order, for the
+  longer **fallback** window (`fallback_seconds`, at least `settle_seconds`), and the
+  verdict says so as a warning: never a silent early fire, and a node whose reset was
+  missed still comes up (late) rather than being given up.
 
-Besides the count: the status must be written by the new boot (bootID changed, or a
+Besides the counts: the status must be written by the new boot (bootID changed, or a
 Ready transition / heartbeat after the start), NodeReady True, the node schedulable and
-free of the not-ready / unreachable taints (the pod would wait Pending), and all that
-held for `settle_seconds` without a break. A second reboot seen during the wait needs
-its own reset. The rule covers every extended resource the job asks for (`needs`).
+free of the not-ready / unreachable taints (the pod would wait Pending). A second reboot
+seen during the wait needs its own reset. A node this run did not start (up when the job
+chose it) has no reset to wait for: its state must hold for `settle_seconds`. The rule
+covers every extended resource the job asks for (`needs`).
 """
 from __future__ import annotations
 
@@ -46,6 +52,8 @@ from .model import NOT_READY_TAINTS
 from .resources import GPU, QuantityError, parse_quantity
 
 DEFAULT_FALLBACK_SECONDS = 60.0
+FAST_PATH = "reset seen"      # evidence["path"] when every needed resource's zero after the start was seen
+FAST_PATH_SECONDS = 0.0       # ... and then no window: ready at the first state that passes
 
 
 @dataclass(frozen=True)
@@ -212,7 +220,8 @@ class ReadinessTracker:
                             "(the count shown is the one from before the stop)")
 
         fallback = bool(unreset)
-        window = self.fallback_seconds if fallback else self.settle_seconds
+        started = b.start_requested_at is not None
+        window = self.fallback_seconds if fallback else FAST_PATH_SECONDS if started else self.settle_seconds
         if problems or window != self._window:
             self._held_since = None
         self._window = window
@@ -240,7 +249,7 @@ class ReadinessTracker:
             "taints": taints,
             "continuous": self.continuous,
             "path": ("waiting for the reset" if fallback and self.continuous else "fallback" if fallback
-                     else "reset seen" if b.start_requested_at is not None else "not started by this run"),
+                     else FAST_PATH if started else "not started by this run"),
             "held_seconds": round(held, 3),
             "settle_seconds": window,
         }
@@ -257,8 +266,10 @@ class ReadinessTracker:
         if fallback:
             return Verdict(True, f"ready (fallback: {evidence['warning']}): {fresh_by}, {what}, "
                                  f"held {held:.1f}s", evidence)
-        how = f"{fresh_by}, reset after the start seen" if b.start_requested_at is not None and needs else fresh_by
-        return Verdict(True, f"ready: {how}, {what}, held {held:.1f}s", evidence)
+        if started:
+            how = f"{fresh_by}, reset after the start seen (fast path)" if needs else fresh_by
+            return Verdict(True, f"ready: {how}, {what}", evidence)
+        return Verdict(True, f"ready: {fresh_by}, {what}, held {held:.1f}s", evidence)
 
     def next_check_in(self, now: float) -> float | None:
         """Seconds until the settle (or fallback) window could complete; None while waiting for a Node change."""

@@ -31,27 +31,34 @@ def reset(t, when, **kwargs):
     return v
 
 
-def test_stale_zero_real_sequence_is_ready_only_after_the_real_count_held():
-    t = tracker()
+def test_stale_zero_real_sequence_is_ready_at_the_real_count_after_the_zero():
+    """The fast path: the zero after the start was seen, so the real count needs no settle window."""
+    t = tracker(settle=5.0)
     timeline = [
         # (time, node): the status left over from before the stop, then the new boot
         (T0 + 0.0, gpu_node(1, ready="Unknown", boot_id="boot-1", heartbeat=STALE_HB, transition=STALE_HB)),
         (T0 + 3.0, gpu_node(1, boot_id="boot-2", heartbeat=T0 + 3, transition=T0 + 3)),   # stale "1"
         (T0 + 4.0, gpu_node(0, boot_id="boot-2", heartbeat=T0 + 3, transition=T0 + 3)),   # kubelet zeroes
-        (T0 + 6.0, gpu_node(1, boot_id="boot-2", heartbeat=T0 + 3, transition=T0 + 3)),   # device plugin
     ]
     for when, n in timeline:
         v = t.observe(n, when)
         assert not v.ready, (when - T0, v.reason)
-    assert t.next_check_in(T0 + 6.0) == pytest.approx(5.0)
-    for when in (T0 + 7.0, T0 + 9.0, T0 + 10.9):
-        v = t.observe(timeline[-1][1], when)
-        assert not v.ready and v.reason.startswith("settling")
-    v = t.observe(timeline[-1][1], T0 + 11.0)
+    assert t.next_check_in(T0 + 4.0) is None          # nothing to time: waiting for the device plugin
+    v = t.observe(gpu_node(1, boot_id="boot-2", heartbeat=T0 + 3, transition=T0 + 3), T0 + 6.0)   # device plugin
     assert v.ready, v.reason
+    assert "fast path" in v.reason and v.evidence["path"] == "reset seen"
     assert v.evidence["boot_id_changed"] and v.evidence["gpus_allocatable"] == 1
-    assert v.evidence["held_seconds"] == pytest.approx(5.0)
-    assert t.next_check_in(T0 + 11.0) == 0.0
+    assert v.evidence["held_seconds"] == 0.0 and v.evidence["settle_seconds"] == 0.0
+
+
+def test_stale_count_held_far_longer_than_the_settle_window_is_still_not_ready():
+    """Holding is no evidence on the fast path: the stale value may last any time before the reset."""
+    t = tracker(settle=5.0)
+    stale = gpu_node(1, boot_id="boot-2", heartbeat=T0 + 3, transition=T0 + 3)
+    for when in (T0 + 3, T0 + 8.1, T0 + 30):
+        v = t.observe(stale, when)
+        assert not v.ready and v.evidence["path"] == "waiting for the reset", v.reason
+        assert t.next_check_in(when) is None
 
 
 def test_the_stale_first_value_never_counts_when_settle_is_longer_than_it_lasts():
@@ -110,32 +117,39 @@ def test_more_gpus_needed_than_registered():
     assert not v.ready and "is 1, 2 needed" in v.reason
 
 
-def test_not_ready_or_cordoned_breaks_the_hold():
+def test_not_ready_or_cordoned_blocks_the_fast_path():
     t = tracker(settle=5)
     reset(t, T0 + 1)
-    good = gpu_node(1, heartbeat=T0 + 2, transition=T0 + 2)
-    t.observe(good, T0 + 2)
     v = t.observe(gpu_node(1, ready="False", heartbeat=T0 + 3, transition=T0 + 3), T0 + 4)
     assert not v.ready and "NodeReady is False" in v.reason
-    t.observe(good, T0 + 5)
     v = t.observe(gpu_node(1, heartbeat=T0 + 2, transition=T0 + 2, unschedulable=True), T0 + 8)
     assert not v.ready and "cordoned" in v.reason
-    t.observe(good, T0 + 9)
-    assert not t.observe(good, T0 + 13).ready       # the clock restarted at T0 + 9
-    assert t.observe(good, T0 + 14).ready
+    assert t.observe(gpu_node(1, heartbeat=T0 + 9, transition=T0 + 9), T0 + 9).ready
 
 
-def test_a_new_boot_during_the_hold_needs_its_own_reset_and_restarts_the_clock():
+def test_the_settle_window_still_applies_to_a_node_this_run_did_not_start():
+    t = tracker(started=None, boot_before=None, settle=5)
+    good = gpu_node(1, boot_id="boot-1", heartbeat=T0 + 2, transition=T0 + 2)
+    t.observe(good, T0 + 2)
+    v = t.observe(gpu_node(1, ready="False", boot_id="boot-1", heartbeat=T0 + 3, transition=T0 + 3), T0 + 4)
+    assert not v.ready and "NodeReady is False" in v.reason
+    t.observe(good, T0 + 5)
+    v = t.observe(good, T0 + 9.9)
+    assert not v.ready and v.reason.startswith("settling")       # the clock restarted at T0 + 5
+    assert t.observe(good, T0 + 10).ready
+
+
+def test_a_new_boot_during_the_wait_needs_its_own_reset():
     t = tracker(settle=5)
     reset(t, T0 + 1)
-    t.observe(gpu_node(1, boot_id="boot-2", heartbeat=T0 + 2, transition=T0 + 2), T0 + 2)
+    v = t.observe(gpu_node(0, boot_id="boot-2", heartbeat=T0 + 2, transition=T0 + 2), T0 + 2)
+    assert not v.ready
     v = t.observe(gpu_node(1, boot_id="boot-3", heartbeat=T0 + 6, transition=T0 + 6), T0 + 6)
     assert not v.ready and "has not reset" in v.reason
     assert not t.observe(gpu_node(1, boot_id="boot-3", heartbeat=T0 + 6, transition=T0 + 6), T0 + 20).ready
     reset(t, T0 + 21, boot_id="boot-3")
-    t.observe(gpu_node(1, boot_id="boot-3", heartbeat=T0 + 22, transition=T0 + 22), T0 + 22)
-    assert not t.observe(gpu_node(1, boot_id="boot-3", heartbeat=T0 + 22, transition=T0 + 22), T0 + 26).ready
-    assert t.observe(gpu_node(1, boot_id="boot-3", heartbeat=T0 + 22, transition=T0 + 22), T0 + 27).ready
+    v = t.observe(gpu_node(1, boot_id="boot-3", heartbeat=T0 + 22, transition=T0 + 22), T0 + 22)
+    assert v.ready and v.evidence["boot_id"] == "boot-3"
 
 
 def test_missing_node_and_baseline_round_trip():
@@ -163,9 +177,7 @@ def test_a_reset_delayed_well_past_the_settle_window_never_lets_the_stale_count_
         assert not v.ready, (when - T0, v.reason)
         assert "has not reset nvidia.com/gpu" in v.reason and v.evidence["path"] == "waiting for the reset"
     reset(t, T0 + 301)
-    real = gpu_node(1, heartbeat=T0 + 3, transition=T0 + 3)
-    assert not t.observe(real, T0 + 302).ready
-    v = t.observe(real, T0 + 303)
+    v = t.observe(gpu_node(1, heartbeat=T0 + 3, transition=T0 + 3), T0 + 302)
     assert v.ready and "reset after the start seen" in v.reason and v.evidence["reset_seen"] == ["nvidia.com/gpu"]
 
 
@@ -274,3 +286,39 @@ def test_the_state_a_resumed_step_carries_round_trips_as_json():
     wait = CapacityWait(1_800_000_000.5, ["offering t in z: NoStock"])
     assert CapacityWait.from_json(json.loads(json.dumps(wait.to_json()))) == wait
     assert CapacityWait.from_json({"deadline": 5}).tried == []          # the place step's timer carries no list
+
+
+def test_several_extended_resources_each_need_their_own_zero_and_the_late_one_holds_readiness():
+    gpu_mem, rdma = "aliyun.com/gpu-mem", "rdma/hca"
+    t = tracker(gpus_needed=1, settle=5.0, extended={gpu_mem: 8, rdma: 1})
+
+    def state(gpus, mem, hca, when):
+        return gpu_node(gpus, heartbeat=when, transition=T0 + 3, extra={gpu_mem: str(mem), rdma: str(hca)})
+
+    steps = [(T0 + 3, state(1, 16, 1, T0 + 3), f"has not reset nvidia.com/gpu, {gpu_mem}, {rdma}"),  # all stale
+             (T0 + 4, state(0, 0, 0, T0 + 4), "allocatable nvidia.com/gpu is 0"),                      # kubelet resets
+             (T0 + 5, state(1, 0, 0, T0 + 5), f"allocatable {gpu_mem} is 0, 8 needed"),                # GPU plugin
+             (T0 + 6, state(1, 0, 1, T0 + 6), f"allocatable {gpu_mem} is 0, 8 needed"),                # RDMA plugin
+             (T0 + 40, state(1, 0, 1, T0 + 40), f"allocatable {gpu_mem} is 0, 8 needed")]              # gpu-mem late
+    for when, n, why in steps:
+        v = t.observe(n, when)
+        assert not v.ready and why in v.reason, (when - T0, v.reason)
+    v = t.observe(state(1, 4, 1, T0 + 41), T0 + 41)           # registered, but fewer than requested
+    assert not v.ready and f"allocatable {gpu_mem} is 4, 8 needed" in v.reason
+    v = t.observe(state(1, 16, 1, T0 + 42), T0 + 42)
+    assert v.ready and v.evidence["allocatable"] == {"nvidia.com/gpu": 1, gpu_mem: 16, rdma: 1}
+    assert v.evidence["reset_seen"] == sorted(["nvidia.com/gpu", gpu_mem, rdma])
+
+
+def test_one_resource_whose_zero_was_missed_sends_the_whole_node_to_the_fallback_window():
+    gpu_mem = "aliyun.com/gpu-mem"
+    t = tracker(gpus_needed=1, settle=1.0, fallback=30.0, extended={gpu_mem: 8})
+    t.observe(gpu_node(0, heartbeat=T0 + 3, transition=T0 + 3, extra={gpu_mem: "16"}), T0 + 3)   # GPU reset seen
+    t.lost_continuity("the watch expired (410 Gone) and the Node was re-listed")
+    n = gpu_node(1, heartbeat=T0 + 9, transition=T0 + 3, extra={gpu_mem: "16"})   # gpu-mem: stale or real?
+    v = t.observe(n, T0 + 9)
+    assert not v.ready and v.evidence["path"] == "fallback" and gpu_mem in v.evidence["warning"]
+    assert "nvidia.com/gpu" not in v.evidence["warning"]
+    assert not t.observe(n, T0 + 38.9).ready
+    v = t.observe(n, T0 + 39)
+    assert v.ready and "fallback" in v.reason
