@@ -39,6 +39,31 @@ def parse_quantity(value) -> Decimal:
     return base * Decimal(_SUFFIXES[suffix])
 
 
+def is_extended_resource(name: str) -> bool:
+    """Kubernetes' IsExtendedResourceName: domain-prefixed, outside kubernetes.io, not a quota name."""
+    domain, slash, _ = name.partition("/")
+    return bool(slash) and not (domain == "kubernetes.io" or domain.endswith(".kubernetes.io")) \
+        and not name.startswith("requests.")
+
+
+def extended_requests(pod: dict) -> dict[str, int]:
+    """The extended resources a pod needs, as the kubelet counts them: per resource the larger of
+    the containers' sum and the largest init container; limits imply requests."""
+    def one(c: dict) -> dict[str, int]:
+        res = c.get("resources") or {}
+        merged = {**(res.get("requests") or {}), **(res.get("limits") or {})}
+        return {k: int(parse_quantity(v)) for k, v in merged.items() if is_extended_resource(k)}
+    spec = pod.get("spec") or {}
+    main: dict[str, int] = {}
+    for c in spec.get("containers") or []:
+        for k, v in one(c).items():
+            main[k] = main.get(k, 0) + v
+    for c in spec.get("initContainers") or []:
+        for k, v in one(c).items():
+            main[k] = max(main.get(k, 0), v)
+    return {k: v for k, v in main.items() if v}
+
+
 def invalid(kind: str, name: str, causes: list[tuple[str, str, str]]):
     """Build the 422 Invalid ApiError: causes are (field, reason, message)."""
     from simcloud.store import ApiError   # store imports us; import late to avoid a cycle

@@ -60,6 +60,8 @@ class Faults:
     # extended resources after a boot, and before the device plugin then registers the real count.
     gpu_reset_delay_seconds: dict[str, float] = field(default_factory=dict)
     gpu_register_delay_seconds: dict[str, float] = field(default_factory=dict)
+    # Per extended resource name ("*": every one): extra seconds before its device plugin registers.
+    resource_register_delay_seconds: dict[str, float] = field(default_factory=dict)
     # Per node (name, instance id or "*"): the order a boot's writes come in. "stale-first" (default,
     # what the seed saw in the field): new bootID + Ready=True with the stale count, then 0, then the
     # real count. "kubelet": as a restarted kubelet writes them: the registration patch zeroing the

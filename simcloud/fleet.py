@@ -24,6 +24,7 @@ A fleet is YAML (or the same structure as a dict)::
         labels: {gpuboot.io/managed: "true"}     # extra Node labels
         taints: []                               # extra Node taints
         tags: {"gpuboot:managed": "true"}        # ECS tags
+        extended_resources: {rdma/hca: 1}        # more device plugins on this node (count per node)
         count: 1                       # optional: expands to name-0 .. name-(count-1)
 
 Every Node gets the labels ACK puts on its nodes (hostname, os, arch, instance type,
@@ -32,6 +33,12 @@ zone, region, the beta/failure-domain twins, and for GPU nodes
 "<region>.<instance-id>"`, capacity/allocatable (allocatable below capacity by a
 kube-reserved share), nodeInfo and addresses. Conditions and taints are the
 kubelet's business (simcloud.kubelet), not the fleet's.
+
+Device plugins (`NodeSpec.device_resources`, registered in this order after every boot):
+the NVIDIA plugin's `nvidia.com/gpu` on GPU types; on a node labelled for ACK's GPU sharing
+(`ack.node.gpu.schedule: share | cgpu | core_mem | mps`) the gpushare plugin's
+`aliyun.com/gpu-mem`, in GiB (whole GiB per GPU, as its default `--memory-unit=GiB`
+counts them) summed over the GPUs; then the node's `extended_resources`.
 
 `pods_per_node: N` creates, on every node that is Running at start, N placeholder
 pods (namespace `bench`, annotation `simcloud.io/placeholder: "true"`) that are
@@ -49,6 +56,7 @@ from pathlib import Path
 
 import yaml
 
+from simcloud.admission import is_extended_resource
 from simcloud.config import Faults, Timings
 from simcloud.ecs_model import Instance, InstanceType
 
@@ -70,7 +78,10 @@ _GPU_MODELS = {
 }
 _TYPE_KEYS = {"cpu", "memory_gib", "gpu", "gpu_spec", "family", "price_per_hour", "gpu_memory_mib"}
 _NODE_KEYS = {"name", "instance_type", "zone", "status", "stopped_mode", "instance_id",
-              "labels", "taints", "tags", "count"}
+              "labels", "taints", "tags", "count", "extended_resources"}
+GPU_SHARE_LABEL = "ack.node.gpu.schedule"
+GPU_SHARE_MODES = ("share", "cgpu", "core_mem", "mps")      # ACK's GPU-sharing values of that label
+GPU_MEM = "aliyun.com/gpu-mem"
 _TOP_KEYS = {"region", "credentials", "timings", "faults", "instance_types", "nodes", "pods_per_node"}
 
 
@@ -105,6 +116,16 @@ class NodeSpec:
     labels: dict[str, str] = field(default_factory=dict)
     taints: list[dict] = field(default_factory=list)
     tags: dict[str, str] = field(default_factory=dict)
+    extended_resources: dict[str, int] = field(default_factory=dict)
+
+    def device_resources(self) -> dict[str, int]:
+        """resource -> count this node's device plugins register, in their registration order."""
+        t = self.instance_type
+        out = {"nvidia.com/gpu": t.gpu} if t.gpu else {}
+        if t.gpu and self.labels.get(GPU_SHARE_LABEL) in GPU_SHARE_MODES:
+            out[GPU_MEM] = t.gpu * (t.gpu_mem_mib // 1024)
+        out.update(self.extended_resources)
+        return out
 
 
 @dataclass
@@ -260,6 +281,8 @@ def _parse_nodes(specs, types: dict[str, TypeSpec], region: str) -> list[NodeSpe
                 labels={str(k): str(v) for k, v in (spec.get("labels") or {}).items()},
                 taints=[dict(t) for t in taints],
                 tags={str(k): str(v) for k, v in (spec.get("tags") or {}).items()},
+                extended_resources=_extended_resources(spec.get("extended_resources") or {},
+                                                       f"{where}.extended_resources"),
             ))
     seen: set[str] = set()
     for node in nodes:
@@ -268,6 +291,20 @@ def _parse_nodes(specs, types: dict[str, TypeSpec], region: str) -> list[NodeSpe
                 raise FleetError(f"fleet nodes: duplicate node name or instance id {key!r}")
             seen.add(key)
     return nodes
+
+
+def _extended_resources(spec, where: str) -> dict[str, int]:
+    """A node's declared device-plugin resources: domain-prefixed names (not kubernetes.io), whole counts."""
+    if not isinstance(spec, dict):
+        raise FleetError(f"fleet {where}: expected a mapping of resource name: count, e.g. {{rdma/hca: 1}}")
+    out = {}
+    for name, count in spec.items():
+        if not is_extended_resource(str(name)) or str(name) in ("nvidia.com/gpu", GPU_MEM):
+            raise FleetError(f"fleet {where}: {name!r} is not an extended resource a device plugin could "
+                             "register (use a domain-prefixed name outside kubernetes.io, e.g. rdma/hca; GPUs and "
+                             "gpu-mem come from the instance type and the GPU-sharing label)")
+        out[str(name)] = _nonneg_int(count, f"{where}.{name}")
+    return out
 
 
 def instance_id_for(region: str, name: str) -> str:
@@ -336,6 +373,8 @@ def node_labels(node: NodeSpec, region: str) -> dict[str, str]:
 def node_object(node: NodeSpec, region: str, boot_id: str) -> dict:
     """The Node as registered by its kubelet; conditions and taints are added by simcloud.kubelet."""
     cap, alloc = capacity(node.instance_type)
+    for resource, count in node.device_resources().items():     # as last registered before the stop
+        cap[resource] = alloc[resource] = str(count)
     return {
         "apiVersion": "v1",
         "kind": "Node",

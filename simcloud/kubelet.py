@@ -12,15 +12,21 @@ instance through `EcsCloud.add_listener`:
   > 0 (the kubelet's graceful node shutdown) it first kills the pods and fails them
   (reason Terminated, "Pod was terminated in response to imminent node shutdown.").
 * Started, in the default "stale-first" order (what the seed saw in the field): after
-  `boot_seconds` Ready=True with a new bootID, GPU count still stale; after
-  `stale_seconds` nvidia.com/gpu is zeroed; after `device_plugin_seconds` the device plugin
-  registers the real count. Each step is one Store write, so a watcher sees stale -> 0 ->
-  real. In the "kubelet" order (fault `boot_order`, per node or "*"), as a restarted kubelet
+  `boot_seconds` Ready=True with a new bootID, the extended resources' counts still stale;
+  after `stale_seconds` every one of them is zeroed (one write, as the kubelet's
+  reconcileExtendedResource does); then each device plugin registers its real count, one
+  write each: nvidia.com/gpu `device_plugin_seconds` later, every further plugin (GPU
+  sharing's `aliyun.com/gpu-mem`, a declared RDMA device...) `device_plugin_seconds` after
+  the one before it (harsher than plugins that happen to start together: a rule that checks
+  only nvidia.com/gpu is caught). A watcher sees stale -> 0 -> real for each resource. In
+  the "kubelet" order (fault `boot_order`, per node or "*"), as a restarted kubelet
   writes it: the registration patch zeroing extended resources (old bootID), the new bootID
-  with Ready=False, Ready=True `stale_seconds` later, the real count `device_plugin_seconds`
-  after Ready (the plugin's pod needs a Ready node). Faults `gpu_reset_delay_seconds` and
-  `gpu_register_delay_seconds` (per node) push the zero and the real count later. Either way
-  the not-ready / unreachable taints are removed by the controller, after Ready=True.
+  with Ready=False, Ready=True `stale_seconds` later, the plugins' counts from
+  `device_plugin_seconds` after Ready (a plugin's pod needs a Ready node). Faults
+  `gpu_reset_delay_seconds` and `gpu_register_delay_seconds` (per node) push the zero and
+  every registration later; `resource_register_delay_seconds` (per resource name) delays one
+  plugin. Either way the not-ready / unreachable taints are removed by the controller, after
+  Ready=True. The resources each node's plugins serve are the fleet's (`NodeSpec.device_resources`).
   Back up, the kubelet finishes the deletions that waited for it and fails the pods it ran
   before the power went (their containers did not survive it).
 
@@ -35,9 +41,11 @@ Faults `never_ready` / `device_plugin_never` (instance id or node name) are read
 the step is due and re-checked at every Lease renewal, so clearing one lets the boot go on.
 
 Pods bound to a node run only while its kubelet is up. Admission follows the kubelet's
-device manager: a pod asking for more nvidia.com/gpu than the device plugin has
-registered and left free fails with UnexpectedAdmissionError, whatever the Node object
-says. Admitted pods' containers run through `simcloud.containers`; restartPolicy
+device manager: a pod asking for more of a device plugin's resource (nvidia.com/gpu,
+aliyun.com/gpu-mem, any declared one) than that plugin has registered and left free fails
+with UnexpectedAdmissionError, whatever the Node object says; an extended resource no plugin
+of the node serves is checked against the Node's allocatable, as the kubelet's predicate
+admission does (reason OutOf<resource>). Admitted pods' containers run through `simcloud.containers`; restartPolicy
 Always/OnFailure restart containers with a short doubling back-off (pod_start_seconds,
 capped at 10 s). Deleting a pod kills its processes (SIGTERM, SIGKILL after the grace
 period) and then removes it; a pod that never ran is removed at once, and one whose node
@@ -52,7 +60,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from simcloud.admission import parse_quantity
+from simcloud.admission import extended_requests, parse_quantity as parse_count
 from simcloud.config import Faults, Timings
 from simcloud.containers import EXIT_START_ERROR, CannotRun, Container, ContainerRunner, rfc3339
 from simcloud.ecs_model import EcsCloud, Instance
@@ -63,6 +71,7 @@ from simcloud.store import ApiError, Store
 log = logging.getLogger(__name__)
 
 GPU = "nvidia.com/gpu"
+GPU_MEM = "aliyun.com/gpu-mem"
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
 LEASE_SECONDS = 40          # the kubelet's nodeLeaseDurationSeconds; it renews every quarter of it
 _HEALTHY = (
@@ -74,22 +83,15 @@ _HEALTHY = (
 _TERMINAL = ("Succeeded", "Failed")
 
 
-def admission_message(requested: int, available: int) -> str:
-    """The kubelet device manager's words when the device plugin has too few devices."""
+def admission_message(requested: int, available: int, resource: str = GPU) -> str:
+    """The kubelet device manager's words when a device plugin has too few devices."""
     return ("Pod Update plugin resources failed due to requested number of devices unavailable for "
-            f"nvidia.com/gpu. Requested: {requested}, Available: {available}, which is unexpected.")
+            f"{resource}. Requested: {requested}, Available: {available}, which is unexpected.")
 
 
 def gpu_request(pod: dict) -> int:
     """nvidia.com/gpu the pod needs: max(sum of containers, largest init container); limits imply requests."""
-    def one(c: dict) -> int:
-        res = c.get("resources") or {}
-        value = (res.get("limits") or {}).get(GPU, (res.get("requests") or {}).get(GPU, 0))
-        return int(parse_quantity(value))
-    spec = pod.get("spec") or {}
-    main = sum(one(c) for c in spec.get("containers") or [])
-    init = max((one(c) for c in spec.get("initContainers") or []), default=0)
-    return max(main, init)
+    return extended_requests(pod).get(GPU, 0)
 
 
 @dataclass
@@ -99,6 +101,7 @@ class _Pod:
     name: str
     admitted: bool = False
     gpus: list[int] = field(default_factory=list)          # device indices held
+    held: dict[str, int] = field(default_factory=dict)     # other device plugin resources held
     pod_ip: str = ""
     start_time: str = ""
     statuses: dict[str, dict] = field(default_factory=dict)       # container name -> containerStatus
@@ -117,7 +120,7 @@ class _Node:
     boot_id: str = ""
     generation: int = 0            # bumped on every power change: pending boot steps of older ones lapse
     blocked: str | None = None     # "ready" / "plugin": a fault holds the boot at that step
-    registered: int = 0            # GPUs the device plugin has registered (the kubelet's own view)
+    registered: dict[str, int] = field(default_factory=dict)   # what the device plugins registered (its own view)
     pods: dict[str, _Pod] = field(default_factory=dict)   # uid -> pod known to this kubelet
     finished: set[str] = field(default_factory=set)       # uids this kubelet has completed or rejected
     next_ip: int = 2
@@ -132,9 +135,19 @@ class _Node:
     def gpus(self) -> int:
         return self.spec.instance_type.gpu
 
+    @property
+    def plugins(self) -> dict[str, int]:
+        """resource -> count, in the order the device plugins register after a boot."""
+        return self.spec.device_resources()
+
     def free_devices(self) -> list[int]:
         held = {i for p in self.pods.values() for i in p.gpus}
-        return [i for i in range(self.registered) if i not in held]
+        return [i for i in range(self.registered.get(GPU, 0)) if i not in held]
+
+    def free(self, resource: str) -> int:
+        if resource == GPU:
+            return len(self.free_devices())
+        return self.registered.get(resource, 0) - sum(p.held.get(resource, 0) for p in self.pods.values())
 
     def new_pod_ip(self) -> str:
         ip = f"10.{16 + self.index // 256}.{self.index % 256}.{self.next_ip}"
@@ -164,7 +177,7 @@ class Kubelets:
         now = rfc3339()
         node.boot_id = node_obj["status"]["nodeInfo"]["bootID"]
         if running:
-            node.up, node.registered = True, node.gpus
+            node.up, node.registered = True, dict(node.plugins)
             _set_ready(node_obj, now, node.boot_id)
         else:       # stopped long ago: as the node-lifecycle controller left it
             set_unknown(node_obj, now)
@@ -228,15 +241,15 @@ class Kubelets:
         if self._faulty("never_ready", node):
             node.blocked = "ready"
             return
-        node.blocked, node.registered = None, 0
+        node.blocked, node.registered = None, {}
         node.boot_id = new_boot_id(self.rng)
         if self._boot_order(node) == "kubelet":
             self._later(node, self._delay("gpu_reset_delay_seconds", node), self._register_node)
             return
         self._post_ready(node)
-        if node.gpus:
+        if node.plugins:
             self._later(node, self.timings.stale_seconds + self._delay("gpu_reset_delay_seconds", node),
-                        self._zero_gpus)
+                        self._zero_resources)
 
     def _boot_order(self, node: _Node) -> str:
         return self.faults.for_node("boot_order", "stale-first", node.name, node.spec.instance_id)
@@ -248,8 +261,8 @@ class Kubelets:
         """The "kubelet" order: the restarted kubelet's registration patch zeroes the extended
         resources (bootID and conditions still the old ones), then it posts the new bootID with
         Ready=False (runtime not checked yet) and, `stale_seconds` later, Ready=True."""
-        if node.gpus:
-            self._write_node(node, lambda obj: _set_gpus(obj, 0))
+        if node.plugins:
+            self._write_node(node, lambda obj: _set_counts(obj, dict.fromkeys(node.plugins, 0)))
         self._later(node, min(0.2, self.timings.stale_seconds / 2), self._post_not_ready)
 
     def _post_not_ready(self, node: _Node) -> None:
@@ -269,29 +282,37 @@ class Kubelets:
         self._event_node(node, "Rebooted", f"Node {node.name} has been rebooted, boot id: {node.boot_id}", "Warning")
         self._event_node(node, "NodeReady", f"Node {node.name} status is now: NodeReady")
         self._admit_waiting(node)
-        if node.gpus and self._boot_order(node) == "kubelet":    # the plugin's pod starts once the node is Ready
+        if node.plugins and self._boot_order(node) == "kubelet":    # the plugins' pods start once the node is Ready
             self._later_register(node)
 
-    def _zero_gpus(self, node: _Node) -> None:
-        self._post_status(node, lambda obj: _set_gpus(obj, 0))
+    def _zero_resources(self, node: _Node) -> None:
+        self._post_status(node, lambda obj: _set_counts(obj, dict.fromkeys(node.plugins, 0)))
         self._later_register(node)
 
     def _later_register(self, node: _Node) -> None:
-        self._later(node, self.timings.device_plugin_seconds + self._delay("gpu_register_delay_seconds", node),
-                    self._register_gpus)
+        """Each device plugin registers `device_plugin_seconds` after the one before it (the first
+        that long after now), plus the node's and the resource's delay faults."""
+        base = self._delay("gpu_register_delay_seconds", node)
+        for i, resource in enumerate(node.plugins):
+            extra = float(self.faults.for_node("resource_register_delay_seconds", 0.0, resource))
+            self._later(node, self.timings.device_plugin_seconds * (i + 1) + base + extra,
+                        lambda n, r=resource: self._register(n, r))
 
-    def _register_gpus(self, node: _Node) -> None:
+    def _register(self, node: _Node, resource: str) -> None:
         if self._faulty("device_plugin_never", node):
             node.blocked = "plugin"
             return
-        node.blocked, node.registered = None, node.gpus
-        self._post_status(node, lambda obj: _set_gpus(obj, node.gpus))
+        count = node.plugins[resource]
+        node.registered[resource] = count
+        if set(node.registered) >= set(node.plugins):
+            node.blocked = None
+        self._post_status(node, lambda obj: _set_counts(obj, {resource: count}))
 
     def _power_off(self, node: _Node) -> None:
         """The machine goes down: the kubelet stops writing; its containers die, unreported
         (unless graceful node shutdown is configured, which fails the pods first)."""
         node.generation += 1
-        node.up, node.blocked, node.registered = False, None, 0
+        node.up, node.blocked, node.registered = False, None, {}
         graceful = self.timings.shutdown_grace_seconds > 0
         for pod in list(node.pods.values()):
             if pod.admitted and not pod.closing:
@@ -332,7 +353,8 @@ class Kubelets:
                 if node.blocked == "ready" and not self._faulty("never_ready", node):
                     self._boot(node)
                 elif node.blocked == "plugin" and not self._faulty("device_plugin_never", node):
-                    self._register_gpus(node)
+                    for resource in [r for r in node.plugins if r not in node.registered]:
+                        self._register(node, resource)
                 if i % 200 == 199:
                     await asyncio.sleep(0)   # let API requests in between batches
 
@@ -393,18 +415,39 @@ class Kubelets:
                 continue
             self._admit(node, pod, fresh)
 
+    def _refusal(self, node: _Node, wanted: dict[str, int]) -> tuple[str, str] | None:
+        """(reason, message) when the kubelet refuses the pod: the device manager first, for each
+        plugin resource in turn, then the predicate check of the other extended resources."""
+        for resource in sorted(wanted, key=lambda r: (r != GPU, r)):
+            if resource in node.plugins and wanted[resource] > node.free(resource):
+                return "UnexpectedAdmissionError", admission_message(wanted[resource], node.free(resource), resource)
+        others = [r for r in sorted(wanted) if r not in node.plugins]
+        if others:
+            try:
+                allocatable = self.store.read("nodes", None, node.name)["status"].get("allocatable") or {}
+            except ApiError:
+                allocatable = {}
+            for resource in others:
+                capacity = int(parse_count(allocatable.get(resource, 0)))
+                used = sum(p.held.get(resource, 0) for p in node.pods.values())
+                if wanted[resource] > capacity - used:
+                    return (f"OutOf{resource}", f"Pod was rejected: Node didn't have enough resource: {resource}, "
+                                                f"requested: {wanted[resource]}, used: {used}, capacity: {capacity}")
+        return None
+
     def _admit(self, node: _Node, p: _Pod, pod: dict) -> None:
-        wanted = gpu_request(pod)
-        free = node.free_devices()
-        if wanted > len(free):
+        wanted = extended_requests(pod)
+        refused = self._refusal(node, wanted)
+        if refused:
+            reason, message = refused
             node.pods.pop(p.uid, None)
             node.finished.add(p.uid)
-            message = admission_message(wanted, len(free))
             self._write_pod(p, lambda obj: obj["status"].update(
-                phase="Failed", reason="UnexpectedAdmissionError", message=message, startTime=rfc3339()))
-            self._event_pod(pod, "UnexpectedAdmissionError", message, "Warning")
+                phase="Failed", reason=reason, message=message, startTime=rfc3339()))
+            self._event_pod(pod, reason, message, "Warning")
             return
-        p.admitted, p.gpus = True, free[:wanted]
+        p.admitted, p.gpus = True, node.free_devices()[:wanted.get(GPU, 0)]
+        p.held = {r: n for r, n in wanted.items() if r != GPU}
         p.pod_ip, p.start_time = node.new_pod_ip(), rfc3339()
         p.task = self._spawn(self._run_pod(node, p, pod))
 
@@ -463,6 +506,8 @@ class Kubelets:
         image = c.get("image", "")
         self._event_pod(pod, "Pulled", f'Container image "{image}" already present on machine')
         extra = {"NVIDIA_VISIBLE_DEVICES": ",".join(map(str, p.gpus))} if p.gpus else {}
+        if p.held.get(GPU_MEM):      # what ACK's GPU sharing tells a container about its share
+            extra["ALIYUN_COM_GPU_MEM_CONTAINER"] = str(p.held[GPU_MEM])
         try:
             ctr = await self.runner.start(pod, c, extra)
         except CannotRun as exc:
@@ -601,7 +646,8 @@ class Kubelets:
     def state(self) -> list[dict]:
         """Per node: what its kubelet believes (for /_simcloud/state)."""
         return [{"name": n.name, "instance_id": n.spec.instance_id, "kubelet_up": n.up, "blocked": n.blocked,
-                 "boot_id": n.boot_id, "gpus": n.gpus, "registered_gpus": n.registered,
+                 "boot_id": n.boot_id, "gpus": n.gpus, "registered_gpus": n.registered.get(GPU, 0),
+                 "registered": dict(n.registered),
                  "pods": sum(1 for p in n.pods.values() if p.admitted)} for n in self._nodes.values()]
 
 
@@ -634,8 +680,9 @@ def _set_conditions(obj: dict, now: str, boot_id: str, conditions) -> None:
                              "reason": r, "message": m} for t, s, r, m in conditions]
 
 
-def _set_gpus(obj: dict, count: int) -> None:
-    obj["status"]["capacity"][GPU] = obj["status"]["allocatable"][GPU] = str(count)
+def _set_counts(obj: dict, counts: dict[str, int]) -> None:
+    for resource, count in counts.items():
+        obj["status"]["capacity"][resource] = obj["status"]["allocatable"][resource] = str(count)
 
 
 def _beat(obj: dict, now: str) -> None:
