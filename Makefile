@@ -83,6 +83,13 @@ sweep: install
 bench: install
 	$(PY) -m bench $(BENCH_ARGS)
 
+# GPUs registered -> pod Running on the distributed stack (bench/distributed.py; PostgreSQL, Redis, CeleryExecutor,
+# triggerer): 5 one-boot runs with the breakdown, JSON in results/bench/distributed.json (~5 min). Needs the
+# servers `make test-distributed` installs. BENCH_ARGS="--runs 10" for more runs.
+.PHONY: bench-distributed
+bench-distributed: install
+	$(PY) -m bench --parts distributed $(BENCH_ARGS)
+
 # The distributed run (tests/gpuboot/distributed): PostgreSQL, Redis and Airflow on CeleryExecutor as separate
 # processes (api-server, scheduler, dag-processor, triggerer, Celery worker); gpu_job triggered through
 # the REST API. Installs the two servers from Debian when missing (needs root); kept out of `make test`.

@@ -1,4 +1,7 @@
-"""python -m bench [--quick] [--parts placement,readiness,overhead,burst] [--out results/bench]"""
+"""python -m bench [--quick] [--parts placement,readiness,overhead,burst|distributed] [--out results/bench]
+
+`distributed` (GPUs registered -> pod Running on the CeleryExecutor stack) takes minutes and needs
+PostgreSQL and Redis: not in the default parts (`make bench-distributed`)."""
 from __future__ import annotations
 
 import os
@@ -30,6 +33,7 @@ from bench import report  # noqa: E402
 from bench.common import output_to  # noqa: E402
 
 PARTS = ("placement", "readiness", "overhead", "burst")
+SLOW_PARTS = ("distributed",)     # only when asked for by name
 
 
 def machine() -> dict:
@@ -46,6 +50,9 @@ def run_part(part: str, workdir: Path, args) -> dict:
     if part == "readiness":
         from bench import readiness_lag
         return readiness_lag.run(workdir, quick=args.quick, boots=args.boots)
+    if part == "distributed":
+        from bench import distributed
+        return distributed.run(workdir, quick=args.quick, runs=args.runs, tuned=not args.untuned)
     if part == "burst":
         from bench import burst
         return burst.run(workdir, quick=args.quick, sizes=_ints(args.burst_fleets), bursts=_ints(args.burst_jobs))
@@ -60,15 +67,18 @@ def _ints(text: str | None) -> tuple[int, ...] | None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--quick", action="store_true", help="small sizes and few boots (a smoke run)")
-    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS + SLOW_PARTS)}")
+    p.add_argument("--runs", type=int, default=5, help="distributed: gpu_job runs, one boot each")
+    p.add_argument("--untuned", action="store_true", help="distributed: without the recommended Airflow settings")
     p.add_argument("--boots", type=int, default=50, help="emulated boots for the readiness lag")
     p.add_argument("--burst-fleets", help="burst: fleet sizes, comma-separated (default 100,1000; --quick 100)")
     p.add_argument("--burst-jobs", help="burst: jobs per burst, comma-separated (default 50,200; --quick 50)")
     p.add_argument("--out", default=str(REPO / "results" / "bench"), help="where the JSON goes")
     args = p.parse_args(argv)
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]
-    if unknown := [x for x in parts if x not in PARTS]:
-        print(f"error: --parts: unknown {', '.join(unknown)}; choose from {', '.join(PARTS)}", file=sys.stderr)
+    if unknown := [x for x in parts if x not in PARTS + SLOW_PARTS]:
+        print(f"error: --parts: unknown {', '.join(unknown)}; choose from {', '.join(PARTS + SLOW_PARTS)}",
+              file=sys.stderr)
         return 2
     out = Path(args.out)
     work = Path(tempfile.mkdtemp(prefix="gpuboot-bench-"))

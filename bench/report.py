@@ -62,7 +62,18 @@ def burst(result: dict) -> str:
             + format_table(rows, columns) + "\n")
 
 
+def distributed(result: dict) -> str:
+    rows = [{"step": step, **{k: v for k, v in s.items() if k in ("n", "median", "p95", "max")}}
+            for step, s in result["steps_s"].items()]
+    rows.append({"step": "GPUs registered -> pod Running",
+                 **{k: v for k, v in result["registered_to_running_s"].items() if k in ("n", "median", "p95", "max")}})
+    columns = [("step", "step"), ("n", "runs"), ("median", "median s"), ("p95", "p95 s"), ("max", "max s")]
+    return (f"== End to end on the distributed stack (CeleryExecutor, triggerer; stack up in {result['stack_up_s']} s)\n"
+            + format_table(rows, columns) + "\n" + "\n".join(result.get("notes", [])) + "\n")
+
+
 def render(part: str, result: dict) -> str:
     if "error" in result:
         return f"== {part}: FAILED: {result['error']}\n"
-    return {"placement": placement, "readiness": readiness, "overhead": overhead, "burst": burst}[part](result)
+    return {"placement": placement, "readiness": readiness, "overhead": overhead, "burst": burst,
+            "distributed": distributed}[part](result)
