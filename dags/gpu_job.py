@@ -27,7 +27,8 @@ Fill in the form and trigger. The job runs as four audited steps:
    not its free capacity right now waits (up to the queue timeout).
 2. **start**: powers on the chosen ECS instance, only if it is stopped.
 3. **wait_gpu_ready**: waits (deferred, in the triggerer) until the node is Ready
-   *after this boot* and its `nvidia.com/gpu` are registered, held for the settle window.
+   *after this boot* and its `nvidia.com/gpu` (and any other requested device) are registered
+   again after the kubelet reset them.
 4. **launch**: runs the pod pinned to that node; its log is in this task's log.
 
 The place task's log shows a table of every candidate node with its verdict.
