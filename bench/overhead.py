@@ -156,5 +156,5 @@ def run(workdir: Path, quick: bool = False, repeats: int = 3) -> dict:
             "notes": [f"medians of {repeats} runs each, alternating, same cloud and process (dag.test(), after one "
                       "unmeasured warm-up run); both include dag.test()'s own per-run DAG sync.",
                       "gpu_job task durations (median s): " + ", ".join(f"{k} {v:g}" for k, v in per_task.items()),
-                      f"the boot case includes the readiness settle window ({JOB['settle_seconds']} s), which the "
-                      "trigger waits out on its own timer (no need for the next kubelet heartbeat)."]}
+                      f"the boot case takes the readiness fast path: the trigger sees the kubelet's reset, so the "
+                      f"job's settle window ({JOB['settle_seconds']} s) is not held."]}
