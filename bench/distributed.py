@@ -75,13 +75,16 @@ class Watcher:
         from kubernetes import watch
 
         v1 = self.cloud.core_v1()
+        lister = v1.list_node if kind == "nodes" else v1.list_pod_for_all_namespaces
         while not self._stop.is_set():
-            lister = v1.list_node if kind == "nodes" else v1.list_pod_for_all_namespaces
-            for event in watch.Watch().stream(lister, timeout_seconds=5, _preload_content=False):
-                obj, now = event["raw_object"], time.time()
-                (self._node if kind == "nodes" else self._pod)(obj, now)
-                if self._stop.is_set():
-                    return
+            try:
+                for event in watch.Watch().stream(lister, timeout_seconds=5):
+                    obj, now = event["raw_object"], time.time()
+                    (self._node if kind == "nodes" else self._pod)(obj, now)
+                    if self._stop.is_set():
+                        return
+            except Exception:   # noqa: BLE001 - a loaded API server: watch again (a re-list replays states)
+                time.sleep(0.2)  # sleep-ok: back-off before re-watching
 
     def _node(self, node: dict, now: float) -> None:
         name = node["metadata"]["name"]
@@ -160,13 +163,13 @@ def run(workdir: Path, quick: bool = False, runs: int = 5, tuned: bool = True) -
                                     extra_env=extra_env)
             stack_up = time.monotonic() - began
             api = airflow.api
-            wait_until(lambda: procs.check_alive() or api.dag_loaded(DAG_ID), timeout=180, interval=1)
+            wait_until(lambda: procs.check_alive() or _patient(api.dag_loaded, DAG_ID), timeout=300, interval=1)
             with Watcher(cloud) as watcher:
                 for n in range(count):
                     before = set(watcher.pods)
                     run_id = api.trigger(DAG_ID, job(n))
                     state = wait_until(lambda: procs.check_alive() or (
-                        s if (s := api.run_state(DAG_ID, run_id)) in ("success", "failed") else None),
+                        s if (s := _patient(api.run_state, DAG_ID, run_id)) in ("success", "failed") else None),
                         timeout=300, interval=0.5)
                     if state != "success":
                         raise RuntimeError(f"run {run_id} ended {state}")
@@ -187,6 +190,16 @@ def run(workdir: Path, quick: bool = False, runs: int = 5, tuned: bool = True) -
         "notes": ["registered and pod stamps: watches in the bench process; the others: the Airflow logs' "
                   "timestamps (triggerer and worker on the same machine)."],
     }
+
+
+def _patient(call, *args):
+    """`call(*args)`, or None when the api-server did not answer in time (a loaded machine): ask again later."""
+    import httpx
+
+    try:
+        return call(*args)
+    except httpx.TransportError:
+        return None
 
 
 def _stop_node(cloud, node: str) -> None:

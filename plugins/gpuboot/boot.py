@@ -169,13 +169,15 @@ class JobBoot:
         """Start the plan's stopped instances; on a capacity error re-place and start the new plan."""
         tried = list(tried)
         while True:
-            # Read before the start request: the readiness watch resumes from these versions.
-            before = {n: self.kube.get_node(n) for n in sorted({a.node for a in plan.assignments})}
+            # Read before the start request: the readiness watch resumes from these (collection) versions.
+            reads = {n: self.kube.node_to_watch(n) for n in sorted({a.node for a in plan.assignments})}
+            before = {n: node for n, (node, _) in reads.items()}
+            versions = {n: version for n, (_, version) in reads.items()}
             requested_at = self.clock()
             to_start = {n: i for n, i in self._to_start(plan).items() if i}
             if to_start:     # write-ahead: a worker killed after StartInstances still left the record
                 self.ledger.record_starts(self.job_id, [StartedNode(n, i, requested_at, _boot_id(before.get(n)),
-                                                                    _resource_version(before.get(n)))
+                                                                    versions.get(n))
                                                         for n, i in sorted(to_start.items())],
                                           requested_at + self._ttl())
             outcomes = self.power_on(list(to_start.values()))
@@ -184,7 +186,7 @@ class JobBoot:
             if hard:
                 raise BootError("; ".join(f"instance {iid} failed to start: {err}" for iid, err in hard.items()))
             if not failed:
-                boots = self.baselines(plan, outcomes, before, requested_at)
+                boots = self.baselines(plan, outcomes, before, requested_at, versions)
                 started = sorted(i for i, o in outcomes.items() if o.outcome == "done")
                 return BringUp(slim(plan), boots, started, tried)
             marks = self._offering_marks(plan, {iid: o.error for iid, o in failed.items()})
@@ -205,7 +207,7 @@ class JobBoot:
         return outcomes
 
     def baselines(self, plan: Plan, outcomes: Mapping[str, InstanceOutcome], before: Mapping[str, dict],
-                  requested_at: float) -> list[dict]:
+                  requested_at: float, versions: Mapping[str, str] | None = None) -> list[dict]:
         """Per planned node: when its start was asked for (None: not started by this job), its
         bootID before, the GPUs placed there, and the Node's resourceVersion when it was read
         before this very start request (only then does a watch from it see the whole boot). A
@@ -230,7 +232,7 @@ class JobBoot:
             read = before.get(node) or {}
             started_now = node in to_start and outcomes[iid].outcome == "done"
             boot_id_before = _boot_id(read)
-            version = _resource_version(read) if started_now else None
+            version = (versions or {}).get(node) if started_now else None
             mine = record.started_on(node) if record else None
             if mine:    # this job started it (this try or an earlier one): its first start is the baseline
                 since, boot_id_before, version = mine.at, mine.boot_id_before, mine.resource_version_before
@@ -339,10 +341,6 @@ class JobBoot:
     def _to_start(plan: Plan) -> dict[str, str | None]:
         by_node = _by_node(plan)
         return {n: by_node[n][0].instance_id for n in plan.nodes_to_start}
-
-
-def _resource_version(node: Mapping | None) -> str | None:
-    return ((node or {}).get("metadata") or {}).get("resourceVersion")
 
 
 def _boot_id(node: Mapping | None) -> str | None:

@@ -72,6 +72,17 @@ class KubeClient:
     def get_node(self, name: str) -> dict:
         return _raw(self.core.read_node(name, _preload_content=False))
 
+    def node_to_watch(self, name: str) -> tuple[dict, str]:
+        """One Node and the resourceVersion to watch it from: the collection's at the read (a list
+        of that one Node). A watch from it replays every write after the read; the Node's own
+        resourceVersion is that of its last write, which on a node stopped for longer than the
+        API server keeps history (etcd compaction, 5 min) is 410 Gone at once."""
+        listing = _raw(self.core.list_node(field_selector=f"metadata.name={name}", _preload_content=False))
+        items = listing.get("items") or []
+        if not items:
+            raise LookupError(f"node {name} not found")
+        return items[0], listing["metadata"]["resourceVersion"]
+
     def node_writes_since(self, name: str, resource_version: str, timeout_seconds: int = 1) -> list[dict]:
         """Every state of one Node written after `resource_version`, oldest first (a short watch
         replays them); raises Gone when the version is too old to resume from."""

@@ -74,8 +74,9 @@ class ClusterReads(Protocol):
         """Non-terminated pods in every namespace (what still holds node resources)."""
         ...
 
-    def get_node(self, name: str) -> dict:
-        """One Node, with its metadata.resourceVersion (a readiness watch resumes from it)."""
+    def node_to_watch(self, name: str) -> tuple[dict, str]:
+        """One Node and the resourceVersion a readiness watch resumes from: the collection's at the
+        read, never the Node's own (that of its last write, long compacted on a stopped node)."""
         ...
 
 

@@ -108,6 +108,11 @@ class FakeCluster:
             raise LookupError(f"404 node {name} not found")
         return copy.deepcopy(self.nodes[name])
 
+    def node_to_watch(self, name: str) -> tuple[dict, str]:
+        node = self.get_node(name)
+        self._list_versions = getattr(self, "_list_versions", 0) + 1    # a collection version, newer each read
+        return node, f"list-{self._list_versions}"
+
     # -- ConfigMapStore --------------------------------------------------------------------
     def read_configmap(self, namespace: str, name: str) -> dict | None:
         with self._lock:

@@ -81,16 +81,18 @@ async def boot_and_wait(trigger_cls, timeout: float = 30, settle: float = SETTLE
     NODE = node     # noqa: N806 - the one node this boot is about
     needs = dict(needs or {"nvidia.com/gpu": 1})
     kube, watcher = KubeClient(), AsyncKubeClient()
-    before = kube.get_node(NODE)
+    before, version_before = kube.node_to_watch(NODE)     # as the start step reads it
     timeline: list[tuple[float, bool, str | None, str]] = []
+    recorded = [0]      # the newest resourceVersion the recorder has seen
 
     async def record():
-        version = before["metadata"]["resourceVersion"]
+        version = version_before
         while True:
             try:
                 async with contextlib.aclosing(watcher.watch_node(NODE, version, 5)) as events:
                     async for _, node in events:
                         version = node["metadata"]["resourceVersion"]
+                        recorded[0] = int(version)
                         timeline.append((time.time(), is_ready(node), gpus(node, resource),
                                          node["status"]["nodeInfo"]["bootID"]))
             except Gone:     # the test compacted the history: re-list (the recorder may miss writes then)
@@ -104,11 +106,16 @@ async def boot_and_wait(trigger_cls, timeout: float = 30, settle: float = SETTLE
     trigger = trigger_cls(baseline={"node": NODE, "start_requested_at": started,
                                     "boot_id_before": before["status"]["nodeInfo"]["bootID"],
                                     "gpus_needed": needs.pop("nvidia.com/gpu", 0), "extended_needed": needs,
-                                    "resource_version_before": before["metadata"]["resourceVersion"]},
+                                    "resource_version_before": version_before},
                           deadline=started + timeout, settle_seconds=settle)
     side = asyncio.create_task(asyncio.to_thread(during_boot, timeline)) if during_boot else None
     event = await trigger.run().__anext__()
     fired = time.time()
+    # the fast path fires at the registering write itself: let the recorder's own watch reach it too
+    seen_by_trigger = int((await watcher.get_node(NODE))["metadata"]["resourceVersion"])
+    deadline = time.monotonic() + 15
+    while recorded[0] < seen_by_trigger and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     recorder.cancel()
     await asyncio.gather(recorder, return_exceptions=True)
     if side is not None:
@@ -132,6 +139,29 @@ def test_trigger_waits_through_stale_and_zero_and_fires_on_the_fast_path(cloud):
     phase, reason = wait_until(lambda: pod_phase(kube, "after-strong")[0] in ("Succeeded", "Failed")
                                and pod_phase(kube, "after-strong"), timeout=20)
     assert (phase, reason) == ("Succeeded", None)
+
+
+def test_a_node_stopped_longer_than_the_watch_history_is_still_watched_through_its_reset(tmp_path, monkeypatch):
+    """The Node's own resourceVersion (its last write, long ago on a stopped node) is compacted: a
+    watch from it is 410 Gone, and the zero would go unseen (the fallback window). The start step
+    takes the collection's version at its read instead, so the watch sees the whole boot."""
+    short = {**FLEET, "timings": {**FLEET["timings"], "watch_history_seconds": 2}}
+    with SimCloud.start(short, tmp_path / "simcloud") as sim:
+        expose_connections(sim.connections_file, monkeypatch)
+        kube = KubeClient()
+
+        def own_version_compacted() -> bool:
+            try:
+                kube.node_writes_since(NODE, kube.get_node(NODE)["metadata"]["resourceVersion"])
+            except Gone:
+                return True
+            return False
+        wait_until(own_version_compacted, timeout=30)
+        payload, fired, timeline, started = asyncio.run(boot_and_wait(NodeGpuReadyTrigger))
+    assert payload["status"] == "ready", payload
+    evidence = payload["evidence"]
+    assert (evidence["path"], evidence["continuous"]) == ("reset seen", True), evidence
+    assert fired >= stale_then_real(timeline, started)
 
 
 def test_trigger_fires_when_the_fallback_window_ends_not_at_a_later_node_change(tmp_path, monkeypatch):

@@ -98,9 +98,9 @@ def test_the_check_catches_drift():
         def stop_instances(self, instance_ids: list[str], stopped_mode: str = "KeepCharging") -> dict: ...
 
     assert mismatches(ClusterReads, Drifted) == [
-        "Drifted.get_node: missing",
         "Drifted.list_active_pods: returns list, not list[dict]",
         "Drifted.list_nodes: extra parameter 'label_selector' has no default",
+        "Drifted.node_to_watch: missing",
     ]
     found = mismatches(Ecs, Drifted)
     assert "Drifted.describe_instances: no parameter 'instance_ids'" in found
