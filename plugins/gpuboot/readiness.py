@@ -21,9 +21,10 @@ Why the count can be trusted, and when (the facts are in the README, with source
   reconnecting watch) can delay readiness but never fake it. Each resource needs its own
   zero: device plugins register one by one (GPU, `aliyun.com/gpu-mem`, RDMA...).
 * The zero is seen only if every write to the Node since before the start is seen.
-  The trigger watches from the Node's resourceVersion read just before the start
-  request (`BootBaseline.resource_version_before`), so the API server replays every
-  write since; the tracker is then `continuous` and, until it sees the zero, it waits
+  The trigger watches from the resourceVersion of a read of the Node just before the
+  start request (`BootBaseline.resource_version_before`: the collection's, which is
+  watchable, not the Node's own, long compacted on a stopped node), so the API server
+  replays every write since; the tracker is then `continuous` and, until it sees the zero, it waits
   (the count it shows is the one from before the stop) however long that takes, up to
   the boot timeout. A zero read without that continuity (a poll, a re-list) counts just
   the same: it was the Node's state after the start.
