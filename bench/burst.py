@@ -2,8 +2,9 @@
 
 What a burst of `gpu_job` runs does to the place step, without Airflow's scheduling noise:
 the parent imports everything (as a Celery prefork worker does), forks one process per job,
-and releases them all at once; each runs the product's `gpuboot.booking.Booker.book` for a
-1-GPU job (each with its own job id) through the real hooks against simcloud. A transaction
+and releases them all at once; each runs the place step's transaction (`gpuboot.batching.book_first`,
+a first placement through a batch) for a 1-GPU job (each with its own job id) through the real
+hooks against simcloud. A transaction
 that gives up for contention (`LedgerContended`) is what makes the place step defer: the
 process then waits a short, jittered while, as the deferral would, and books again, until the
 job's queue timeout; a job that never commits by then is failed. The fleet is the placement
@@ -59,6 +60,7 @@ def _place(n: int, go, ready, results) -> None:
 
 
 def _book(n: int, go, ready, results) -> None:
+    import gpuboot.batching as batching
     import gpuboot.booking as booking
     from gpuboot.ecs import EcsError, EcsHook
     from gpuboot.jobspec import JobSpec
@@ -72,11 +74,11 @@ def _book(n: int, go, ready, results) -> None:
         reads[0] += 1
         return real_survey(*args, **kwargs)
 
-    booking.survey = counted_survey
+    booking.survey = batching.survey = counted_survey
 
     class Counting(logging.Handler):
         def emit(self, record):
-            if "re-plac" in record.getMessage() or "conflict" in record.getMessage():
+            if "re-plac" in record.getMessage() or "conflict" in record.getMessage() or "batch kept" in record.getMessage():
                 conflicts[0] += 1
 
     log = logging.getLogger(f"burst.{n}")
@@ -95,7 +97,7 @@ def _book(n: int, go, ready, results) -> None:
     outcome, error, deferrals = None, None, 0
     while True:
         try:
-            outcome = booker.book(spec, f"burst-{n:03d}").plan.outcome.value
+            outcome = batching.book_first(booker, spec, f"burst-{n:03d}").plan.outcome.value
             break
         except (booking.LedgerContended, LedgerConflict, EcsError) as exc:
             if isinstance(exc, EcsError) and exc.kind != "transient":

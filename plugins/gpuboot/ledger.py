@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import random
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
@@ -57,6 +58,7 @@ UNAVAILABLE_KEY = "unavailable.json"
 JOBS_KEY = "jobs.json"
 TOMBSTONES_KEY = "tombstones.json"
 META_KEY = "meta.json"
+BATCH_KEY = "batch.json"
 TOMBSTONE_SECONDS = 120         # longer than any survey a placer re-places against (booking.SURVEY_MAX_AGE_SECONDS)
 MAX_LEDGER_BYTES = 1_000_000    # the API server refuses a ConfigMap over 1 MiB (data + metadata)
 
@@ -172,6 +174,77 @@ class JobRecord:
 
 
 @dataclass(frozen=True)
+class Queued:
+    """A first placement waiting for a batch (gpuboot.batching): the job's placement request only
+    (resources and constraints, never its command or env), its reservation TTL, and `ticket`, which
+    names this wait so a decision is matched to the wait that asked for it."""
+
+    job_id: str
+    ticket: str
+    request: dict
+    ttl: float
+    expires_at: float
+
+    def to_json(self) -> dict:
+        return {"job_id": self.job_id, "ticket": self.ticket, "request": self.request, "ttl": self.ttl,
+                "expires_at": self.expires_at}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Queued":
+        return cls(d["job_id"], d["ticket"], d["request"], float(d["ttl"]), float(d["expires_at"]))
+
+
+@dataclass(frozen=True)
+class Decided:
+    """A batch's answer to one `Queued` wait: the plan (JSON; the job's reservations, when it fits,
+    went into the same write) and who decided it."""
+
+    job_id: str
+    ticket: str
+    plan: dict
+    by: str
+    expires_at: float
+
+    def to_json(self) -> dict:
+        return {"job_id": self.job_id, "ticket": self.ticket, "plan": self.plan, "by": self.by,
+                "expires_at": self.expires_at}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Decided":
+        return cls(d["job_id"], d["ticket"], d["plan"], d["by"], float(d["expires_at"]))
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The group-commit state in the ledger (key `batch.json`): answers not yet read and the lease
+    of the one placer surveying the cluster for every queued request (the queue itself is sharded
+    over its own ConfigMaps, `RequestQueue`, so that a burst queueing does not contend here)."""
+
+    decided: tuple[Decided, ...] = ()
+    leader: str | None = None
+    lease_until: float = 0.0
+
+    def live(self, now: float) -> "Batch":
+        """Without what expired (compaction)."""
+        leader = self.led_by(now)
+        return Batch(tuple(d for d in self.decided if d.expires_at > now), leader, self.lease_until if leader else 0.0)
+
+    def led_by(self, now: float) -> str | None:
+        return self.leader if self.lease_until > now else None
+
+    def answer(self, ticket: str) -> Decided | None:
+        return next((d for d in self.decided if d.ticket == ticket), None)
+
+    def to_json(self) -> dict:
+        return {"decided": [d.to_json() for d in self.decided], "leader": self.leader, "lease_until": self.lease_until}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Batch":
+        return cls(tuple(Decided.from_json(x) for x in d.get("decided", ())), d.get("leader"),
+                   float(d.get("lease_until") or 0.0))
+
+
+@dataclass(frozen=True)
 class LedgerState:
     """Everything in the ledger (expired entries included) and the version it was read at."""
 
@@ -182,6 +255,7 @@ class LedgerState:
     seq: int = 0               # writes so far (the ledger's own counter)
     tombstones: tuple[Tombstone, ...] = field(default=())
     tombstones_from: int = 0   # every tombstone with seq > this is still here (older ones may be pruned)
+    batch: Batch = field(default=Batch())
 
     def record(self, job_id: str, now: float) -> JobRecord | None:
         """The job's live record (None: it has none, or it expired with the crashed run)."""
@@ -224,7 +298,8 @@ class ReservationLedger:
                            tuple(JobRecord.from_json(d) for d in json.loads(data.get(JOBS_KEY) or "[]")),
                            int(meta.get("seq", 0)),
                            tuple(Tombstone.from_json(d) for d in json.loads(data.get(TOMBSTONES_KEY) or "[]")),
-                           int(meta.get("tombstones_from", 0)))
+                           int(meta.get("tombstones_from", 0)),
+                           Batch.from_json(json.loads(data.get(BATCH_KEY) or "{}")))
 
     def read(self) -> tuple[list[Reservation], str | None]:
         """All reservations (expired ones included) and the version they were read at (None: no ledger yet)."""
@@ -257,18 +332,18 @@ class ReservationLedger:
         self._write([r for r in state.reservations if r.job_id != job_id] + new,
                     _merge(_without(state.unavailable, drop_unavailable), unavailable), state, jobs)
 
-    def update(self, change: Callable[[LedgerState], tuple[list[Reservation], list[Unavailable],
-                                                            list[JobRecord]] | None],
+    def update(self, change: Callable[[LedgerState], tuple | None],
                what: str, attempts: int = 20) -> LedgerState | None:
-        """Read-modify-write through conflicts: `change(state)` returns the new entries (or None:
-        nothing to write). Returns the state the write was guarded by (None: nothing written)."""
+        """Read-modify-write through conflicts: `change(state)` returns the new entries, as
+        (reservations, unavailable, records) or with the batch state fourth (or None: nothing to
+        write). Returns the state the write was guarded by (None: nothing written)."""
         for attempt in _retries(attempts):
             state = self.snapshot()
             new = change(state)
             if new is None:
                 return None
             try:
-                self._write(new[0], new[1], state, new[2])
+                self._write(new[0], new[1], state, new[2], batch=new[3] if len(new) > 3 else None)
                 return state
             except LedgerConflict:
                 time.sleep(backoff(attempt))
@@ -340,17 +415,21 @@ class ReservationLedger:
         raise LedgerConflict(f"could not release job {job_id}: every write conflicted for {WRITE_CONTENDED_SECONDS} s")
 
     def _write(self, entries: list[Reservation], unavailable: Iterable[Unavailable], prev: LedgerState,
-               jobs: Iterable[JobRecord]) -> None:
+               jobs: Iterable[JobRecord], batch: Batch | None = None) -> None:
         """Write the whole ledger over `prev` (compare-and-swap on its version), compacted: what
-        expired is pruned, each live reservation of `prev` that `entries` drops leaves a tombstone."""
+        expired is pruned, each live reservation of `prev` that `entries` drops leaves a tombstone.
+        `batch`: the new group-commit state (None: `prev`'s, kept)."""
         now = self.clock()
-        data, _ = ledger_data(prev, entries, unavailable, jobs, now)
+        data, _ = ledger_data(prev, entries, unavailable, jobs, now, batch)
         size = len(json.dumps(data).encode())
         if size > MAX_LEDGER_BYTES:
             parts = ", ".join(f"{len(json.loads(data[k]))} {what} ({len(data[k].encode()):,} bytes)"
                               for k, what in ((DATA_KEY, "reservations"), (JOBS_KEY, "job records"),
                                               (UNAVAILABLE_KEY, "unavailable marks"), (TOMBSTONES_KEY, "tombstones"))
                               if k in data)
+            if BATCH_KEY in data:
+                parts += (f", {len(json.loads(data[BATCH_KEY])['decided'])} batch answers "
+                          f"({len(data[BATCH_KEY].encode()):,} bytes)")
             raise LedgerFull(
                 f"ledger ConfigMap {self.namespace}/{self.name} would be {size:,} bytes, over the "
                 f"{MAX_LEDGER_BYTES:,}-byte limit of a ConfigMap (1 MiB) even with expired entries pruned: {parts}. "
@@ -375,7 +454,7 @@ def _key(r: Reservation) -> tuple[str, str, str]:
 
 
 def ledger_data(prev: LedgerState, entries: Iterable[Reservation], unavailable: Iterable[Unavailable],
-                jobs: Iterable[JobRecord], now: float) -> tuple[dict[str, str], int]:
+                jobs: Iterable[JobRecord], now: float, batch: Batch | None = None) -> tuple[dict[str, str], int]:
     """The ConfigMap data of the write after `prev` (pure), and that write's seq.
 
     Compaction: expired reservations, marks, records and tombstones are dropped (the seq of the
@@ -403,6 +482,9 @@ def ledger_data(prev: LedgerState, entries: Iterable[Reservation], unavailable: 
         data[JOBS_KEY] = json.dumps([j.to_json() for j in records], sort_keys=True)
     if tombstones:
         data[TOMBSTONES_KEY] = json.dumps([t.to_json() for t in tombstones], sort_keys=True)
+    batch = (prev.batch if batch is None else batch).live(now)
+    if batch.decided or batch.leader:
+        data[BATCH_KEY] = json.dumps(batch.to_json(), sort_keys=True)
     return data, seq
 
 
@@ -420,3 +502,77 @@ def _merge(current: Iterable[Unavailable], added: Iterable[Unavailable]) -> list
     by_what = {u.what: u for u in current}
     by_what.update((u.what, u) for u in added)
     return list(by_what.values())
+
+
+QUEUE_KEY = "queue.json"
+QUEUE_SHARDS = 8    # ConfigMaps the batch queue is spread over: a burst's appends rarely collide
+
+
+class RequestQueue:
+    """First placements waiting for a batch (gpuboot.batching), spread over QUEUE_SHARDS
+    ConfigMaps named after the ledger (`<ledger>-queue-<i>`, so RBAC can name every one). A
+    waiter appends to the shard its ticket hashes to (compare-and-swap on that shard only);
+    the batch leader reads every shard. Entries expire; answers live in the ledger, so the
+    queue is only ever a hint of who is waiting: losing an entry delays a job, never double-books."""
+
+    def __init__(self, kube: KubeClient, namespace: str = "default", ledger: str = CONFIGMAP,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.kube, self.namespace, self.clock = kube, namespace, clock
+        self.shards = [f"{ledger}-queue-{i}" for i in range(QUEUE_SHARDS)]
+
+    def shard_of(self, ticket: str) -> str:
+        return self.shards[zlib.crc32(ticket.encode()) % len(self.shards)]
+
+    def _read(self, name: str) -> tuple[list[Queued], str | None]:
+        cm = self.kube.read_configmap(self.namespace, name)
+        if cm is None:
+            return [], None
+        return ([Queued.from_json(d) for d in json.loads((cm.get("data") or {}).get(QUEUE_KEY) or "[]")],
+                cm["metadata"]["resourceVersion"])
+
+    def _change(self, name: str, change: Callable[[list[Queued]], list[Queued]]) -> None:
+        """One compare-and-swap on shard `name` (LedgerConflict when it moved; the caller retries)."""
+        entries, version = self._read(name)
+        now = self.clock()
+        new = [q for q in change(entries) if q.expires_at > now]
+        body = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": self.namespace,
+                             "labels": {"app.kubernetes.io/managed-by": "gpuboot"}},
+                "data": {QUEUE_KEY: json.dumps([q.to_json() for q in new], sort_keys=True)}}
+        try:
+            if version is None:
+                self.kube.create_configmap(self.namespace, body)
+            else:
+                body["metadata"]["resourceVersion"] = version
+                self.kube.replace_configmap(self.namespace, body)
+        except Conflict as exc:
+            raise LedgerConflict(str(exc)) from None
+
+    def add(self, entry: Queued) -> None:
+        self._change(self.shard_of(entry.ticket), lambda qs: [q for q in qs if q.ticket != entry.ticket] + [entry])
+
+    def remove(self, ticket: str) -> None:
+        self._change(self.shard_of(ticket), lambda qs: [q for q in qs if q.ticket != ticket])
+
+    def holds(self, ticket: str) -> bool:
+        return any(q.ticket == ticket and q.expires_at > self.clock() for q in self._read(self.shard_of(ticket))[0])
+
+    def drop(self, tickets: Iterable[str], attempts: int = 5) -> None:
+        """Take answered requests out of their shards (best effort: what stays expires, and a
+        leader never places an answered ticket again)."""
+        by_shard: dict[str, set[str]] = {}
+        for t in tickets:
+            by_shard.setdefault(self.shard_of(t), set()).add(t)
+        for name, gone in by_shard.items():
+            for attempt in range(attempts):
+                try:
+                    self._change(name, lambda qs: [q for q in qs if q.ticket not in gone])
+                    break
+                except LedgerConflict:
+                    time.sleep(backoff(attempt))
+
+    def waiting(self, answered: Iterable[str] = ()) -> list[Queued]:
+        """Every live entry not answered yet, oldest first (queue order)."""
+        now, done = self.clock(), set(answered)
+        out = [q for name in self.shards for q in self._read(name)[0] if q.expires_at > now and q.ticket not in done]
+        return sorted(out, key=lambda q: (q.expires_at, q.ticket))

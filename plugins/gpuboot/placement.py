@@ -103,6 +103,16 @@ class TaskRequest:
         object.__setattr__(self, "node_selector", FrozenDict(self.node_selector or {}))
         object.__setattr__(self, "tolerations", tuple(dict(t) for t in self.tolerations))
 
+    def to_json(self) -> dict:
+        return {"name": self.name, "requests": self.requests.to_json(), "node_selector": dict(self.node_selector),
+                "tolerations": list(self.tolerations), "gpu_model": self.gpu_model,
+                "avoid_gpu_nodes": self.avoid_gpu_nodes}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "TaskRequest":
+        return cls(d["name"], Resources.from_json(d["requests"]), d.get("node_selector") or {},
+                   tuple(d.get("tolerations") or ()), d.get("gpu_model"), bool(d.get("avoid_gpu_nodes")))
+
     def shape(self) -> tuple:
         """Tasks with equal shapes are interchangeable for placement."""
         return (self.requests, tuple(sorted(self.node_selector.items())),
@@ -127,6 +137,17 @@ class JobRequest:
         if not 1 <= self.min_available <= len(self.tasks):
             raise ValueError(f"job {self.job_id}: min_available: must be between 1 and "
                              f"{len(self.tasks)} (the number of tasks), got {self.min_available}")
+
+    def to_json(self) -> dict:
+        """What placement needs of the job, and nothing else (no command, env or image): the form a
+        batch placer reads it in from the ledger (gpuboot.batching)."""
+        return {"job_id": self.job_id, "tasks": [t.to_json() for t in self.tasks], "min_available": self.min_available,
+                "expected_run_seconds": self.expected_run_seconds}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "JobRequest":
+        return cls(d["job_id"], tuple(TaskRequest.from_json(t) for t in d["tasks"]), int(d["min_available"]),
+                   d.get("expected_run_seconds"))
 
 
 class Outcome(str, Enum):

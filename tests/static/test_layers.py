@@ -26,7 +26,7 @@ LAYERS: dict[str, set[str]] = {
     "core": {"gpuboot", "gpuboot.model", "gpuboot.resources", "gpuboot.inventory", "gpuboot.placement",
              "gpuboot.readiness", "gpuboot.jobspec", "gpuboot.idle", "gpuboot.replay", "gpuboot.ports"},
     "adapters": {"gpuboot.ecs", "gpuboot.provider", "gpuboot.kube", "gpuboot.ledger"},
-    "lifecycle": {"gpuboot.booking", "gpuboot.boot", "gpuboot.pricing"},
+    "lifecycle": {"gpuboot.booking", "gpuboot.batching", "gpuboot.boot", "gpuboot.pricing"},
     "airflow": {"gpuboot.steps", "gpuboot.steps.base", "gpuboot.steps.place", "gpuboot.steps.start",
                 "gpuboot.steps.wait", "gpuboot.steps.launch", "gpuboot.steps.release", "gpuboot.steps.waiting",
                 "gpuboot.triggers", "gpuboot.taskgroup", "gpuboot.scaledown", "gpuboot.specdags", "gpuboot.plugin",

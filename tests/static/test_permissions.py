@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RBAC = ROOT / "deploy" / "kubernetes" / "rbac.yaml"
 RAM = ROOT / "deploy" / "ram" / "gpuboot-ecs-policy.json"
 LEDGER_CONFIGMAP = "gpuboot-reservations"
+QUEUE_SHARDS = tuple(f"{LEDGER_CONFIGMAP}-queue-{i}" for i in range(8))   # gpuboot.ledger.RequestQueue
 INSTANCE_ARN = "acs:ecs:*:*:instance/*"
 MANAGED_TAG = "acs:ResourceTag/gpuboot:managed"
 
@@ -207,13 +208,13 @@ def test_rbac_has_no_wildcards(rbac):
 
 
 def test_ledger_is_granted_only_on_its_configmap(rbac):
-    """get/update/patch are pinned to the ledger by resourceNames; create cannot be (Kubernetes
-    does not know the name when it authorizes a create), so it stands alone."""
+    """get/update/patch are pinned to the ledger and its queue's shards by resourceNames; create
+    cannot be (Kubernetes does not know the name when it authorizes a create), so it stands alone."""
     assert not any(perm[1] in LEDGER_RESOURCES for r in rbac["ClusterRole"] for perm, _ in _grants(r))
     for role in rbac["Role"]:
         for (_, resource, verb), names in _grants(role):
             if resource in LEDGER_RESOURCES:
-                expected = () if verb == "create" else (LEDGER_CONFIGMAP,)
+                expected = () if verb == "create" else (LEDGER_CONFIGMAP, *QUEUE_SHARDS)
                 assert names == expected, f"configmaps {verb}: resourceNames {names}, want {expected}"
 
 

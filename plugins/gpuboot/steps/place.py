@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
+from gpuboot.batching import book_first
 from gpuboot.booking import CONTENDED_SECONDS, Booker, LedgerContended
 from gpuboot.jobspec import JobSpec
 from gpuboot.placement import Outcome, Plan
@@ -108,8 +109,9 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
         return plan.to_json()
 
     def place_and_reserve(self, spec: JobSpec, job_id: str) -> Plan:
-        """The shared place-and-reserve transaction (gpuboot.booking), committed when the job fits."""
+        """The shared place-and-reserve transaction (gpuboot.booking, through a batch in a burst:
+        gpuboot.batching), committed when the job fits."""
         kube = self.kube()
         booker = Booker(kube, self.ecs(), self.ledger(kube), self.log, max_commit_attempts=self.max_commit_attempts,
                         boot_grace_seconds=self.boot_grace_seconds, contended_seconds=self.contended_seconds)
-        return booker.book(spec, job_id).plan     # LedgerContended: the caller defers
+        return book_first(booker, spec, job_id).plan     # LedgerContended: the caller defers
