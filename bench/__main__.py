@@ -1,4 +1,4 @@
-"""python -m bench [--quick] [--parts placement,readiness,overhead,burst] [--out results/bench]"""
+"""python -m bench [--quick] [--parts placement,readiness,overhead,burst,triggerer] [--out results/bench]"""
 from __future__ import annotations
 
 import os
@@ -29,7 +29,7 @@ import traceback  # noqa: E402
 from bench import report  # noqa: E402
 from bench.common import output_to  # noqa: E402
 
-PARTS = ("placement", "readiness", "overhead", "burst")
+PARTS = ("placement", "readiness", "overhead", "burst", "triggerer")
 
 
 def machine() -> dict:
@@ -49,6 +49,9 @@ def run_part(part: str, workdir: Path, args) -> dict:
     if part == "burst":
         from bench import burst
         return burst.run(workdir, quick=args.quick, sizes=_ints(args.burst_fleets), bursts=_ints(args.burst_jobs))
+    if part == "triggerer":
+        from bench import triggerer_loop
+        return triggerer_loop.run(workdir, quick=args.quick)
     from bench import overhead
     return overhead.run(workdir, quick=args.quick)
 
