@@ -46,7 +46,8 @@ from gpuboot.booking import LAUNCH_MARGIN_SECONDS, stamp
 from gpuboot.kube import Gone, KubeClient
 from gpuboot.placement import Plan
 from gpuboot.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline, ReadinessTracker
-from gpuboot.steps.base import GpuJobStep
+from gpuboot.steplog import evidence_block, utc
+from gpuboot.steps.base import GpuJobStep, summarize
 from gpuboot.triggers import NodeGpuReadyTrigger, holding_in_fallback
 from gpuboot.steps.waiting import WaitsForCapacity
 
@@ -55,7 +56,8 @@ def describe_evidence(evidence: Mapping[str, Any]) -> str:
     """One line for the task log: Ready? GPUs? bootID? heartbeat age?"""
     keys = ("ready", "gpus_allocatable", "boot_id", "boot_id_changed", "heartbeat_age_seconds", "held_seconds")
     shown = [f"{k}={evidence[k]}" for k in keys if k in evidence]
-    shown += [f"{k}={v}" for k, v in sorted(evidence.items()) if k not in keys]
+    shown += [f"{k}={utc(v) if k.endswith('_at') and isinstance(v, (int, float)) else v}"
+              for k, v in sorted(evidence.items()) if k not in keys]
     return ", ".join(shown) or "nothing"
 
 
@@ -212,8 +214,9 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         if event.get("status") != "ready":
             result = self._fail_over(context, state, node, event.get("reason"), event.get("evidence") or {})
             return self._watch(context, result, settle)
-        self.log.info("node %s is GPU-ready: %s", node, describe_evidence(event.get("evidence") or {}))
-        seen = {**seen, node: event.get("evidence") or {}}
+        summary = event.get("summary") or f"node {node} is GPU-ready"
+        self.log.info("%s; evidence:\n%s", summary, evidence_block(event.get("evidence") or {}))
+        seen = {**seen, node: {**(event.get("evidence") or {}), "summary": summary}}
         if index + 1 < len(state["boots"]):
             self._defer_for(index + 1, settle, seen, state)
         self._hold_until(state, time.time())
@@ -256,6 +259,8 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
 
     def _cleared(self, context, evidence: dict, state: dict) -> list[str]:
         context["ti"].xcom_push(key="evidence", value=evidence)
+        lines = [e.get("summary") or f"{n} GPU-ready" for n, e in evidence.items()]
+        summarize(self, context, "; ".join(lines) or "no node to wait for")
         if state.get("plan"):
             context["ti"].xcom_push(key="plan", value=state["plan"])
         return [a["task"] for a in (state.get("plan") or {}).get("assignments", [])]
