@@ -12,25 +12,20 @@ import sys
 import uuid
 from pathlib import Path
 
-from simcloud.testing import wait_until
+from simcloud.testing import process_alive, wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 def marked(mark: str) -> list[int]:
     """Live processes whose environment carries `mark`."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    def carries(pid: str) -> bool:
         try:
-            environ = (proc / "environ").read_bytes()
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            return f"GPUBOOT_DEMO_MARK={mark}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
-            continue
-        if f"GPUBOOT_DEMO_MARK={mark}".encode() in environ.split(b"\0") and state != "Z":
-            found.append(int(proc.name))
-    return found
+            return False
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and carries(p.name)
+            and process_alive(int(p.name))]
 
 
 def test_the_demo_in_the_background_stops_everything_on_sigint(tmp_path):
