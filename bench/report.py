@@ -62,6 +62,8 @@ def triggerer(result: dict) -> str:
                ("slow_callbacks", f"callbacks > {result['threshold_s']:g} s"), ("worst_callback_s", "worst callback s"),
                ("heartbeat_worst_lag_s", "worst loop lag s"), ("last_fired_after_s", "last fired after s")]
     slowest = "".join(f"  {s[:300]}\n" for s in result.get("slowest") or [])
+    slowest += (f"(load average {result['load_average_1m']:g} on this machine when it ended: on a crowded machine "
+                f"even trivial callbacks, e.g. a timer's, wait for a core)\n" if "load_average_1m" in result else "")
     return ("== Triggerer loop: readiness triggers waiting at once in one fresh process (asyncio debug mode)\n"
             + format_table(rows, columns) + "\n" + (f"slowest callbacks:\n{slowest}" if slowest else ""))
 

@@ -122,7 +122,7 @@ def run(workdir: Path, quick: bool = False, triggers: int = 100) -> dict:
         specs = boot_specs(cloud, nodes, per_node, timeout=300, settle=5.0)
         result = probe_in_fresh_process(specs, threshold=0.1)
     fired = [e["fired_after_s"] for e in result["events"]]
-    return {"triggers": len(specs), "nodes": len(nodes), "threshold_s": result["threshold_s"],
+    return {"load_average_1m": round(os.getloadavg()[0], 1), "triggers": len(specs), "nodes": len(nodes), "threshold_s": result["threshold_s"],
             "ready": sum(e["status"] == "ready" for e in result["events"]),
             "slow_callbacks": len(result["slow_callbacks"]), "worst_callback_s": result["worst_callback_s"],
             "heartbeat_worst_lag_s": result["heartbeat_worst_lag_s"],

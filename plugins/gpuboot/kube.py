@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -244,6 +246,11 @@ def _prepared_hook(conn_id: str):
         if conn_id != AsyncKubernetesHook.default_conn_name:
             raise
         extras = {}                      # as the provider does: the default connection may be absent
+    key = (conn_id, json.dumps(extras, sort_keys=True, default=str))
+    with _HOOKS_LOCK:
+        built = _HOOKS.get(key)
+        if built is not None and time.monotonic() - built[0] < HOOK_REUSE_SECONDS:
+            return built[1]
     hook = AsyncKubernetesHook(conn_id=conn_id, connection_extras=extras)
 
     async def load() -> None:
@@ -252,7 +259,19 @@ def _prepared_hook(conn_id: str):
 
     asyncio.run(load())                  # a private loop in this thread: its file reads block nobody
     mask_credentials(hook.client_configuration)
+    with _HOOKS_LOCK:
+        _HOOKS[key] = (time.monotonic(), hook)
     return hook
+
+
+# Prepared hooks, per connection (its extra as read): the threads that prepare them hold the GIL for
+# most of their work, so a hundred triggers each preparing its own would still starve the loop. A
+# changed connection gets a new hook; a kubeconfig file rewritten in place (a rotated token) is read
+# again after HOOK_REUSE_SECONDS.
+HOOK_REUSE_SECONDS = 300.0
+_HOOKS: dict[tuple[str, str], tuple[float, Any]] = {}
+_HOOKS_LOCK = threading.Lock()
+_IN_FLIGHT: dict[tuple[int, str], asyncio.Future] = {}
 
 
 class AsyncKubeClient:
@@ -264,9 +283,16 @@ class AsyncKubeClient:
         self._hook: asyncio.Future | None = None
 
     async def hook(self):
-        """The prepared hook, built once per client (concurrent callers share the one build)."""
+        """The prepared hook, looked up once per client; triggers starting together share one
+        preparation in flight (a burst of 100 waits costs one connection read, not 100)."""
         if self._hook is None or (self._hook.done() and self._hook.exception() is not None):
-            self._hook = asyncio.ensure_future(asyncio.to_thread(_prepared_hook, self.kubernetes_conn_id))
+            key = (id(asyncio.get_running_loop()), self.kubernetes_conn_id)
+            flight = _IN_FLIGHT.get(key)
+            if flight is None:
+                flight = asyncio.ensure_future(asyncio.to_thread(_prepared_hook, self.kubernetes_conn_id))
+                _IN_FLIGHT[key] = flight
+                flight.add_done_callback(lambda _: _IN_FLIGHT.pop(key, None))
+            self._hook = flight
         return await asyncio.shield(self._hook)
 
     async def get_node(self, name: str) -> dict:
