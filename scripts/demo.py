@@ -296,10 +296,11 @@ def follow(api: AirflowApi, cloud: SimCloud, run_id: str, timeout: float) -> str
             if now and states.get(key) != now:
                 states[key] = now
                 say(f"{time.monotonic() - started:6.1f}s  task {key:<26} {now}")
-                if short == "place" and now in FINISHED:
+                if now in FINISHED:      # the place step's table, and every step's summary line
+                    wanted = ("placement of job", "decision:", "summary:") if short == "place" else ("summary:",)
                     for event in api.log_events(DAG_ID, run_id, ti):
-                        if event.startswith(("placement of job", "decision:")):
-                            print("\n".join(f"    place | {line}" for line in event.splitlines()), flush=True)
+                        if event.startswith(wanted):
+                            print("\n".join(f"    {short} | {line}" for line in event.splitlines()), flush=True)
             if short == "launch" and now in {"running", "success", "failed"}:
                 lines = [m["line"] for e in api.log_events(DAG_ID, run_id, ti) for m in [POD_LINE.match(e)] if m]
                 for line in lines[shown.get(key, 0):]:
