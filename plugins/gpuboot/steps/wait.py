@@ -46,7 +46,7 @@ from gpuboot.booking import LAUNCH_MARGIN_SECONDS, stamp
 from gpuboot.kube import Gone, KubeClient
 from gpuboot.placement import Plan
 from gpuboot.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline, ReadinessTracker
-from gpuboot.steplog import evidence_block, utc
+from gpuboot.steplog import BootClock, boot_summary, evidence_block, utc
 from gpuboot.steps.base import GpuJobStep, summarize
 from gpuboot.triggers import NodeGpuReadyTrigger, holding_in_fallback
 from gpuboot.steps.waiting import WaitsForCapacity
@@ -132,6 +132,7 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         self.unavailable_ttl_seconds, self.fallback_seconds = unavailable_ttl_seconds, fallback_seconds
         self.busy_poll_seconds = busy_poll_seconds
         self._trackers: dict[str, ReadinessTracker] = {}
+        self._clocks: dict[str, BootClock] = {}          # poke mode: each node's boot phases, for the summary
         self._extended = False                         # poke mode: the deadline was stretched for a fallback window
         self._versions: dict[str, str | None] = {}     # poke mode: the resourceVersion each node was read at
         self._latest: dict[str, dict] = {}
@@ -272,7 +273,8 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         now = time.time()
         waiting = {n: v for n, v in verdicts.items() if not v.ready}
         if not waiting:
-            cleared = self._cleared(context, {n: dict(v.evidence) for n, v in verdicts.items()}, self._state)
+            cleared = self._cleared(context, {n: {**v.evidence, "summary": boot_summary(n, self._clocks[n])}
+                                              for n, v in verdicts.items()}, self._state)
             return PokeReturnValue(is_done=True, xcom_value=cleared)
         for node, verdict in waiting.items():
             self.log.info("node %s not ready yet: %s", node, verdict.reason)
@@ -285,7 +287,7 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
             node, verdict = next(iter(waiting.items()))
             result = self._fail_over(context, self._state, node, verdict.reason, verdict.evidence)
             self._state = self._state_of(context, result)
-            self._trackers, self._versions, self._extended = {}, {}, False
+            self._trackers, self._versions, self._extended, self._clocks = {}, {}, False, {}
             self._deadline = self._poke_deadline(self._state) if result.boots else None
         return False
 
@@ -311,6 +313,8 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         elif name not in self._latest:   # nothing written since the start yet: judge the Node as it is
             self._latest[name] = kube.get_node(name)
         verdict = None
+        clock = self._clocks.setdefault(name, BootClock(baseline.start_requested_at))
         for state in states or [self._latest[name]]:
             verdict = tracker.observe(state if state is None or state.get("status") else {}, time.time())
+            clock.observe(verdict, time.time())
         return verdict
