@@ -78,7 +78,8 @@ sweep: install
 	nice -n 10 $(PY) -m gpuboot.replay.sweep $(SWEEP_ARGS)
 
 # Benchmarks (bench/): placement cost at 1k/10k nodes, readiness detection lag, end-to-end overhead,
-# bursts of concurrent place transactions (part burst: BENCH_ARGS="--parts burst --burst-jobs 50").
+# bursts of concurrent place transactions (part burst: BENCH_ARGS="--parts burst --burst-jobs 50"),
+# the triggerer's worst event-loop block while 100 readiness triggers wait (part triggerer).
 # Tables on stdout, JSON under results/bench/. BENCH_ARGS="--quick" for a smoke run.
 bench: install
 	$(PY) -m bench $(BENCH_ARGS)

@@ -72,8 +72,21 @@ def distributed(result: dict) -> str:
             + format_table(rows, columns) + "\n" + "\n".join(result.get("notes", [])) + "\n")
 
 
+def triggerer(result: dict) -> str:
+    rows = [{k: result.get(k) for k in ("triggers", "nodes", "ready", "slow_callbacks", "worst_callback_s",
+                                         "heartbeat_worst_lag_s", "last_fired_after_s")}]
+    columns = [("triggers", "triggers"), ("nodes", "booting nodes"), ("ready", "fired ready"),
+               ("slow_callbacks", f"callbacks > {result['threshold_s']:g} s"), ("worst_callback_s", "worst callback s"),
+               ("heartbeat_worst_lag_s", "worst loop lag s"), ("last_fired_after_s", "last fired after s")]
+    slowest = "".join(f"  {s[:300]}\n" for s in result.get("slowest") or [])
+    slowest += (f"(load average {result['load_average_1m']:g} on this machine when it ended: on a crowded machine "
+                f"even trivial callbacks, e.g. a timer's, wait for a core)\n" if "load_average_1m" in result else "")
+    return ("== Triggerer loop: readiness triggers waiting at once in one fresh process (asyncio debug mode)\n"
+            + format_table(rows, columns) + "\n" + (f"slowest callbacks:\n{slowest}" if slowest else ""))
+
+
 def render(part: str, result: dict) -> str:
     if "error" in result:
         return f"== {part}: FAILED: {result['error']}\n"
     return {"placement": placement, "readiness": readiness, "overhead": overhead, "burst": burst,
-            "distributed": distributed}[part](result)
+            "distributed": distributed, "triggerer": triggerer}[part](result)

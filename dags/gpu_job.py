@@ -18,7 +18,7 @@ MAIN_FIELDS = ("name", "image", "command", "args", "gpus", "gpu_model", "cpu", "
 DOC_MD = """
 ### Run a GPU job
 
-Fill in the form and trigger. The job runs as four audited steps:
+Fill in the form and trigger. The job runs as five audited steps:
 
 1. **place**: looks at *every* node, running and stopped, keeps those that can hold
    each task **alone** (GPU, CPU, memory, GPU model, node selector, taints), prefers
@@ -29,8 +29,13 @@ Fill in the form and trigger. The job runs as four audited steps:
 3. **wait_gpu_ready**: waits (deferred, in the triggerer) until the node is Ready
    *after this boot* and its `nvidia.com/gpu` (and any other requested device) are registered
    again after the kubelet reset them.
-4. **launch**: runs the pod pinned to that node; its log is in this task's log.
+4. **launch**: runs the pod pinned to that node; its log is in this task's log, and its
+   "Rendered Templates" show the image, command, arguments, env names, node and resources it ran with.
+5. **release** (a teardown, runs whatever happened): drops the reservation and stops again
+   a node the job started but never ran on.
 
+Each step ends its log with one `summary:` line (e.g. `booted gpu-t4x2-1 in 17.2 s (instance up
+3.1 s, kubelet Ready 4.0 s, GPUs registered 5.1 s, settled 5.0 s)`), also in its XCom `summary`.
 The place task's log shows a table of every candidate node with its verdict.
 """
 

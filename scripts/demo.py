@@ -158,6 +158,15 @@ def running_airflow(env: dict[str, str], log_path: Path) -> Iterator[subprocess.
         stop_group(proc)
 
 
+def handle_interrupts() -> None:
+    """Ctrl-C, `kill -INT` and SIGTERM all run the cleanup. SIGINT needs installing: a background job
+    of a non-interactive shell (`make demo &` in a script) starts with SIGINT ignored (POSIX, for
+    `&` without job control), and Python keeps an inherited SIG_IGN instead of raising
+    KeyboardInterrupt, so the demo would ignore SIGINT and only SIGTERM stopped it."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 def ignore_interrupts() -> None:
     """Cleanup has begun: a second Ctrl-C (or SIGTERM) must not cut it short and leak processes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -287,10 +296,11 @@ def follow(api: AirflowApi, cloud: SimCloud, run_id: str, timeout: float) -> str
             if now and states.get(key) != now:
                 states[key] = now
                 say(f"{time.monotonic() - started:6.1f}s  task {key:<26} {now}")
-                if short == "place" and now in FINISHED:
+                if now in FINISHED:      # the place step's table, and every step's summary line
+                    wanted = ("placement of job", "decision:", "summary:") if short == "place" else ("summary:",)
                     for event in api.log_events(DAG_ID, run_id, ti):
-                        if event.startswith(("placement of job", "decision:")):
-                            print("\n".join(f"    place | {line}" for line in event.splitlines()), flush=True)
+                        if event.startswith(wanted):
+                            print("\n".join(f"    {short} | {line}" for line in event.splitlines()), flush=True)
             if short == "launch" and now in {"running", "success", "failed"}:
                 lines = [m["line"] for e in api.log_events(DAG_ID, run_id, ti) for m in [POD_LINE.match(e)] if m]
                 for line in lines[shown.get(key, 0):]:
@@ -366,7 +376,7 @@ def main() -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
 
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup on SIGTERM too
+    handle_interrupts()
     try:
         with running_cloud(fleet, demo_dir / "cloud") as cloud:
             connections = cloud.gpuboot_connections()   # the product runs with the rights it ships

@@ -177,8 +177,10 @@ class Cloud:
             "kubernetes_default": kubernetes_connection(kubeconfig),
             "alibaba_ecs_default": {"conn_type": "alibaba_cloud", "login": fleet.access_key_id,
                                     "password": fleet.access_key_secret,
-                                    "extra": {"region_id": fleet.region, "endpoint": f"{self.host}:{self.ecs_port}",
-                                              "protocol": "http"}},
+                                    "extra": {"region_id": fleet.region,
+                                              # the scheme in the URL, not a 4-character "protocol": "http"
+                                              # (Airflow would warn it is too short to mask; gpuboot.ecs)
+                                              "endpoint": f"http://{self.host}:{self.ecs_port}"}},
         }, indent=2), private=True)
         _write(wd / "simcloud.json", json.dumps({
             "pid": os.getpid(), "k8s_port": self.k8s_port, "ecs_port": self.ecs_port, "k8s_url": self.k8s_url,

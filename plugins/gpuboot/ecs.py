@@ -97,6 +97,29 @@ def _extra_field(extra: dict, name: str, conn_type: str = "alibaba_cloud") -> An
     return value if value not in (None, "") else extra.get(f"extra__{conn_type}__{name}")
 
 
+def endpoint_settings(conn_id: str, extra: dict) -> tuple[str | None, str | None]:
+    """(endpoint, protocol) for the SDK from extra `endpoint` ("host:port", or a URL
+    "http://host:port" whose scheme is the protocol) and `protocol`.
+
+    Why the URL form: Airflow registers every value of a connection's extra with its secrets
+    masker, which warns "Skipping masking for a secret as it's too short" at the top of every
+    task log for a value under 5 characters, such as `protocol: "http"`; the local cloud's
+    connection therefore carries the scheme in the endpoint instead."""
+    endpoint = _extra_field(extra, "endpoint") or None
+    protocol = _extra_field(extra, "protocol") or None
+    if endpoint and "://" in endpoint:
+        scheme, _, rest = str(endpoint).partition("://")
+        scheme = scheme.lower()
+        if scheme not in ("http", "https"):
+            raise ValueError(f"connection {conn_id!r}: extra.endpoint must be host[:port] or an http(s):// URL, "
+                             f"got scheme {scheme!r}")
+        if protocol and str(protocol).lower() != scheme:
+            raise ValueError(f"connection {conn_id!r}: extra.protocol {protocol!r} contradicts extra.endpoint's "
+                             f"scheme {scheme!r}; drop extra.protocol")
+        endpoint, protocol = rest.rstrip("/"), scheme
+    return endpoint, protocol
+
+
 # The chain's errors may quote an STS answer (alibabacloud_credentials does when one lacks a
 # field): any secret-looking value in it is masked, whatever its source.
 _SECRET_FIELD = re.compile(r'("?(?:AccessKeySecret|SecurityToken|access_key_secret|security_token)"?\s*[:=]\s*"?)'
@@ -201,7 +224,7 @@ def credential_settings(conn_id: str, login: str | None, password: str | None, e
 class EcsHook(BaseHook):
     """ECS through `alibabacloud_ecs20140526`, configured by an `alibaba_cloud` connection:
     extra `region_id` (required; `region` is read too), for a private or local endpoint
-    `endpoint` ("host:port") and `protocol` ("http"/"https"), and `credential_mode` ("static":
+    `endpoint` ("host:port", or "http://host:port") and `protocol` ("http"/"https"), and `credential_mode` ("static":
     login = AccessKey ID, password = AccessKey secret, or extra access_key_id/access_key_secret;
     "default_chain": environment, RRSA, instance RAM role; see credential_settings).
     Its form is declared in gpuboot.provider (`conn-fields` and `ui-field-behaviour` of the
@@ -243,8 +266,8 @@ class EcsHook(BaseHook):
             raise ValueError(f"connection {self.ecs_conn_id!r}: missing extra.region_id; "
                              'set it, e.g. extra {"region_id": "cn-hangzhou"}')
         credentials = credential_settings(self.ecs_conn_id, conn.login, conn.password, extra)
-        config = Config(region_id=region, endpoint=_extra_field(extra, "endpoint") or None,
-                        protocol=_extra_field(extra, "protocol") or None,
+        endpoint, protocol = endpoint_settings(self.ecs_conn_id, extra)
+        config = Config(region_id=region, endpoint=endpoint, protocol=protocol,
                         read_timeout=self.read_timeout_ms, connect_timeout=5_000, **credentials)
         self._client, self._region = Client(config), region
         return self._client

@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -46,7 +48,9 @@ class KubeClient:
 
     @cached_property
     def core(self):
-        return self.hook.core_v1_client
+        core = self.hook.core_v1_client
+        mask_credentials(core.api_client.configuration)
+        return core
 
     def _list(self, method, **kwargs) -> list[dict]:
         items: list[dict] = []
@@ -217,22 +221,96 @@ class NodeEvents:
                 delay = min(self.backoff[1], delay * 2)
 
 
+def mask_credentials(configuration) -> None:
+    """Register the credentials a kubeconfig gave a client (a ServiceAccount's bearer token, a
+    basic-auth password) with Airflow's secrets masker. They come from the file named by the
+    connection's `kube_config_path`, not from a connection field, so Airflow does not know them:
+    without this, a token quoted in an error or a debug line would reach the task log as is."""
+    from airflow.sdk.log import mask_secret
+
+    for value in (getattr(configuration, "api_key", None) or {}).values():
+        if isinstance(value, str) and value:
+            mask_secret(value.removeprefix("Bearer ").strip())
+    password = getattr(configuration, "password", None)
+    if isinstance(password, str) and password:
+        mask_secret(password)
+
+
+def _prepared_hook(conn_id: str):
+    """The provider's async hook with its configuration loaded, built in a worker thread.
+
+    Everything here is synchronous and may take seconds on a busy triggerer: the first import of
+    the provider's hooks and kubernetes_asyncio, reading the connection (a call to the supervisor,
+    as the provider's own sync_to_async does), reading and parsing the kubeconfig, loading the CA
+    and the credentials. Run on the triggerer's event loop it would stall every other trigger
+    (Airflow logs "async thread was blocked"); here it runs once per trigger, off the loop, and the
+    hook keeps the loaded configuration (for static credentials; exec plugins reload per call)."""
+    from airflow.exceptions import AirflowNotFoundException
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+    from airflow.sdk import BaseHook
+    import kubernetes_asyncio.client  # noqa: F401  (imported here, not on the loop)
+    import kubernetes_asyncio.watch  # noqa: F401
+
+    try:
+        extras = BaseHook.get_connection(conn_id).extra_dejson
+    except AirflowNotFoundException:
+        if conn_id != AsyncKubernetesHook.default_conn_name:
+            raise
+        extras = {}                      # as the provider does: the default connection may be absent
+    key = (conn_id, json.dumps(extras, sort_keys=True, default=str))
+    with _HOOKS_LOCK:
+        built = _HOOKS.get(key)
+        if built is not None and time.monotonic() - built[0] < HOOK_REUSE_SECONDS:
+            return built[1]
+    hook = AsyncKubernetesHook(conn_id=conn_id, connection_extras=extras)
+
+    async def load() -> None:
+        async with hook.get_conn():      # loads and keeps the kubeconfig; the client is closed at once
+            pass
+
+    asyncio.run(load())                  # a private loop in this thread: its file reads block nobody
+    mask_credentials(hook.client_configuration)
+    with _HOOKS_LOCK:
+        _HOOKS[key] = (time.monotonic(), hook)
+    return hook
+
+
+# Prepared hooks, per connection (its extra as read): the threads that prepare them hold the GIL for
+# most of their work, so a hundred triggers each preparing its own would still starve the loop. A
+# changed connection gets a new hook; a kubeconfig file rewritten in place (a rotated token) is read
+# again after HOOK_REUSE_SECONDS.
+HOOK_REUSE_SECONDS = 300.0
+_HOOKS: dict[tuple[str, str], tuple[float, Any]] = {}
+_HOOKS_LOCK = threading.Lock()
+_IN_FLIGHT: dict[tuple[int, str], asyncio.Future] = {}
+
+
 class AsyncKubeClient:
-    """Asynchronous access for triggers (AsyncKubernetesHook), one node at a time."""
+    """Asynchronous access for triggers (AsyncKubernetesHook), one node at a time. Nothing it
+    does blocks the event loop: the hook is prepared in a worker thread (`_prepared_hook`)."""
 
     def __init__(self, kubernetes_conn_id: str = "kubernetes_default") -> None:
         self.kubernetes_conn_id = kubernetes_conn_id
+        self._hook: asyncio.Future | None = None
 
-    @cached_property
-    def hook(self):
-        from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
-
-        return AsyncKubernetesHook(conn_id=self.kubernetes_conn_id)
+    async def hook(self):
+        """The prepared hook, looked up once per client; triggers starting together share one
+        preparation in flight (a burst of 100 waits costs one connection read, not 100)."""
+        if self._hook is None or (self._hook.done() and self._hook.exception() is not None):
+            key = (id(asyncio.get_running_loop()), self.kubernetes_conn_id)
+            flight = _IN_FLIGHT.get(key)
+            if flight is None:
+                flight = asyncio.ensure_future(asyncio.to_thread(_prepared_hook, self.kubernetes_conn_id))
+                _IN_FLIGHT[key] = flight
+                flight.add_done_callback(lambda _: _IN_FLIGHT.pop(key, None))
+            self._hook = flight
+        return await asyncio.shield(self._hook)
 
     async def get_node(self, name: str) -> dict:
+        hook = await self.hook()            # first: it imports kubernetes_asyncio off the loop
         from kubernetes_asyncio import client
 
-        async with self.hook.get_conn() as api:
+        async with hook.get_conn() as api:
             response = await client.CoreV1Api(api).read_node(name, _preload_content=False)
             return json.loads(await response.read())
 
@@ -243,20 +321,43 @@ class AsyncKubeClient:
     async def watch_node(self, name: str, resource_version: str | None,
                          timeout_seconds: int) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Yield (event type, node dict) for one Node until the server ends the watch
-        after `timeout_seconds`; raises Gone when `resource_version` is too old."""
-        from kubernetes_asyncio import client, watch
+        after `timeout_seconds`; raises Gone when `resource_version` is too old.
+
+        The stream is read raw, one JSON line per event, rather than through kubernetes_asyncio's
+        Watch: that one builds a default ApiClient per watch (loading the system CA bundle, ~0.1 s
+        on the loop) and turns every event into model objects, only for us to want the dict."""
+        hook = await self.hook()            # first: it imports kubernetes_asyncio off the loop
+        from kubernetes_asyncio import client
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        async with self.hook.get_conn() as api, watch.Watch() as w:   # Watch owns a session: close it
+        async with hook.get_conn() as api:
             try:
-                async for event in w.stream(client.CoreV1Api(api).list_node,
-                                            field_selector=f"metadata.name={name}",
-                                            resource_version=resource_version,
-                                            timeout_seconds=max(1, int(timeout_seconds)),
-                                            _request_timeout=timeout_seconds + 30):
-                    if event["type"] != "BOOKMARK":
-                        yield event["type"], event["raw_object"]
+                response = await client.CoreV1Api(api).list_node(
+                    field_selector=f"metadata.name={name}", resource_version=resource_version, watch=True,
+                    timeout_seconds=max(1, int(timeout_seconds)), _request_timeout=timeout_seconds + 30,
+                    _preload_content=False)
             except ApiException as exc:
                 if exc.status == 410:
                     raise Gone(str(exc.reason)) from None
                 raise
+            try:
+                while line := await response.content.readline():
+                    kind, obj = watch_event(line)
+                    if kind != "BOOKMARK":
+                        yield kind, obj
+            finally:
+                response.release()
+
+
+def watch_event(line: bytes | str) -> tuple[str, dict]:
+    """(type, object) of one line of a watch stream; an ERROR event raises (Gone for 410), as the
+    API server reports an expired resourceVersion inside the stream."""
+    event = json.loads(line)
+    kind, obj = event.get("type"), event.get("object")
+    if not kind or not isinstance(obj, dict):
+        raise RuntimeError(f"malformed watch event: {str(line)[:200]}")
+    if kind == "ERROR":
+        if obj.get("code") == 410:
+            raise Gone(str(obj.get("message")))
+        raise RuntimeError(f"watch failed: {obj.get('code')} {obj.get('reason')}: {obj.get('message')}")
+    return kind, obj

@@ -25,7 +25,8 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
     },
     "endpoint": {
         "label": "Endpoint",
-        "description": "host[:port] of a private or local ECS endpoint; empty for the public one.",
+        "description": "host[:port] of a private or local ECS endpoint, or its URL (http://host:port: the "
+                       "scheme sets the protocol); empty for the public one.",
         "schema": {"type": ["string", "null"]},
     },
     "protocol": {

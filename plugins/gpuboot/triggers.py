@@ -16,8 +16,21 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from gpuboot.kube import AsyncKubeClient
 from gpuboot.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline, ReadinessTracker, Verdict
+from gpuboot.steplog import BootClock, boot_summary
 
 MAX_HISTORY = 50           # verdict changes returned in the event (the task log keeps every deferral's watch)
+
+
+class ShortEvent(TriggerEvent):
+    """A TriggerEvent whose log line is its one-line summary: the triggerer logs every event it fires
+    ("Trigger fired event ... result=<repr>") into the task log, and the full payload (the plan, the
+    baselines, the evidence) is a 20-line dict with memory in bytes. The payload is unchanged."""
+
+    def __repr__(self) -> str:
+        payload = self.payload if isinstance(self.payload, dict) else {}
+        return f"TriggerEvent<{payload.get('status')}: {payload.get('summary') or payload.get('message')}>"
+
+    __str__ = __repr__
 
 
 class WakeUpTrigger(BaseTrigger):
@@ -35,7 +48,7 @@ class WakeUpTrigger(BaseTrigger):
 
     async def run(self):
         await asyncio.sleep(max(0.0, self.moment - time.time()))
-        yield TriggerEvent({"status": "wake", "echo": self.echo})
+        yield ShortEvent({"status": "wake", "echo": self.echo, "summary": "woke up to try again"})
 
 
 class NodeGpuReadyTrigger(BaseTrigger):
@@ -58,6 +71,7 @@ class NodeGpuReadyTrigger(BaseTrigger):
         self.kubernetes_conn_id = kubernetes_conn_id
         self.echo = dict(echo or {})
         self.history: list[str] = []
+        self.clock = BootClock(self.baseline.get("start_requested_at"))
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
@@ -75,13 +89,16 @@ class NodeGpuReadyTrigger(BaseTrigger):
                                 fallback_seconds=self.fallback_seconds, continuous=continuous)
 
     def _event(self, status: str, verdict: Verdict | None, message: str) -> TriggerEvent:
-        return TriggerEvent({"status": status, "node": self.node, "message": message, "echo": self.echo,
-                             "reason": verdict.reason if verdict else "no status read yet",
-                             "evidence": dict(verdict.evidence) if verdict else {},
-                             "history": [*self.history, f"{_clock(time.time())} {message}"][-MAX_HISTORY:]})
+        summary = boot_summary(self.node, self.clock) if status == "ready" else message
+        return ShortEvent({"status": status, "node": self.node, "message": message, "echo": self.echo,
+                           "boot": self.clock.to_json(), "summary": summary,
+                           "reason": verdict.reason if verdict else "no status read yet",
+                           "evidence": dict(verdict.evidence) if verdict else {},
+                           "history": [*self.history, f"{_clock(time.time())} {message}"][-MAX_HISTORY:]})
 
     def note(self, verdict: Verdict) -> None:
         """Keep each change of verdict (with its time) for the event: the sensor logs it in the task log."""
+        self.clock.observe(verdict, time.time())
         line = f"{_clock(time.time())} {verdict.reason}"
         if not self.history or self.history[-1].split(" ", 1)[1] != verdict.reason:
             self.history.append(line)

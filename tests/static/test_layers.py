@@ -24,7 +24,7 @@ PACKAGE = PLUGINS / "gpuboot"
 
 LAYERS: dict[str, set[str]] = {
     "core": {"gpuboot", "gpuboot.model", "gpuboot.resources", "gpuboot.inventory", "gpuboot.placement",
-             "gpuboot.readiness", "gpuboot.jobspec", "gpuboot.idle", "gpuboot.replay", "gpuboot.ports"},
+             "gpuboot.readiness", "gpuboot.steplog", "gpuboot.jobspec", "gpuboot.idle", "gpuboot.replay", "gpuboot.ports"},
     "adapters": {"gpuboot.ecs", "gpuboot.provider", "gpuboot.kube", "gpuboot.ledger"},
     "lifecycle": {"gpuboot.booking", "gpuboot.batching", "gpuboot.boot", "gpuboot.pricing"},
     "airflow": {"gpuboot.steps", "gpuboot.steps.base", "gpuboot.steps.place", "gpuboot.steps.start",

@@ -88,3 +88,13 @@ def context_job_id(task: BaseOperator, context: Mapping) -> str:
 
 def push(context: Mapping, key: str, value: Any) -> None:
     context["ti"].xcom_push(key=key, value=value)
+
+
+def summarize(task: BaseOperator, context: Mapping, line: str) -> None:
+    """The step's one summary line (gpuboot.steplog): logged as `summary: ...` and pushed as XCom
+    "summary", so the task's XCom tab says what happened without opening the log. A note on the
+    task instance or the run would show in the grid, but Airflow 3.3's Task SDK gives a running task
+    no way to set one (the execution API only reads the run's note; apache/airflow#61066 and #69403
+    propose it), and the public REST API would need a user's credentials inside the task."""
+    task.log.info("summary: %s", line)
+    push(context, "summary", line)

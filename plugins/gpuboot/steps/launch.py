@@ -1,6 +1,7 @@
 """The `launch` step: the job's pod (a KubernetesPodOperator) pinned to its planned node."""
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -9,7 +10,8 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from gpuboot.model import LABEL_JOB, LABEL_TASK
 from gpuboot.placement import Plan
-from gpuboot.steps.base import GpuJobStep
+from gpuboot.steplog import launch_summary
+from gpuboot.steps.base import GpuJobStep, summarize
 
 
 def _toleration(t: Mapping) -> dict:
@@ -26,7 +28,13 @@ class GpuPodOperator(GpuJobStep, KubernetesPodOperator):
     capacity, and its record (node, exit code, log) stays for `kubectl logs` and audits;
     Kubernetes' terminated-pod GC or a retention job removes them later."""
 
-    template_fields = (*KubernetesPodOperator.template_fields, "job", "plan", "task_name")
+    # "Rendered Templates" shows what Airflow stored after rendering, before execute(): the plan is
+    # applied right after rendering (render_template_fields) so image, cmds, arguments, node_selector
+    # and container_resources there are the pod's, and `launched` sums it up with the env's names
+    # only (env_vars is left out: its values may be secret; the job's env comes from the job spec).
+    template_fields = (*(f for f in KubernetesPodOperator.template_fields if f != "env_vars"),
+                       "job", "plan", "task_name", "launched")
+    overwrite_rtif_after_execution = True    # stored again at the end, with the pod's real name
 
     def __init__(self, *, job: Mapping | Any = None, plan: Mapping | Any = None, task_name: str | None = None,
                  get_logs: bool = True, on_finish_action: str = "keep_pod",
@@ -34,10 +42,33 @@ class GpuPodOperator(GpuJobStep, KubernetesPodOperator):
         super().__init__(get_logs=get_logs, on_finish_action=on_finish_action,
                          startup_check_interval_seconds=startup_check_interval_seconds, **kwargs)
         self.job, self.plan, self.task_name = job, plan, task_name
+        self.launched: dict = {}
+
+    def render_template_fields(self, context, jinja_env=None) -> None:
+        super().render_template_fields(context, jinja_env)
+        self._applied_plan()
+
+    def _applied_plan(self) -> None:
+        """apply_plan once per task instance (it extends tolerations), then what will run."""
+        if not getattr(self, "_plan_applied", False):
+            self.apply_plan()
+            self._plan_applied = True
+        self.launched = what_runs(self)
 
     def execute(self, context):
-        self.apply_plan()
-        return super().execute(context)
+        self._applied_plan()
+        began, outcome = time.monotonic(), "failed"
+        try:
+            result = super().execute(context)
+            outcome = "Succeeded"
+            return result
+        finally:
+            pod = getattr(self, "pod", None)
+            if pod is not None and pod.metadata is not None:
+                self.launched = {**self.launched, "pod": pod.metadata.name}
+            summarize(self, context, launch_summary(self.name or "", self.launched.get("node") or "?",
+                                                    self.launched.get("pod") if pod is not None else None,
+                                                    outcome, time.monotonic() - began))
 
     def apply_plan(self) -> None:
         from kubernetes.client import models as k8s
@@ -59,3 +90,19 @@ class GpuPodOperator(GpuJobStep, KubernetesPodOperator):
         self.tolerations = [*self.tolerations, *(k8s.V1Toleration(**_toleration(t)) for t in spec.tolerations)]
         self.labels = {**self.labels, LABEL_JOB: plan.job_id, LABEL_TASK: a.task}
         self.log.info("launching %s on node %s (%s) with %s", a.task, a.node, a.hostname, a.requests)
+
+
+def what_runs(op: KubernetesPodOperator) -> dict:
+    """The container and placement the pod gets, for "Rendered Templates": image, command, args,
+    the env's names (never its values), node, resources, namespace."""
+    resources = op.container_resources
+    return {
+        "node": (op.node_selector or {}).get("kubernetes.io/hostname"),
+        "namespace": op.namespace,
+        "pod": op.name,
+        "image": op.image,
+        "command": list(op.cmds or []),
+        "args": list(op.arguments or []),
+        "env": sorted({getattr(e, "name", None) or str(e) for e in op.env_vars or ()}),
+        "resources": dict(getattr(resources, "requests", None) or {}),
+    }

@@ -18,7 +18,8 @@ from gpuboot.booking import CONTENDED_SECONDS, Booker, LedgerContended
 from gpuboot.jobspec import JobSpec
 from gpuboot.placement import Outcome, Plan
 from gpuboot.ports import EcsError
-from gpuboot.steps.base import GpuJobStep, context_job_id, push, resolve_job
+from gpuboot.steplog import place_summary
+from gpuboot.steps.base import GpuJobStep, context_job_id, push, resolve_job, summarize
 from gpuboot.steps.waiting import CapacityWait
 from gpuboot.triggers import WakeUpTrigger
 
@@ -79,6 +80,7 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
 
     def _attempt(self, context, spec: JobSpec, deadline: float):
         job_id = self.job_id or context_job_id(self, context)
+        began = time.monotonic()
         try:
             plan = self.place_and_reserve(spec, job_id)
         except (LedgerContended, EcsError) as exc:
@@ -106,6 +108,7 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
         self.log.info("decision: %s; nodes to start: %s", plan.message, list(plan.nodes_to_start) or "none")
         push(context, "job", spec.to_dict())
         push(context, "job_id", job_id)
+        summarize(self, context, place_summary(spec.name, plan, time.monotonic() - began))
         return plan.to_json()
 
     def place_and_reserve(self, spec: JobSpec, job_id: str) -> Plan:

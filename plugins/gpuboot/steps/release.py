@@ -4,7 +4,7 @@ from __future__ import annotations
 from airflow.sdk import BaseOperator, TriggerRule
 
 from gpuboot.model import LABEL_JOB
-from gpuboot.steps.base import GpuJobStep, context_job_id
+from gpuboot.steps.base import GpuJobStep, context_job_id, summarize
 
 
 class ReleaseReservationOperator(GpuJobStep, BaseOperator):
@@ -27,8 +27,10 @@ class ReleaseReservationOperator(GpuJobStep, BaseOperator):
         boot = self.job_boot(job_id)
         released = boot.finish(used=used - {None})
         if released:
-            self.log.info("released %d reservation(s) of job %s: %s", len(released), job_id,
-                          "; ".join(f"{r.task} on {r.node} ({r.resources})" for r in released))
+            line = (f"released {len(released)} reservation(s) of job {job_id}: "
+                    + "; ".join(f"{r.task} on {r.node} ({r.resources})" for r in released))
         else:
-            self.log.info("job %s held no reservation", job_id)
+            line = f"job {job_id} held no reservation"
+        ran = sorted(used - {None})
+        summarize(self, context, line + (f"; its pods ran on {', '.join(ran)}" if ran else "; no pod of it ran"))
         return [r.task for r in released]

@@ -1,6 +1,7 @@
 """The `start` step: power on the plan's stopped instances, falling back when ECS has no stock."""
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -9,7 +10,8 @@ from airflow.sdk import BaseOperator
 from gpuboot.boot import DEFAULT_UNAVAILABLE_TTL_SECONDS, JobBoot
 from gpuboot.booking import LAUNCH_MARGIN_SECONDS, reservation_ttl
 from gpuboot.placement import Plan
-from gpuboot.steps.base import GpuJobStep, push
+from gpuboot.steplog import start_summary
+from gpuboot.steps.base import GpuJobStep, push, summarize
 from gpuboot.steps.waiting import WaitsForCapacity
 
 
@@ -47,6 +49,7 @@ class StartGpuNodesOperator(GpuJobStep, WaitsForCapacity, BaseOperator):
         self.busy_poll_seconds = busy_poll_seconds
 
     def execute(self, context):
+        self._began = time.monotonic()
         plan = Plan.from_json(self.plan)
         boot = self._boot(plan)
         self._hold(boot)
@@ -54,6 +57,7 @@ class StartGpuNodesOperator(GpuJobStep, WaitsForCapacity, BaseOperator):
 
     def resume(self, context, event: Mapping):
         """Back from waiting for busy capacity (holding nothing): place again, or wait more."""
+        self._began = time.monotonic()
         boot = self._boot(Plan.from_json(self.plan))
         return self._pushed(context, self.capacity_resumed(boot, event["echo"], "resume"))
 
@@ -66,9 +70,10 @@ class StartGpuNodesOperator(GpuJobStep, WaitsForCapacity, BaseOperator):
         """This step may wait for an instance to stop, then the boot and the launch follow."""
         boot.hold(self.stopping_timeout_seconds + (reservation_ttl(boot.spec) if boot.spec else LAUNCH_MARGIN_SECONDS))
 
-    @staticmethod
-    def _pushed(context, result) -> dict:
+    def _pushed(self, context, result) -> dict:
         out = {"boots": result.boots, "started": result.started, "plan": result.plan.to_json()}
         for key, value in out.items():
             push(context, key, value)
+        summarize(self, context, start_summary(result.boots, result.started,
+                                               time.monotonic() - getattr(self, "_began", time.monotonic())))
         return out

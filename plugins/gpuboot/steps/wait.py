@@ -46,7 +46,8 @@ from gpuboot.booking import LAUNCH_MARGIN_SECONDS, stamp
 from gpuboot.kube import Gone, KubeClient
 from gpuboot.placement import Plan
 from gpuboot.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline, ReadinessTracker
-from gpuboot.steps.base import GpuJobStep
+from gpuboot.steplog import BootClock, boot_summary, evidence_block, utc
+from gpuboot.steps.base import GpuJobStep, summarize
 from gpuboot.triggers import NodeGpuReadyTrigger, holding_in_fallback
 from gpuboot.steps.waiting import WaitsForCapacity
 
@@ -55,7 +56,8 @@ def describe_evidence(evidence: Mapping[str, Any]) -> str:
     """One line for the task log: Ready? GPUs? bootID? heartbeat age?"""
     keys = ("ready", "gpus_allocatable", "boot_id", "boot_id_changed", "heartbeat_age_seconds", "held_seconds")
     shown = [f"{k}={evidence[k]}" for k in keys if k in evidence]
-    shown += [f"{k}={v}" for k, v in sorted(evidence.items()) if k not in keys]
+    shown += [f"{k}={utc(v) if k.endswith('_at') and isinstance(v, (int, float)) else v}"
+              for k, v in sorted(evidence.items()) if k not in keys]
     return ", ".join(shown) or "nothing"
 
 
@@ -130,6 +132,7 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         self.unavailable_ttl_seconds, self.fallback_seconds = unavailable_ttl_seconds, fallback_seconds
         self.busy_poll_seconds = busy_poll_seconds
         self._trackers: dict[str, ReadinessTracker] = {}
+        self._clocks: dict[str, BootClock] = {}          # poke mode: each node's boot phases, for the summary
         self._extended = False                         # poke mode: the deadline was stretched for a fallback window
         self._versions: dict[str, str | None] = {}     # poke mode: the resourceVersion each node was read at
         self._latest: dict[str, dict] = {}
@@ -212,8 +215,9 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         if event.get("status") != "ready":
             result = self._fail_over(context, state, node, event.get("reason"), event.get("evidence") or {})
             return self._watch(context, result, settle)
-        self.log.info("node %s is GPU-ready: %s", node, describe_evidence(event.get("evidence") or {}))
-        seen = {**seen, node: event.get("evidence") or {}}
+        summary = event.get("summary") or f"node {node} is GPU-ready"
+        self.log.info("%s; evidence:\n%s", summary, evidence_block(event.get("evidence") or {}))
+        seen = {**seen, node: {**(event.get("evidence") or {}), "summary": summary}}
         if index + 1 < len(state["boots"]):
             self._defer_for(index + 1, settle, seen, state)
         self._hold_until(state, time.time())
@@ -256,6 +260,8 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
 
     def _cleared(self, context, evidence: dict, state: dict) -> list[str]:
         context["ti"].xcom_push(key="evidence", value=evidence)
+        lines = [e.get("summary") or f"{n} GPU-ready" for n, e in evidence.items()]
+        summarize(self, context, "; ".join(lines) or "no node to wait for")
         if state.get("plan"):
             context["ti"].xcom_push(key="plan", value=state["plan"])
         return [a["task"] for a in (state.get("plan") or {}).get("assignments", [])]
@@ -267,7 +273,8 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         now = time.time()
         waiting = {n: v for n, v in verdicts.items() if not v.ready}
         if not waiting:
-            cleared = self._cleared(context, {n: dict(v.evidence) for n, v in verdicts.items()}, self._state)
+            cleared = self._cleared(context, {n: {**v.evidence, "summary": boot_summary(n, self._clocks[n])}
+                                              for n, v in verdicts.items()}, self._state)
             return PokeReturnValue(is_done=True, xcom_value=cleared)
         for node, verdict in waiting.items():
             self.log.info("node %s not ready yet: %s", node, verdict.reason)
@@ -280,7 +287,7 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
             node, verdict = next(iter(waiting.items()))
             result = self._fail_over(context, self._state, node, verdict.reason, verdict.evidence)
             self._state = self._state_of(context, result)
-            self._trackers, self._versions, self._extended = {}, {}, False
+            self._trackers, self._versions, self._extended, self._clocks = {}, {}, False, {}
             self._deadline = self._poke_deadline(self._state) if result.boots else None
         return False
 
@@ -306,6 +313,8 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         elif name not in self._latest:   # nothing written since the start yet: judge the Node as it is
             self._latest[name] = kube.get_node(name)
         verdict = None
+        clock = self._clocks.setdefault(name, BootClock(baseline.start_requested_at))
         for state in states or [self._latest[name]]:
             verdict = tracker.observe(state if state is None or state.get("status") else {}, time.time())
+            clock.observe(verdict, time.time())
         return verdict

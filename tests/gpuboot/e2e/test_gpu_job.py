@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.gpuboot.e2e.conftest import REPO, task_log
@@ -77,6 +79,27 @@ def test_job_needing_a_stopped_node_boots_it_waits_for_gpus_and_succeeds_there(c
     wait_log = task_log(output, dag_run, "wait_gpu_ready")
     assert "DEFERRED" in wait_log and TWO_GPU_NODE in wait_log
     assert live_reservations(cloud) == []
+    # Each step ends with its summary line; the boot's says where the time went.
+    assert re.search(rf"summary: booted {TWO_GPU_NODE} in [\d.]+ s \(instance up [\d.]+ s, kubelet Ready",
+                     wait_log), wait_log[-3000:]
+    assert "summary: placed e2e-train in " in task_log(output, dag_run, "place")
+    assert "summary: start requested for t4x2-stopped at 20" in task_log(output, dag_run, "start")
+    assert re.search(rf"summary: ran e2e-train on {TWO_GPU_NODE}: pod e2e-train-\w+ Succeeded", launch_log)
+    assert "Skipping masking for a secret" not in output
+    # "Rendered Templates" of launch: what the pod ran with, env names only.
+    rendered = rendered_fields(dag_run, "launch")
+    assert rendered["image"] == JOB["image"] and rendered["cmds"] == JOB["command"]
+    assert rendered["node_selector"]["kubernetes.io/hostname"] == TWO_GPU_NODE
+    assert rendered["launched"]["pod"] == pod.metadata.name and rendered["launched"]["node"] == TWO_GPU_NODE
+    assert rendered["launched"]["resources"]["nvidia.com/gpu"] == "2" and "env_vars" not in rendered
+
+
+def rendered_fields(dag_run, task: str) -> dict:
+    """What Airflow stored for the task's "Rendered Templates" tab (RenderedTaskInstanceFields)."""
+    from airflow.models.renderedtifields import RenderedTaskInstanceFields
+
+    (ti,) = [t for t in dag_run.get_task_instances() if t.task_id.rsplit(".", 1)[-1] == task]
+    return RenderedTaskInstanceFields.get_templated_fields(ti) or {}
 
 
 def test_job_bigger_than_any_node_fails_at_place_with_the_reason(cloud, connections, gpu_job_dag, capfd):

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+from airflow.sdk.execution_time.task_runner import _serialize_rendered_fields
 
 from gpuboot.ecs import EcsHook
 from gpuboot.kube import KubeClient
@@ -107,7 +110,7 @@ def test_job_from_dag_run_params(cloud):
 def test_start_wait_launch_release_on_a_stopped_node(cloud):
     """The whole chain by hand: the 2-GPU job boots gpu2-stop, the sensor (deferred) waits for
     its GPUs, the pod runs pinned there and its log reaches the task log, release cleans up."""
-    job = {**JOB, "gpus": 2}
+    job = {**JOB, "gpus": 2, "env": {"EPOCHS": "3", "WANDB_API_KEY": "a-secret-value-123"}}
     plan, pushed = place(job, job_id="chain")
     iid = plan["assignments"][0]["instance_id"]
     boot_before = KubeClient().get_node("gpu2-stop")["status"]["nodeInfo"]["bootID"]
@@ -115,6 +118,7 @@ def test_start_wait_launch_release_on_a_stopped_node(cloud):
     ctx = context("start")
     started = StartGpuNodesOperator(task_id="start", plan=plan).execute(ctx)
     assert started["started"] == [iid]
+    assert ctx["ti"].pushed["summary"].startswith("start requested for gpu2-stop at 20")   # a UTC time, not epoch
     (boot,) = started["boots"]
     assert boot["node"] == "gpu2-stop" and boot["boot_id_before"] == boot_before and boot["gpus_needed"] == 2
     assert EcsHook().statuses([iid])[iid] in ("Starting", "Running")
@@ -129,10 +133,18 @@ def test_start_wait_launch_release_on_a_stopped_node(cloud):
     ctx = context("wait")
     assert sensor.execute_complete(ctx, event) == ["train"]
     assert int(ctx["ti"].pushed["evidence"]["gpu2-stop"]["gpus_allocatable"]) == 2
+    assert re.fullmatch(r"booted gpu2-stop in [\d.]+ s \(instance up [\d.]+ s, kubelet Ready [\d.]+ s, "
+                        r"GPUs registered [\d.]+ s, settled [\d.]+ s\)", ctx["ti"].pushed["summary"])
 
     launch = GpuPodOperator(task_id="launch", job=pushed["job"], plan=plan, task_name="train",
                             startup_timeout_seconds=30)
-    launch.apply_plan()
+    launch.render_template_fields(context("launch"))      # as the task runner does, before storing them
+    rendered = _serialize_rendered_fields(launch)          # what "Rendered Templates" shows
+    assert rendered["image"] == JOB["image"] and rendered["cmds"] == JOB["command"]
+    assert rendered["node_selector"]["kubernetes.io/hostname"] == "gpu2-stop"
+    assert rendered["launched"]["env"] == ["EPOCHS", "WANDB_API_KEY"] and rendered["launched"]["node"] == "gpu2-stop"
+    assert rendered["launched"]["resources"]["nvidia.com/gpu"] == "2"
+    assert "env_vars" not in rendered and "a-secret-value-123" not in json.dumps(rendered)
     pod = launch.build_pod_request_obj(context("launch"))
     assert pod.spec.node_selector["kubernetes.io/hostname"] == "gpu2-stop"
     assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "2"

@@ -257,6 +257,7 @@ def test_poke_mode_fails_over_the_same_way(cloud):
                             deferrable=False, poke_interval=0.2)
     assert sensor.execute(ctx) == ["train"]
     assert [a["node"] for a in ctx["ti"].pushed["plan"]["assignments"]] == ["gpu2-stop"]
+    assert ctx["ti"].pushed["summary"].startswith("booted gpu2-stop in "), ctx["ti"].pushed["summary"]
     wait_until(lambda: status(cloud, "gpu-stop") == "Stopped", timeout=10)
 
 

@@ -48,8 +48,7 @@ def test_workdir_files_are_complete_private_and_work_with_real_clients(simcloud_
     k8s, ecs = conns["kubernetes_default"], conns["alibaba_ecs_default"]
     assert k8s.conn_type == "kubernetes" and Path(k8s.extra_dejson["kube_config_path"]) == cloud.kubeconfig
     assert (ecs.conn_type, ecs.login, ecs.password) == ("alibaba_cloud", cloud.ecs["access_key_id"], secret)
-    assert ecs.extra_dejson == {"region_id": cloud.region, "endpoint": cloud.ecs_endpoint.removeprefix("http://"),
-                                "protocol": "http"}
+    assert ecs.extra_dejson == {"region_id": cloud.region, "endpoint": cloud.ecs_endpoint}
     raw = json.loads(cloud.connections_file.read_text())
     monkeypatch.setenv("AIRFLOW_CONN_SIMCLOUD_K8S", json.dumps(raw["kubernetes_default"]))
     from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook

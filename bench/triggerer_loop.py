@@ -1,0 +1,138 @@
+"""The triggerer's event loop while readiness triggers wait: how long did anything block it?
+
+One triggerer runs every waiting job's trigger on one asyncio loop, so a trigger that blocks it
+for a second delays every other job's readiness by a second. `probe()` runs N
+`NodeGpuReadyTrigger`s at once in a fresh process (as a triggerer starts: nothing of the
+Kubernetes clients imported yet) under asyncio's debug mode, which logs every callback slower
+than `slow_callback_duration` ("Executing <Task ...> took 0.326 seconds"), next to a heartbeat
+that measures how late the loop wakes it (the triggerer's own "async thread was blocked" check
+works the same way). The test (tests/gpuboot/integration/test_trigger_loop.py) fails on any slow
+callback; the bench part reports the worst block while 100 triggers wait.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .common import local_cloud
+
+REPO = Path(__file__).resolve().parents[1]
+HEARTBEAT = 0.01
+_TOOK = re.compile(r"took (\d+(?:\.\d+)?) seconds")
+
+
+async def _heartbeat(worst: list[float], stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        began = loop.time()
+        await asyncio.sleep(HEARTBEAT)
+        worst[0] = max(worst[0], loop.time() - began - HEARTBEAT)
+
+
+async def _run_all(specs: list[dict], threshold: float) -> dict:
+    from gpuboot.triggers import NodeGpuReadyTrigger
+
+    loop = asyncio.get_running_loop()
+    loop.slow_callback_duration = threshold
+    worst, stop = [0.0], asyncio.Event()
+    beat = asyncio.create_task(_heartbeat(worst, stop))
+    began = time.time()
+
+    async def one(spec: dict) -> dict:
+        event = await NodeGpuReadyTrigger(**spec).run().__anext__()
+        return {**{k: event.payload.get(k) for k in ("status", "node", "reason")}, "fired_after_s": time.time() - began}
+
+    events = await asyncio.gather(*(one(s) for s in specs))
+    stop.set()
+    await beat
+    return {"events": events, "heartbeat_worst_lag_s": round(worst[0], 4)}
+
+
+def probe(specs: list[dict], threshold: float = 0.1) -> dict:
+    """Run the triggers of `specs` (NodeGpuReadyTrigger keyword arguments) at once, in this process,
+    under asyncio debug mode; the slow callbacks it logged and the heartbeat's worst lag."""
+    slow: list[str] = []
+
+    class Slow(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            if message.startswith("Executing") and " took " in message:
+                slow.append(message[:600])
+
+    asyncio_log = logging.getLogger("asyncio")
+    asyncio_log.addHandler(Slow(logging.WARNING))
+    asyncio_log.setLevel(logging.WARNING)
+    result = asyncio.run(_run_all(specs, threshold), debug=True)
+    took = [float(m.group(1)) for s in slow for m in [_TOOK.search(s)] if m]
+    return {**result, "threshold_s": threshold, "slow_callbacks": slow,
+            "worst_callback_s": round(max(took), 4) if took else None}
+
+
+def probe_in_fresh_process(specs: list[dict], threshold: float = 0.1, timeout: float = 600) -> dict:
+    """`probe` in a new interpreter with this process's environment (connections included), the way
+    a triggerer meets its first trigger: only Airflow's trigger base and the trigger module imported."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "plugins"), str(REPO)]))
+    done = subprocess.run([sys.executable, "-m", "bench.triggerer_loop"], input=json.dumps(
+        {"specs": specs, "threshold": threshold}), capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+    if done.returncode != 0:
+        raise RuntimeError(f"loop probe failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith('{"events"')))
+
+
+def boot_specs(cloud, nodes: list[str], per_node: int, timeout: float, settle: float) -> list[dict]:
+    """Start the stopped `nodes` (baselines read first, as the start step does) and return trigger
+    arguments for `per_node` triggers on each."""
+    from gpuboot.ecs import EcsHook
+    from gpuboot.kube import KubeClient
+
+    kube = KubeClient()
+    before = {n: kube.get_node(n) for n in nodes}
+    started = time.time()
+    EcsHook().start_instances([cloud.instance_id(n) for n in nodes])
+    specs = []
+    for name, node in before.items():
+        baseline = {"node": name, "start_requested_at": started, "gpus_needed": 1,
+                    "boot_id_before": node["status"]["nodeInfo"]["bootID"],
+                    "resource_version_before": node["metadata"]["resourceVersion"]}
+        specs += [{"baseline": baseline, "deadline": started + timeout, "settle_seconds": settle}] * per_node
+    return specs
+
+
+T4 = "ecs.gn6i-c4g1.xlarge"
+
+
+def run(workdir: Path, quick: bool = False, triggers: int = 100) -> dict:
+    """`triggers` readiness triggers waiting at once on one loop (10 per booting node)."""
+    from simcloud.testing import small_fleet
+
+    triggers = 20 if quick else triggers
+    per_node = 10
+    nodes = [f"gpu-{i}" for i in range(max(1, triggers // per_node))]
+    fleet = small_fleet([{"name": n, "instance_type": T4, "status": "Stopped"} for n in nodes],
+                        timings={"start_seconds": 1.0, "boot_seconds": 3.0, "stale_seconds": 1.0,
+                                 "device_plugin_seconds": 2.0})
+    with local_cloud(fleet, workdir / "cloud") as cloud:
+        specs = boot_specs(cloud, nodes, per_node, timeout=300, settle=5.0)
+        result = probe_in_fresh_process(specs, threshold=0.1)
+    fired = [e["fired_after_s"] for e in result["events"]]
+    return {"load_average_1m": round(os.getloadavg()[0], 1), "triggers": len(specs), "nodes": len(nodes), "threshold_s": result["threshold_s"],
+            "ready": sum(e["status"] == "ready" for e in result["events"]),
+            "slow_callbacks": len(result["slow_callbacks"]), "worst_callback_s": result["worst_callback_s"],
+            "heartbeat_worst_lag_s": result["heartbeat_worst_lag_s"],
+            "last_fired_after_s": round(max(fired), 2) if fired else None,
+            "slowest": sorted(result["slow_callbacks"], key=lambda s: -float((_TOOK.search(s) or [0, 0])[1]))[:5]}
+
+
+if __name__ == "__main__":
+    import airflow.triggers.base  # noqa: F401  (a triggerer has Airflow loaded before any trigger runs)
+    import gpuboot.triggers  # noqa: F401  (and the trigger's module, imported by its class path)
+
+    request = json.loads(sys.stdin.read())
+    print(json.dumps(probe(request["specs"], request["threshold"])))
