@@ -86,7 +86,8 @@ def boot_summary(node: str, clock: BootClock, fired_at: float | None = None) -> 
     if clock.start_requested_at is None:
         return f"{node} was already up: GPU-ready" + (f" at {utc(fired)}" if fired is not None else "")
     total = None if fired is None else fired - clock.start_requested_at
-    phases = ", ".join(f"{label} {seconds(s)}" for label, s in clock.phases())
+    # the fast path fires as the GPUs register: no settle phase to tell (the fallback has one)
+    phases = ", ".join(f"{label} {seconds(s)}" for label, s in clock.phases() if not (label == "settled" and s < 0.05))
     return f"booted {node} in {seconds(total)}" + (f" ({phases})" if phases else "")
 
 

@@ -31,18 +31,24 @@ def test_times_and_durations_read_at_a_glance():
 
 def test_a_boot_is_told_by_its_phases_as_the_tracker_saw_them():
     baseline = BootBaseline("gpu-1", T0, "old", 1, resource_version_before="8")
-    tracker = ReadinessTracker(baseline, settle_seconds=5, continuous=True)
-    clock = BootClock(T0)
     stale = iso(T0 - 600)
-    for at, state in ((T0 + 1, node("old", "True", "1", stale)),              # stale: before the boot
-                      (T0 + 3.1, node("new", "False", "1", iso(T0 + 3))),     # the new boot writes
-                      (T0 + 7.1, node("new", "True", "0", iso(T0 + 7))),      # Ready, count reset
-                      (T0 + 12.2, node("new", "True", "1", iso(T0 + 7))),     # GPUs registered
-                      (T0 + 17.2, node("new", "True", "1", iso(T0 + 7)))):    # the settle window done
-        clock.observe(tracker.observe(state, at), at)
-    assert boot_summary("gpu-1", clock) == ("booted gpu-1 in 17.2 s (instance up 3.1 s, kubelet Ready 4.0 s, "
-                                            "GPUs registered 5.1 s, settled 5.0 s)")
-    assert BootClock.from_json(clock.to_json()).marks == clock.marks
+    boot = ((T0 + 1, node("old", "True", "1", stale)),              # stale: before the boot
+            (T0 + 3.1, node("new", "False", "1", iso(T0 + 3))),     # the new boot writes
+            (T0 + 7.1, node("new", "True", "0", iso(T0 + 7))),      # Ready, count reset
+            (T0 + 12.2, node("new", "True", "1", iso(T0 + 7))),     # GPUs registered
+            (T0 + 17.2, node("new", "True", "1", iso(T0 + 7))))     # held since (the fallback's window)
+    fast, fallback = BootClock(T0), BootClock(T0)
+    seen = ReadinessTracker(baseline, settle_seconds=5, continuous=True)
+    missed = ReadinessTracker(baseline, settle_seconds=5, fallback_seconds=5, continuous=False)
+    for at, state in boot:
+        fast.observe(seen.observe(state, at), at)
+        if state["status"]["allocatable"]["nvidia.com/gpu"] != "0":      # a re-list that missed the reset
+            fallback.observe(missed.observe(state, at), at)
+    # the reset seen: it fires as the GPUs register; not seen: once the count held for the window
+    assert boot_summary("gpu-1", fast) == "booted gpu-1 in 12.2 s (instance up 3.1 s, kubelet Ready 4.0 s, GPUs registered 5.1 s)"
+    assert boot_summary("gpu-1", fallback) == ("booted gpu-1 in 17.2 s (instance up 3.1 s, kubelet Ready 9.1 s, "
+                                               "GPUs registered 0.0 s, settled 5.0 s)")     # Ready and GPUs seen at once
+    assert BootClock.from_json(fast.to_json()).marks == fast.marks
 
 
 def test_a_node_already_up_says_so():
