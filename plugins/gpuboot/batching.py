@@ -53,7 +53,7 @@ import random
 import uuid
 from collections.abc import Sequence
 
-from gpuboot.booking import Basis, Booker, Booking, LedgerContended, Survey, reservation_ttl, survey
+from gpuboot.booking import Basis, Booker, Booking, Survey, outdated_marks, reservation_ttl, survey
 from gpuboot.jobspec import JobSpec
 from gpuboot.ledger import Batch, Decided, LedgerConflict, LedgerState, Queued, RequestQueue, backoff
 from gpuboot.model import Reservation, Unavailable
@@ -192,15 +192,18 @@ class BatchPlacer:
                 basis = Basis(state.seq, survey(b.kube, b.ecs, state.others("", now), now, b.boot_grace_seconds),
                               read_at, frozenset(state.live_unavailable(now)))
                 released = []
+            # boot-failure marks whose evidence is gone go, as on the single path (booking.outdated_marks)
+            outdated = outdated_marks([m for m in state.live_unavailable(now) if m in basis.marks],
+                                      basis.survey.nodes, basis.survey.views)
             plans, added = self.decide(queue, basis.survey, [*state.others("", now), *released],
-                                       state.live_unavailable(now), now)
+                                       [m for m in state.live_unavailable(now) if m not in outdated], now)
             if (released or b.monotonic() - basis.at > VERDICT_MAX_AGE_SECONDS) and any(
                     p.outcome != Outcome.FITS for p in plans):
                 basis = None            # a verdict of busy or never rests on a recent read, no release pending
                 continue
             for attempt in range(1, 1 << 30):
                 try:
-                    self._commit(state, me, queue, plans, added)
+                    self._commit(state, me, queue, plans, added, outdated)
                     break
                 except LedgerConflict:
                     newer = self.ledger.snapshot()
@@ -225,8 +228,9 @@ class BatchPlacer:
         return plans, added
 
     def _commit(self, state: LedgerState, me: str, queue: Sequence[Queued], plans: Sequence[Plan],
-                added: list[Reservation]) -> None:
-        """Every reservation and answer of the batch in one write, the lease renewed."""
+                added: list[Reservation], outdated: Sequence[Unavailable] = ()) -> None:
+        """Every reservation and answer of the batch in one write, the lease renewed, the `outdated`
+        marks dropped."""
         now = self.booker.clock()
         live = state.batch.live(now)
         answers = tuple(Decided(q.job_id, q.ticket, compact(p).to_json(), me.split(":")[0], now + DECIDED_SECONDS)
@@ -234,7 +238,11 @@ class BatchPlacer:
         batch = Batch(live.decided + answers, me, now + LEASE_SECONDS)
         answered = {q.job_id for q in queue}    # a job's reservations are the batch's answer (a retry's replace)
         kept = [r for r in state.reservations if r.job_id not in answered]
-        self.ledger._write([*kept, *added], state.unavailable, state, state.jobs, batch=batch)
+        self.ledger._write([*kept, *added], [m for m in state.unavailable if m not in set(outdated)], state,
+                           state.jobs, batch=batch)
+        for mark in outdated:
+            self.log.info("dropped the mark on %s (%s): the node is Ready or booted again since", mark.what,
+                          mark.reason)
         self.queue.drop(q.ticket for q in queue)
         for q, p in zip(queue, plans):
             self.log.info("batch: job %s: %s: %s", q.job_id, p.outcome.value,
