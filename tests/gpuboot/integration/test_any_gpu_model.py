@@ -13,7 +13,7 @@ from gpuboot.steps.start import StartGpuNodesOperator
 from gpuboot.steps.wait import GpuReadySensor
 from airflow.sdk.exceptions import TaskDeferred
 
-from .conftest import SETTLE_SECONDS, SimCloud, expose_connections, small_fleet, with_job_namespaces
+from .conftest import SETTLE_SECONDS, running_cloud, small_fleet
 from .step_runner import TaskInstance
 from .test_operators import run_deferred
 
@@ -30,9 +30,7 @@ JOB = {"name": "any-model", "image": "python:3.11", "command": ["python", "-c", 
 
 @pytest.fixture
 def cloud(tmp_path, monkeypatch):
-    with SimCloud.start(FLEET, tmp_path / "simcloud") as sim:
-        with_job_namespaces(sim)
-        expose_connections(sim.connections_file, monkeypatch)
+    with running_cloud(FLEET, tmp_path, monkeypatch) as sim:
         yield sim
 
 
