@@ -45,8 +45,6 @@ def test_a_job_accepting_two_models_boots_and_runs_on_the_second_when_the_first_
     job = ctx["ti"].pushed["job"]
     assert job["gpu_model"] == ["V100M16", "A10"]
     assert [a["node"] for a in plan["assignments"]] == ["a10-stopped"] and plan["nodes_to_start"] == ["a10-stopped"]
-    t4 = next(c for c in plan["candidates"] if c["node"] == "t4-running")
-    assert (t4["verdict"], t4["reason"]) == ("excluded", "GPU model Tesla-T4 is not V100M16 or A10")
 
     started = StartGpuNodesOperator(task_id="start", plan=plan).execute(context("start"))
     sensor = GpuReadySensor(task_id="wait", boots=started["boots"], job=job, plan=plan)
