@@ -42,26 +42,50 @@ def parse_time(value) -> float | None:
     return moment.timestamp()
 
 
+# The openb trace's spelling of a model with its memory: V100M16 = a V100 with 16 GB per GPU.
+_MODEL_WITH_MEMORY = re.compile(r"(?P<model>[A-Z]+\d+[A-Z]*?)M(?P<gib>\d+)")
+
+
 def gpu_model_tokens(name: str | None) -> tuple[str, ...]:
-    """'NVIDIA-Tesla-V100-SXM2' -> ('V100', 'SXM2'): upper-case, no vendor prefixes or separators."""
+    """'NVIDIA-Tesla-V100-SXM2' -> ('V100', 'SXM2'): upper-case, no vendor prefixes or separators;
+    the trace's 'V100M16' -> ('V100', '16GB'), the memory as ACK's labels write it."""
     tokens = [t for t in re.split(r"[\s\-_/]+", (name or "").upper()) if t]
     while tokens and tokens[0] in ("NVIDIA", "TESLA"):
         tokens.pop(0)
+    if tokens and (memory := _MODEL_WITH_MEMORY.fullmatch(tokens[0])):
+        tokens[:1] = [memory["model"], f"{memory['gib']}GB"]
     return tuple(tokens)
 
 
 def normalize_gpu_model(name: str | None) -> str:
-    """'Tesla-T4', 'NVIDIA T4' and 't4' all normalize to 'T4'."""
+    """'Tesla-T4', 'NVIDIA T4' and 't4' all normalize to 'T4'; 'V100M16' to 'V100-16GB'."""
     return "-".join(gpu_model_tokens(name))
 
 
-def gpu_model_matches(wanted: str | None, actual: str | None) -> bool:
-    """True when `actual` is model `wanted` or a variant of it ('A100' matches 'A100-SXM4-80GB', not 'A10')."""
-    want = gpu_model_tokens(wanted)
-    if not want:
+def gpu_model_alternatives(value: str | Iterable[str] | None) -> tuple[str, ...]:
+    """The models a job accepts, each once, in the order given: 'V100M16|V100M32' (the trace's
+    spelling), ['T4', 'A10'] or 'T4'; None, '' or [] accept any model (the empty tuple)."""
+    if value is None:
+        return ()
+    parts = value.split("|") if isinstance(value, str) else [p for v in value for p in str(v).split("|")]
+    return tuple(dict.fromkeys(p.strip() for p in parts if p.strip()))
+
+
+def gpu_model_matches(wanted: str | Iterable[str] | None, actual: str | None) -> bool:
+    """True when `actual` is one of the `wanted` models or a variant of one (no model wanted: any).
+
+    A variant has the same model and at least the words asked for: 'A100' matches
+    'NVIDIA-A100-SXM4-80GB' (not 'A10'); 'V100M16' and 'V100-16GB' match 'Tesla-V100-SXM2-16GB',
+    not its 32GB sibling, nor a bare 'NVIDIA V100' whose memory is unknown."""
+    alternatives = gpu_model_alternatives(wanted)
+    if not alternatives:
         return True
     have = gpu_model_tokens(actual)
-    return have[:len(want)] == want
+    for model in alternatives:
+        want = gpu_model_tokens(model)
+        if want and have[:1] == want[:1] and set(want[1:]) <= set(have[1:]):
+            return True
+    return False
 
 
 def parse_provider_id(provider_id: str | None) -> tuple[str, str] | None:
@@ -252,10 +276,12 @@ def with_reservations(views: Iterable[NodeView], backed: set[tuple[str, str, str
         if r.resources:
             holders[r.node][f"job {r.job_id} ({r.task}, reserved)"] = None
     out = []
+    shared: dict[Resources, Resources] = {}     # reserved twins share their vectors too (build_inventory)
     for v in views:
         if v.name in reserved or v.name in holders:
             more = [h for h in holders.get(v.name, ()) if h not in v.holders]
-            v = replace(v, allocated=v.allocated + reserved.get(v.name, Resources()), holders=(*v.holders, *more))
+            allocated = v.allocated + reserved.get(v.name, Resources())
+            v = replace(v, allocated=shared.setdefault(allocated, allocated), holders=(*v.holders, *more))
         out.append(v)
     return out
 
@@ -286,6 +312,7 @@ def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],
             holders[r.node][f"job {r.job_id} ({r.task}, reserved)"] = None
 
     views = []
+    shared: dict[Resources, Resources] = {}     # one object per distinct vector (see placement._score_inputs)
     for node in nodes:
         meta, spec = node.get("metadata") or {}, node.get("spec") or {}
         name = meta["name"]
@@ -330,13 +357,14 @@ def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],
 
         managed = parsed is not None and (labels.get(LABEL_MANAGED) == "true"
                                           or _tags(instance).get(TAG_MANAGED) == "true")
+        allocated = Resources(used.get(name, {})) + reserved.get(name, Resources())
         views.append(NodeView(
             name=name,
             hostname=labels.get(LABEL_HOSTNAME) or name,
             state=state,
             reason=reason,
-            allocatable=allocatable,
-            allocated=Resources(used.get(name, {})) + reserved.get(name, Resources()),
+            allocatable=shared.setdefault(allocatable, allocatable),
+            allocated=shared.setdefault(allocated, allocated),
             labels=FrozenDict(labels),
             taints=tuple(spec.get("taints") or ()),
             instance_id=parsed[1] if parsed else None,

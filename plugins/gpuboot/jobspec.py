@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .inventory import gpu_model_tokens
+from .inventory import gpu_model_alternatives, gpu_model_tokens
 from .model import FrozenDict
 from .placement import JobRequest, TaskRequest
 from .resources import CPU, GPU, MEMORY, QUANTITY_PATTERN, QuantityError, Resources, format_quantity
@@ -100,7 +100,7 @@ class JobSpec:
     gpus: int = 1
     cpu: str = "1"
     memory: str = "4Gi"
-    gpu_model: str | None = None
+    gpu_model: tuple[str, ...] = ()           # the GPU models the job accepts, any one will do; () = any
     namespace: str = DEFAULT_JOB_NAMESPACES[0]   # from_dict: the first of job_namespaces()
     replicas: int = 1
     min_available: int | None = None          # None = replicas (a gang: all or nothing)
@@ -116,6 +116,7 @@ class JobSpec:
     def __post_init__(self):
         for name in ("env", "node_selector", "extra_resources"):
             object.__setattr__(self, name, FrozenDict(getattr(self, name) or {}))
+        object.__setattr__(self, "gpu_model", gpu_model_alternatives(self.gpu_model))
 
     @classmethod
     def from_dict(cls, data: Mapping, source: str = "job spec") -> "JobSpec":
@@ -342,15 +343,29 @@ class _Validator:
             self.fail(key, f"{value!r} must be more than zero", f"Write e.g. {_EXAMPLES[key]}")
         return value.strip() if isinstance(value, str) else str(value)
 
-    def gpu_model(self, value) -> str | None:
-        if value is None or value == "":
-            return None
-        tokens = gpu_model_tokens(value) if isinstance(value, str) else ()
-        if not tokens or tokens[0] not in KNOWN_GPU_MODELS:
-            self.fail("gpu_model", f"{value!r} is not a GPU model ECS offers",
-                      f"Use one of {', '.join(KNOWN_GPU_MODELS)} (e.g. 'T4'; 'Tesla-T4' and 'NVIDIA T4' work too), "
-                      "or leave it empty for any model")
-        return value.strip()
+    def gpu_model(self, value) -> tuple[str, ...]:
+        """One model, a list of models, or 'A|B' (the openb trace's gpu_spec): the job runs on a node
+        of any of them. None, '' and [] accept any model."""
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            items = [("gpu_model", part) for part in value.split("|")] if value.strip() else []
+        elif isinstance(value, (list, tuple)):
+            items = [(f"gpu_model[{i}]", item) for i, item in enumerate(value)]
+        else:
+            self.fail("gpu_model", f"expected a model name or a list of them, got {type(value).__name__}",
+                      f"Write e.g. 'T4', or [V100M16, V100M32] (or 'V100M16|V100M32') for any of several. "
+                      f"{_GPU_MODEL_HINT}")
+        for where, item in items:
+            if not isinstance(item, str):
+                self.fail(where, f"expected a model name, got {type(item).__name__}", f"Quote it. {_GPU_MODEL_HINT}")
+            if not item.strip():
+                self.fail(where, f"{value!r} has an empty model name",
+                          "Separate models with a single '|' (e.g. 'V100M16|V100M32') or give a list")
+            tokens = gpu_model_tokens(item)
+            if not tokens or tokens[0] not in KNOWN_GPU_MODELS:
+                self.fail(where, f"{item.strip()!r} is not a GPU model ECS offers", _GPU_MODEL_HINT)
+        return gpu_model_alternatives(item for _, item in items)
 
     def labels(self, key: str, value) -> dict[str, str]:
         if not isinstance(value, Mapping):
@@ -425,6 +440,9 @@ def _qualified_name(name: str, domain_required: bool) -> bool:
     return len(local) <= 63 and bool(_NAME_PART.fullmatch(local))
 
 
+_GPU_MODEL_HINT = (f"Use one of {', '.join(KNOWN_GPU_MODELS)} (e.g. 'T4'; 'Tesla-T4' and 'NVIDIA T4' work too), "
+                   "with the memory per GPU when it matters ('V100M16' or 'V100-16GB'); several as a list "
+                   "[V100M16, V100M32] or 'V100M16|V100M32' (any of them will do); or leave it empty for any model")
 _EXAMPLES = {
     "name": "'train-resnet'",
     "image": "'pytorch/pytorch:2.3.0-cuda12.1'",

@@ -4,7 +4,10 @@ Pure and deterministic, so that the DAGs and the trace replay share it unchanged
 The seed's bug was booting a node because "cluster free + new node" covered a
 task; here a task fits a node only when that node's own free capacity covers
 every resource it asks for. Cost is O(nodes) per distinct task shape plus
-O(log nodes) per task, so a 64-task gang over 10,000 nodes stays fast.
+O(log nodes) per task, so a 64-task gang over 10,000 nodes stays fast: each node is
+filtered once per shape, nodes alike in all the score reads (twins: same state,
+capacity, usage, price) are scored once, and of the candidate table only the rows kept
+(_TABLE_LIMIT) are put into words; the rest are counted.
 
 Cost model (`CostModel`, per task, USD). Putting a task on a node pays for the node for as
 long as the decision keeps it up, and makes the job wait:
@@ -40,12 +43,15 @@ heap in _assign exact.
 """
 from __future__ import annotations
 
+import functools
 import heapq
+import itertools
+import operator
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum
 
-from .inventory import gpu_model_matches
+from .inventory import gpu_model_alternatives, gpu_model_matches
 from .model import NOT_READY_TAINTS, STATE_RANK, FrozenDict, NodeState, NodeView, Unavailable
 from .resources import CPU, GPU, MEMORY, Resources, format_quantity
 
@@ -96,11 +102,12 @@ class TaskRequest:
     requests: Resources
     node_selector: Mapping[str, str] = field(default_factory=FrozenDict)
     tolerations: tuple[dict, ...] = ()
-    gpu_model: str | None = None
+    gpu_model: tuple[str, ...] = ()   # the models it accepts, any one will do ('A|B' or one name: normalized)
     avoid_gpu_nodes: bool = False     # CPU-only work kept off GPU nodes (never boots or holds one)
 
     def __post_init__(self):
         object.__setattr__(self, "node_selector", FrozenDict(self.node_selector or {}))
+        object.__setattr__(self, "gpu_model", gpu_model_alternatives(self.gpu_model))
         object.__setattr__(self, "tolerations", tuple(dict(t) for t in self.tolerations))
 
     def to_json(self) -> dict:
@@ -264,9 +271,10 @@ class Plan:
 
 def _facts(node: NodeView, need: Resources, k: int) -> FrozenDict:
     """The table's words for a node that fits: k tasks here, what is left after them, a slot's cost."""
-    left = node.free - Resources({name: k * amount for name, amount in need.items()})
-    facts = {"tasks": str(k), "gpu_left": str(left.gpus), "cpu_left": format_quantity(CPU, left.get(CPU)),
-             "mem_left": format_quantity(MEMORY, left.get(MEMORY))}
+    free = node.free
+    gpu, cpu, memory = (free.get(name) - k * need.get(name) for name in (GPU, CPU, MEMORY))
+    facts = {"tasks": str(k), "gpu_left": str(gpu), "cpu_left": format_quantity(CPU, cpu),
+             "mem_left": format_quantity(MEMORY, memory)}
     if STATE_RANK[node.state] >= 2:     # needs a start: what one slot of the task costs
         slots = _fit_count(node.allocatable, need, _NO_LIMIT)
         facts["cost_per_slot"] = (f"{node.price_per_hour / slots:.4g}/h" if node.price_per_hour is not None
@@ -289,11 +297,12 @@ def _tolerates(tolerations: Sequence[Mapping], taint: Mapping) -> bool:
 
 
 def _exclusion(task: TaskRequest, node: NodeView, whole_fleet: bool,
-               unavailable: Sequence[Unavailable] = ()) -> str | None:
+               unavailable: Sequence[Unavailable] = (), models: dict | None = None) -> str | None:
     """Why `task` may never run on `node` regardless of load (None = it may).
 
     `whole_fleet` ignores the node's current condition and unavailability, both temporary
-    (used for the "never fits" check).
+    (used for the "never fits" check). `models` caches the GPU model verdicts across the nodes of
+    one task (node model -> accepted).
     """
     if not whole_fleet and node.state not in STATE_RANK:
         return f"node {node.state.value}: {node.reason}"
@@ -304,8 +313,8 @@ def _exclusion(task: TaskRequest, node: NodeView, whole_fleet: bool,
     for key, value in task.node_selector.items():
         if node.labels.get(key) != value:
             return f"nodeSelector {key}={value} (node has {node.labels.get(key, 'no such label')})"
-    if task.gpu_model and not gpu_model_matches(task.gpu_model, node.gpu_model):
-        return f"GPU model {node.gpu_model or 'none'} is not {task.gpu_model}"
+    if task.gpu_model and not _accepts(task, node.gpu_model, {} if models is None else models):
+        return f"GPU model {node.gpu_model or 'none'} is not {_models(task)}"
     if task.avoid_gpu_nodes and (node.allocatable.gpus or node.gpu_model):
         return f"{_OFF_GPU_NODES} (GPU node: {node.gpu_model or 'GPU'} x{node.allocatable.gpus})"
     down = whole_fleet or node.state is not NodeState.READY
@@ -319,18 +328,32 @@ def _exclusion(task: TaskRequest, node: NodeView, whole_fleet: bool,
     return None
 
 
-def _short(need: Resources, have: Mapping[str, int]) -> str:
+def _accepts(task: TaskRequest, model: str | None, seen: dict) -> bool:
+    if model not in seen:
+        seen[model] = gpu_model_matches(task.gpu_model, model)
+    return seen[model]
+
+
+def _models(task: TaskRequest) -> str:
+    """'T4', or 'V100M16 or V100M32' for a task that accepts several models."""
+    return " or ".join(task.gpu_model)
+
+
+@functools.lru_cache(maxsize=1024)
+def _words(resources: Resources) -> str:
+    """str(resources), remembered: the table repeats the same few vectors across twin nodes."""
+    return str(resources)
+
+
+@functools.lru_cache(maxsize=1024)
+def _short(need: Resources, have: Resources) -> str:
     return ", ".join(f"{name} needs {format_quantity(name, need[name])}, has {format_quantity(name, have.get(name, 0))}"
                      for name in need.shortfall(have))
 
 
 def _fit_count(free: Mapping[str, int], need: Resources, limit: int) -> int:
     """How many copies of `need` fit in `free` (at most `limit`)."""
-    count = limit
-    for name, amount in need.items():
-        if amount > 0:
-            count = min(count, max(0, free.get(name, 0)) // amount)
-    return count
+    return need.copies_in(free, limit)
 
 
 def _headroom(node: NodeView, need: Resources) -> float:
@@ -362,99 +385,128 @@ def _score(node: NodeView, free: Resources, need: Resources, remaining: int,
     return (*key, node.allocatable.gpus, -_headroom(node, need)), k
 
 
+# All that `_score` and a task's fit read of a node on its own free capacity, besides its name:
+# nodes with equal inputs get equal scores, so placement judges each class of such twins once.
+# Keep it in step with _score (tests/gpuboot/unit/test_placement_reference.py checks plans
+# against a placer that scores every node). An attrgetter builds the tuple in C, and it compares
+# by identity when twins share their vectors, as build_inventory makes them.
+_score_inputs = operator.attrgetter("state", "allocatable", "allocated", "price_per_hour")
+
+
 # --- the greedy placer -----------------------------------------------------------
 
 @dataclass
 class _Group:
-    """Interchangeable tasks and the nodes they may use (static filters done once)."""
+    """Interchangeable tasks, the nodes they may use (static filters done once), and what the first
+    task makes of each eligible node on its free capacity (`_judge`, one pass over the nodes)."""
 
     tasks: list[TaskRequest]
     eligible: list[int]                      # indexes into nodes
     excluded: dict[int, str]
+    too_small: list[int] = field(default_factory=list)     # would not fit even the empty node
+    busy: list[int] = field(default_factory=list)          # would fit the empty node, not its free capacity
+    fits: dict[int, tuple[tuple, int]] = field(default_factory=dict)   # node -> _score on its free capacity
+    # the fitting nodes by class of twins (equal _score_inputs): (score, k), its nodes in name order
+    classes: list[tuple[tuple[tuple, int], list[int]]] = field(default_factory=list)
 
 
-def _groups(job: JobRequest, nodes: Sequence[NodeView], whole_fleet: bool,
-            unavailable: Sequence[Unavailable] = ()) -> list[_Group]:
-    by_shape: dict[tuple, _Group] = {}
+def _groups(job: JobRequest, nodes: Sequence[NodeView], whole_fleet: bool, unavailable: Sequence[Unavailable] = (),
+            cost: CostModel = DEFAULT_COST, run_hours: float | None = None) -> list[_Group]:
+    by_shape: dict[tuple, list[TaskRequest]] = {}
     # biggest tasks first (first-fit decreasing), stable by name for determinism
     ordered = sorted(job.tasks, key=lambda t: (-t.requests.gpus, -t.requests.get(CPU),
                                                 -t.requests.get(MEMORY), t.name))
     for task in ordered:
-        shape = task.shape()
-        if shape not in by_shape:
-            group = _Group([], [], {})
-            for i, node in enumerate(nodes):
-                why = _exclusion(task, node, whole_fleet, unavailable)
-                if why is None:
-                    group.eligible.append(i)
-                else:
-                    group.excluded[i] = why
-            by_shape[shape] = group
-        by_shape[shape].tasks.append(task)
-    return list(by_shape.values())
+        by_shape.setdefault(task.shape(), []).append(task)
+    groups = [_Group(tasks, [], {}) for tasks in by_shape.values()]
+    for group in groups:
+        _judge(group, nodes, whole_fleet, unavailable, cost, run_hours)
+    return groups
 
 
-def _assign(groups: list[_Group], nodes: Sequence[NodeView], free: list[Resources],
-            cost: CostModel = DEFAULT_COST, run_hours: float | None = None) -> dict[str, int]:
+def _judge(group: _Group, nodes: Sequence[NodeView], whole_fleet: bool, unavailable: Sequence[Unavailable],
+           cost: CostModel, run_hours: float | None) -> None:
+    """One pass over the nodes for the group's first task: excluded (and why), else too small, busy,
+    or fits with its score on the node's free capacity: the candidate table's verdicts, and the
+    first heap of _assign. Nodes alike in everything the verdict and `_score` read
+    (`_score_inputs`) are judged once, and only their first has its free capacity computed."""
+    task = group.tasks[0]
+    need, count = task.requests, len(group.tasks)
+    models: dict[str | None, bool] = {}     # node model -> accepted: a fleet has few models
+    # no constraint to check but the state and the taints: most nodes pass without a call
+    plain = not (task.node_selector or task.gpu_model or task.avoid_gpu_nodes or unavailable)
+    seen: dict[tuple, int] = {}     # inputs -> index into classes, or -1: too small, -2: busy
+    eligible, excluded, too_small, busy = group.eligible, group.excluded, group.too_small, group.busy
+    fits, classes = group.fits, group.classes
+    for i, node in enumerate(nodes):
+        if not (plain and not node.taints and (whole_fleet or node.state in STATE_RANK)):
+            why = _exclusion(task, node, whole_fleet, unavailable, models)
+            if why is not None:
+                excluded[i] = why
+                continue
+        eligible.append(i)
+        key = _score_inputs(node)
+        c = seen.get(key)
+        if c is None:
+            if not need.fits_in(node.allocatable):
+                c = -1
+            elif not need.fits_in(node.free):
+                c = -2
+            else:
+                c = len(classes)
+                classes.append((_score(node, node.free, need, count, cost, run_hours), []))
+            seen[key] = c
+        if c == -1:
+            too_small.append(i)
+        elif c == -2:
+            busy.append(i)
+        else:
+            scored, members = classes[c]
+            members.append(i)
+            fits[i] = scored
+
+
+def _assign(groups: list[_Group], nodes: Sequence[NodeView], cost: CostModel = DEFAULT_COST,
+            run_hours: float | None = None) -> dict[str, int]:
     """Greedy per shape: the best node takes as many of the remaining tasks as it holds, and so on.
 
     Lazy heap: a popped node is re-scored with the current remaining count; since scores
-    only grow, an unchanged score is the true best. Work is O(nodes log nodes) per shape.
+    only grow, an unchanged score is the true best. The heap starts with the first node of each
+    class of twins `_judge` found (the next one enters when it pops: twins tie, and ties go by
+    name) and each node an earlier shape took capacity from, so work is O(nodes) per shape to
+    find the classes plus O(log nodes) per task.
     """
     placed: dict[str, int] = {}
+    changed: dict[int, Resources] = {}     # what is left on the nodes tasks were placed on
     for group in groups:
         need, pending = group.tasks[0].requests, list(group.tasks)
-        heap = []
-        for i in group.eligible:
-            scored = _score(nodes[i], free[i], need, len(pending), cost, run_hours)
+        queues = [(scored[0], [i for i in members if i not in changed] if changed else members)
+                  for scored, members in group.classes]
+        heap = [(score, nodes[members[0]].name, members[0], q, 0) for q, (score, members) in enumerate(queues)
+                if members]
+        for i in changed.keys() & group.eligible:
+            scored = _score(nodes[i], changed[i], need, len(pending), cost, run_hours)
             if scored:
-                heap.append((scored[0], nodes[i].name, i))
+                heap.append((scored[0], nodes[i].name, i, -1, 0))
         heapq.heapify(heap)
         while pending and heap:
-            score, name, i = heapq.heappop(heap)
-            rescored = _score(nodes[i], free[i], need, len(pending), cost, run_hours)
+            score, name, i, q, at = heapq.heappop(heap)
+            if q >= 0 and at + 1 < len(queues[q][1]):     # its twin next in name order takes its place
+                j = queues[q][1][at + 1]
+                heapq.heappush(heap, (score, nodes[j].name, j, q, at + 1))
+            free = changed[i] if i in changed else nodes[i].free
+            rescored = _score(nodes[i], free, need, len(pending), cost, run_hours)
             if rescored is None:
                 continue
             current, k = rescored
             if current != score:
-                heapq.heappush(heap, (current, name, i))
+                heapq.heappush(heap, (current, name, i, -1, 0))
                 continue
             for task in pending[:k]:
                 placed[task.name] = i
-            free[i] = free[i] - Resources({n: a * k for n, a in need.items()})
+            changed[i] = free - Resources({n: a * k for n, a in need.items()})
             del pending[:k]
     return placed
-
-
-def _candidates(groups: list[_Group], nodes: Sequence[NodeView], placed: dict[str, int],
-                cost: CostModel = DEFAULT_COST, run_hours: float | None = None) -> list[Candidate]:
-    """One row per node for the first task of each shape, plus a row per further chosen task."""
-    rows: list[Candidate] = []
-    for group in groups:
-        first = group.tasks[0]
-        need = first.requests
-        chosen = placed.get(first.name)
-        for i, node in enumerate(nodes):
-            if i in group.excluded:
-                rows.append(Candidate(first.name, node.name, node.state, Verdict.EXCLUDED, group.excluded[i], None))
-            elif not need.fits_in(node.allocatable):
-                rows.append(Candidate(first.name, node.name, node.state, Verdict.TOO_SMALL,
-                                      f"capacity: {_short(need, node.allocatable)}", None))
-            elif not need.fits_in(node.free):
-                rows.append(Candidate(first.name, node.name, node.state, Verdict.BUSY,
-                                      f"free now: {_short(need, node.free)}{_held_by(node)}", None))
-            else:
-                verdict = Verdict.CHOSEN if i == chosen else Verdict.FITS
-                score, k = _score(node, node.free, need, len(group.tasks), cost, run_hours)
-                rows.append(Candidate(first.name, node.name, node.state, verdict,
-                                      f"{node.reason}; free {node.free}", score, _facts(node, need, k)))
-        for task in group.tasks[1:]:
-            if task.name in placed:
-                node = nodes[placed[task.name]]
-                rows.append(Candidate(task.name, node.name, node.state, Verdict.CHOSEN,
-                                      f"same shape as {first.name}", None))
-    rows.sort(key=_row_order)
-    return rows
 
 
 _VERDICT_ORDER = {Verdict.CHOSEN: 0, Verdict.FITS: 1, Verdict.BUSY: 2, Verdict.TOO_SMALL: 3, Verdict.EXCLUDED: 4}
@@ -472,11 +524,74 @@ def _held_by(node: NodeView, limit: int = 3) -> str:
     return f"; held by {', '.join(node.holders[:limit])}{more}"
 
 
-def _keep(rows: list[Candidate]) -> list[Candidate]:
-    """Every chosen row, then the best-ranked others, up to _TABLE_LIMIT rows."""
-    chosen = [c for c in rows if c.verdict == "chosen"]
-    others = [c for c in rows if c.verdict != "chosen"][:max(0, _TABLE_LIMIT - len(chosen))]
-    return sorted(chosen + others, key=_row_order)
+def _row(group: _Group, nodes: Sequence[NodeView], i: int, verdict: Verdict) -> Candidate:
+    """The candidate row of node `i` for the group's first task, in words."""
+    first, node = group.tasks[0], nodes[i]
+    need = first.requests
+    if verdict is Verdict.EXCLUDED:
+        return Candidate(first.name, node.name, node.state, verdict, group.excluded[i], None)
+    if verdict is Verdict.TOO_SMALL:
+        return Candidate(first.name, node.name, node.state, verdict, f"capacity: {_short(need, node.allocatable)}",
+                         None)
+    if verdict is Verdict.BUSY:
+        return Candidate(first.name, node.name, node.state, verdict,
+                         f"free now: {_short(need, node.free)}{_held_by(node)}", None)
+    score, k = group.fits[i]
+    return Candidate(first.name, node.name, node.state, verdict, f"{node.reason}; free {_words(node.free)}", score,
+                     _facts(node, need, k))
+
+
+def _best_fits(group: _Group, pick: int | None, take: int) -> list[int]:
+    """The first `take` fitting nodes but `pick` in table order (score, then name), from the classes:
+    sorted by score, twins already in name order, classes of equal score merged by name."""
+    out: list[int] = []
+    by_score = sorted(group.classes, key=lambda c: c[0][0])
+    for _, level in itertools.groupby(by_score, key=lambda c: c[0][0]):
+        lists = [members for _, members in level]
+        for i in (lists[0] if len(lists) == 1 else heapq.merge(*lists)):   # index order = name order
+            if len(out) >= take:
+                return out
+            if i != pick:
+                out.append(i)
+    return out
+
+
+def _candidates(groups: list[_Group], nodes: Sequence[NodeView],
+                placed: dict[str, int]) -> tuple[list[Candidate], int]:
+    """The candidate table and how many rows it leaves out: one row per node for the first task of
+    each shape, plus a row per further chosen task; every chosen row, then the best-ranked others
+    up to _TABLE_LIMIT rows, in `_row_order`. Only the rows kept are put into words: nodes are in name
+    order, so a verdict's rows are already in table order, and only the fits need sorting (by score)."""
+    chosen: list[Candidate] = []
+    buckets: list[tuple[str, int, Verdict, Sequence[int], _Group]] = []    # (task, verdict order, ...)
+    total = 0                                                             # rows, kept or not
+    for group in groups:
+        first = group.tasks[0].name
+        pick = placed.get(first)
+        if pick is not None:
+            chosen.append(_row(group, nodes, pick, Verdict.CHOSEN))
+        for task in group.tasks[1:]:
+            if task.name in placed:
+                node = nodes[placed[task.name]]
+                chosen.append(Candidate(task.name, node.name, node.state, Verdict.CHOSEN,
+                                        f"same shape as {first}", None))
+                total += 1
+        fits = range(len(group.fits) - (pick is not None))    # only counted here: _best_fits lists them
+        for verdict, members in ((Verdict.FITS, fits), (Verdict.BUSY, group.busy),
+                                 (Verdict.TOO_SMALL, group.too_small), (Verdict.EXCLUDED, list(group.excluded))):
+            buckets.append((first, _VERDICT_ORDER[verdict], verdict, members, group))
+        total += len(nodes)
+    room = max(0, _TABLE_LIMIT - len(chosen))
+    others: list[Candidate] = []
+    for _, _, verdict, members, group in sorted(buckets, key=lambda b: b[:2]):
+        take = room - len(others)
+        if take <= 0:
+            break
+        if verdict is Verdict.FITS:
+            members = _best_fits(group, placed.get(group.tasks[0].name), take)
+        others.extend(_row(group, nodes, i, verdict) for i in members[:take])
+    rows = sorted(chosen + others, key=_row_order)
+    return rows, total - len(rows)
 
 
 def _never_message(job: JobRequest, nodes: Sequence[NodeView], groups: list[_Group],
@@ -487,7 +602,7 @@ def _never_message(job: JobRequest, nodes: Sequence[NodeView], groups: list[_Gro
         if task.name in placed:
             continue
         need = task.requests
-        model = f" (model {task.gpu_model})" if task.gpu_model else ""
+        model = f" (model {_models(task)})" if task.gpu_model else ""
         if not group.eligible:
             reasons = sorted({why.split(" (")[0] for why in group.excluded.values()})
             detail = "; ".join(reasons[:3]) or "the fleet has no nodes"
@@ -515,13 +630,11 @@ def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unav
     `unavailable` (the caller passes only unexpired entries) keeps offerings that ran out of
     stock, and nodes that failed to boot, out of this plan; being temporary, they make a job
     that only they could hold BUSY, never NEVER. `cost` prices the decision (module doc)."""
-    nodes = sorted(nodes, key=lambda n: n.name)
+    nodes = sorted(nodes, key=operator.attrgetter("name"))
     run_hours = None if job.expected_run_seconds is None else job.expected_run_seconds / HOUR
-    groups = _groups(job, nodes, whole_fleet=False, unavailable=unavailable)
-    placed = _assign(groups, nodes, [n.free for n in nodes], cost, run_hours)
-    rows = _candidates(groups, nodes, placed, cost, run_hours)
-    kept = _keep(rows)
-    omitted = len(rows) - len(kept)
+    groups = _groups(job, nodes, whole_fleet=False, unavailable=unavailable, cost=cost, run_hours=run_hours)
+    placed = _assign(groups, nodes, cost, run_hours)
+    kept, omitted = _candidates(groups, nodes, placed)
 
     if len(placed) >= job.min_available:
         by_task = {t.name: t for t in job.tasks}
@@ -538,7 +651,7 @@ def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unav
 
     empty = [_empty(n) for n in nodes]
     fleet_groups = _groups(job, empty, whole_fleet=True)
-    fleet_placed = _assign(fleet_groups, empty, [n.allocatable for n in empty])
+    fleet_placed = _assign(fleet_groups, empty)
     if len(fleet_placed) < job.min_available:
         return Plan(job.job_id, Outcome.NEVER, _never_message(job, empty, fleet_groups, fleet_placed),
                     candidates=tuple(kept), candidates_omitted=omitted)
@@ -548,12 +661,12 @@ def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unav
         if all(t.name in placed for t in group.tasks):
             continue
         first = group.tasks[0].name
-        busy = [c for c in rows if c.task == first and c.verdict == "busy"]
+        busy = group.busy       # in name order, as in the table
         if busy:
-            message += f". {first}: {len(busy)} big-enough node(s) busy, e.g. {busy[0].node} ({busy[0].reason})"
-            by_name = {n.name: n for n in nodes}
-            holders = list(dict.fromkeys(h for c in busy for h in by_name[c.node].holders))
-            if len(holders) > len(by_name[busy[0].node].holders):
+            example = _row(group, nodes, busy[0], Verdict.BUSY)
+            message += f". {first}: {len(busy)} big-enough node(s) busy, e.g. {example.node} ({example.reason})"
+            holders = list(dict.fromkeys(h for i in busy for h in nodes[i].holders))
+            if len(holders) > len(nodes[busy[0]].holders):
                 message += f"; all {len(busy)} are held by {', '.join(holders[:5])}" + \
                     (f" and {len(holders) - 5} more" if len(holders) > 5 else "")
     blocked = sorted({u.what + ": " + u.reason for u in unavailable if any(u.blocks(n) for n in nodes)})
@@ -562,6 +675,14 @@ def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unav
     return Plan(job.job_id, Outcome.BUSY, message, candidates=tuple(kept), candidates_omitted=omitted)
 
 
+_NOTHING = Resources()
+
+
 def _empty(node: NodeView) -> NodeView:
-    """The node as if nothing ran or was reserved on it and it were up (for the "never fits" check)."""
-    return replace(node, state=NodeState.READY, reason="empty", allocated=Resources())
+    """The node as if nothing ran or was reserved on it and it were up (for the "never fits" check).
+    A copy of its fields, not dataclasses.replace (ten times slower, for every node of the fleet),
+    sharing one empty usage and the allocatable as the free capacity, so twins stay twins."""
+    empty = object.__new__(NodeView)
+    empty.__dict__.update(node.__dict__, state=NodeState.READY, reason="empty", allocated=_NOTHING,
+                          free=node.allocatable)
+    return empty

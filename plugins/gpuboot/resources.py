@@ -89,6 +89,7 @@ def _amount(name: str, value: str | int | float, field: str = "") -> int:
     return _canonical(name, quantity, field)
 
 
+@functools.lru_cache(maxsize=4096)
 def _format(name: str, amount: int) -> str:
     """Canonical integer unit -> the shortest exact Kubernetes quantity string."""
     if name == CPU:
@@ -202,7 +203,22 @@ class Resources(Mapping[str, int]):
 
     def fits_in(self, capacity: Mapping[str, int]) -> bool:
         """True when every resource requested is <= capacity's (a missing resource is 0)."""
-        return all(amount <= capacity.get(name, 0) for name, amount in self._items.items())
+        have = capacity._items if isinstance(capacity, Resources) else capacity
+        for name, amount in self._items.items():   # a plain loop: placement asks this of every node
+            if amount > have.get(name, 0):
+                return False
+        return True
+
+    def copies_in(self, capacity: Mapping[str, int], limit: int) -> int:
+        """How many copies of this vector fit in `capacity` at once (at most `limit`)."""
+        have = capacity._items if isinstance(capacity, Resources) else capacity
+        count = limit
+        for name, amount in self._items.items():
+            if amount > 0:
+                fit = have.get(name, 0) // amount
+                if fit < count:
+                    count = fit if fit > 0 else 0
+        return count
 
     def shortfall(self, capacity: Mapping[str, int]) -> dict[str, int]:
         """Per resource, how much more than `capacity` this asks for (only the short ones)."""

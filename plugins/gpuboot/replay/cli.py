@@ -89,7 +89,7 @@ def run(args) -> dict:
         "fleet": {"nodes": len(fleet), "gpus": sum(n.gpus for n in fleet),
                   "sample": "all" if args.fleet is None else f"{args.fleet_sample} (seed {args.seed})"},
         "jobs": {"replayed": len(loaded.jobs), "skipped": dict(loaded.skipped),
-                 "fractional_gpu_as_one": loaded.fractional, "gpu_spec_ignored": loaded.gpu_spec_ignored},
+                 "fractional_gpu_as_one": loaded.fractional, "gpu_spec": loaded.gpu_spec},
         "prices": {"source": prices.SOURCE, "per_gpu_hour": dict(prices.PER_GPU), "per_vcpu_hour": prices.PER_VCPU,
                    "per_gib_hour": prices.PER_GIB,
                    "fleet_per_hour": round(sum(n.price_per_hour for n in fleet), 2)},
@@ -98,7 +98,8 @@ def run(args) -> dict:
         "notes": [
             "Each pod is one job of one task; arrival = creation_time, run = deletion_time - scheduled_time.",
             "Pods sharing a GPU (gpu_milli < 1000) are replayed as 1 whole GPU: gpuboot allocates whole GPUs.",
-            "gpu_spec (accepted GPU models) is ignored: a TaskRequest takes one gpu_model, not a list.",
+            "A pod's gpu_spec (the GPU models it accepts, e.g. V100M16|V100M32) is honoured: it runs only on a "
+            "node of one of them (jobs.gpu_spec counts such pods).",
             "Boot-on-demand policies start with every node stopped; billed time is clipped to the window; "
             "jobs not started by the window end count as never placed; waits are over the jobs that started.",
             "A boot is wasted when none of the jobs it was started for ran on that node while it was up.",

@@ -35,8 +35,8 @@ class Gpuboot:
         self._exact = exact   # True: show place() every node, not one per class of twins
 
     def decide(self, job, cluster, arriving: bool) -> Decision:
-        request = JobRequest(job_id=job.name, tasks=(TaskRequest(name=job.name, requests=job.requests),),
-                             min_available=1)
+        request = JobRequest(job_id=job.name, min_available=1,
+                             tasks=(TaskRequest(name=job.name, requests=job.requests, gpu_model=job.gpu_models),))
         plan = self._place(request, cluster.views(None if self._exact else len(request.tasks)),
                            cost=cost_model(cluster.config))
         if plan.outcome is Outcome.FITS:
@@ -69,15 +69,17 @@ class AllocateTime:
         best = None
         for node in cluster.ordered_nodes():        # name order: the first of each rank wins
             rank = STATE_RANK.get(node.state)
-            if rank is not None and (best is None or rank < best[0]) and job.requests.fits_in(node.free):
+            if rank is not None and (best is None or rank < best[0]) and job.requests.fits_in(node.free) \
+                    and job.accepts(node.spec):
                 best = (rank, node)
                 if rank == 0:
                     break
         if best is not None:
             node = best[1]
             return Decision(node=node.name, start=(node.name,) if node.state in _STARTABLE else ())
-        if not any(job.requests.fits_in(node.capacity) for node in cluster.ordered_nodes()):
-            return Decision(never=f"no node in this fleet can hold {job.requests}")
+        if not any(job.requests.fits_in(node.capacity) and job.accepts(node.spec) for node in cluster.ordered_nodes()):
+            return Decision(never=f"no node in this fleet can hold {job.requests}"
+                            + (f" (model {' or '.join(job.gpu_models)})" if job.gpu_models else ""))
         return Decision()
 
 
@@ -90,7 +92,7 @@ class QueueTime:
     always_on = False
 
     def decide(self, job, cluster, arriving: bool) -> Decision:
-        nodes = cluster.ordered_nodes()
+        nodes = [node for node in cluster.ordered_nodes() if job.accepts(node.spec)]   # its GPU models only
         for node in nodes:                           # the scheduler binds where it fits now
             if node.state is NodeState.READY and job.requests.fits_in(node.free):
                 return Decision(node=node.name)

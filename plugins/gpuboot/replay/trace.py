@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuboot.inventory import gpu_model_alternatives, gpu_model_matches
 from gpuboot.resources import CPU, GPU, MEMORY, Resources
 
 from .prices import node_price
@@ -73,10 +74,15 @@ class TraceJob:
     run_seconds: float    # deletion_time - scheduled_time
     requests: Resources
     fractional: bool = False   # the pod shared a GPU (gpu_milli < 1000); replayed as 1 whole GPU
+    gpu_models: tuple[str, ...] = ()   # gpu_spec: the models the pod accepts, as the trace names them; () = any
 
     @property
     def gpus(self) -> int:
         return self.requests.gpus
+
+    def accepts(self, node: FleetNode) -> bool:
+        """Whether the pod may run on `node`'s GPU model (the baselines' filter; gpuboot's is place())."""
+        return gpu_model_matches(self.gpu_models, node.gpu_model)
 
 
 def parse_duration(text: str | float | int, field: str) -> float:
@@ -135,7 +141,7 @@ class JobLoad:
     jobs: list[TraceJob]
     skipped: Counter            # reason -> pods not replayed
     fractional: int = 0         # pods sharing a GPU, replayed as 1 whole GPU
-    gpu_spec_ignored: int = 0   # pods listing accepted GPU models: not expressible as one gpu_model, ignored
+    gpu_spec: int = 0           # pods that accept only some GPU models (gpu_spec), placed on one of them
 
 
 def load_jobs(directory: Path, start: float = 0.0, end: float | None = None,
@@ -144,7 +150,7 @@ def load_jobs(directory: Path, start: float = 0.0, end: float | None = None,
     source = str(directory / POD_FILE)
     jobs: list[TraceJob] = []
     skipped: Counter = Counter()
-    fractional_count = gpu_spec_ignored = 0
+    fractional_count = gpu_spec_count = 0
     with open(directory / POD_FILE, newline="") as handle:
         for row in csv.DictReader(handle):
             created = _int(row, "creation_time", source)
@@ -163,9 +169,10 @@ def load_jobs(directory: Path, start: float = 0.0, end: float | None = None,
                 continue
             fractional = gpus == 1 and 0 < milli < 1000
             fractional_count += fractional
-            gpu_spec_ignored += bool(row.get("gpu_spec"))
+            models = gpu_model_alternatives(row.get("gpu_spec") or "")    # 'V100M16|V100M32'
+            gpu_spec_count += bool(models)
             requests = Resources({CPU: _int(row, "cpu_milli", source),
                                   MEMORY: _int(row, "memory_mib", source) * 2**20, GPU: gpus})
-            jobs.append(TraceJob(row["name"], float(created), float(run), requests, fractional))
+            jobs.append(TraceJob(row["name"], float(created), float(run), requests, fractional, models))
     jobs.sort(key=lambda j: (j.arrival, j.name))
-    return JobLoad(jobs, skipped, fractional_count, gpu_spec_ignored)
+    return JobLoad(jobs, skipped, fractional_count, gpu_spec_count)

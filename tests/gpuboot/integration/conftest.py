@@ -5,6 +5,7 @@ admin (the tests also write through them); the e2e, stress, chaos and distribute
 product as its ServiceAccount, and test_rbac.py checks those rights against the cloud."""
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -38,10 +39,17 @@ def expose_connections(connections_file, monkeypatch) -> None:
         monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(conn))
 
 
-@pytest.fixture
-def cloud(tmp_path, monkeypatch):
-    """The test fleet above, running, with kubernetes_default / alibaba_ecs_default pointing at it."""
-    with SimCloud.start(FLEET, tmp_path / "simcloud") as sim:
+@contextlib.contextmanager
+def running_cloud(fleet: dict, tmp_path, monkeypatch):
+    """`fleet` running, the shipped manifests applied, kubernetes_default / alibaba_ecs_default pointing at it."""
+    with SimCloud.start(fleet, tmp_path / "simcloud") as sim:
         with_job_namespaces(sim)
         expose_connections(sim.connections_file, monkeypatch)
+        yield sim
+
+
+@pytest.fixture
+def cloud(tmp_path, monkeypatch):
+    """The test fleet above, running (a module may override it with its own fleet: running_cloud)."""
+    with running_cloud(FLEET, tmp_path, monkeypatch) as sim:
         yield sim

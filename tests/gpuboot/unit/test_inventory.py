@@ -1,8 +1,8 @@
 """Inventory: every node state with its reason, capacities, pod requests and reservations."""
 import pytest
 
-from gpuboot.inventory import (build_inventory, gpu_model_matches, normalize_gpu_model, parse_provider_id,
-                               pod_requests)
+from gpuboot.inventory import (build_inventory, gpu_model_alternatives, gpu_model_matches, normalize_gpu_model,
+                               parse_provider_id, pod_requests, with_reservations)
 from gpuboot.model import NodeState, Reservation
 from gpuboot.resources import GPU, QuantityError, Resources
 
@@ -209,3 +209,33 @@ def test_gpu_model_normalization():
     assert not gpu_model_matches("A10", "NVIDIA-A100-SXM4-80GB")
     assert not gpu_model_matches("A100", "NVIDIA-A10")
     assert gpu_model_matches(None, "anything") and not gpu_model_matches("T4", None)
+
+
+def test_gpu_models_any_of_and_with_memory():
+    """The trace's V100M16 is a V100 with 16 GB (ACK labels the memory: Tesla-V100-SXM2-16GB); a
+    job may list several models, any one will do."""
+    assert normalize_gpu_model("V100M16") == normalize_gpu_model("V100-16GB") == "V100-16GB"
+    assert normalize_gpu_model("M40") == "M40" and normalize_gpu_model("L40S") == "L40S"
+    assert gpu_model_matches("V100M16", "Tesla-V100-SXM2-16GB") and gpu_model_matches("V100-16GB", "V100M16")
+    assert not gpu_model_matches("V100M16", "Tesla-V100-SXM2-32GB")
+    assert not gpu_model_matches("V100M16", "NVIDIA V100")          # memory unknown: not promised
+    assert gpu_model_matches("V100", "Tesla-V100-SXM2-32GB") and gpu_model_matches("A100M80", "NVIDIA-A100-SXM4-80GB")
+    assert gpu_model_matches(["V100M16", "V100M32"], "Tesla-V100-SXM2-32GB")
+    assert gpu_model_matches("T4|A10", "NVIDIA-A10") and not gpu_model_matches("T4|A10", "NVIDIA-A100-SXM4-80GB")
+    assert gpu_model_matches([], "NVIDIA-A10") and gpu_model_matches("", None)
+    assert gpu_model_alternatives(" V100M16 |V100M32| V100M16") == ("V100M16", "V100M32")
+    assert gpu_model_alternatives(["T4", "A10|T4"]) == ("T4", "A10") and gpu_model_alternatives(None) == ()
+
+
+def test_twin_nodes_share_their_vectors():
+    """Placement judges nodes with equal inputs once and compares them fastest when they share the
+    same objects: build_inventory (and re-counting reservations) gives equal vectors one object."""
+    nodes = [node(n, heartbeat=NOW) for n in ("a", "b", "c")]
+    instances = [instance(n, start=STARTED) for n in ("a", "b", "c")]
+    pods = [pod(f"p-{n}", n, requests={"cpu": "1"}) for n in ("a", "b")]
+    a, b, c = build_inventory(nodes, pods, instances, TYPES, [], NOW)
+    assert a.allocatable is b.allocatable is c.allocatable and a.allocated is b.allocated
+    assert c.allocated == Resources() and c.allocated is not a.allocated
+    held = [Reservation("j", "t", n, Resources({GPU: 1}), NOW + 60) for n in ("a", "b")]
+    a2, b2, c2 = with_reservations([a, b, c], set(), held, NOW)
+    assert a2.allocated is b2.allocated and a2.allocated == Resources.parse({"cpu": "1", GPU: 1}) and c2 is c

@@ -16,7 +16,7 @@ def spec(**changes):
 def test_minimal_spec_gets_defaults():
     s = JobSpec.from_dict(BASE)
     assert s.gpus == 1 and s.cpu == "1" and s.memory == "4Gi" and s.namespace == "gpu-jobs"
-    assert s.replicas == 1 and s.min_available is None and s.gpu_model is None
+    assert s.replicas == 1 and s.min_available is None and s.gpu_model == ()
     assert s.requests() == Resources.parse({"cpu": "1", "memory": "4Gi", GPU: 1})
 
 
@@ -49,7 +49,7 @@ def test_to_job_request_names_tasks_and_gang_size():
     assert job.min_available == 2
     t = job.tasks[0]
     assert t.requests == Resources.parse({"cpu": "3500m", "memory": "1.5Gi", GPU: 2, "example.com/fpga": 1})
-    assert t.gpu_model == "Tesla-T4" and dict(t.node_selector) == {"pool": "gpu"}
+    assert t.gpu_model == ("Tesla-T4",) and dict(t.node_selector) == {"pool": "gpu"}
     single = JobSpec.from_dict(BASE).to_job_request("r")
     assert [t.name for t in single.tasks] == ["train"] and single.min_available == 1
     gang = JobSpec.from_dict(spec(replicas=3)).to_job_request("r")
@@ -92,6 +92,12 @@ def test_to_job_request_names_tasks_and_gang_size():
     ({"settle_seconds": -1}, "settle_seconds"),
     ({"gpu_model": "Voodoo5"}, "gpu_model"),
     ({"gpu_model": 4}, "gpu_model"),
+    ({"gpu_model": ["V100M16", "Voodoo5"]}, "gpu_model[1]"),
+    ({"gpu_model": ["T4", 4]}, "gpu_model[1]"),
+    ({"gpu_model": ["T4", ""]}, "gpu_model[1]"),
+    ({"gpu_model": "V100M16|"}, "gpu_model"),
+    ({"gpu_model": "T4|Voodoo5"}, "gpu_model"),
+    ({"gpu_model": {"T4": 1}}, "gpu_model"),
     ({"node_selector": {"pool": "a b"}}, "node_selector.pool"),
     ({"tolerations": [{"key": "gpu", "operator": "Maybe"}]}, "tolerations[0].operator"),
     ({"tolerations": [{"key": "gpu", "effect": "Sometimes"}]}, "tolerations[0].effect"),
@@ -133,8 +139,30 @@ def test_unknown_field_check_knows_the_callers_own_keys():
 def test_gpu_model_spellings_accepted():
     for model in ("T4", "Tesla-T4", "NVIDIA T4", "nvidia-a100-sxm4-80gb", "A10", ""):
         JobSpec.from_dict(spec(gpu_model=model))
-    assert JobSpec.from_dict(spec(gpu_model="")).gpu_model is None
+    assert JobSpec.from_dict(spec(gpu_model="")).gpu_model == ()
     assert {"T4", "A10", "V100", "P100", "P4", "A100", "L20", "H20"} <= set(KNOWN_GPU_MODELS)
+
+
+def test_gpu_model_any_of_a_list_or_the_trace_spelling():
+    """A job may accept several models: a list, or 'A|B' as the openb trace's gpu_spec writes it;
+    each is checked, kept as written, once, in order, and reaches every task of the job."""
+    for value in (["V100M16", "V100M32"], "V100M16|V100M32", " V100M16 | V100M32 ", ("V100M16", "V100M32", "V100M16")):
+        assert JobSpec.from_dict(spec(gpu_model=value)).gpu_model == ("V100M16", "V100M32")
+    assert JobSpec.from_dict(spec(gpu_model="T4")).gpu_model == ("T4",)
+    assert JobSpec.from_dict(spec(gpu_model=[])).gpu_model == ()
+    s = JobSpec.from_dict(spec(gpu_model=["A10", "V100-16GB"], replicas=2))
+    assert JobSpec.from_dict(s.to_dict()) == s and s.to_dict()["gpu_model"] == ["A10", "V100-16GB"]
+    assert {t.gpu_model for t in s.to_job_request("r").tasks} == {("A10", "V100-16GB")}
+
+
+def test_gpu_model_errors_name_the_entry_and_the_fix():
+    with pytest.raises(JobSpecError) as err:
+        JobSpec.from_dict(spec(gpu_model=["V100M16", "V100M"]))
+    assert str(err.value).startswith("job spec: gpu_model[1]: 'V100M' is not a GPU model ECS offers. Use one of T4,")
+    assert "'V100M16'" in err.value.fix
+    with pytest.raises(JobSpecError) as err:
+        JobSpec.from_dict(spec(gpu_model="V100M16||V100M32"))
+    assert err.value.field == "gpu_model" and "empty model name" in err.value.problem and "'|'" in err.value.fix
 
 
 def test_cpu_only_jobs_avoid_gpu_nodes_unless_they_allow_them():

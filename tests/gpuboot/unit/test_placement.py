@@ -209,6 +209,29 @@ def test_cpu_only_work_stays_off_gpu_nodes_unless_allowed():
     assert chosen(place(job(task(gpus=0, cpu="4", avoid_gpu_nodes=True)), nodes)) == {"t": "cpu-small"}
 
 
+def test_any_of_several_gpu_models_fits_a_node_of_any_of_them():
+    """Issue 13: a job that accepts V100 16 GB or A10 (a list, or the trace's 'V100M16|A10') fits
+    either; with the first absent it lands on the second; other models, and a V100 whose memory
+    is unknown or 32 GB, are excluded, the reason naming every model the job accepts."""
+    nodes = [nv("t4", gpus=1, gpu_model="Tesla-T4"),
+             nv("v100-32", gpus=1, gpu_model="Tesla-V100-SXM2-32GB"),
+             nv("v100-bare", gpus=1, gpu_model="NVIDIA V100"),
+             nv("a10-stopped", STOPPED, gpus=1, gpu_model="NVIDIA-A10")]
+    for models in (("V100M16", "A10"), "V100M16|A10", ["V100-16GB", "NVIDIA A10"]):
+        plan = place(job(task(gpu_model=models)), nodes)
+        assert chosen(plan) == {"t": "a10-stopped"} and plan.nodes_to_start == ("a10-stopped",)
+    rows = {c.node: (c.verdict, c.reason) for c in plan.candidates}
+    assert rows["t4"] == ("excluded", "GPU model Tesla-T4 is not V100-16GB or NVIDIA A10")
+    assert rows["v100-32"][0] == rows["v100-bare"][0] == "excluded"
+    # with a node of the first model running, it wins (running beats stopped), whatever the list's order
+    nodes.append(nv("v100-16", gpus=1, gpu_model="Tesla-V100-SXM2-16GB"))
+    assert chosen(place(job(task(gpu_model=("A10", "V100M16"))), nodes)) == {"t": "v100-16"}
+    plan = place(job(task(gpus=2, gpu_model=("V100M16", "A10"))), nodes)
+    assert plan.outcome is Outcome.NEVER and "(model V100M16 or A10)" in plan.message, plan.message
+    plan = place(job(task(gpu_model="H100|H800")), nodes)
+    assert plan.outcome is Outcome.NEVER and "matches its constraints (model H100 or H800)" in plan.message
+
+
 def test_node_selector_taints_and_gpu_model_are_honoured():
     nodes = [nv("plain", gpus=1, gpu_model="NVIDIA-A10"),
              nv("pool", gpus=1, labels={"pool": "train"}, gpu_model="Tesla-T4"),

@@ -20,9 +20,9 @@ def node(name, gpus, cpus, mem_gib=64, model="T4"):
     return FleetNode(name, gpus, cpus * 1000, mem_gib * 1024, model)
 
 
-def job(name, arrival, run, gpus, cpus=1, mem_gib=4):
+def job(name, arrival, run, gpus, cpus=1, mem_gib=4, models=()):
     return TraceJob(name, float(arrival), float(run), Resources({"cpu": cpus * 1000, "memory": mem_gib * GIB,
-                                                                 "nvidia.com/gpu": gpus}))
+                                                                 "nvidia.com/gpu": gpus}), gpu_models=models)
 
 
 def run(policy, fleet, jobs, **config):
@@ -54,6 +54,18 @@ def test_per_node_policies_boot_a_node_that_holds_the_job(policy):
     assert result["wasted_boots"] == 0
     assert result["jobs_never_placed"] == 0
     assert result["wait_mean_seconds"] == 30   # each job waited one 30 s boot
+
+
+@pytest.mark.parametrize("policy", [Gpuboot(), AllocateTime(), QueueTime(), AlwaysOn()], ids=lambda p: p.name)
+def test_every_policy_runs_a_job_only_on_a_gpu_model_it_accepts(policy):
+    """The trace's gpu_spec: a pod that accepts V100M32 or A10 runs on the V100 32 GB node, never on
+    the larger T4 node (first by name) or the 16 GB V100; one no node can hold is never placed."""
+    fleet = [node("a-t4", 4, 64, model="T4"), node("b-v16", 1, 8, model="V100M16"), node("c-v32", 1, 8, model="V100M32")]
+    jobs = [job("picky", 0, 10**6, gpus=1, models=("V100M32", "A10")), job("none", 0, 10**6, gpus=1, models=("P100",))]
+    sim = Simulation(fleet, jobs, policy, SimConfig(start=0, end=1000))
+    result = sim.run().summary(lower_bound_gpu_seconds(jobs, 1000), 0.0)
+    assert sim.nodes["c-v32"].running == {"picky"} and not sim.nodes["a-t4"].running
+    assert result["jobs_started"] == 1
 
 
 def test_gpuboot_policy_picks_the_two_gpu_node_for_the_two_gpu_job():

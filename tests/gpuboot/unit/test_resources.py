@@ -85,6 +85,15 @@ def test_fits_in_and_shortfall_per_resource():
     # a resource missing from capacity counts as 0
     assert not Resources.parse({"example.com/fpga": 1}).fits_in(node)
     assert Resources().fits_in(Resources())
+    assert need.fits_in({"cpu": 4000, "memory": 16 * 2**30, GPU: 2})        # any mapping
+
+
+def test_copies_in_counts_whole_copies_per_resource():
+    need = Resources.parse({"cpu": "4", "memory": "16Gi", GPU: 2})
+    assert need.copies_in(Resources.parse({"cpu": "32", "memory": "40Gi", GPU: 8}), 100) == 2   # memory-bound
+    assert need.copies_in(Resources.parse({"cpu": "32", "memory": "40Gi", GPU: 8}), 1) == 1     # the limit
+    assert need.copies_in(Resources.parse({"cpu": "32", "memory": "40Gi"}), 100) == 0            # no GPU
+    assert need.copies_in(Resources({"cpu": -1000}), 100) == 0 and Resources().copies_in(Resources(), 7) == 7
 
 
 def test_immutable_hashable_and_equal_to_plain_mappings():
