@@ -26,6 +26,8 @@ from pathlib import Path
 from chaos.harness import (ConflictBursts, api_client_factory, cloud_connections, job_dag, job_pods, run_all)
 from chaos.monitor import Monitor, MonitorReport
 from chaos.runner import DagRunner, InlineWorkers, ProcessWorkers, RunResult, StepCall, Triggerer
+from gpuboot.model import LABEL_JOB
+from gpuboot.steps.base import job_id_for
 from simcloud.testing import SimCloud, small_fleet, wait_until
 
 log = logging.getLogger(__name__)
@@ -117,8 +119,9 @@ class WorkerKiller:
     def _moment(self, call: StepCall) -> Callable[[], bool]:
         if self.step == "launch":
             core = self.cloud.core_v1()
+            job_id = job_id_for(call.dag_id, call.run_id, call.task_id.rpartition(".")[0])
             return lambda: any(p.status.phase == "Running" for p in core.list_pod_for_all_namespaces(
-                label_selector=f"run_id={call.run_id}").items)
+                label_selector=f"{LABEL_JOB}={job_id}").items)
         if self.step == "start":
             wanted = {a["instance_id"] for a in (call.kwargs.get("plan") or {}).get("assignments", [])
                       if a.get("node") in (call.kwargs.get("plan") or {}).get("nodes_to_start", [])}

@@ -52,7 +52,7 @@ def recorded_run(run_id: str, start_tries: list[tuple[int, str, str]]) -> RunRes
     run.history += [Attempt(1.0 + n, "gpu_job.start", -1, n, status, detail) for n, status, detail in start_tries]
     run.history += [Attempt(8.0, "gpu_job.wait_gpu_ready", -1, 1, "deferred", "NodeGpuReadyTrigger"),
                     Attempt(9.0, "gpu_job.wait_gpu_ready", -1, 1, "success"),
-                    Attempt(10.0, "gpu_job.launch", 0, 1, "success"),
+                    Attempt(10.0, "gpu_job.launch", -1, 1, "success"),
                     Attempt(11.0, "gpu_job.release", -1, 1, "success")]
     run.states = {f"gpu_job.{step}": "success" for step in STEPS}
     return run
