@@ -114,14 +114,7 @@ class KubeClient:
         return self._write(self.core.create_namespaced_pod, namespace, body)
 
     def read_pod(self, namespace: str, name: str) -> dict | None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            return _raw(self.core.read_namespaced_pod(name, namespace, _preload_content=False))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self._read_or_none(self.core.read_namespaced_pod, name, namespace)
 
     def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
         """Delete (idempotent: a pod already gone is fine)."""
@@ -159,10 +152,15 @@ class KubeClient:
         return True
 
     def read_configmap(self, namespace: str, name: str) -> dict | None:
+        return self._read_or_none(self.core.read_namespaced_config_map, name, namespace)
+
+    @staticmethod
+    def _read_or_none(method, *args) -> dict | None:
+        """The object, or None when it does not exist (404)."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return _raw(self.core.read_namespaced_config_map(name, namespace, _preload_content=False))
+            return _raw(method(*args, _preload_content=False))
         except ApiException as exc:
             if exc.status == 404:
                 return None
