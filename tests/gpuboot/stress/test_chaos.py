@@ -21,7 +21,7 @@ def test_small_chaos_run_keeps_every_promise(tmp_path):
     assert outcome.problems() == [], summary
     jobs, succeeded, failed = map(int, SUMMARY.fullmatch(summary).groups())
     assert jobs == 5 and succeeded + failed == jobs
-    # The killed launch was retried and re-attached to its running pod: one pod, job succeeded.
+    # The killed launch was retried and adopted the pod it had created: one pod, job succeeded.
     assert outcome.killed is not None and outcome.killed.retried and outcome.duplicate_pods == {}
     # The faults were met and got over: the nodes that never became Ready / never registered GPUs
     # were given up on at the boot timeout (whether a job meets NoStock depends on the mix; the
