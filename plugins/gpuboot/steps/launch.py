@@ -84,13 +84,14 @@ class GpuPodOperator(GpuJobStep, BaseOperator):
         names, namespace = list(event["pods"]), event["namespace"]
         elapsed = time.time() - float(event.get("started_at") or time.time())
         nodes = ", ".join(self.launched.get("nodes") or []) or "?"
+        spec = self.spec()
+        what = (spec.name if len(names) == 1 else f"{spec.name} (gang of {len(names)})") if spec else "gang"
         if event["status"] == "succeeded":
             self.log.info("gang %s: all %d rank(s) succeeded: %s", event["job_id"], len(names), ", ".join(names))
-            summarize(self, context, launch_summary(f"gang of {len(names)}", nodes, ", ".join(names), "Succeeded",
-                                                    elapsed))
+            summarize(self, context, launch_summary(what, nodes, ", ".join(names), "Succeeded", elapsed))
             return names
         failure = RankFailure.from_json(event["failure"])
-        summarize(self, context, launch_summary(f"gang of {len(names)}", nodes, failure.pod,
+        summarize(self, context, launch_summary(what, nodes, failure.pod,
                                                 f"Failed (rank {failure.rank})", elapsed, failure.exit_code))
         kube = self.kube()
         others = [n for n in names if n != failure.pod]
