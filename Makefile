@@ -49,6 +49,12 @@ dist:
 demo: install
 	$(PY) scripts/demo.py
 
+# The second demo: a 2-rank gang (2 GPUs per rank) that boots two stopped nodes; the ranks rendezvous
+# at rank 0's pod IP and exchange a message, both ranks' logs in the launch task's log.
+.PHONY: demo-gang
+demo-gang: install
+	DEMO_JOB=gang $(PY) scripts/demo.py
+
 # The demo end to end in oneshot mode (slow: boots Airflow standalone), kept out of `make test`.
 .PHONY: test-demo
 test-demo: install

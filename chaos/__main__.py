@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=16, help="number of concurrent GPU jobs (default 16)")
     parser.add_argument("--seed", type=int, default=7, help="seed for the job mix and the cloud's randomness")
     parser.add_argument("--kill-step", default="launch", choices=["place", "start", "wait_gpu_ready", "launch"],
-                        help="the step whose worker is SIGKILLed once (default launch, while its pod runs)")
+                        help="the step whose worker is SIGKILLed once (default launch, while it creates the pods)")
     parser.add_argument("--burst", action="store_true",
                         help="fire every job at the same instant (all held at a barrier, then released)")
     parser.add_argument("--workdir", type=Path, default=None, help="where logs go (default: a new temp dir)")

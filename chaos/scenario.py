@@ -5,7 +5,7 @@ instance type (the cheapest 1-GPU type, which placement picks first among stoppe
 nodes), one node whose kubelet never becomes Ready, one whose device plugin never
 registers its GPUs, Kubernetes API latency and recurring bursts of 409 Conflicts on
 the ledger, and one worker process SIGKILLed in the middle of a job's step (by default
-`launch`, while its pod runs; Airflow would fail that try and retry it). Every step try
+`launch`, while it creates the pods; Airflow would fail that try and retry it). Every step try
 runs in its own forked worker process (chaos.runner.ProcessWorkers), so the kill is real.
 
 Afterwards the idle scale-down runs, as its DAG would, until nothing it should stop is
@@ -26,6 +26,8 @@ from pathlib import Path
 from chaos.harness import (ConflictBursts, api_client_factory, cloud_connections, job_dag, job_pods, run_all)
 from chaos.monitor import Monitor, MonitorReport
 from chaos.runner import DagRunner, InlineWorkers, ProcessWorkers, RunResult, StepCall, Triggerer
+from gpuboot.model import LABEL_JOB
+from gpuboot.steps.base import job_id_for
 from simcloud.testing import SimCloud, small_fleet, wait_until
 
 log = logging.getLogger(__name__)
@@ -71,7 +73,8 @@ WORKER_DIED = "worker process died"     # chaos.runner.ProcessWorkers' error for
 
 class WorkerKiller:
     """SIGKILLs one worker process running task `step` (first try), at the moment that hurts:
-    for `launch`, once its pod runs; for `start`, once ECS shows one of its instances starting;
+    for `launch`, once its first pod exists (the worker is creating the gang; once it is created
+    the launch defers and no worker is left to kill); for `start`, once ECS shows one of its instances starting;
     otherwise as soon as it is up. It waits for the moment as long as the worker lives (bounded
     by `timeout`): on a loaded machine a pod may take minutes to run, and a killer that gave up
     early would leave no step killed.
@@ -117,8 +120,9 @@ class WorkerKiller:
     def _moment(self, call: StepCall) -> Callable[[], bool]:
         if self.step == "launch":
             core = self.cloud.core_v1()
-            return lambda: any(p.status.phase == "Running" for p in core.list_pod_for_all_namespaces(
-                label_selector=f"run_id={call.run_id}").items)
+            job_id = job_id_for(call.dag_id, call.run_id, call.task_id.rpartition(".")[0])
+            # launch holds its worker only while it creates the gang (then it defers): hit it there
+            return lambda: bool(core.list_pod_for_all_namespaces(label_selector=f"{LABEL_JOB}={job_id}").items)
         if self.step == "start":
             wanted = {a["instance_id"] for a in (call.kwargs.get("plan") or {}).get("assignments", [])
                       if a.get("node") in (call.kwargs.get("plan") or {}).get("nodes_to_start", [])}

@@ -29,7 +29,8 @@ Fill in the form and trigger. The job runs as five audited steps:
 3. **wait_gpu_ready**: waits (deferred, in the triggerer) until the node is Ready
    *after this boot* and its `nvidia.com/gpu` (and any other requested device) are registered
    again after the kubelet reset them.
-4. **launch**: runs the pod pinned to that node; its log is in this task's log, and its
+4. **launch**: runs the pods (one per replica, as one gang) pinned to their nodes, followed from
+   the triggerer; every rank's log is in this task's log, prefixed `[rank N]`, and its
    "Rendered Templates" show the image, command, arguments, env names, node and resources it ran with.
 5. **release** (a teardown, runs whatever happened): drops the reservation and stops again
    a node the job started but never ran on.

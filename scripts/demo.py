@@ -11,9 +11,13 @@ from the start, unpaused) stopping the node the job booted: it triggers
 DAG's own default is 10) until that node's instance is Stopped. Airflow then stays up
 until Ctrl-C.
 
-Environment: DEMO_ONESHOT=1 exits after the job and the scale-down (0 = the job succeeded
-and its node was stopped again; otherwise the failing task's log is printed and the status
-is 1). DEMO_DIR (default .demo/), DEMO_PASSWORD
+DEMO_JOB=gang (`make demo-gang`) runs a 2-rank gang instead (scripts/gang_rendezvous.py),
+2 GPUs per rank, which only two stopped nodes can hold: both boot, the ranks rendezvous at rank
+0's pod IP and exchange a message, and both ranks' log lines show from the launch task's log.
+
+Environment: DEMO_ONESHOT=1 exits after the job and the scale-down (0 = the job succeeded,
+its pods' expected lines reached the launch task's log and the nodes it booted were stopped
+again; otherwise the failing task's log is printed and the status is 1). DEMO_DIR (default .demo/), DEMO_PASSWORD
 (default admin), DEMO_FLEET (default simcloud/fleets/demo.yaml).
 """
 
@@ -61,8 +65,24 @@ JOB = {
     "cpu": "2",
     "memory": "8Gi",
 }
+# The gang: 2 ranks of 2 GPUs each, so two stopped nodes must boot; they rendezvous and talk.
+GANG_JOB = {
+    "name": "demo-gang",
+    "image": "python:3.11-slim",
+    "command": ["python", "-c", (REPO / "scripts" / "gang_rendezvous.py").read_text()],
+    "env": {"RENDEZVOUS_TAG": "demo-gang"},
+    "replicas": 2,
+    "gpus": 2,
+    "cpu": "2",
+    "memory": "8Gi",
+}
+# DEMO_JOB -> (the job, lines its launch log must show for the demo to count as a success)
+JOBS = {
+    "train": (JOB, ["training done, checkpoint saved"]),
+    "gang": (GANG_JOB, ["demo-gang rank 0 got: hello from rank 1", "demo-gang rank 1 got: welcome from rank 0"]),
+}
 FINISHED = {"success", "failed"}
-POD_LINE = re.compile(r"^\[(?P<container>[a-z0-9]([-a-z0-9]*[a-z0-9])?)\] (?P<line>.*)$")
+POD_LINE = re.compile(r"^(?P<line>\[rank \d+\] .*)$")     # the launch trigger's rank-prefixed pod lines
 
 
 class DemoError(RuntimeError):
@@ -282,12 +302,14 @@ class CloudWatcher:
                     say(f"{time.monotonic() - started:6.1f}s  node {node['name']:<21} {line}")
 
 
-def follow(api: AirflowApi, cloud: SimCloud, run_id: str, timeout: float) -> str:
-    """Print node and task state changes, the placement decision and the pod's log lines until the run ends."""
+def follow(api: AirflowApi, cloud: SimCloud, run_id: str, timeout: float) -> tuple[str, list[str]]:
+    """Print node and task state changes, the placement decision and the pods' log lines (while
+    launch runs deferred, too) until the run ends; returns the run's state and those lines."""
     started = time.monotonic()
     watcher = CloudWatcher(cloud)
     states: dict[str, str] = {}
     shown: dict[str, int] = {}
+    pod_lines: list[str] = []
     while True:
         state = api.run_state(DAG_ID, run_id)
         watcher.poll(started)
@@ -301,14 +323,15 @@ def follow(api: AirflowApi, cloud: SimCloud, run_id: str, timeout: float) -> str
                     for event in api.log_events(DAG_ID, run_id, ti):
                         if event.startswith(wanted):
                             print("\n".join(f"    {short} | {line}" for line in event.splitlines()), flush=True)
-            if short == "launch" and now in {"running", "success", "failed"}:
+            if short == "launch" and now in {"running", "deferred", "success", "failed", "up_for_retry"}:
                 lines = [m["line"] for e in api.log_events(DAG_ID, run_id, ti) for m in [POD_LINE.match(e)] if m]
                 for line in lines[shown.get(key, 0):]:
                     print(f"    pod | {line}", flush=True)
+                pod_lines += lines[shown.get(key, 0):]
                 shown[key] = max(shown.get(key, 0), len(lines))
         if state in FINISHED:
             say(f"run {run_id} finished: {state}")
-            return state
+            return state, pod_lines
         if time.monotonic() - started > timeout:
             raise DemoError(f"run {run_id} still {state} after {timeout:.0f}s")
         time.sleep(1)
@@ -363,6 +386,10 @@ def scale_down(api: AirflowApi, cloud: SimCloud, booted: list[str], idle_minutes
 
 def main() -> int:
     oneshot = os.environ.get("DEMO_ONESHOT") == "1"
+    job_kind = os.environ.get("DEMO_JOB", "train")
+    if job_kind not in JOBS:
+        say(f"FAILED: DEMO_JOB={job_kind!r} is not one of {sorted(JOBS)}")
+        return 2
     demo_dir = Path(os.environ.get("DEMO_DIR", REPO / ".demo")).resolve()
     password = os.environ.get("DEMO_PASSWORD", "admin")
     fleet = Path(os.environ.get("DEMO_FLEET", REPO / "simcloud" / "fleets" / "demo.yaml")).resolve()
@@ -397,13 +424,18 @@ def main() -> int:
                 say(f"Airflow UI: {url}   login: {ADMIN_USER} / {password}")
                 for dag_id in (DAG_ID, SCALEDOWN_DAG_ID):
                     wait_until(f"DAG {dag_id} to be parsed", lambda: api.dag_loaded(dag_id), timeout=180)
-                say(f"triggering {DAG_ID}: {JOB['gpus']} GPUs, cpu {JOB['cpu']}, memory {JOB['memory']}")
+                job, expected = JOBS[job_kind]
+                say(f"triggering {DAG_ID}: {job.get('replicas', 1)} pod(s) of {job['gpus']} GPUs, cpu {job['cpu']}, "
+                    f"memory {job['memory']}")
                 before = instance_statuses(cloud)
-                run_id = api.trigger(DAG_ID, JOB)
+                run_id = api.trigger(DAG_ID, job)
                 say(f"run {run_id}: {url}/dags/{DAG_ID}/runs/{run_id}")
-                state = follow(api, cloud, run_id, timeout=600)
+                state, pod_lines = follow(api, cloud, run_id, timeout=600)
                 failed = [ti for ti in api.task_instances(DAG_ID, run_id) if ti.get("state") == "failed"]
-                ok = state == "success" and not failed  # judged by the tasks too, not only the run
+                missing = [e for e in expected if not any(e in line for line in pod_lines)]
+                if missing:
+                    say(f"the launch log is missing {missing}")
+                ok = state == "success" and not failed and not missing  # judged by the tasks and logs too
                 if ok:
                     say("the job succeeded")
                 else:

@@ -12,6 +12,10 @@ The rule, so that exit codes and logs are real:
   _PORT and KUBERNETES_PORT (the address the local API server is bound to, so an in-pod
   client reaches it under `serve --host` too), PYTHONUNBUFFERED=1 (so progress lines arrive as printed), and
   NVIDIA_VISIBLE_DEVICES for GPU pods. Its cwd is a fresh temp dir.
+* Networking: pods share the host's network stack, but each gets its own loopback address
+  as status.podIP (127.x.y.z, see kubelet.new_pod_ip; `valueFrom.fieldRef: status.podIP`
+  gives it), so processes of different pods bind the same port at their own pod IP and
+  reach each other there: a gang's ranks really rendezvous at MASTER_ADDR:MASTER_PORT.
 * stdout and stderr are captured together, line by line, each with a nanosecond
   timestamp, into the container's log. The image is recorded, never pulled.
 * A container with neither command nor args sleeps `simcloud.io/run-seconds` (pod

@@ -150,7 +150,10 @@ class _Node:
         return self.registered.get(resource, 0) - sum(p.held.get(resource, 0) for p in self.pods.values())
 
     def new_pod_ip(self) -> str:
-        ip = f"10.{16 + self.index // 256}.{self.index % 256}.{self.next_ip}"
+        """A loopback address of its own per pod (127.16.0.0/12 and up; on Linux every 127.0.0.0/8
+        address is bindable on `lo`): processes of different pods can each listen on the same port
+        at their own pod IP and reach each other there, as pods on a real pod network do."""
+        ip = f"127.{16 + self.index // 256}.{self.index % 256}.{self.next_ip}"
         self.next_ip = self.next_ip + 1 if self.next_ip < 254 else 2
         return ip
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 from gpuboot.model import Reservation
 from gpuboot.ledger import CONFIGMAP, DATA_KEY
@@ -20,6 +21,17 @@ def two_gpu_training_job(tag: str) -> dict:
     return {"name": f"{tag}-train", "image": "python:3.11-slim", "command": ["python", "-c", train],
             "gpus": 2, "cpu": "2", "memory": "8Gi", "settle_seconds": 1,
             "boot_timeout_seconds": 120, "queue_timeout_seconds": 60}
+
+
+RENDEZVOUS = Path(__file__).resolve().parents[1] / "scripts" / "gang_rendezvous.py"
+
+
+def gang_job(tag: str, replicas: int = 2, gpus: int = 1, **env: str) -> dict:
+    """A gang whose ranks rendezvous at MASTER_ADDR:MASTER_PORT (scripts/gang_rendezvous.py);
+    `env` adds its RENDEZVOUS_* switches (e.g. RENDEZVOUS_FAIL_RANK)."""
+    return {"name": f"{tag}-gang", "image": "python:3.11-slim", "command": ["python", "-c", RENDEZVOUS.read_text()],
+            "env": {"RENDEZVOUS_TAG": tag, **env}, "replicas": replicas, "gpus": gpus, "cpu": "1",
+            "memory": "1Gi", "settle_seconds": 1, "boot_timeout_seconds": 120, "queue_timeout_seconds": 60}
 
 
 def live_reservations(cloud) -> list[Reservation]:

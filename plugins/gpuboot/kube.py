@@ -110,6 +110,36 @@ class KubeClient:
             raise
         return seen
 
+    def create_pod(self, namespace: str, body: dict) -> dict:
+        return self._write(self.core.create_namespaced_pod, namespace, body)
+
+    def read_pod(self, namespace: str, name: str) -> dict | None:
+        return self._read_or_none(self.core.read_namespaced_pod, name, namespace)
+
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
+        """Delete (idempotent: a pod already gone is fine)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace_seconds,
+                                            _preload_content=False)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def pod_log_tail(self, namespace: str, name: str, lines: int = 20, container: str | None = None) -> list[str]:
+        """The last `lines` lines of a pod's log ([] when there is none, e.g. never started)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            response = self.core.read_namespaced_pod_log(name, namespace, container=container, tail_lines=lines,
+                                                         _preload_content=False)
+        except ApiException as exc:
+            if exc.status in (400, 404):
+                return []
+            raise
+        return response.data.decode("utf-8", errors="replace").splitlines()
+
     def namespace_exists(self, name: str) -> bool:
         from kubernetes.client.exceptions import ApiException
 
@@ -122,10 +152,15 @@ class KubeClient:
         return True
 
     def read_configmap(self, namespace: str, name: str) -> dict | None:
+        return self._read_or_none(self.core.read_namespaced_config_map, name, namespace)
+
+    @staticmethod
+    def _read_or_none(method, *args) -> dict | None:
+        """The object, or None when it does not exist (404)."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return _raw(self.core.read_namespaced_config_map(name, namespace, _preload_content=False))
+            return _raw(method(*args, _preload_content=False))
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -347,6 +382,35 @@ class AsyncKubeClient:
                         yield kind, obj
             finally:
                 response.release()
+
+    async def list_pods(self, namespace: str, label_selector: str) -> list[dict]:
+        hook = await self.hook()            # first: it imports kubernetes_asyncio off the loop
+        from kubernetes_asyncio import client
+
+        async with hook.get_conn() as api:
+            response = await client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=label_selector,
+                                                                       _preload_content=False)
+            return json.loads(await response.read()).get("items") or []
+
+    async def pod_log(self, namespace: str, name: str, container: str,
+                      since_seconds: int | None = None) -> AsyncIterator[bytes]:
+        """Yield a pod's log lines, timestamped ("<RFC3339Nano> <line>"), following until the
+        container ends or the server closes the stream; only the last `since_seconds` when given
+        (the client has no sinceTime: a resuming reader drops what it has seen by timestamp)."""
+        hook = await self.hook()
+        from kubernetes_asyncio import client
+
+        async with hook.get_conn() as api:
+            kwargs = {"since_seconds": since_seconds} if since_seconds else {}
+            response = await client.CoreV1Api(api).read_namespaced_pod_log(
+                name, namespace, container=container, follow=True, timestamps=True, _preload_content=False,
+                **kwargs)
+            try:
+                async for line in response.content:
+                    yield line
+            finally:
+                response.release()
+
 
 
 def watch_event(line: bytes | str) -> tuple[str, dict]:

@@ -2,9 +2,9 @@
 
     place >> start >> wait_gpu_ready >> launch >> release
 
-`launch` is mapped over the task names `wait_gpu_ready` clears (one pod per
-assignment of the plan), so gangs (replicas > 1) need nothing more; a single-task job
-gives one mapped instance.
+`launch` is one task for the whole gang: it creates a pod per assignment of the plan (one
+rank each, rendezvous environment set), follows them all from the triggerer and fails them
+as one (gpuboot.steps.launch); a single-task job is a gang of one.
 
 The plan flows place -> start -> wait_gpu_ready -> launch through XCom key "plan":
 `start` may move the job when ECS has no stock, and `wait_gpu_ready` when a node does
@@ -51,9 +51,8 @@ def gpu_job_group(job: Mapping | None = None, *, group_id: str = "gpu_job",
                               plan=start.output["plan"], kubernetes_conn_id=kubernetes_conn_id,
                               ecs_conn_id=ecs_conn_id, ledger_namespace=ledger_namespace, deferrable=deferrable,
                               poke_interval=poke_interval)
-        launch = GpuPodOperator.partial(task_id="launch", job=spec, plan=wait.output["plan"],
-                                        kubernetes_conn_id=kubernetes_conn_id).expand(
-            task_name=wait.output)
+        launch = GpuPodOperator(task_id="launch", job=spec, plan=wait.output["plan"],
+                                kubernetes_conn_id=kubernetes_conn_id, deferrable=deferrable)
         release = ReleaseReservationOperator(task_id="release", kubernetes_conn_id=kubernetes_conn_id,
                                              ledger_namespace=ledger_namespace)
         # release is the teardown of place's reservation: it runs whatever happens after place

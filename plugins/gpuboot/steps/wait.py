@@ -106,7 +106,7 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
     `boots` is the start step's list of baselines (XCom key "boots"), `plan` the start
     step's plan (XCom key "plan"); settle window and boot timeout come from the job (XCom
     key "job" of the place step) unless given. Returns the plan's task names, now cleared
-    to launch (what `launch` is mapped over); the per-node evidence goes to XCom key
+    to launch (the gang `launch` creates); the per-node evidence goes to XCom key
     "evidence" and the plan the job ended on to key "plan"."""
 
     template_fields = ("boots", "job", "plan")

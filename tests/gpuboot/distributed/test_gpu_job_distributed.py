@@ -127,7 +127,7 @@ def files_mentioning(folders: list[Path], secret: str) -> list[str]:
 
 
 def task_log(api, run_id: str, step: str) -> str:
-    """The text of a step's first try log through the REST API (map index 0 for the mapped launch)."""
+    """The text of a step's first try log through the REST API (every step is one task instance)."""
     (ti,) = [t for t in api.task_instances(DAG_ID, run_id) if short(t["task_id"]) == step]
     r = api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{ti['task_id']}/logs/1",
                 map_index=ti["map_index"], full_content="true")

@@ -37,10 +37,11 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
-def test_demo_oneshot_runs_the_job_and_cleans_up(tmp_path):
+def run_demo(tmp_path: Path, **extra: str) -> tuple[str, Path]:
+    """The demo in oneshot mode; asserts it exited 0 and returns its output and its folder."""
     demo_dir = tmp_path / "demo"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-    env.update(DEMO_ONESHOT="1", DEMO_DIR=str(demo_dir), DEMO_PASSWORD="e2e-pass")
+    env.update(DEMO_ONESHOT="1", DEMO_DIR=str(demo_dir), DEMO_PASSWORD="e2e-pass", **extra)
 
     done = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "demo.py")],
@@ -52,10 +53,28 @@ def test_demo_oneshot_runs_the_job_and_cleans_up(tmp_path):
     assert "Airflow UI: http://127.0.0.1:" in out and "login: admin / e2e-pass" in out
     for task in ("place", "start", "wait_gpu_ready", "launch"):
         assert any(task in line and line.rstrip().endswith("success") for line in out.splitlines()), task
-    assert "pod | epoch 1/10" in out and "pod | training done" in out
+    return out, demo_dir
+
+
+def test_demo_oneshot_runs_the_job_and_cleans_up(tmp_path):
+    out, demo_dir = run_demo(tmp_path)
+    assert "pod | [rank 0] epoch 1/10" in out and "pod | [rank 0] training done" in out
     assert "finished: success" in out
     # the idle scale-down runs from the start (not paused) and stops the node the job booted (issue 9)
     assert "gpuboot_idle_scaledown is unpaused" in out, out[-6000:]
     assert any(line.startswith("    scale-down | gpu-") and " stop " in line for line in out.splitlines()), out[-6000:]
     assert "scale-down stopped gpu-" in out and "nothing is left running idle" in out
+    assert processes_mentioning(str(demo_dir)) == []
+
+
+def test_demo_gang_boots_two_nodes_and_both_ranks_talk_in_the_launch_log(tmp_path):
+    """`DEMO_ONESHOT=1 make demo-gang`: 2 ranks of 2 GPUs, so both 2-GPU stopped nodes boot."""
+    out, demo_dir = run_demo(tmp_path, DEMO_JOB="gang")
+    assert "pod | [rank 0] demo-gang rank 0 of 2: master 127." in out
+    assert "pod | [rank 1] demo-gang rank 1 of 2: master 127." in out
+    assert "pod | [rank 0] demo-gang rank 0 got: hello from rank 1" in out
+    assert "pod | [rank 1] demo-gang rank 1 got: welcome from rank 0 of 2" in out
+    assert "finished: success" in out and "scale-down stopped gpu-" in out
+    stopped = out.split("scale-down stopped ", 1)[1].split(" (StopCharging)")[0]
+    assert len(stopped.split(", ")) == 2, stopped           # the two nodes the gang booted
     assert processes_mentioning(str(demo_dir)) == []

@@ -84,14 +84,13 @@ def test_job_needing_a_stopped_node_boots_it_waits_for_gpus_and_succeeds_there(c
                      wait_log), wait_log[-3000:]
     assert "summary: placed e2e-train in " in task_log(output, dag_run, "place")
     assert "summary: start requested for t4x2-stopped at 20" in task_log(output, dag_run, "start")
-    assert re.search(rf"summary: ran e2e-train on {TWO_GPU_NODE}: pod e2e-train-\w+ Succeeded", launch_log)
+    assert re.search(rf"summary: ran e2e-train on {TWO_GPU_NODE}: pod e2e-train-[\w-]+ Succeeded", launch_log)
     assert "Skipping masking for a secret" not in output
     # "Rendered Templates" of launch: what the pod ran with, env names only.
     rendered = rendered_fields(dag_run, "launch")
-    assert rendered["image"] == JOB["image"] and rendered["cmds"] == JOB["command"]
-    assert rendered["node_selector"]["kubernetes.io/hostname"] == TWO_GPU_NODE
-    assert rendered["launched"]["pod"] == pod.metadata.name and rendered["launched"]["node"] == TWO_GPU_NODE
-    assert rendered["launched"]["resources"]["nvidia.com/gpu"] == "2" and "env_vars" not in rendered
+    assert rendered["launched"]["image"] == JOB["image"] and rendered["launched"]["command"] == JOB["command"]
+    assert rendered["launched"]["pods"] == [pod.metadata.name] and rendered["launched"]["nodes"] == [TWO_GPU_NODE]
+    assert rendered["launched"]["resources"]["nvidia.com/gpu"] == "2"
 
 
 def rendered_fields(dag_run, task: str) -> dict:

@@ -29,7 +29,7 @@ OPERATORS = {"start": StartGpuNodesOperator, "wait": GpuReadySensor, "launch": G
 
 
 class TaskInstance:
-    """Identity (what KubernetesPodOperator labels its pod with) and XCom pushes."""
+    """Identity and XCom pushes."""
 
     def __init__(self, task_id: str, try_number: int, map_index: int):
         self.dag_id, self.task_id, self.run_id = "crash_dag", task_id, "crash_run"
@@ -58,7 +58,7 @@ def main(path: str) -> None:
             pause(out)
             return outcomes
         EcsHook.start_instances = start_then_pause
-    ti = TaskInstance(step, spec.get("try_number", 1), 0 if step == "launch" else -1)
+    ti = TaskInstance(step, spec.get("try_number", 1), -1)
     context = {"ti": ti, "run_id": ti.run_id, "dag": None, "params": {}, "task_state_store": None}
     op = OPERATORS[step](task_id=step, **spec["kwargs"])
     try:

@@ -89,8 +89,7 @@ def test_killed_start_wait_and_launch_retry_to_one_start_one_pod_and_a_clean_led
     assert waited["result"] == ["train"]
 
     # launch: the worker dies while the pod runs; the retry reattaches to that pod
-    launch_kwargs = {"job": job, "plan": waited["pushed"]["plan"], "task_name": "train",
-                     "startup_timeout_seconds": 60}
+    launch_kwargs = {"job": job, "plan": waited["pushed"]["plan"], "startup_timeout_seconds": 60}
     first = Step(tmp_path, "launch", launch_kwargs)
     wait_until(lambda: any(p.status.phase == "Running" for p in job_pods(cloud, "crash")), timeout=60,
                message=first.text)
@@ -100,7 +99,7 @@ def test_killed_start_wait_and_launch_retry_to_one_start_one_pod_and_a_clean_led
     pods = job_pods(cloud, "crash")
     assert len(pods) == 1, [p.metadata.name for p in pods]
     assert (pods[0].spec.node_name, pods[0].status.phase) == ("gpu2-stop", "Succeeded")
-    assert "Found matching pod" in retry.text() and "crash-test done" in retry.text()
+    assert "adopting the gang of attempt 1" in retry.text() and "crash-test done" in retry.text()
 
     ReleaseReservationOperator(task_id="release", job_id="crash").execute(context("release"))
     assert ledger().live() == [] and ledger().read()[0] == []

@@ -11,8 +11,11 @@ from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from airflow.sdk.execution_time.task_runner import _serialize_rendered_fields
 
 from gpuboot.ecs import EcsHook
+from gpuboot.gang import gang_pods
+from gpuboot.jobspec import JobSpec
 from gpuboot.kube import KubeClient
 from gpuboot.ledger import ReservationLedger
+from gpuboot.placement import Plan
 from gpuboot.steps.launch import GpuPodOperator
 from gpuboot.steps.place import PlaceGpuJobOperator
 from gpuboot.steps.release import ReleaseReservationOperator
@@ -136,19 +139,18 @@ def test_start_wait_launch_release_on_a_stopped_node(cloud):
     assert re.fullmatch(r"booted gpu2-stop in [\d.]+ s \(instance up [\d.]+ s, kubelet Ready [\d.]+ s, "
                         r"GPUs registered [\d.]+ s, settled [\d.]+ s\)", ctx["ti"].pushed["summary"])
 
-    launch = GpuPodOperator(task_id="launch", job=pushed["job"], plan=plan, task_name="train",
-                            startup_timeout_seconds=30)
+    launch = GpuPodOperator(task_id="launch", job=pushed["job"], plan=plan, startup_timeout_seconds=30)
     launch.render_template_fields(context("launch"))      # as the task runner does, before storing them
     rendered = _serialize_rendered_fields(launch)          # what "Rendered Templates" shows
-    assert rendered["image"] == JOB["image"] and rendered["cmds"] == JOB["command"]
-    assert rendered["node_selector"]["kubernetes.io/hostname"] == "gpu2-stop"
-    assert rendered["launched"]["env"] == ["EPOCHS", "WANDB_API_KEY"] and rendered["launched"]["node"] == "gpu2-stop"
+    assert rendered["launched"]["image"] == JOB["image"] and rendered["launched"]["command"] == JOB["command"]
+    assert rendered["launched"]["nodes"] == ["gpu2-stop"]
+    assert {"EPOCHS", "WANDB_API_KEY", "RANK", "MASTER_ADDR"} <= set(rendered["launched"]["env"])
     assert rendered["launched"]["resources"]["nvidia.com/gpu"] == "2"
-    assert "env_vars" not in rendered and "a-secret-value-123" not in json.dumps(rendered)
-    pod = launch.build_pod_request_obj(context("launch"))
-    assert pod.spec.node_selector["kubernetes.io/hostname"] == "gpu2-stop"
-    assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "2"
-    assert pod.metadata.labels["gpuboot.io/job"] == "chain" and pod.metadata.labels["gpuboot.io/task"] == "train"
+    assert "a-secret-value-123" not in json.dumps(rendered)
+    (pod,) = gang_pods(JobSpec.from_dict(pushed["job"]), Plan.from_json(plan), attempt=1, master_addr=None)
+    assert pod["spec"]["nodeSelector"]["kubernetes.io/hostname"] == "gpu2-stop"
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert pod["metadata"]["labels"]["gpuboot.io/job"] == "chain" and pod["metadata"]["labels"]["gpuboot.io/task"] == "train"
 
     released = ReleaseReservationOperator(task_id="release", job_id="chain").execute(context("release"))
     assert released == ["train"] and ReservationLedger(KubeClient()).live() == []

@@ -21,7 +21,7 @@ def test_small_chaos_run_keeps_every_promise(tmp_path):
     assert outcome.problems() == [], summary
     jobs, succeeded, failed = map(int, SUMMARY.fullmatch(summary).groups())
     assert jobs == 5 and succeeded + failed == jobs
-    # The killed launch was retried and re-attached to its running pod: one pod, job succeeded.
+    # The killed launch was retried and adopted the pod it had created: one pod, job succeeded.
     assert outcome.killed is not None and outcome.killed.retried and outcome.duplicate_pods == {}
     # The faults were met and got over: the nodes that never became Ready / never registered GPUs
     # were given up on at the boot timeout (whether a job meets NoStock depends on the mix; the
@@ -52,7 +52,7 @@ def recorded_run(run_id: str, start_tries: list[tuple[int, str, str]]) -> RunRes
     run.history += [Attempt(1.0 + n, "gpu_job.start", -1, n, status, detail) for n, status, detail in start_tries]
     run.history += [Attempt(8.0, "gpu_job.wait_gpu_ready", -1, 1, "deferred", "NodeGpuReadyTrigger"),
                     Attempt(9.0, "gpu_job.wait_gpu_ready", -1, 1, "success"),
-                    Attempt(10.0, "gpu_job.launch", 0, 1, "success"),
+                    Attempt(10.0, "gpu_job.launch", -1, 1, "success"),
                     Attempt(11.0, "gpu_job.release", -1, 1, "success")]
     run.states = {f"gpu_job.{step}": "success" for step in STEPS}
     return run

@@ -1,0 +1,89 @@
+"""The gang's pods and verdicts (gpuboot.gang): rank environment, pinning, one fate, adoption."""
+from __future__ import annotations
+
+from gpuboot.gang import LABEL_ATTEMPT, LABEL_RANK, MASTER_PORT, adoptable, gang_pods, judge, pod_name
+from gpuboot.jobspec import JobSpec
+from gpuboot.model import NodeState
+from gpuboot.placement import Assignment, Outcome, Plan
+from gpuboot.resources import Resources
+
+SPEC = JobSpec.from_dict({"name": "train", "image": "python:3.11", "command": ["python", "-c", "pass"],
+                          "replicas": 3, "gpus": 1, "env": {"RANK": "user's", "EPOCHS": "3"},
+                          "node_selector": {"pool": "gpu"}})
+
+
+def plan(*tasks_nodes: tuple[str, str]) -> Plan:
+    return Plan(job_id="gb-1", outcome=Outcome.FITS, message="", assignments=tuple(
+        Assignment(task=t, node=n, hostname=f"host-{n}", instance_id=None, state=NodeState.STOPPED,
+                   requests=Resources.parse({"nvidia.com/gpu": 1, "cpu": "1", "memory": "1Gi"}))
+        for t, n in tasks_nodes))
+
+
+def env_of(pod: dict) -> dict:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_each_rank_gets_the_launcher_environment_pinned_to_its_node():
+    pods = gang_pods(SPEC, plan(("train-0", "a"), ("train-1", "b"), ("train-2", "c")), attempt=2,
+                     master_addr="127.16.0.2")
+    assert [p["spec"]["nodeSelector"] for p in pods] == [
+        {"pool": "gpu", "kubernetes.io/hostname": f"host-{n}"} for n in "abc"]
+    envs = [env_of(p) for p in pods]
+    # rank 0 is the master: its own pod IP through the downward API; the others get the address
+    assert envs[0]["MASTER_ADDR"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert [e["MASTER_ADDR"] for e in envs[1:]] == ["127.16.0.2", "127.16.0.2"]
+    for rank, env in enumerate(envs):
+        assert {k: env[k] for k in ("WORLD_SIZE", "RANK", "NODE_RANK", "MASTER_PORT", "GPUBOOT_TASK_INDEX")} == {
+            "WORLD_SIZE": "3", "RANK": str(rank), "NODE_RANK": str(rank), "MASTER_PORT": str(MASTER_PORT),
+            "GPUBOOT_TASK_INDEX": str(rank)}
+        assert env["EPOCHS"] == "3"                   # the job's own env stays; its RANK loses to gpuboot's
+    assert [p["metadata"]["labels"][LABEL_RANK] for p in pods] == ["0", "1", "2"]
+    assert {p["metadata"]["labels"][LABEL_ATTEMPT] for p in pods} == {"2"}
+    assert len({p["metadata"]["name"] for p in pods}) == 3
+    assert pod_name("train-0", "gb-1", 2) != pod_name("train-0", "gb-1", 3) != pod_name("train-0", "gb-2", 3)
+    assert all(p["spec"]["restartPolicy"] == "Never" for p in pods)
+
+
+def test_a_partly_placed_gang_is_the_tasks_that_got_a_place():
+    """min_available < replicas: the world is the placed tasks; the task index stays the replica's."""
+    pods = gang_pods(SPEC, plan(("train-0", "a"), ("train-2", "c")), attempt=1, master_addr="127.16.0.2")
+    assert [(env_of(p)["WORLD_SIZE"], env_of(p)["RANK"], env_of(p)["GPUBOOT_TASK_INDEX"]) for p in pods] == [
+        ("2", "0", "0"), ("2", "1", "2")]
+
+
+def pod(rank: int, phase: str, attempt: int = 1, code: int | None = None, finished: str | None = None,
+        node: str = "n", **status) -> dict:
+    statuses = []
+    if code is not None:
+        statuses = [{"name": "base", "state": {"terminated": {"exitCode": code, "finishedAt": finished}}}]
+    return {"metadata": {"name": f"p{rank}", "labels": {LABEL_RANK: str(rank), LABEL_ATTEMPT: str(attempt)}},
+            "spec": {"nodeName": node}, "status": {"phase": phase, "containerStatuses": statuses, **status}}
+
+
+def test_one_verdict_over_the_gang():
+    assert judge({0: pod(0, "Running"), 1: pod(1, "Succeeded", code=0)}, 2).status == "running"
+    assert judge({0: pod(0, "Succeeded", code=0), 1: pod(1, "Succeeded", code=0)}, 2).status == "succeeded"
+    failed = judge({0: pod(0, "Running"), 1: pod(1, "Failed", code=3)}, 2)
+    assert (failed.status, failed.failure.rank, failed.failure.exit_code) == ("failed", 1, 3)
+    assert "rank 1 (pod p1) failed with exit code 3" in failed.failure.describe()
+    # several failed: the one that ended first is named (the others most likely followed it)
+    both = judge({0: pod(0, "Failed", code=1, finished="2026-01-01T00:00:09Z"),
+                  1: pod(1, "Failed", code=2, finished="2026-01-01T00:00:05Z")}, 2)
+    assert both.failure.rank == 1
+    refused = judge({0: pod(0, "Failed", reason="UnexpectedAdmissionError", message="no devices")}, 1)
+    assert refused.failure.reason == "UnexpectedAdmissionError: no devices"
+    assert judge({0: pod(0, "Running")}, 2).failure.reason == "its pod is gone (deleted)"
+    lost = judge({0: pod(0, "Running", node="gone")}, 1,
+                 {"gone": {"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}})
+    assert "node gone is not Ready" in lost.failure.reason
+    up = {"n": {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}}
+    assert judge({0: pod(0, "Running")}, 1, up).status == "running"
+
+
+def test_a_retry_adopts_only_a_whole_live_attempt():
+    assert adoptable([pod(0, "Running", 1), pod(1, "Pending", 1)], 2) == (1, ["p0", "p1"])
+    assert adoptable([pod(0, "Succeeded", 1, code=0), pod(1, "Running", 1)], 2) == (1, ["p0", "p1"])
+    assert adoptable([], 2) is None
+    assert adoptable([pod(0, "Running", 1)], 2) is None                                # rank 1 never created
+    assert adoptable([pod(0, "Running", 1), pod(1, "Failed", 1, code=1)], 2) is None   # one fate: relaunch
+    assert adoptable([pod(0, "Running", 1), pod(1, "Running", 2)], 2) is None          # mixed attempts
