@@ -64,13 +64,15 @@ def fleet_view(views: Sequence[NodeView], nodes: Sequence[Mapping], *, reservati
                backed: Iterable[tuple[str, str, str]], marks: Sequence[Unavailable],
                starts: Mapping[str, tuple[str, float]], instances: Mapping[str, Mapping],
                gpus_seen: Mapping[str, float], now: float, recent_seconds: float = 600) -> dict:
-    """The page's JSON. `starts`: node -> (job id, start requested at) from the ledger's job records;
+    """The page's JSON. Every live reservation is listed (`pod_bound`: its pod runs, so its GPUs count as
+    used, not reserved). `starts`: node -> (job id, start requested at) from the ledger's job records;
     `instances`: instance id -> DescribeInstances entry (for StartTime); a boot stays listed while the node
     is booting, or for `recent_seconds` after a job's start request until its timeline is complete."""
     raw = {(n.get("metadata") or {}).get("name"): n for n in nodes}
-    live = _unbacked(reservations, backed, now)
+    backed = set(backed)
+    live = [r for r in reservations if r.expires_at > now]
     reserved_gpus: dict[str, int] = {}
-    for r in live:
+    for r in _unbacked(live, backed, now):
         reserved_gpus[r.node] = reserved_gpus.get(r.node, 0) + r.resources.gpus
 
     rows, boots = [], []
@@ -98,6 +100,7 @@ def fleet_view(views: Sequence[NodeView], nodes: Sequence[Mapping], *, reservati
         "nodes": rows,
         "boots": boots,
         "reservations": [{"job_id": r.job_id, "task": r.task, "node": r.node, "gpus": r.resources.gpus,
+                          "pod_bound": (r.node, r.job_id, r.task) in backed,
                           "requests": r.resources.to_json(), "expires_at": r.expires_at,
                           "expires_in_seconds": round(r.expires_at - now)}
                          for r in sorted(live, key=lambda r: (r.node, r.job_id, r.task))],

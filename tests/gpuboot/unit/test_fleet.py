@@ -36,9 +36,9 @@ def test_gpus_split_into_used_by_pods_reserved_for_unbound_jobs_and_free():
     assert view_of(data, "a")["gpus"] == {"total": 2, "used": 0, "reserved": 2, "free": 0}
     assert view_of(data, "b")["gpus"] == {"total": 2, "used": 1, "reserved": 0, "free": 1}
     assert view_of(data, "a")["price_per_hour"] == 4.2 == price_of(next(v for v in vs if v.name == "a"))
-    # only live reservations not yet backed by their pod are listed
-    assert [(r["job_id"], r["node"], r["gpus"], r["expires_in_seconds"]) for r in data["reservations"]] == \
-        [("gb-1", "a", 2, 600)]
+    # the live reservations, each saying whether its pod is bound yet
+    assert [(r["job_id"], r["node"], r["gpus"], r["pod_bound"], r["expires_in_seconds"])
+            for r in data["reservations"]] == [("gb-1", "a", 2, False, 600), ("gb-2", "b", 1, True, 600)]
 
 
 def test_a_boot_in_progress_shows_each_moment_as_it_happens():
