@@ -88,7 +88,8 @@ def chromium(workdir: Path) -> Iterator:
 
 
 def login(page, stack: Stack) -> None:
-    """Log in through Airflow's own login form, as a person would."""
+    """Log in through Airflow's own login form, as a person would (a session from an earlier test is dropped)."""
+    page.context.clear_cookies()
     page.goto(f"{stack.url}/")
     page.get_by_label("Username").fill(stack.user)
     page.get_by_label("Password").fill(stack.password)
