@@ -30,8 +30,17 @@ def browser(tmp_path_factory):
         yield context
 
 
+# Page loads and REST calls on a shared, loaded machine can take minutes (one uvicorn worker).
+SLOW_MS = 300_000
+
+
 @pytest.fixture
 def page(browser, stack):
+    import httpx
+
+    stack.api.http.timeout = httpx.Timeout(SLOW_MS / 1000)
     page = browser.new_page()
+    page.set_default_timeout(SLOW_MS)
+    page.set_default_navigation_timeout(SLOW_MS)
     yield page
     page.close()

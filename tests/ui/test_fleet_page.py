@@ -25,12 +25,12 @@ TRAIN = ("import time\n"
          "print('ui-train done', flush=True)\n")
 
 
-def test_the_fleet_api_answers_only_an_airflow_user(stack):
+def test_the_fleet_api_answers_only_an_airflow_user(stack, page):
     api = f"{stack.url}/gpuboot/api/fleet"
-    assert httpx.get(api, timeout=60).status_code == 401                      # no token, no cookie
-    forged = httpx.get(api, headers={"Authorization": "Bearer not-a-token"}, timeout=60)
+    assert httpx.get(api, timeout=300).status_code == 401                     # no token, no cookie
+    forged = httpx.get(api, headers={"Authorization": "Bearer not-a-token"}, timeout=300)
     assert forged.status_code == 403 and "Invalid JWT token" in forged.text
-    assert httpx.get(api, cookies={"_token": "not-a-token"}, timeout=60).status_code == 403
+    assert httpx.get(api, cookies={"_token": "not-a-token"}, timeout=300).status_code == 403
     # the first read imports the Kubernetes and ECS clients into the API server: minutes on a loaded machine
     first = stack.api.http.get("/gpuboot/api/fleet", timeout=600)
     assert first.status_code == 200, first.text
