@@ -60,6 +60,13 @@ demo-gang: install
 test-demo: install
 	GPUBOOT_TEST_DEMO=1 $(PY) -m pytest tests/gpuboot/e2e/test_demo.py
 
+# The browser tests (tests/ui): headless Debian Chromium (/usr/bin/chromium) driven by Playwright against the
+# demo's stack (local cloud + Airflow standalone): the GPU-fleet page while a job boots a node, and the
+# gpu_job trigger form refusing bad input. Screenshots under results/ui/. Kept out of `make test`.
+.PHONY: test-ui
+test-ui: install
+	GPUBOOT_TEST_UI=1 $(PY) -m pytest tests/ui
+
 # The provider wheel built, installed into a fresh virtualenv with Airflow (from constraints.txt)
 # and checked there: providers list, the connection form, the plugin, gpu_job parsing (~2 min).
 .PHONY: test-package

@@ -421,7 +421,7 @@ def main() -> int:
                     _tail(home / "standalone.log")
                     raise
                 api.login(ADMIN_USER, password)
-                say(f"Airflow UI: {url}   login: {ADMIN_USER} / {password}")
+                say(f"Airflow UI: {url}   login: {ADMIN_USER} / {password}   GPU fleet: {url}/plugin/gpu-fleet")
                 for dag_id in (DAG_ID, SCALEDOWN_DAG_ID):
                     wait_until(f"DAG {dag_id} to be parsed", lambda: api.dag_loaded(dag_id), timeout=180)
                 job, expected = JOBS[job_kind]

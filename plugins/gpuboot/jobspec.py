@@ -454,48 +454,88 @@ _EXAMPLES = {
 
 # --- the UI form ----------------------------------------------------------------
 
+# The GPU models the trigger form offers (the common ECS GPU families; any of KNOWN_GPU_MODELS is accepted
+# from YAML specs and the REST API). "any" is the empty choice.
+FORM_GPU_MODELS: tuple[str, ...] = ("T4", "A10", "V100", "A100", "L20", "H20")
+
+
+def _optional(schema: dict) -> dict:
+    """The schema with "null" among its types: Airflow's form marks a field required unless it may be null,
+    and an empty optional field sends null, which JobSpec reads as "the default"."""
+    types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+    return {**schema, "type": ["null", *[t for t in types if t != "null"]]}
+
+
 def params_schema() -> dict[str, dict]:
-    """field -> {"default", "schema", "description"}: Airflow Params that validate like from_dict."""
+    """field -> {"default", "schema", "description"}: Airflow Params that validate like from_dict.
+
+    Shaped for Airflow 3.3's trigger form, which picks the widget from the schema: a single type
+    "string" is a one-line input, an array of strings a one-per-line box, "object" a JSON editor, an
+    enum a drop-down (labels from values_display), integer a number box (it clamps to "minimum" when
+    the field is left, so bounds are given as exclusiveMinimum: refused with the rule, never changed).
+    Only name, image and command lack "null" in their type: those alone show as required. The form
+    checks types and JSON syntax as you type; patterns and bounds are checked when Trigger is pressed
+    (Airflow's validation of the params), and JobSpec.from_dict stays the backstop with the field and
+    the fix named. Titles and descriptions say the rule in words, with an example in the field's syntax."""
     # what one schema can check of the exec limits (characters, not bytes; the rest is checked by place)
-    string_list = {"type": ["array", "string"], "items": {"type": "string", "maxLength": MAX_ARG_STRLEN - 1},
+    string_list = {"type": "array", "items": {"type": "string", "maxLength": MAX_ARG_STRLEN - 1},
                    "maxLength": MAX_CONTAINER_ARGV_ENV_BYTES}
-    quantity = {"type": ["string", "number"], "pattern": QUANTITY_PATTERN, "exclusiveMinimum": 0}
-    seconds = {"type": "integer", "minimum": 1, "maximum": MAX_TIMEOUT_SECONDS}
+    # a quantity above zero: QUANTITY_PATTERN, unless it is all zeros (0, 0.0, 0Gi, 0e3)
+    positive = r"^(?![\s+]*[0.]+(?:[eE][+-]?\d+)?[A-Za-z]*\s*$)" + QUANTITY_PATTERN.removeprefix("^")
+    quantity = {"type": ["null", "string"], "pattern": positive, "minLength": 1}
+    seconds = {"type": ["null", "integer"], "exclusiveMinimum": 0, "exclusiveMaximum": MAX_TIMEOUT_SECONDS + 1}
     namespaces = job_namespaces()
+    min_boot = min_boot_seconds()
     spec = {
-        "name": (None, {"type": "string", "pattern": DNS_LABEL}, "Job name: a DNS label, e.g. train-resnet"),
-        "image": (None, {"type": "string", "minLength": 1, "pattern": r"^\S+$"}, "Container image"),
-        "command": (None, {**string_list, "minLength": 1, "minItems": 1},
-                    "Program and arguments (one per line, or one shell-like string)"),
-        "args": ([], string_list, "Extra arguments passed after the command"),
-        "env": ({}, {"type": "object", "additionalProperties": {"type": ["string", "number"],
-                                                                "maxLength": MAX_ARG_STRLEN - 2}},
-                "Environment variables for the container"),
-        "gpus": (1, {"type": "integer", "minimum": 0}, "nvidia.com/gpu per task (0 for a CPU-only job)"),
-        "cpu": ("1", quantity, "CPU per task, a Kubernetes quantity (500m, 2, ...)"),
-        "memory": ("4Gi", quantity, "Memory per task, a Kubernetes quantity (512Mi, 16Gi, ...)"),
-        "gpu_model": (None, {"type": ["null", "string"], "enum": [None, "", *KNOWN_GPU_MODELS]},
-                      "Required GPU model, or empty for any"),
-        "namespace": (namespaces[0], {"type": "string", "enum": list(namespaces)},
+        "name": (None, {"type": "string", "pattern": DNS_LABEL, "title": "Job name"},
+                 "Lower-case letters, digits and '-', starting and ending with a letter or digit, at most 63 "
+                 "characters (a Kubernetes name), e.g. train-resnet"),
+        "image": (None, {"type": "string", "minLength": 1, "pattern": r"^\S+$", "title": "Container image"},
+                  "One image reference, no spaces, e.g. pytorch/pytorch:2.3.0-cuda12.1"),
+        "command": (None, {"type": ["array", "string"], "items": string_list["items"],
+                           "maxLength": MAX_CONTAINER_ARGV_ENV_BYTES, "minLength": 1, "minItems": 1,
+                           "title": "Command"},
+                    "The program and its arguments, one per line (e.g. python, then train.py)"),
+        "args": (None, _optional({**string_list, "title": "Arguments"}),
+                 "Optional: more arguments after the command, one per line (e.g. --epochs, then 3)"),
+        "env": (None, {"type": ["null", "object"], "title": "Environment",
+                       "additionalProperties": {"type": ["string", "number"], "maxLength": MAX_ARG_STRLEN - 2}},
+                'Optional: environment variables as a JSON object, e.g. {"EPOCHS": "3"}'),
+        "gpus": (1, {"type": ["null", "integer"], "exclusiveMinimum": -1, "title": "GPUs"},
+                 "GPUs per task: a whole number, 0 or more (0 runs on CPU only)"),
+        "cpu": ("1", {**quantity, "title": "CPU"},
+                "CPU per task as a Kubernetes quantity above zero: 500m is half a core, 2 is two cores"),
+        "memory": ("4Gi", {**quantity, "title": "Memory"},
+                   "Memory per task as a Kubernetes quantity above zero with a unit: 512Mi, 16Gi"),
+        "gpu_model": (None, {"type": ["null", "string"], "enum": [None, *FORM_GPU_MODELS],
+                             "values_display": {"null": "any"}, "title": "GPU model"},
+                      "Run only on this GPU model, or any"),
+        "namespace": (namespaces[0], {"type": ["null", "string"], "enum": list(namespaces), "title": "Namespace"},
                       "Namespace for the pod(s): one of those gpuboot is configured for"),
-        "replicas": (1, {"type": "integer", "minimum": 1, "maximum": MAX_REPLICAS}, "Number of pods"),
-        "min_available": (None, {"type": ["null", "integer"], "minimum": 1},
-                          "Pods that must be placed together (empty = all replicas)"),
-        "node_selector": ({}, {"type": "object", "additionalProperties": {"type": "string"}},
-                          "Node labels the pods require"),
-        "tolerations": ([], {"type": "array", "items": {"type": "object"}}, "Taints the pods tolerate"),
-        "queue_timeout_seconds": (3600, seconds, "How long to wait for busy capacity"),
-        "boot_timeout_seconds": (900, {**seconds, "minimum": min_boot_seconds()},
-                                 f"How long a started node may take to have its GPUs ready: at least "
-                                 f"{min_boot_seconds()}s plus settle_seconds"),
-        "settle_seconds": (5, {"type": "integer", "minimum": 0, "maximum": MAX_SETTLE_SECONDS},
-                           "How long readiness must hold before the pod is committed"),
-        "reservation_ttl_seconds": (None, {"type": ["null", "integer"], "minimum": 1,
-                                           "maximum": MAX_TIMEOUT_SECONDS},
-                                    "How long a reservation lives (empty = derived from the timeouts)"),
-        "extra_resources": ({}, {"type": "object", "additionalProperties": {"type": ["string", "integer"]}},
-                            "Other extended resources per task, e.g. example.com/fpga: 1"),
-        "allow_gpu_nodes": (False, {"type": "boolean"},
+        "replicas": (1, {"type": ["null", "integer"], "exclusiveMinimum": 0, "exclusiveMaximum": MAX_REPLICAS + 1,
+                         "title": "Replicas"}, f"Number of pods, 1 to {MAX_REPLICAS}"),
+        "min_available": (None, {"type": ["null", "integer"], "exclusiveMinimum": 0, "title": "Minimum available"},
+                          "Optional: pods that must be placed together (empty: all replicas)"),
+        "node_selector": (None, {"type": ["null", "object"], "additionalProperties": {"type": "string"},
+                                 "title": "Node selector"},
+                          'Optional: node labels the pods require, as JSON, e.g. {"pool": "training"}'),
+        "tolerations": (None, {"type": ["null", "array"], "items": {"type": "object"}, "title": "Tolerations"},
+                        'Optional: taints the pods tolerate, as a JSON list, e.g. '
+                        '[{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]'),
+        "queue_timeout_seconds": (3600, {**seconds, "title": "Queue timeout (s)"},
+                                  "Seconds to wait for busy capacity, 1 or more"),
+        "boot_timeout_seconds": (900, {**seconds, "exclusiveMinimum": min_boot - 1, "title": "Boot timeout (s)"},
+                                 f"Seconds a started node may take to have its GPUs ready: at least "
+                                 f"{min_boot} plus settle_seconds"),
+        "settle_seconds": (5, {"type": ["null", "integer"], "exclusiveMinimum": -1, "exclusiveMaximum": MAX_SETTLE_SECONDS + 1,
+                               "title": "Settle (s)"},
+                           f"Seconds readiness must hold before the pod is committed, 0 to {MAX_SETTLE_SECONDS}"),
+        "reservation_ttl_seconds": (None, {**seconds, "title": "Reservation lifetime (s)"},
+                                    "Optional: how long a reservation lives (empty: derived from the timeouts)"),
+        "extra_resources": (None, {"type": ["null", "object"], "additionalProperties": {"type": ["string", "integer"]},
+                                   "title": "Extra resources"},
+                            'Optional: other extended resources per task, as JSON, e.g. {"example.com/fpga": 1}'),
+        "allow_gpu_nodes": (False, {"type": ["null", "boolean"], "title": "Allow GPU nodes"},
                             "Let a CPU-only job (gpus 0) run on, and boot, GPU nodes (off: it stays on CPU nodes)"),
     }
     assert set(spec) == set(_DEFAULTS), "params_schema must cover every JobSpec field"

@@ -25,13 +25,13 @@ PACKAGE = PLUGINS / "gpuboot"
 LAYERS: dict[str, set[str]] = {
     "core": {"gpuboot", "gpuboot.model", "gpuboot.resources", "gpuboot.inventory", "gpuboot.placement",
              "gpuboot.readiness", "gpuboot.steplog", "gpuboot.jobspec", "gpuboot.gang", "gpuboot.idle",
-             "gpuboot.replay", "gpuboot.ports"},
+             "gpuboot.replay", "gpuboot.ports", "gpuboot.fleet"},
     "adapters": {"gpuboot.ecs", "gpuboot.provider", "gpuboot.kube", "gpuboot.ledger"},
     "lifecycle": {"gpuboot.booking", "gpuboot.batching", "gpuboot.boot", "gpuboot.pricing"},
     "airflow": {"gpuboot.steps", "gpuboot.steps.base", "gpuboot.steps.place", "gpuboot.steps.start",
                 "gpuboot.steps.wait", "gpuboot.steps.launch", "gpuboot.steps.release", "gpuboot.steps.waiting",
-                "gpuboot.triggers", "gpuboot.launchtrigger", "gpuboot.taskgroup", "gpuboot.scaledown", "gpuboot.specdags", "gpuboot.plugin",
-                "gpuboot_plugin"},
+                "gpuboot.triggers", "gpuboot.launchtrigger", "gpuboot.taskgroup", "gpuboot.scaledown", "gpuboot.specdags",
+                "gpuboot.plugin", "gpuboot.fleetapi", "gpuboot_plugin"},
 }
 ORDER = ["core", "adapters", "lifecycle", "airflow"]
 PACKAGES = {"gpuboot.replay"}      # entries that cover their submodules

@@ -1,0 +1,46 @@
+"""The fleet API (gpuboot.fleetapi) answers only an Airflow user allowed to read DAGs, with Airflow's own
+auth manager, JWTs and (for revoked tokens) metadata database: 401 without a token, 403 with a forged one or a user without that permission.
+(The allowed user, the page and its data are tested in Chromium: tests/ui, make test-ui.)"""
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+
+@pytest.fixture
+def client(monkeypatch, tmp_path):
+    monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER",
+                       "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")
+    monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "test-secret-for-the-fleet-api-auth-test-only-" + "x" * 32)
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(tmp_path / "passwords.json"))
+    from airflow.api_fastapi.app import init_auth_manager, purge_cached_app
+
+    from gpuboot.fleetapi import create_app
+
+    manager = init_auth_manager()
+    yield TestClient(create_app()), manager
+    purge_cached_app()
+
+
+def test_no_token_is_401_and_a_forged_one_403(client):
+    http, _ = client
+    assert http.get("/api/fleet").status_code == 401
+    assert http.get("/api/runs/gpu_job/r1").status_code == 401
+    forged = http.get("/api/fleet", headers={"Authorization": "Bearer not-a-jwt"})
+    assert forged.status_code == 403 and forged.json()["detail"] == "Invalid JWT token"
+    assert http.get("/api/fleet", cookies={"_token": "not-a-jwt"}).status_code == 403
+
+
+def test_a_user_without_read_access_to_dags_is_403(client):
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    http, manager = client
+    token = manager.generate_jwt(SimpleAuthManagerUser(username="nobody", role=None))
+    for path in ("/api/fleet", "/api/runs/gpu_job/r1"):
+        assert http.get(path, headers={"Authorization": f"Bearer {token}"}).status_code == 403, path
+
+
+def test_the_page_itself_holds_no_data_and_loads_without_a_token(client):
+    http, _ = client
+    page = http.get("/fleet")
+    assert page.status_code == 200 and "api/fleet" in page.text and "<table id=\"nodes\">" in page.text
