@@ -15,7 +15,8 @@ which never conflict). A waiter that sees no live lease takes it (one compare-an
 ledger) and leads: after GATHER_SECONDS, so the rest of the burst queues behind it, one survey,
 then every queued request is placed in queue order against that survey plus every live
 reservation plus the requests placed before it in the batch, and one ledger write adds all their
-reservations and `Decided` answers (fits, busy or never, with the plan) and renews the lease.
+reservations and `Decided` answers (fits, busy or never, with the plan: its whole candidate table
+for a batch of one, a few rows each in a burst, ANSWER_ROWS in all) and renews the lease.
 Each waiter reads its answer (its reservations are already there). A leader keeps leading while
 requests arrive (for LEAD_SECONDS at most once its own job is answered, then it hands the lease
 over, so no place step leads forever), re-placing against its survey as `gpuboot.booking` does
@@ -57,7 +58,7 @@ from gpuboot.booking import Basis, Booker, Booking, Survey, outdated_marks, rese
 from gpuboot.jobspec import JobSpec
 from gpuboot.ledger import Batch, Decided, LedgerConflict, LedgerState, Queued, RequestQueue, backoff
 from gpuboot.model import Reservation, Unavailable
-from gpuboot.placement import JobRequest, Outcome, Plan, place
+from gpuboot.placement import JobRequest, Outcome, Plan, Verdict, place
 
 LEASE_SECONDS = 15         # a leader renews its lease with every batch it commits (half the contention budget:
                             # a dead leader costs its waiters half their wait, not all of it)
@@ -69,6 +70,7 @@ LEASE_CHECK_SECONDS = 5     # and of the ledger (is anyone leading?) at least th
 QUEUE_BACKOFF_CAP_SECONDS = 4.0   # the longest pause between two tries to queue (full jitter)
 GATHER_SECONDS = 0.5        # a new leader waits this long before its survey, so a burst queues up behind it
 VERDICT_MAX_AGE_SECONDS = 5
+ANSWER_ROWS = 400           # candidate-table rows one batch write carries in all (~200 KiB), shared by its answers
 LEAD_SECONDS = 20           # a place step leads this long at most once its own job is decided, then hands over  # "busy" or "never" only from a survey this recent (the job then waits a while)
 
 
@@ -233,8 +235,9 @@ class BatchPlacer:
         marks dropped."""
         now = self.booker.clock()
         live = state.batch.live(now)
-        answers = tuple(Decided(q.job_id, q.ticket, compact(p).to_json(), me.split(":")[0], now + DECIDED_SECONDS)
-                        for q, p in zip(queue, plans))
+        rows = ANSWER_ROWS // len(queue)        # one job alone gets its whole table, a burst a few rows each
+        answers = tuple(Decided(q.job_id, q.ticket, compact(p, rows).to_json(), me.split(":")[0],
+                                now + DECIDED_SECONDS) for q, p in zip(queue, plans))
         batch = Batch(live.decided + answers, me, now + LEASE_SECONDS)
         answered = {q.job_id for q in queue}    # a job's reservations are the batch's answer (a retry's replace)
         kept = [r for r in state.reservations if r.job_id not in answered]
@@ -245,8 +248,8 @@ class BatchPlacer:
                           mark.reason)
         self.queue.drop(q.ticket for q in queue)
         for q, p in zip(queue, plans):
-            self.log.info("batch: job %s: %s: %s", q.job_id, p.outcome.value,
-                          "; ".join(f"{a.task} -> {a.node}" for a in p.assignments) or p.message)
+            self.log.info("batch: job %s: %s%s", q.job_id, p.outcome.value,
+                          "".join(f"; {a.task} -> {a.node}" for a in p.assignments))
         self.log.info("batch: decided %d queued placement(s) (%d fit) in one write", len(queue),
                       sum(p.outcome == Outcome.FITS for p in plans))
 
@@ -278,7 +281,12 @@ def latest_per_job(queue: Sequence[Queued]) -> list[Queued]:
     return [q for q in queue if newest[q.job_id] is q]
 
 
-def compact(plan: Plan) -> Plan:
-    """The plan as its waiter reads it from the ledger: without the candidate table (the leader's
-    task log has each job's decision), so 200 answers stay a few tens of KiB that every waiter polls."""
-    return dataclasses.replace(plan, candidates=(), candidates_omitted=plan.candidates_omitted + len(plan.candidates))
+def compact(plan: Plan, rows: int) -> Plan:
+    """The plan as its waiter reads it from the ledger: at most `rows` rows of its candidate table,
+    the chosen ones first (the rest are counted as omitted), so that a burst's answers stay small."""
+    chosen = [c for c in plan.candidates if c.verdict == Verdict.CHOSEN]
+    kept = (chosen + [c for c in plan.candidates if c.verdict != Verdict.CHOSEN])[:max(rows, len(chosen))]
+    order = {id(c): i for i, c in enumerate(plan.candidates)}
+    kept.sort(key=lambda c: order[id(c)])
+    return dataclasses.replace(plan, candidates=tuple(kept),
+                               candidates_omitted=plan.candidates_omitted + len(plan.candidates) - len(kept))

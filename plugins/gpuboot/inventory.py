@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 
 from .model import (LABEL_GPU_COUNT, LABEL_GPU_MODEL, LABEL_HOSTNAME, LABEL_INSTANCE_TYPE, LABEL_JOB, LABEL_MANAGED,
-                    LABEL_PRICE, LABEL_TASK, LABEL_ZONE, TAG_MANAGED, TERMINATED_PHASES, FrozenDict, NodeState,
+                    LABEL_PRICE, NOT_READY_TAINTS, LABEL_TASK, LABEL_ZONE, TAG_MANAGED, TERMINATED_PHASES, FrozenDict, NodeState,
                     NodeView, Reservation)
 from .resources import CPU, GPU, MEMORY, QuantityError, Resources
 
@@ -233,6 +233,9 @@ def _running_state(node: Mapping, allocatable: Resources, expected_gpus: int, st
         ready, why = False, "node status predates the instance start (no heartbeat since)"
     if ready and expected_gpus and allocatable.gpus < expected_gpus:
         ready, why = False, f"GPUs not registered ({allocatable.gpus}/{expected_gpus} {GPU})"
+    down = sorted(t.get("key") for t in (node.get("spec") or {}).get("taints") or () if t.get("key") in NOT_READY_TAINTS)
+    if ready and down:      # Ready read, but the node controller has not lifted its taint yet: still coming up
+        ready, why = False, f"taint {down[0]} still on it"
     if ready:
         return NodeState.READY, "running, Ready" + (f", {expected_gpus} GPUs registered" if expected_gpus else "")
     if started is None:

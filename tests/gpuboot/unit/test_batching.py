@@ -14,12 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gpuboot.batching import LEASE_SECONDS, BatchPlacer, book_first, still_valid
+from gpuboot.batching import ANSWER_ROWS, LEASE_SECONDS, BatchPlacer, book_first, compact, still_valid
 from gpuboot.booking import Booker, LedgerContended, reservation_ttl
 from gpuboot.jobspec import JobSpec
 from gpuboot.ledger import CONFIGMAP, MAX_LEDGER_BYTES, Batch, LedgerFull, Queued, RequestQueue, StartedNode
 from gpuboot.model import Reservation, Unavailable
-from gpuboot.placement import JobRequest, Outcome
+from gpuboot.placement import JobRequest, Outcome, Plan
 from gpuboot.resources import Resources
 
 from tests.gpuboot.fakes import T4, Cloud, cloud
@@ -185,7 +185,8 @@ def test_the_largest_burst_answered_at_once_stays_far_below_the_limit_and_a_bigg
     (mine,) = state.reservations
 
     def write(n: int):
-        decided = tuple(dataclasses.replace(answer, job_id=f"gpu-job-sweep-{i:04d}", ticket=f"t-{i:012x}")
+        plan = compact(Plan.from_json(answer.plan), ANSWER_ROWS // n).to_json()     # a batch of n: a few rows each
+        decided = tuple(dataclasses.replace(answer, job_id=f"gpu-job-sweep-{i:04d}", ticket=f"t-{i:012x}", plan=plan)
                         for i in range(n))
         held = [dataclasses.replace(mine, job_id=f"gpu-job-sweep-{i:04d}") for i in range(n)]
         now = ledger.snapshot()
@@ -193,7 +194,7 @@ def test_the_largest_burst_answered_at_once_stays_far_below_the_limit_and_a_bigg
 
     write(200)
     size = len(json.dumps(c.cluster.read_configmap("default", CONFIGMAP)["data"]).encode())
-    assert size < MAX_LEDGER_BYTES // 4, size
+    assert size < MAX_LEDGER_BYTES // 3, size     # ~1.4 KiB per job: its reservation and a two-row answer
     before = json.dumps(c.cluster.read_configmap("default", CONFIGMAP))
     with pytest.raises(LedgerFull, match="4000 batch answers"):
         write(4000)
