@@ -33,7 +33,10 @@ placed again). When the write conflicts, the plans are kept only if the ledger m
 reservations (no reservation added, no mark added or removed, none of the batch's tickets answered
 by another leader): capacity then only grew, and everything removed was counted as reserved when
 the plans were made, which is what the tombstone rule of `gpuboot.booking` asks. Any other change
-places the batch again. A gang is placed whole by `place` or not at all.
+places the batch again. A batch write only adds reservations, never removes one (its pod may be
+about to be bound, and a placer that saw neither would promise the node twice: rule (d) of
+`gpuboot.booking`); so a queued request of a job that holds a placement made meanwhile is answered
+"busy", not placed again. A gang is placed whole by `place` or not at all.
 
 Nothing is lost. A leader that dies stops renewing its lease; after LEASE_SECONDS a waiter
 takes over the queue. A waiter that dies leaves its request, which expires after QUEUED_SECONDS
@@ -218,10 +221,14 @@ class BatchPlacer:
                unavailable: list[Unavailable], now: float) -> tuple[list[Plan], list[Reservation]]:
         """Place each queued request in turn against `seen` plus `reserved` plus the ones before it."""
         plans, added = [], []
+        holders = {r.job_id for r in reserved}
         for entry in queue:
             request = JobRequest.from_json(entry.request)
-            counted = [r for r in [*reserved, *added] if r.job_id != entry.job_id]   # its own are replaced
-            views = seen.recounted(counted, now).views
+            if entry.job_id in holders:     # placed meanwhile (its wait gave up and placed itself)
+                plans.append(Plan(entry.job_id, Outcome.BUSY, "the job holds a placement made meanwhile; "
+                                  "placing it again on its own"))
+                continue
+            views = seen.recounted([*reserved, *added], now).views
             plan = place(request, views, unavailable)
             plans.append(plan)
             if plan.outcome == Outcome.FITS:
@@ -239,9 +246,8 @@ class BatchPlacer:
         answers = tuple(Decided(q.job_id, q.ticket, compact(p, rows).to_json(), me.split(":")[0],
                                 now + DECIDED_SECONDS) for q, p in zip(queue, plans))
         batch = Batch(live.decided + answers, me, now + LEASE_SECONDS)
-        answered = {q.job_id for q in queue}    # a job's reservations are the batch's answer (a retry's replace)
-        kept = [r for r in state.reservations if r.job_id not in answered]
-        self.ledger._write([*kept, *added], [m for m in state.unavailable if m not in set(outdated)], state,
+        # never removes a reservation: its pod may still be bound (the tombstone rule of gpuboot.booking)
+        self.ledger._write([*state.reservations, *added], [m for m in state.unavailable if m not in set(outdated)], state,
                            state.jobs, batch=batch)
         for mark in outdated:
             self.log.info("dropped the mark on %s (%s): the node is Ready or booted again since", mark.what,

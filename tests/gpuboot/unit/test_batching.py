@@ -215,3 +215,16 @@ def test_a_queued_request_reads_back_as_the_same_request_and_carries_no_command_
     text = json.dumps(request.to_json())
     assert "secret-value" not in text and "train.py" not in text and "python:3.11" not in text
     assert JobRequest.from_json(json.loads(text)) == request
+
+
+def test_a_stale_request_of_a_job_that_placed_itself_is_not_placed_again_nor_its_reservation_removed():
+    """The job's wait gave up and it placed itself on the single path; its old request is still
+    queued. A batch must not give it a second placement, nor drop the one it holds: its pod may be
+    about to be bound there, and a placer that saw neither would promise the node twice."""
+    c = cloud()
+    booker(c).book(spec(), "job")                   # the single path: job holds gpu-run
+    ghost(c, "job", lease_for=None)                 # its old ticket, still queued
+    book_first(booker(c), spec("other"), "other")
+    assert held(c) == {"job": ["gpu-run"], "other": ["gpu-stop"]}
+    stale = c.ledger().snapshot().batch.answer("job:dead")
+    assert stale is not None and stale.plan["outcome"] == "busy" and "meanwhile" in stale.plan["message"]
