@@ -52,7 +52,7 @@ def test_a_job_accepting_two_models_boots_and_runs_on_the_second_when_the_first_
         sensor.execute(context("wait"))
     assert sensor.execute_complete(context("wait"), run_deferred(deferred.value)) == ["any-model"]
 
-    launch = GpuPodOperator(task_id="launch", job=job, plan=plan, task_name="any-model", startup_timeout_seconds=60)
+    launch = GpuPodOperator(task_id="launch", job=job, plan=plan, deferrable=False, startup_timeout_seconds=60)
     launch.execute(context("launch"))
     pods = KubeClient().list_pods("gpuboot.io/job=any-model-1")
     assert [((p.get("spec") or {}).get("nodeName"), (p.get("status") or {}).get("phase")) for p in pods] == \
