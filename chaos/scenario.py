@@ -74,7 +74,9 @@ WORKER_DIED = "worker process died"     # chaos.runner.ProcessWorkers' error for
 class WorkerKiller:
     """SIGKILLs one worker process running task `step` (first try), at the moment that hurts:
     for `launch`, once its first pod exists (the worker is creating the gang; once it is created
-    the launch defers and no worker is left to kill); for `start`, once ECS shows one of its instances starting;
+    the launch defers and no worker is left to kill), and after a miss (the window is short: a
+    one-pod gang defers as soon as its pod exists) as soon as the next launch's worker is up; for
+    `start`, once ECS shows one of its instances starting;
     otherwise as soon as it is up. It waits for the moment as long as the worker lives (bounded
     by `timeout`): on a loaded machine a pod may take minutes to run, and a killer that gave up
     early would leave no step killed.
@@ -90,7 +92,7 @@ class WorkerKiller:
         self.busy = False
         self.aimed: StepCall | None = None      # the try a SIGKILL was sent to, not yet seen to end
         self.killed: StepCall | None = None
-        self.missed = 0                         # kills that came after their try had ended
+        self.missed = 0                         # tries that ended before the kill hit them
 
     def on_spawn(self, call: StepCall, process) -> None:
         if not call.task_id.endswith("." + self.step) or call.try_number != 1 or call.method != "execute":
@@ -118,7 +120,7 @@ class WorkerKiller:
             self.busy = False
 
     def _moment(self, call: StepCall) -> Callable[[], bool]:
-        if self.step == "launch":
+        if self.step == "launch" and not self.missed:
             core = self.cloud.core_v1()
             job_id = job_id_for(call.dag_id, call.run_id, call.task_id.rpartition(".")[0])
             # launch holds its worker only while it creates the gang (then it defers): hit it there
@@ -147,6 +149,7 @@ class WorkerKiller:
             if not sent:
                 with self.lock:
                     self.busy = False
+                    self.missed += 1    # the try ended before its moment came: aim earlier next time
 
 
 @dataclass
@@ -296,7 +299,7 @@ def run_chaos(job_count: int = 16, seed: int = 7, workdir: Path | str = "chaos-r
             outcome.killed = KilledStep.of(run, killer.killed)
             progress("  " + outcome.killed.line(len(pods.get(_job_id(run), []))))
         else:
-            progress(f"  no {kill_step} worker was killed ({killer.missed} kill(s) came after the try had ended)")
+            progress(f"  no {kill_step} worker was killed ({killer.missed} of its tries ended before the kill hit them)")
         return outcome
 
 
