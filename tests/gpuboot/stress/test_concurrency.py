@@ -83,9 +83,8 @@ def test_no_pod_fails_admission_and_the_ledger_ends_empty(outcome):
 def test_exactly_the_jobs_that_fit_run_first_the_rest_wait_then_run(outcome):
     first = {r.run_id: first_placement(r) for r in outcome["results"]}
     by_run = {r.run_id: r for r in outcome["results"]}
-    pod_of = {}
-    for pods in outcome["pods"].values():
-        pod_of[pods[0].metadata.labels["run_id"]] = pods[0]
+    # each run's pod, by the job id its place step pushed (the pods carry gpuboot.io/job)
+    pod_of = {r.run_id: outcome["pods"][r.xcom[("gpu_job.place", -1, "job_id")]][0] for r in outcome["results"]}
     first_wave_done = min(_finished(pod_of[run]) for run, what in first.items() if what == "fits")
     # Until a first pod finished, exactly the 10 jobs that fit were placed and the rest waited; a
     # run whose first placement came later (a slow machine) may fit at once on the freed GPU.
