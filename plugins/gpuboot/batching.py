@@ -161,12 +161,7 @@ class BatchPlacer:
 
     def _withdraw(self, ticket: str, job_id: str) -> Booking:
         """Give up the wait: take the request out of the queue, then take an answer given meanwhile."""
-        for attempt in range(1, 20):
-            try:
-                self.queue.remove(ticket)
-                break
-            except LedgerConflict:
-                self.booker.sleep(backoff(attempt, base=0.05, cap=1.0, rng=self.booker.rng))
+        self.queue.drop([ticket], attempts=20)
         state = self.ledger.snapshot()
         answer = state.batch.answer(ticket)
         if answer is not None:

@@ -551,15 +551,12 @@ class RequestQueue:
     def add(self, entry: Queued) -> None:
         self._change(self.shard_of(entry.ticket), lambda qs: [q for q in qs if q.ticket != entry.ticket] + [entry])
 
-    def remove(self, ticket: str) -> None:
-        self._change(self.shard_of(ticket), lambda qs: [q for q in qs if q.ticket != ticket])
-
     def holds(self, ticket: str) -> bool:
         return any(q.ticket == ticket and q.expires_at > self.clock() for q in self._read(self.shard_of(ticket))[0])
 
     def drop(self, tickets: Iterable[str], attempts: int = 5) -> None:
-        """Take answered requests out of their shards (best effort: what stays expires, and a
-        leader never places an answered ticket again)."""
+        """Take requests out of their shards, answered ones or a withdrawn wait (best effort: what
+        stays expires, and a leader never places an answered ticket again)."""
         by_shard: dict[str, set[str]] = {}
         for t in tickets:
             by_shard.setdefault(self.shard_of(t), set()).add(t)
