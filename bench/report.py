@@ -78,16 +78,19 @@ def distributed(result: dict) -> str:
 
 
 def triggerer(result: dict) -> str:
-    rows = [{k: result.get(k) for k in ("triggers", "nodes", "ready", "slow_callbacks", "worst_callback_s",
-                                         "heartbeat_worst_lag_s", "last_fired_after_s")}]
+    rows = [{k: result.get(k) for k in ("triggers", "nodes", "ready", "blocking_callbacks", "worst_callback_cpu_s",
+                                         "worst_callback_wall_s", "heartbeat_worst_lag_s", "last_fired_after_s")}]
     columns = [("triggers", "triggers"), ("nodes", "booting nodes"), ("ready", "fired ready"),
-               ("slow_callbacks", f"callbacks > {result['threshold_s']:g} s"), ("worst_callback_s", "worst callback s"),
+               ("blocking_callbacks", f"blocking (> {result['threshold_s']:g} s CPU or > {result['wait_limit_s']:g} s)"),
+               ("worst_callback_cpu_s", "worst callback CPU s"), ("worst_callback_wall_s", "worst callback wall s"),
                ("heartbeat_worst_lag_s", "worst loop lag s"), ("last_fired_after_s", "last fired after s")]
-    slowest = "".join(f"  {s[:300]}\n" for s in result.get("slowest") or [])
+    slowest = "".join(f"  cpu {s['cpu_s']} s, wall {s['wall_s']} s: {s['callback'][:300]}\n"
+                      for s in result.get("slowest") or [])
     slowest += (f"(load average {result['load_average_1m']:g} on this machine when it ended: on a crowded machine "
-                f"even trivial callbacks, e.g. a timer's, wait for a core)\n" if "load_average_1m" in result else "")
-    return ("== Triggerer loop: readiness triggers waiting at once in one fresh process (asyncio debug mode)\n"
-            + format_table(rows, columns) + "\n" + (f"slowest callbacks:\n{slowest}" if slowest else ""))
+                f"even trivial callbacks, e.g. a timer's, wait for a core; that is wall time, not CPU)\n"
+                if "load_average_1m" in result else "")
+    return ("== Triggerer loop: readiness triggers waiting at once in one fresh process (every callback timed)\n"
+            + format_table(rows, columns) + "\n" + (f"callbacks over {result['threshold_s']:g} s wall:\n{slowest}" if slowest else ""))
 
 
 def render(part: str, result: dict) -> str:

@@ -3,8 +3,9 @@
 A triggerer runs every waiting job's trigger on one loop: a trigger that blocks it for seconds
 (the Kubernetes clients imported, the connection and kubeconfig read, TLS contexts built on the
 loop) delays every other job's readiness by as much. The trigger runs here through a real boot in
-the local cloud, in a fresh interpreter (as a triggerer meets its first trigger), under asyncio's
-debug mode with slow_callback_duration=0.1 s: any "Executing ... took" warning fails the test."""
+the local cloud, in a fresh interpreter (as a triggerer meets its first trigger), with every loop
+callback timed: one that spends more than 0.1 s of the loop thread's CPU, or waits more than a
+second, fails the test (bench/triggerer_loop.py says why CPU, not wall time, below a second)."""
 from __future__ import annotations
 
 from bench.triggerer_loop import boot_specs, probe_in_fresh_process
@@ -16,4 +17,31 @@ def test_the_readiness_trigger_never_blocks_the_loop_through_a_boot(cloud):
     specs = boot_specs(cloud, ["gpu-stop", "gpu2-stop"], per_node=2, timeout=120, settle=SETTLE_SECONDS)
     result = probe_in_fresh_process(specs, threshold=0.1)
     assert [e["status"] for e in result["events"]] == ["ready"] * 4, result["events"]
-    assert result["slow_callbacks"] == [], "\n".join(result["slow_callbacks"])
+    assert result["blocking_callbacks"] == [], "\n".join(map(str, result["blocking_callbacks"]))
+
+
+def test_the_probe_catches_a_trigger_that_computes_or_waits_on_the_loop(monkeypatch):
+    """The check above can fail: a trigger that burns 0.3 s of CPU, or sleeps 1.2 s, on the loop is caught."""
+    import time
+
+    from bench.triggerer_loop import probe
+    from gpuboot.triggers import NodeGpuReadyTrigger
+
+    class Fired:
+        payload = {"status": "ready", "node": "gpu-stop", "reason": ""}
+
+    async def computes(self):
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            pass
+        yield Fired()
+
+    async def waits(self):
+        time.sleep(1.2)
+        yield Fired()
+
+    spec = {"baseline": {"node": "gpu-stop"}, "deadline": 0}
+    for run, field in ((computes, "cpu_s"), (waits, "wall_s")):
+        monkeypatch.setattr(NodeGpuReadyTrigger, "run", run)
+        blocking = probe([spec], threshold=0.1)["blocking_callbacks"]
+        assert len(blocking) == 1 and blocking[0][field] > 0.25, (run.__name__, blocking)
