@@ -67,18 +67,24 @@ def run_all(runner: DagRunner, confs: Sequence[dict], prefix: str = "run", burst
 
 
 class ConflictBursts:
-    """Every `every` seconds, make the next `size` ConfigMap writes fail with 409 Conflict."""
+    """Every `every` seconds, make the next `size` ConfigMap writes within `window` seconds fail with
+    409 Conflict. A burst ends with its window, as real contention ends when the other writers have
+    written: without the window a single writer slower than `size` writes per `every` (a survey on a
+    loaded machine) met a fresh burst on every attempt and never wrote at all."""
 
-    def __init__(self, cloud, size: int = 3, every: float = 1.0) -> None:
-        self.cloud, self.size, self.every = cloud, size, every
+    def __init__(self, cloud, size: int = 3, every: float = 1.0, window: float = 0.5) -> None:
+        self.cloud, self.size, self.every, self.window = cloud, size, every, min(window, every)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="conflict-bursts")
         self.bursts = 0
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.every):
+        while not self._stop.wait(self.every - self.window):
             self.cloud.set_faults(k8s_conflict_burst=self.size)
             self.bursts += 1
+            if self._stop.wait(self.window):
+                break
+            self.cloud.set_faults(k8s_conflict_burst=0)
 
     def __enter__(self) -> "ConflictBursts":
         self._thread.start()

@@ -265,8 +265,7 @@ class DagRunner:
         done: dict[str, str] = {}
         for task in self.dag.topological_sort():
             upstream = [done[u] for u in task.upstream_task_ids]
-            if str(task.trigger_rule) not in ("all_done", "TriggerRule.ALL_DONE") and \
-                    any(s != "success" for s in upstream):
+            if not self._may_run(task, done):
                 state = "skipped" if upstream and all(s == "skipped" for s in upstream) else "upstream_failed"
             elif getattr(task, "is_mapped", False):
                 state = self._run_mapped(task, params, result)
@@ -275,6 +274,22 @@ class DagRunner:
             done[task.task_id] = result.states[task.task_id] = state
         result.ended_at = time.time()
         return result
+
+    def _may_run(self, task, done: Mapping[str, str]) -> bool:
+        """Airflow's trigger rules the DAGs here use: all_success (the default), all_done, and a
+        teardown's all_done_setup_success (every upstream done and, if it has setups, one of them
+        succeeded: release runs after a failed wait, as in Airflow's trigger_rule_dep; a runner that
+        skipped it would hide a leaked reservation)."""
+        rule = str(getattr(task.trigger_rule, "value", task.trigger_rule))
+        upstream = {u: done[u] for u in task.upstream_task_ids}
+        if rule == "all_done":
+            return True
+        if rule == "all_done_setup_success":
+            setups = [u for u in upstream if getattr(self.dag.get_task(u), "is_setup", False)]
+            return not setups or any(upstream[u] == "success" for u in setups)
+        if rule != "all_success":
+            raise NotImplementedError(f"trigger rule {rule} of {task.task_id} is not emulated by chaos.runner")
+        return all(state == "success" for state in upstream.values())
 
     def _params(self, conf: Mapping) -> dict:
         """The DAG's params with the run's conf applied, validated (as a triggered run gets them)."""

@@ -74,22 +74,21 @@ WORKER_DIED = "worker process died"     # chaos.runner.ProcessWorkers' error for
 class WorkerKiller:
     """SIGKILLs one worker process running task `step` (first try), at the moment that hurts:
     for `launch`, once its first pod exists (the worker is creating the gang; once it is created
-    the launch defers and no worker is left to kill), and after a miss (the window is short: a
-    one-pod gang defers as soon as its pod exists) as soon as the next launch's worker is up; for
-    `start`, once ECS shows one of its instances starting;
-    otherwise as soon as it is up. It waits for the moment as long as the worker lives (bounded
-    by `timeout`): on a loaded machine a pod may take minutes to run, and a killer that gave up
-    early would leave no step killed.
+    the launch defers and no worker is left to kill); for `start`, once ECS shows one of its
+    instances starting; otherwise as soon as it is up. Every such worker is watched, not only
+    the first: launches of a burst run side by side, and one that defers before its moment was
+    seen (a one-pod gang defers as soon as its pod exists) is a miss, after which any launch
+    worker still alive is killed at once. Watching waits as long as the worker lives (bounded
+    by `timeout`): on a loaded machine a pod may take minutes to run.
 
     A kill counts (`killed`) only once the try it was aimed at is seen to have died of it
     (`on_result`, from the DagRunner): a step such as `start` may send its result in the
     instant between the moment and the signal, and then the try succeeded and nothing was
-    killed. Until a kill counts the killer stays armed (one kill in flight at a time)."""
+    killed. One kill is in flight at a time; until one counts the killer stays armed."""
 
     def __init__(self, cloud: SimCloud, step: str = "launch", timeout: float = 600.0) -> None:
         self.cloud, self.step, self.timeout = cloud, step, timeout
         self.lock = threading.Lock()
-        self.busy = False
         self.aimed: StepCall | None = None      # the try a SIGKILL was sent to, not yet seen to end
         self.killed: StepCall | None = None
         self.missed = 0                         # tries that ended before the kill hit them
@@ -98,9 +97,8 @@ class WorkerKiller:
         if not call.task_id.endswith("." + self.step) or call.try_number != 1 or call.method != "execute":
             return
         with self.lock:
-            if self.killed or self.busy:
+            if self.killed:
                 return
-            self.busy = True
         threading.Thread(target=self._kill_when_it_hurts, args=(call, process), daemon=True).start()
 
     def on_result(self, call, outcome) -> None:
@@ -117,14 +115,15 @@ class WorkerKiller:
                 self.missed += 1
                 log.warning("chaos: the SIGKILL of %s %s came after its try had ended (%s); re-arming",
                             call.run_id, call.task_id, outcome.status)
-            self.busy = False
 
     def _moment(self, call: StepCall) -> Callable[[], bool]:
-        if self.step == "launch" and not self.missed:
+        if self.step == "launch":
             core = self.cloud.core_v1()
             job_id = job_id_for(call.dag_id, call.run_id, call.task_id.rpartition(".")[0])
-            # launch holds its worker only while it creates the gang (then it defers): hit it there
-            return lambda: bool(core.list_pod_for_all_namespaces(label_selector=f"{LABEL_JOB}={job_id}").items)
+            # launch holds its worker only while it creates the gang (then it defers): hit it there,
+            # or at once after a miss
+            return lambda: self.missed > 0 or bool(
+                core.list_pod_for_all_namespaces(label_selector=f"{LABEL_JOB}={job_id}").items)
         if self.step == "start":
             wanted = {a["instance_id"] for a in (call.kwargs.get("plan") or {}).get("assignments", [])
                       if a.get("node") in (call.kwargs.get("plan") or {}).get("nodes_to_start", [])}
@@ -136,9 +135,10 @@ class WorkerKiller:
         sent = False
         try:
             moment = self._moment(call)
-            wait_until(lambda: not process.is_alive() or moment(), timeout=self.timeout, interval=0.1)
+            wait_until(lambda: not process.is_alive() or self.killed is not None
+                       or (self.aimed is None and moment()), timeout=self.timeout, interval=0.1)
             with self.lock:
-                if process.is_alive():
+                if process.is_alive() and self.killed is None and self.aimed is None:
                     self.aimed, sent = call, True
             if sent:
                 process.kill()
@@ -146,10 +146,12 @@ class WorkerKiller:
         except Exception as exc:  # noqa: BLE001 - a missed moment only re-arms the killer
             log.info("chaos: kill of %s %s skipped (%s)", call.run_id, call.task_id, exc)
         finally:
-            if not sent:
+            if not sent and not process.is_alive():
                 with self.lock:
-                    self.busy = False
-                    self.missed += 1    # the try ended before its moment came: aim earlier next time
+                    if self.killed is None:
+                        self.missed += 1    # the try ended before its moment came: the next live one is hit at once
+                        log.info("chaos: %s %s ended before its moment; aiming at the next live %s worker",
+                                 call.run_id, call.task_id, self.step)
 
 
 @dataclass

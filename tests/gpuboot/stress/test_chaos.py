@@ -109,3 +109,23 @@ def test_a_kill_that_lands_after_the_try_sent_its_result_is_not_counted_and_the_
     other, worker = start_call("chaos-019"), Worker()
     killer.on_spawn(other, worker)                       # one kill per run
     assert not worker.signalled.wait(0.5)
+
+
+def test_the_runner_runs_release_after_a_failed_step_as_airflow_does():
+    """release is a teardown (all_done_setup_success, setup: place): it runs after a failed wait or
+    launch, not after a failed place; the steps after a failure do not run."""
+    from chaos.harness import job_dag
+    from chaos.runner import DagRunner
+
+    dag = job_dag()
+    runner = DagRunner(dag)
+    try:
+        ids = {t.task_id.rsplit(".", 1)[-1]: t for t in dag.tasks}
+        ran = {"place": "success", "start": "success", "wait_gpu_ready": "failed", "launch": "upstream_failed"}
+        done = {ids[k].task_id: v for k, v in ran.items()}
+        assert runner._may_run(ids["release"], done)
+        assert not runner._may_run(ids["launch"], {ids["wait_gpu_ready"].task_id: "failed", **done})
+        failed_place = {ids[k].task_id: v for k, v in {**ran, "place": "failed"}.items()}
+        assert not runner._may_run(ids["release"], failed_place)
+    finally:
+        runner.close()
