@@ -9,16 +9,15 @@ from __future__ import annotations
 
 from airflow.sdk import DAG, Param
 
-from gpuboot.jobspec import params_schema
+from gpuboot.jobspec import form_fields
 from gpuboot.taskgroup import gpu_job_group
-
-# Fields shown first in the trigger form; the rest go under "Advanced".
-MAIN_FIELDS = ("name", "image", "command", "args", "gpus", "gpu_model", "cpu", "memory")
 
 DOC_MD = """
 ### Run a GPU job
 
-Fill in the form and trigger. The job runs as five audited steps:
+Fill in the form and trigger. Airflow's form checks patterns and bounds only when you press
+Trigger; the plugin's [Run a GPU job](/gpuboot/jobs/new) page (Browse menu) checks every field as
+you leave it, then triggers this DAG. The job runs as five audited steps:
 
 1. **place**: looks at *every* node, running and stopped, keeps those that can hold
    each task **alone** (GPU, CPU, memory, GPU model, node selector, taints), prefers
@@ -42,18 +41,10 @@ The place task's log shows a table of every candidate node with its verdict.
 
 
 def trigger_form() -> dict[str, Param]:
-    """Airflow Params built from the JobSpec schema, main fields first."""
-    schema = params_schema()
-    order = [f for f in MAIN_FIELDS if f in schema] + [f for f in schema if f not in MAIN_FIELDS]
-    params = {}
-    for field in order:
-        entry = schema[field]
-        rules = dict(entry["schema"])
-        if field not in MAIN_FIELDS:
-            rules.setdefault("section", "Advanced")
-        params[field] = Param(entry["default"], description=entry.get("description"), **rules)
-    return params
-
+    """Airflow Params built from the JobSpec schema, main fields first, the rest under "Advanced"."""
+    return {f["key"]: Param(f["default"], description=f["description"],
+                            **({**f["schema"], "section": "Advanced"} if not f["main"] else f["schema"]))
+            for f in form_fields()}
 
 with DAG(
     dag_id="gpu_job",

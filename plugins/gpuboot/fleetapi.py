@@ -1,10 +1,17 @@
-"""The GPU-fleet page's FastAPI app, mounted by the plugin in Airflow's API server at /gpuboot.
+"""gpuboot's FastAPI app, mounted by the plugin in Airflow's API server at /gpuboot: the GPU-fleet
+page and the "Run a GPU job" page.
 
 Glue only: the cluster is read with placement's own survey (gpuboot.booking.survey over KubeClient
 and EcsHook) plus the ledger, at most once per CACHE_SECONDS however many pages poll; gpuboot.fleet
 assembles the JSON. The JSON routes answer only an Airflow user (the UI's session cookie or a
 Bearer token from /auth/token): 401 without a token, 403 with an invalid one or without read access
-to DAGs. The page itself (static HTML + JS, no build step) holds no data.
+to DAGs. The pages themselves (static HTML + JS, no build step) hold no data.
+
+The job page exists because Airflow's trigger form checks only required fields and JSON syntax
+before Trigger, and then refuses one field at a time with the raw schema error. This page asks
+/api/jobs/check (gpuboot.jobspec.field_errors: the place step's own validator, every field at
+once) as each field is left, and triggers `gpu_job` through Airflow's REST API with the user's
+session, so Airflow's permissions, its validation of the params and its audit log all still apply.
 """
 from __future__ import annotations
 
@@ -14,13 +21,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Body, Depends, FastAPI, HTTPException
 from fastapi.responses import HTMLResponse
 
 from gpuboot.fleet import fleet_view, observe_gpus, run_view
+from gpuboot.jobspec import field_errors, form_fields
 
 CACHE_SECONDS = float(os.environ.get("GPUBOOT_FLEET_CACHE_SECONDS", "3"))
 PAGE = Path(__file__).with_name("fleet.html")
+JOB_PAGE = Path(__file__).with_name("jobform.html")
+JOB_DAG_ID = os.environ.get("GPUBOOT_JOB_FORM_DAG_ID", "gpu_job")
 
 
 def _settings() -> tuple[str, str, str]:
@@ -108,7 +118,7 @@ def _run_data(dag_id: str, run_id: str) -> dict:
 
 
 def create_app() -> FastAPI:
-    app = FastAPI(title="gpuboot fleet", description="The GPU fleet as placement sees it")
+    app = FastAPI(title="gpuboot", description="The GPU fleet as placement sees it, and a job form that checks every field")
 
     @app.get("/fleet", response_class=HTMLResponse, include_in_schema=False)
     @app.get("/fleet/run", response_class=HTMLResponse, include_in_schema=False)
@@ -122,5 +132,17 @@ def create_app() -> FastAPI:
     @app.get("/api/runs/{dag_id}/{run_id}", dependencies=[_read_access()])
     def run(dag_id: str, run_id: str) -> dict:
         return _run_data(dag_id, run_id)
+
+    @app.get("/jobs/new", response_class=HTMLResponse, include_in_schema=False)
+    def job_page() -> str:
+        return JOB_PAGE.read_text()
+
+    @app.get("/api/jobs/form", dependencies=[_read_access()])
+    def job_form() -> dict:
+        return {"dag_id": JOB_DAG_ID, "fields": form_fields()}
+
+    @app.post("/api/jobs/check", dependencies=[_read_access()])
+    def job_check(conf: dict[str, Any] = Body(embed=True)) -> dict:
+        return {"errors": field_errors(conf, "job form")}
 
     return app

@@ -454,6 +454,35 @@ _EXAMPLES = {
 
 # --- the UI form ----------------------------------------------------------------
 
+# The fields a form shows first; the rest go under "Advanced" (the trigger form and the job page).
+FORM_MAIN_FIELDS: tuple[str, ...] = ("name", "image", "command", "args", "gpus", "gpu_model", "cpu", "memory")
+# A valid stand-in for a required field while the other fields are checked (field_errors).
+_STAND_INS = {"name": "job", "image": "image", "command": ["true"]}
+
+
+def field_errors(data: Mapping, source: str = "job form") -> dict[str, str]:
+    """Every field's mistake at once, keyed by top-level field ("problem. fix"); {} when `data` is a
+    valid spec. JobSpec.from_dict stops at the first mistake, so this asks it again with each field it
+    named set aside (its default, or a valid stand-in for a required field), so that a form can show
+    every message next to its field from the one validator the place step uses."""
+    data, errors = dict(data), {}
+    for _ in range(len(_DEFAULTS) + len(data) + 1):
+        try:
+            JobSpec.from_dict(data, source)
+            break
+        except JobSpecError as error:
+            key = re.split(r"[.\[]", error.field, maxsplit=1)[0]
+            if key in errors or (key not in data and key not in _REQUIRED):
+                errors.setdefault(key, f"{error.problem}. {error.fix}")
+                break                      # a mistake no single field holds: said once, not looped on
+            errors[key] = f"{error.problem}. {error.fix}"
+            if key in _REQUIRED:
+                data[key] = _STAND_INS[key]
+            else:
+                data.pop(key)
+    return errors
+
+
 # The GPU models the trigger form offers (the common ECS GPU families; any of KNOWN_GPU_MODELS is accepted
 # from YAML specs and the REST API). "any" is the empty choice.
 FORM_GPU_MODELS: tuple[str, ...] = ("T4", "A10", "V100", "A100", "L20", "H20")
@@ -541,3 +570,15 @@ def params_schema() -> dict[str, dict]:
     assert set(spec) == set(_DEFAULTS), "params_schema must cover every JobSpec field"
     return {key: {"default": default, "schema": schema, "description": description}
             for key, (default, schema, description) in spec.items()}
+
+
+def form_fields() -> list[dict]:
+    """The job form's fields in the order a form shows them (main fields first, then "Advanced"):
+    key, title, description, default, schema (params_schema's), required, main. The trigger form of
+    `gpu_job` and gpuboot's own job page are both built from this."""
+    schema = params_schema()
+    order = [f for f in FORM_MAIN_FIELDS if f in schema] + [f for f in schema if f not in FORM_MAIN_FIELDS]
+    return [{"key": key, "title": schema[key]["schema"].get("title", key), "description": schema[key]["description"],
+             "default": schema[key]["default"], "schema": schema[key]["schema"], "required": key in _REQUIRED,
+             "main": key in FORM_MAIN_FIELDS} for key in order]
+

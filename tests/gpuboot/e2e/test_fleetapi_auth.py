@@ -26,6 +26,8 @@ def test_no_token_is_401_and_a_forged_one_403(client):
     http, _ = client
     assert http.get("/api/fleet").status_code == 401
     assert http.get("/api/runs/gpu_job/r1").status_code == 401
+    assert http.get("/api/jobs/form").status_code == 401
+    assert http.post("/api/jobs/check", json={"conf": {}}).status_code == 401
     forged = http.get("/api/fleet", headers={"Authorization": "Bearer not-a-jwt"})
     assert forged.status_code == 403 and forged.json()["detail"] == "Invalid JWT token"
     assert http.get("/api/fleet", cookies={"_token": "not-a-jwt"}).status_code == 403
@@ -36,11 +38,29 @@ def test_a_user_without_read_access_to_dags_is_403(client):
 
     http, manager = client
     token = manager.generate_jwt(SimpleAuthManagerUser(username="nobody", role=None))
-    for path in ("/api/fleet", "/api/runs/gpu_job/r1"):
+    for path in ("/api/fleet", "/api/runs/gpu_job/r1", "/api/jobs/form"):
         assert http.get(path, headers={"Authorization": f"Bearer {token}"}).status_code == 403, path
+    assert http.post("/api/jobs/check", json={"conf": {}}, headers={"Authorization": f"Bearer {token}"}).status_code == 403
+
+
+def test_the_job_form_and_its_check_answer_a_user_who_can_read_dags(client):
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    http, manager = client
+    auth = {"Authorization": f"Bearer {manager.generate_jwt(SimpleAuthManagerUser(username='viewer', role='viewer'))}"}
+    form = http.get("/api/jobs/form", headers=auth).json()
+    assert form["dag_id"] == "gpu_job" and [f["key"] for f in form["fields"]][:2] == ["name", "image"]
+    bad = {"name": "Bad_Name", "image": "python:3.11-slim", "command": ["python"], "gpus": -1, "memory": "lots"}
+    errors = http.post("/api/jobs/check", json={"conf": bad}, headers=auth).json()["errors"]
+    assert set(errors) == {"name", "gpus", "memory"} and "out of range" in errors["gpus"]
+    good = {**bad, "name": "train", "gpus": 1, "memory": "8Gi"}
+    assert http.post("/api/jobs/check", json={"conf": good}, headers=auth).json() == {"errors": {}}
+    assert http.post("/api/jobs/check", json={"conf": "nope"}, headers=auth).status_code == 422
 
 
 def test_the_page_itself_holds_no_data_and_loads_without_a_token(client):
     http, _ = client
     page = http.get("/fleet")
     assert page.status_code == 200 and "api/fleet" in page.text and "<table id=\"nodes\">" in page.text
+    job_page = http.get("/jobs/new")
+    assert job_page.status_code == 200 and "api/jobs/check" in job_page.text and "api/v2/dags/" in job_page.text

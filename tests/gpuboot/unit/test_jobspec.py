@@ -2,8 +2,8 @@
 import jsonschema
 import pytest
 
-from gpuboot.jobspec import (JOB_NAMESPACES_ENV, KNOWN_GPU_MODELS, JobSpec, JobSpecError, check_known_fields,
-                             job_namespaces, params_schema)
+from gpuboot.jobspec import (FORM_MAIN_FIELDS, JOB_NAMESPACES_ENV, KNOWN_GPU_MODELS, JobSpec, JobSpecError,
+                             check_known_fields, field_errors, form_fields, job_namespaces, params_schema)
 from gpuboot.resources import GPU, Resources
 
 BASE = {"name": "train", "image": "pytorch/pytorch:2.3", "command": ["python", "train.py"]}
@@ -316,3 +316,43 @@ def test_a_malformed_namespace_list_is_refused_naming_the_variable(monkeypatch, 
     monkeypatch.setenv(JOB_NAMESPACES_ENV, raw)
     with pytest.raises(ValueError, match=f"^{JOB_NAMESPACES_ENV}=.*use comma-separated DNS-1123 labels"):
         job_namespaces()
+
+
+def test_field_errors_names_every_bad_field_at_once_with_the_validators_own_words():
+    bad = spec(name="Bad_Name", gpus=-1, memory="lots", cpu="0", gpu_modle="T4")
+    errors = field_errors(bad)
+    assert set(errors) == {"name", "gpus", "memory", "cpu", "gpu_modle"}
+    for key, message in errors.items():       # the message from_dict gives when that field alone is wrong
+        alone = {**BASE, key: bad[key]}
+        with pytest.raises(JobSpecError) as raised:
+            JobSpec.from_dict(alone, "job form")
+        assert message == f"{raised.value.problem}. {raised.value.fix}", key
+    assert "Did you mean 'gpu_model'?" in errors["gpu_modle"]
+
+
+def test_field_errors_of_a_valid_spec_is_empty_and_the_input_is_untouched():
+    good = spec(gpus=2, env={"EPOCHS": "3"})
+    before = dict(good)
+    assert field_errors(good) == {} and good == before
+    assert field_errors({**good, "gpus": -1}) and good == before
+
+
+def test_field_errors_checks_the_other_fields_while_a_required_one_is_missing_or_bad():
+    assert set(field_errors({})) == {"name", "image", "command"}
+    assert set(field_errors({"name": "Bad_Name", "gpus": "two"})) == {"name", "image", "command", "gpus"}
+
+
+def test_field_errors_keeps_cross_field_rules_on_the_field_they_name():
+    errors = field_errors(spec(replicas=2, min_available=5, settle_seconds=5, boot_timeout_seconds=1))
+    assert set(errors) == {"min_available", "boot_timeout_seconds"}
+    assert "between 1 and 2" in errors["min_available"]
+    nested = field_errors(spec(env={"A B": "x"}, tolerations=[{"effect": "Bad"}]))
+    assert set(nested) == {"env", "tolerations"}      # env.A B and tolerations[0].effect, by top-level field
+
+
+def test_form_fields_put_the_main_fields_first_and_mark_only_name_image_command_required():
+    fields = form_fields()
+    assert [f["key"] for f in fields][:len(FORM_MAIN_FIELDS)] == list(FORM_MAIN_FIELDS)
+    assert {f["key"] for f in fields} == set(params_schema())
+    assert {f["key"] for f in fields if f["required"]} == {"name", "image", "command"}
+    assert all(f["main"] == (f["key"] in FORM_MAIN_FIELDS) for f in fields)
