@@ -92,9 +92,17 @@ def push(context: Mapping, key: str, value: Any) -> None:
 
 def summarize(task: BaseOperator, context: Mapping, line: str) -> None:
     """The step's one summary line (gpuboot.steplog): logged as `summary: ...` and pushed as XCom
-    "summary", so the task's XCom tab says what happened without opening the log. A note on the
-    task instance or the run would show in the grid, but Airflow 3.3's Task SDK gives a running task
-    no way to set one (the execution API only reads the run's note; apache/airflow#61066 and #69403
-    propose it), and the public REST API would need a user's credentials inside the task."""
+    "summary", so the task's XCom tab says what happened without opening the log; gpuboot.runnote
+    gathers them into the run's note when the run ends. The task cannot set a note itself: Airflow
+    3.3's Task SDK gives a running task no way to (the execution API only reads the run's note;
+    apache/airflow#61066 and #69403 propose it), and the public REST API would need a user's
+    credentials inside the task."""
     task.log.info("summary: %s", line)
     push(context, "summary", line)
+
+
+def refusal(task: BaseOperator, context: Mapping, message: str) -> AirflowFailException:
+    """The failure to raise, its first line summarized first (`failed: ...`), so the run's note
+    says why the step failed as well as its log does."""
+    summarize(task, context, f"failed: {message.splitlines()[0]}")
+    return AirflowFailException(message)

@@ -19,7 +19,7 @@ from gpuboot.jobspec import JobSpec
 from gpuboot.placement import Outcome, Plan
 from gpuboot.ports import EcsError
 from gpuboot.steplog import place_summary
-from gpuboot.steps.base import GpuJobStep, context_job_id, push, resolve_job, summarize
+from gpuboot.steps.base import GpuJobStep, context_job_id, push, refusal, resolve_job, summarize
 from gpuboot.steps.waiting import CapacityWait
 from gpuboot.triggers import WakeUpTrigger
 
@@ -89,19 +89,19 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
             # a burst: the ledger kept changing, or ECS answered slowly to every survey at once
             now = time.time()
             if now >= deadline:
-                raise AirflowFailException(f"job {spec.name} could not commit its placement before "
-                                           f"queue_timeout_seconds={spec.queue_timeout_seconds}: {exc}") from None
+                raise refusal(self, context, f"job {spec.name} could not commit its placement before "
+                                             f"queue_timeout_seconds={spec.queue_timeout_seconds}: {exc}") from None
             wake = min(deadline, now + random.uniform(1.0, 1.0 + min(10.0, self.busy_poll_seconds)))
             self.log.info("%s; deferred, placing again in %.1fs, giving up in %.0fs", exc, wake - now, deadline - now)
             self.defer(trigger=WakeUpTrigger(wake, CapacityWait(deadline, []).to_json()), method_name="resume")
         self.log.info("placement of job %s (%s):\n%s", spec.name, job_id, plan.table())
         if plan.outcome == Outcome.NEVER:
-            raise AirflowFailException(f"job {spec.name} can never run in this fleet: {plan.message}")
+            raise refusal(self, context, f"job {spec.name} can never run in this fleet: {plan.message}")
         if plan.outcome == Outcome.BUSY:
             now = time.time()
             if now >= deadline:
-                raise AirflowFailException(f"job {spec.name} still waiting for capacity after "
-                                           f"queue_timeout_seconds={spec.queue_timeout_seconds}: {plan.message}")
+                raise refusal(self, context, f"job {spec.name} still waiting for capacity after "
+                                             f"queue_timeout_seconds={spec.queue_timeout_seconds}: {plan.message}")
             wake = min(deadline, now + self.busy_poll_seconds)
             self.log.info("%s; re-planning in %.0fs, giving up in %.0fs", plan.message, wake - now, deadline - now)
             self.defer(trigger=WakeUpTrigger(wake, CapacityWait(deadline, []).to_json()), method_name="resume")

@@ -47,7 +47,7 @@ from gpuboot.kube import Gone, KubeClient
 from gpuboot.placement import Plan
 from gpuboot.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline, ReadinessTracker
 from gpuboot.steplog import BootClock, boot_summary, evidence_block, utc
-from gpuboot.steps.base import GpuJobStep, summarize
+from gpuboot.steps.base import GpuJobStep, refusal, summarize
 from gpuboot.triggers import NodeGpuReadyTrigger, holding_in_fallback
 from gpuboot.steps.waiting import WaitsForCapacity
 
@@ -247,7 +247,7 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         self.log.warning("%s", what)
         boot = self._boot(state)
         if boot is None:
-            raise AirflowFailException(what)
+            raise refusal(self, context, what)
         _, timeout = self._timing()
         why = f"not GPU-ready within {timeout:g}s ({reason})" if booted else f"not GPU-ready although up ({reason})"
         plan = Plan.from_json(state["plan"])
@@ -256,7 +256,7 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
                 boot, lambda: boot.fail_over(plan, {node: why}, state["tried"], {node: {**baseline, **evidence}}),
                 None, "resume_after_capacity")
         except AirflowFailException as exc:   # nothing left to move to: the run fails, holding nothing
-            raise AirflowFailException(f"{what}\n{exc}") from None
+            raise refusal(self, context, f"{what}\n{exc}") from None
 
     def _cleared(self, context, evidence: dict, state: dict) -> list[str]:
         context["ti"].xcom_push(key="evidence", value=evidence)

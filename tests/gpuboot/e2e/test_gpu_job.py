@@ -117,6 +117,8 @@ def test_job_bigger_than_any_node_fails_at_place_with_the_reason(cloud, connecti
     assert live_reservations(cloud) == []
     assert node_boot_id(cloud, TWO_GPU_NODE) == boot_id_before  # nothing was powered on
     assert dag_run.state == "failed", states(dag_run)  # the run is red, not green
+    note = run_note_of(dag_run)          # and its note says why, without opening the log
+    assert "**place**: failed: job e2e-train can never run in this fleet" in note and "**failed**: place" in note
 
 
 @pytest.mark.parametrize(
@@ -135,3 +137,22 @@ def test_bad_trigger_params_are_rejected_before_any_task_runs(gpu_job_dag, chang
 
     with pytest.raises(ParamValidationError, match=param):
         gpu_job_dag.test(run_conf=dict(JOB, **change))
+
+
+def test_the_runs_note_gathers_every_steps_summary_line(cloud, connections, gpu_job_dag):
+    """gpuboot.runnote: when the run ends, its note lists each step's summary in the order they ran."""
+    dag_run = gpu_job_dag.test(conn_file_path=str(connections), run_conf=dict(JOB, name="e2e-note"))
+    assert dag_run.state == "success"
+    note = run_note_of(dag_run)
+    lines = note.splitlines()
+    assert [line.split("**")[1] for line in lines] == ["place", "start", "wait_gpu_ready", "launch", "release"], note
+    assert "placed e2e-note in " in lines[0] and re.search(r"booted \S+ in [\d.]+ s \(instance up", lines[2])
+    assert "failed" not in note
+
+
+def run_note_of(dag_run) -> str:
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return session.get(DagRun, dag_run.id).note or ""
