@@ -337,8 +337,8 @@ class _Validator:
         """Checked with the exact parser; kept as the user wrote it."""
         try:
             amount = Resources.parse({key: value}, field=key).get(key)
-        except QuantityError as err:
-            self.fail(key, f"{value!r} is not a valid quantity ({err})", f"Write e.g. {_EXAMPLES[key]}")
+        except QuantityError as err:       # its text begins with the field's path: the field is named already
+            self.fail(key, str(err).split(": ", 1)[-1].rstrip("."), f"Write e.g. {_EXAMPLES[key]}")
         if amount <= 0:
             self.fail(key, f"{value!r} must be more than zero", f"Write e.g. {_EXAMPLES[key]}")
         return value.strip() if isinstance(value, str) else str(value)

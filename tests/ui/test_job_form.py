@@ -37,7 +37,7 @@ def test_each_bad_field_says_why_next_to_it_and_nothing_runs_until_all_are_right
     expect(page.locator("#error-name")).to_contain_text("not a DNS-1123 label")
     expect(page.locator("#error-name")).to_contain_text("e.g. 'train-resnet'")
     expect(page.locator("#error-gpus")).to_contain_text("-1 is out of range. Use an integer >= 0")
-    expect(page.locator("#error-memory")).to_contain_text("'lots' is not a valid quantity")
+    expect(page.locator("#error-memory")).to_contain_text("'lots' is not a Kubernetes quantity")
     expect(page.locator("#input-gpus")).to_have_value("-1")             # never turned into 0
     expect(page.locator("#input-memory")).to_have_value("lots")
     for ok in ("image", "command", "cpu"):
