@@ -16,7 +16,9 @@ ledger) and leads: after GATHER_SECONDS, so the rest of the burst queues behind 
 then every queued request is placed in queue order against that survey plus every live
 reservation plus the requests placed before it in the batch, and one ledger write adds all their
 reservations and `Decided` answers (fits, busy or never, with the plan: its whole candidate table
-for a batch of one, a few rows each in a burst, ANSWER_ROWS in all) and renews the lease.
+for a batch of one, a few rows each in a burst, ANSWER_ROWS in all for every live answer, so
+however many batches follow each other the answers stay within that budget plus their chosen
+rows) and renews the lease.
 Each waiter reads its answer (its reservations are already there). A leader keeps leading while
 requests arrive (for LEAD_SECONDS at most once its own job is answered, then it hands the lease
 over, so no place step leads forever), re-placing against its survey as `gpuboot.booking` does
@@ -73,7 +75,7 @@ LEASE_CHECK_SECONDS = 5     # and of the ledger (is anyone leading?) at least th
 QUEUE_BACKOFF_CAP_SECONDS = 4.0   # the longest pause between two tries to queue (full jitter)
 GATHER_SECONDS = 0.5        # a new leader waits this long before its survey, so a burst queues up behind it
 VERDICT_MAX_AGE_SECONDS = 5
-ANSWER_ROWS = 400           # candidate-table rows one batch write carries in all (~200 KiB), shared by its answers
+ANSWER_ROWS = 400           # candidate-table rows all live answers carry together (~200 KiB): the ledger's answer budget
 LEAD_SECONDS = 20           # a place step leads this long at most once its own job is decided, then hands over  # "busy" or "never" only from a survey this recent (the job then waits a while)
 
 
@@ -237,7 +239,7 @@ class BatchPlacer:
         marks dropped."""
         now = self.booker.clock()
         live = state.batch.live(now)
-        rows = ANSWER_ROWS // len(queue)        # one job alone gets its whole table, a burst a few rows each
+        rows = answer_rows(live, len(queue))
         answers = tuple(Decided(q.job_id, q.ticket, compact(p, rows).to_json(), me.split(":")[0],
                                 now + DECIDED_SECONDS) for q, p in zip(queue, plans))
         batch = Batch(live.decided + answers, me, now + LEASE_SECONDS)
@@ -280,6 +282,15 @@ def latest_per_job(queue: Sequence[Queued]) -> list[Queued]:
     """One request per job, its newest (an older ticket of the same job is a wait that gave up)."""
     newest = {q.job_id: q for q in queue}      # queue order is oldest first
     return [q for q in queue if newest[q.job_id] is q]
+
+
+def answer_rows(live: Batch, n: int) -> int:
+    """Candidate rows each of `n` new answers may carry: what the live answers of earlier batches
+    (they stay DECIDED_SECONDS) leave of ANSWER_ROWS, shared. One job alone gets its table, a burst
+    a few rows each, and batch after batch in a row only their chosen rows, so the answers in the
+    ledger never pass the budget plus their chosen rows, however long the burst."""
+    held = sum(len(d.plan.get("candidates", ())) for d in live.decided)
+    return max(0, ANSWER_ROWS - held) // max(1, n)
 
 
 def compact(plan: Plan, rows: int) -> Plan:
