@@ -2,11 +2,15 @@
 
 When a re-placement finds the fleet busy, the step waits deferred on a timer (WakeUpTrigger),
 holding nothing, and re-places until the job's queue timeout; a job no capacity can ever hold
-(gpuboot.boot.CapacityUnavailable) fails the task without a retry.
+(gpuboot.boot.CapacityUnavailable) fails the task without a retry. A re-placement (a fail-over,
+a NoStock fall-back) that cannot commit because the ledger stays contended (LedgerContended:
+nothing written) defers the same way, a short jittered while, and runs the step again from the
+ledger, so a job never fails for contention inside its queue timeout (issue 11).
 """
 from __future__ import annotations
 
 import contextlib
+import random
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -14,6 +18,7 @@ from dataclasses import dataclass
 from airflow.sdk.exceptions import AirflowFailException
 
 from gpuboot.boot import BringUp, CapacityBusy, CapacityUnavailable, JobBoot
+from gpuboot.booking import LedgerContended
 from gpuboot.placement import Outcome
 from gpuboot.triggers import WakeUpTrigger
 
@@ -49,6 +54,7 @@ class WaitsForCapacity:
     queue timeout; then fail naming what was tried. Both steps therefore agree on when to wait."""
 
     busy_poll_seconds: float
+    contended_until: float | None = None      # while re-running after contention: the deadline it carries
 
     def bring_up_or_wait(self, boot: JobBoot, attempt: Callable[[], BringUp], deadline: float | None,
                          method_name: str) -> BringUp:
@@ -61,6 +67,25 @@ class WaitsForCapacity:
                 raise AirflowFailException(f"{busy}; no job spec given to wait with; pass job=...") from None
             deadline = deadline or time.time() + boot.spec.queue_timeout_seconds
             self.wait_for_capacity(boot, busy.tried, deadline, str(busy), method_name)
+        except LedgerContended as contended:
+            if boot.spec is None:
+                raise
+            deadline = self.contended_until or deadline or time.time() + boot.spec.queue_timeout_seconds
+            now = time.time()
+            if now >= deadline:
+                raise AirflowFailException(f"job {boot.job_id}: could not commit its re-placement before "
+                                           f"queue_timeout_seconds={boot.spec.queue_timeout_seconds}: {contended}") from None
+            wake = min(deadline, now + random.uniform(1.0, 1.0 + min(10.0, self.busy_poll_seconds)))
+            self.log.info("%s; deferred, running this step again from the ledger in %.1fs, giving up in %.0fs",
+                          contended, wake - now, deadline - now)
+            self.defer(trigger=WakeUpTrigger(wake, CapacityWait(deadline, []).to_json()),
+                       method_name="resume_after_contention")
+
+    def resume_after_contention(self, context, event: Mapping):
+        """Back from a contended ledger (nothing was written): run the step again from the ledger
+        (every try of the start step and the sensor starts there), within the same deadline."""
+        self.contended_until = CapacityWait.from_json(event["echo"]).deadline
+        return self.execute(context)
 
     def capacity_resumed(self, boot: JobBoot, echo: Mapping, method_name: str) -> BringUp:
         """Back from the busy-wait timer: place again and bring the new plan up, or wait more."""

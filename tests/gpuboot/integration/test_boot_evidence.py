@@ -91,3 +91,34 @@ def test_a_failover_that_finds_the_rest_busy_waits_like_start_then_runs(cloud, c
     assert "watch of node gpu-stop in the triggerer" in text
     assert "kubelet on gpu-stop never reported Ready for this boot" in text
     assert re.search(r"start requested at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00 by this job", text)
+
+
+def test_a_failover_on_a_contended_ledger_defers_and_runs_again_instead_of_failing(cloud, capfd, monkeypatch):
+    """Issue 11: no job fails for contention inside its queue timeout. A fail-over whose ledger
+    write keeps conflicting (every ConfigMap write answered 409) writes nothing, defers a short
+    while and runs the sensor again from the ledger, which then fails over and succeeds."""
+    import functools
+
+    import gpuboot.boot
+    from gpuboot.booking import Booker
+
+    monkeypatch.setattr(gpuboot.boot, "Booker", functools.partial(Booker, contended_seconds=2))
+    hog_running_node()
+    cloud.set_faults(never_ready=["gpu-stop"])
+    plan, pushed = place(SETTLED, job_id="job")
+    out, _ = start(plan, pushed["job"])
+    ctx = context("wait")
+    sensor = GpuReadySensor(task_id="wait", boots=out["boots"], job=pushed["job"], plan=out["plan"],
+                            busy_poll_seconds=0.5)
+    with pytest.raises(TaskDeferred) as first:
+        sensor.execute(ctx)
+    event = run_deferred(first.value)                            # the boot timed out
+    cloud.set_faults(k8s_conflict_burst=10**6)
+    with pytest.raises(TaskDeferred) as contended:
+        sensor.execute_complete(ctx, event)
+    assert contended.value.method_name == "resume_after_contention"
+    assert held("job") == ["gpu-stop"]                           # nothing written: still where it was
+    cloud.set_faults(k8s_conflict_burst=0)
+    assert resume_until_done(sensor, ctx, contended.value) == ["train"]
+    assert [a["node"] for a in ctx["ti"].pushed["plan"]["assignments"]] == ["gpu2-stop"] == held("job")
+    assert "running this step again from the ledger" in logged(capfd)
