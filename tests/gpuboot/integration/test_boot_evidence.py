@@ -59,6 +59,20 @@ def test_a_boot_failure_mark_goes_once_the_node_is_ready_or_boots_again(cloud, c
     assert "dropped the mark on node gpu-run" in logged(capfd)
 
 
+def boot_timed_out(cloud):
+    """The job placed on gpu-stop, which never becomes Ready: the sensor, its context and the
+    trigger's timeout event (what execute_complete gets when the boot timeout passes)."""
+    cloud.set_faults(never_ready=["gpu-stop"])
+    plan, pushed = place(SETTLED, job_id="job")
+    out, _ = start(plan, pushed["job"])
+    ctx = context("wait")
+    sensor = GpuReadySensor(task_id="wait", boots=out["boots"], job=pushed["job"], plan=out["plan"],
+                            busy_poll_seconds=0.5)
+    with pytest.raises(TaskDeferred) as first:
+        sensor.execute(ctx)
+    return sensor, ctx, run_deferred(first.value)
+
+
 @pytest.mark.parametrize("rest", ["held by another job", "only marked unavailable"])
 def test_a_failover_that_finds_the_rest_busy_waits_like_start_then_runs(cloud, capfd, rest):
     hog_running_node()
@@ -69,16 +83,9 @@ def test_a_failover_that_finds_the_rest_busy_waits_like_start_then_runs(cloud, c
         offering = Unavailable(reason="OperationDenied.NoStock", expires_at=time.time() + 600, instance_type=T4X2, zone=ZONE)
         mark(offering)
         free = lambda: ledger().drop_unavailable([offering])  # noqa: E731
-    cloud.set_faults(never_ready=["gpu-stop"])
-    plan, pushed = place(SETTLED, job_id="job")
-    out, _ = start(plan, pushed["job"])
-    ctx = context("wait")
-    sensor = GpuReadySensor(task_id="wait", boots=out["boots"], job=pushed["job"], plan=out["plan"],
-                            busy_poll_seconds=0.5)
-    with pytest.raises(TaskDeferred) as first:
-        sensor.execute(ctx)
+    sensor, ctx, event = boot_timed_out(cloud)
     with pytest.raises(TaskDeferred) as waiting:                 # not a failure: a wait, holding nothing
-        sensor.execute_complete(ctx, run_deferred(first.value))
+        sensor.execute_complete(ctx, event)
     assert waiting.value.method_name == "resume_after_capacity"
     assert held("job") == []
     wait_until(lambda: status(cloud, "gpu-stop") == "Stopped", timeout=30)
@@ -104,15 +111,7 @@ def test_a_failover_on_a_contended_ledger_defers_and_runs_again_instead_of_faili
 
     monkeypatch.setattr(gpuboot.boot, "Booker", functools.partial(Booker, contended_seconds=2))
     hog_running_node()
-    cloud.set_faults(never_ready=["gpu-stop"])
-    plan, pushed = place(SETTLED, job_id="job")
-    out, _ = start(plan, pushed["job"])
-    ctx = context("wait")
-    sensor = GpuReadySensor(task_id="wait", boots=out["boots"], job=pushed["job"], plan=out["plan"],
-                            busy_poll_seconds=0.5)
-    with pytest.raises(TaskDeferred) as first:
-        sensor.execute(ctx)
-    event = run_deferred(first.value)                            # the boot timed out
+    sensor, ctx, event = boot_timed_out(cloud)
     cloud.set_faults(k8s_conflict_burst=10**6)
     with pytest.raises(TaskDeferred) as contended:
         sensor.execute_complete(ctx, event)
