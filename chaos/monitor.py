@@ -64,6 +64,7 @@ class MonitorReport:
     max_promised_gpus: int = 0                                    # cluster-wide, at one moment
     admission_failures: list[str] = field(default_factory=list)
     ledger: list[Reservation] = field(default_factory=list)       # live entries at the end
+    first_promised: dict[str, float] = field(default_factory=dict)  # job id -> when its first reservation showed
 
     def leaked(self, now: float | None = None) -> list[Reservation]:
         """Live reservations that promise something (fence markers of the scale-down promise nothing)."""
@@ -307,6 +308,9 @@ class Monitor:
         nodes = list(self._state["nodes"].values())
         pods = list(self._state["pods"].values())
         reservations = [r for cm in self._state["ledger"].values() for r in ledger_entries(cm)]
+        for r in reservations:
+            if any(r.resources.values()):
+                self.report.first_promised.setdefault(r.job_id, at)
         views = {v.name: v for v in build_inventory(nodes, pods, [], {}, reservations, at)}
         self.report.checks += 1
         promised_gpus = 0

@@ -129,7 +129,7 @@ def test_trigger_waits_through_stale_and_zero_and_fires_on_the_fast_path(cloud):
     zero_seen = [t for t, _, g, _ in timeline if g == "0" and t > started]
     assert zero_seen and zero_seen[0] < fired, "must not fire before the kubelet zeroed the stale count"
     registered = min(t for t, _, g, _ in timeline if g == "1" and t > zero_seen[0])
-    assert fired >= registered, "must not fire before the real count"
+    assert_not_before(fired, registered)
     # the zero was seen: no settle window held (how soon it fires is measured by `make bench`)
     evidence = payload["evidence"]
     assert (evidence["path"], evidence["held_seconds"], evidence["continuous"]) == ("reset seen", 0.0, True)
@@ -161,7 +161,7 @@ def test_a_node_stopped_longer_than_the_watch_history_is_still_watched_through_i
     assert payload["status"] == "ready", payload
     evidence = payload["evidence"]
     assert (evidence["path"], evidence["continuous"]) == ("reset seen", True), evidence
-    assert fired >= stale_then_real(timeline, started)
+    assert_not_before(fired, stale_then_real(timeline, started))
 
 
 def test_trigger_fires_when_the_fallback_window_ends_not_at_a_later_node_change(tmp_path, monkeypatch):
@@ -218,6 +218,16 @@ def assert_gpu_pod_runs(name: str) -> None:
     assert (phase, reason) == ("Succeeded", None)
 
 
+# The recorder and the trigger are two watches on one loop: the same write reaches them a few ms
+# apart (CI saw the trigger 5 ms ahead), so "fired before it was registered" allows that skew. An
+# early fire here is a fire on the stale count, which ends at least 0.5 s before registration.
+OBSERVER_SKEW = 0.25
+
+
+def assert_not_before(fired: float, registered: float, what: str = "the real count was registered") -> None:
+    assert fired >= registered - OBSERVER_SKEW, f"fired {registered - fired:.2f}s before {what}"
+
+
 def stale_then_real(timeline, started) -> float:
     """When the real count was registered: the last 0 -> 1 after the start."""
     zeros = [t for t, _, g, _ in timeline if g == "0" and t > started]
@@ -232,7 +242,7 @@ def test_a_reset_delayed_far_past_the_settle_window_never_fires_early(cloud, ord
     payload, fired, timeline, started = asyncio.run(boot_and_wait(NodeGpuReadyTrigger, timeout=60, settle=1.0))
     assert payload["status"] == "ready", payload
     registered = stale_then_real(timeline, started)
-    assert fired >= registered, f"fired {registered - fired:.1f}s before the real count was registered"
+    assert_not_before(fired, registered)
     assert payload["evidence"]["path"] == "reset seen" and "warning" not in payload["evidence"]
     assert_gpu_pod_runs(f"after-late-reset-{order}")
 
@@ -257,7 +267,7 @@ def test_a_watch_relisted_in_the_middle_of_the_boot_never_fires_early(cloud):
     payload, fired, timeline, started = asyncio.run(boot_and_wait(NodeGpuReadyTrigger, timeout=60, settle=1.0,
                                                                   during_boot=cut_the_watch))
     assert payload["status"] == "ready", payload
-    assert fired >= stale_then_real(timeline, started)
+    assert_not_before(fired, stale_then_real(timeline, started))
     assert not payload["evidence"]["continuous"], "the re-list must be known to the rule"
     assert_gpu_pod_runs("after-relist")
 
@@ -300,7 +310,7 @@ def test_a_gpu_mem_job_is_committed_only_after_gpu_mem_went_stale_zero_real(shar
     zeros = [t for t, _, g, _ in timeline if g == "0" and t > started]
     assert zeros, "the kubelet's reset of gpu-mem must have happened"
     registered = min(t for t, _, g, _ in timeline if g == "28" and t > zeros[-1])
-    assert fired >= registered, f"fired {registered - fired:.1f}s before gpu-mem was registered"
+    assert_not_before(fired, registered, "gpu-mem was registered")
     assert payload["evidence"]["allocatable"] == {GPU_MEM: 28} and payload["evidence"]["path"] == "reset seen"
     assert run_pod("mem-after-strong", node=SHARED, resource=GPU_MEM, count=8) == ("Succeeded", None)
 
