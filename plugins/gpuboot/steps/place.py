@@ -6,7 +6,6 @@ The job is validated once, here: the canonical spec goes to the other steps via 
 from __future__ import annotations
 
 import dataclasses
-import random
 import time
 from collections.abc import Mapping
 
@@ -20,7 +19,7 @@ from gpuboot.placement import Outcome, Plan
 from gpuboot.ports import EcsError
 from gpuboot.steplog import place_summary
 from gpuboot.steps.base import GpuJobStep, context_job_id, push, refusal, resolve_job, summarize
-from gpuboot.steps.waiting import CapacityWait
+from gpuboot.steps.waiting import CapacityWait, defer_for_contention
 from gpuboot.triggers import WakeUpTrigger
 
 
@@ -91,9 +90,7 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
             if now >= deadline:
                 raise refusal(self, context, f"job {spec.name} could not commit its placement before "
                                              f"queue_timeout_seconds={spec.queue_timeout_seconds}: {exc}") from None
-            wake = min(deadline, now + random.uniform(1.0, 1.0 + min(10.0, self.busy_poll_seconds)))
-            self.log.info("%s; deferred, placing again in %.1fs, giving up in %.0fs", exc, wake - now, deadline - now)
-            self.defer(trigger=WakeUpTrigger(wake, CapacityWait(deadline, []).to_json()), method_name="resume")
+            defer_for_contention(self, exc, deadline, "resume", "placing again")
         self.log.info("placement of job %s (%s):\n%s", spec.name, job_id, plan.table())
         if plan.outcome == Outcome.NEVER:
             raise refusal(self, context, f"job {spec.name} can never run in this fleet: {plan.message}")
