@@ -96,13 +96,15 @@ def probe(specs: list[dict], threshold: float = 0.1) -> dict:
                          "gc_s": round(gc_cpu, 4)})
 
     asyncio.events.Handle._run = timed_run  # every Handle and TimerHandle the loop runs (this process only)
-    logging.getLogger("asyncio").addHandler(DebugWarnings(logging.WARNING))
+    debug_warnings = DebugWarnings(logging.WARNING)
+    logging.getLogger("asyncio").addHandler(debug_warnings)
     gc.callbacks.append(gc_timer)
     try:
         result = asyncio.run(_run_all(specs, threshold), debug=True)
-    finally:
+    finally:                                # a probe leaves the process as it found it
         asyncio.events.Handle._run = run_handle
         gc.callbacks.remove(gc_timer)
+        logging.getLogger("asyncio").removeHandler(debug_warnings)
     blocking = [s for s in slow if s["cpu_s"] - s["gc_s"] > threshold or s["wall_s"] > WAIT_LIMIT]
     return {**result, "threshold_s": threshold, "wait_limit_s": WAIT_LIMIT, "slow_callbacks": slow,
             "blocking_callbacks": blocking, "debug_warnings": warnings,

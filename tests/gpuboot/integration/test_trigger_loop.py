@@ -23,12 +23,16 @@ def test_the_readiness_trigger_never_blocks_the_loop_through_a_boot(cloud):
     assert len(result["debug_warnings"]) <= len(result["slow_callbacks"]), result["debug_warnings"]
 
 
-def test_the_probe_catches_a_trigger_that_computes_or_waits_on_the_loop(monkeypatch):
-    """The check above can fail: a trigger that burns 0.3 s of CPU, or sleeps 1.2 s, on the loop is caught."""
+def test_the_probe_catches_a_trigger_that_computes_or_waits_on_the_loop(cloud, monkeypatch):
+    """The check above can fail: a trigger that burns 0.3 s of CPU on the loop, or makes a synchronous
+    Kubernetes call there (the local cloud answering after 1.2 s), is caught."""
     import time
 
     from bench.triggerer_loop import probe
+    from gpuboot.kube import KubeClient
     from gpuboot.triggers import NodeGpuReadyTrigger
+
+    kube = KubeClient()             # built here: the trigger below only waits on its call
 
     class Fired:
         payload = {"status": "ready", "node": "gpu-stop", "reason": ""}
@@ -40,11 +44,15 @@ def test_the_probe_catches_a_trigger_that_computes_or_waits_on_the_loop(monkeypa
         yield Fired()
 
     async def waits(self):
-        time.sleep(1.2)
+        kube.get_node("gpu-stop")   # the bug this catches: a blocking API call on the loop
         yield Fired()
 
     spec = {"baseline": {"node": "gpu-stop"}, "deadline": 0}
-    for run, field in ((computes, "cpu_s"), (waits, "wall_s")):
+    for run, field, latency_ms in ((computes, "cpu_s", 0), (waits, "wall_s", 1200)):
         monkeypatch.setattr(NodeGpuReadyTrigger, "run", run)
-        blocking = probe([spec], threshold=0.1)["blocking_callbacks"]
+        cloud.set_faults(k8s_latency_ms=latency_ms)
+        try:
+            blocking = probe([spec], threshold=0.1)["blocking_callbacks"]
+        finally:
+            cloud.set_faults(k8s_latency_ms=0)
         assert len(blocking) == 1 and blocking[0][field] > 0.25, (run.__name__, blocking)
