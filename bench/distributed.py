@@ -58,6 +58,8 @@ class Watcher:
         self.zeroed: set[str] = set()
         self.registered: dict[str, list[float]] = {}
         self.pods: dict[str, dict[str, float]] = {}
+        self.gpu_counts: dict[str, list[tuple[float, int]]] = {}   # every allocatable change seen, for diagnosis
+        self.errors: list[str] = []
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._loop, args=(kind,), daemon=True) for kind in ("nodes", "pods")]
 
@@ -76,19 +78,28 @@ class Watcher:
 
         v1 = self.cloud.core_v1()
         lister = v1.list_node if kind == "nodes" else v1.list_pod_for_all_namespaces
+        version = None   # carried across re-watches, so no write between two streams is missed
         while not self._stop.is_set():
             try:
-                for event in watch.Watch().stream(lister, timeout_seconds=5):
+                w = watch.Watch()
+                for event in w.stream(lister, timeout_seconds=5, **({"resource_version": version} if version else {})):
                     obj, now = event["raw_object"], time.time()
+                    version = obj["metadata"].get("resourceVersion") or version
                     (self._node if kind == "nodes" else self._pod)(obj, now)
                     if self._stop.is_set():
                         return
-            except Exception:   # noqa: BLE001 - a loaded API server: watch again (a re-list replays states)
+            except Exception as exc:   # noqa: BLE001 - a loaded API server: watch again
+                if getattr(exc, "status", None) == 410:
+                    version = None       # compacted: a fresh list replays the current states
+                self.errors.append(f"{kind}: {type(exc).__name__}: {str(exc)[:200]}")
                 time.sleep(0.2)  # sleep-ok: back-off before re-watching
 
     def _node(self, node: dict, now: float) -> None:
         name = node["metadata"]["name"]
         gpus = int(((node.get("status") or {}).get("allocatable") or {}).get(GPU, 0) or 0)
+        counts = self.gpu_counts.setdefault(name, [])
+        if not counts or counts[-1][1] != gpus:
+            counts.append((round(now, 3), gpus))
         if gpus == 0:
             self.zeroed.add(name)
         elif name in self.zeroed:
@@ -98,7 +109,8 @@ class Watcher:
     def _pod(self, pod: dict, now: float) -> None:
         if not (pod["metadata"].get("labels") or {}).get("gpuboot.io/job"):
             return
-        seen = self.pods.setdefault(pod["metadata"]["name"], {"created": now, "node": pod["spec"].get("nodeName")})
+        seen = self.pods.setdefault(pod["metadata"]["name"], {"created": now, "node": None})
+        seen["node"] = seen["node"] or pod["spec"].get("nodeName")   # pinned by affinity: bound a moment later
         if (pod.get("status") or {}).get("phase") == "Running":
             seen.setdefault("running", now)
 
@@ -124,14 +136,20 @@ def _breakdown(home: Path, run_id: str, watcher: Watcher, pod_before: set[str]) 
     run_dir = home / "logs" / f"dag_id={DAG_ID}" / f"run_id={run_id}"
     trig = _log_entries(sorted((run_dir / "task_id=gpu_job.wait_gpu_ready").glob("attempt=*.log.trigger.*.log")))
     fired = next(_stamp(e["timestamp"]) for e in trig if e.get("event") == "Trigger fired event")
-    wait = _log_entries(sorted((run_dir / "task_id=gpu_job.wait_gpu_ready").glob("attempt=*.log")))
+    wait = _log_entries(sorted(f for f in (run_dir / "task_id=gpu_job.wait_gpu_ready").glob("attempt=*.log")
+                               if ".log.trigger." not in f.name))
     resumed = next(_stamp(e["timestamp"]) for e in wait if _stamp(e["timestamp"]) > fired)
     launch = _log_entries(sorted(run_dir.glob("task_id=gpu_job.launch*/**/attempt=*.log"))
                           + sorted(run_dir.glob("task_id=gpu_job.launch*/attempt=*.log")))
     launched = _stamp(launch[0]["timestamp"])
     (pod_name,) = [p for p in watcher.pods if p not in pod_before]
     pod = watcher.pods[pod_name]
-    registered = max(t for t in watcher.registered.get(pod["node"], []) if t < fired + 1)
+    seen = [t for t in watcher.registered.get(pod["node"], []) if t <= pod["created"]]
+    if not seen:
+        raise RuntimeError(f"no GPU registration of {pod['node']} seen before its pod {pod_name} "
+                           f"(fired {fired:.3f}, pod created {pod['created']:.3f}); GPU counts seen: "
+                           f"{watcher.gpu_counts.get(pod['node'])}; watch errors: {watcher.errors[-5:]}")
+    registered = max(seen)
     stamps = {"registered": registered, "trigger fired": fired, "task resumed": resumed,
               "launch started": launched, "pod created": pod["created"], "pod Running": pod["running"]}
     steps, previous = {}, "registered"
@@ -174,10 +192,17 @@ def run(workdir: Path, quick: bool = False, runs: int = 5, tuned: bool = True) -
                     if state != "success":
                         raise RuntimeError(f"run {run_id} ended {state}")
                     wait_until(lambda: len(set(watcher.pods) - before) == 1, timeout=10)
-                    row = _breakdown(airflow.home, run_id, watcher, before)
+                    try:
+                        row = _breakdown(airflow.home, run_id, watcher, before)
+                    except Exception:
+                        kept = workdir / "airflow-logs"     # the stamps' sources, for whoever reads the error
+                        shutil.copytree(airflow.home / "logs", kept, dirs_exist_ok=True)
+                        print(f"distributed: the run's Airflow logs are kept in {kept}", flush=True)
+                        raise
                     rows.append(row)
                     _stop_node(cloud, row["node"])
             airflow.api.http.close()
+            shutil.copytree(airflow.home / "logs", workdir / "airflow-logs", dirs_exist_ok=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     totals = [r["registered_to_running_s"] for r in rows]

@@ -5,20 +5,39 @@ entry point; from the source tree, through plugins/gpuboot_plugin.py in the plug
 The API server mounts the fleet app (gpuboot.fleetapi) at /gpuboot; the UI shows its page under
 Browse ("GPU fleet", and "Run a GPU job": gpu_job's form checked field by field) and as a tab
 of every DAG run ("GPU placement", that run's placement and boots). The run-note listener
-(gpuboot.runnote) runs where runs end, in the scheduler.
+(gpuboot.runnote) runs where runs end, in the scheduler; the warm-up (gpuboot.warmup) in the
+triggerer, as it starts.
 """
 from airflow.plugins_manager import AirflowPlugin
 
-from gpuboot import runnote
-from gpuboot.fleetapi import create_app
+from gpuboot import runnote, warmup
 
 URL_PREFIX = "/gpuboot"
 
 
+class FleetApp:
+    """The fleet app (gpuboot.fleetapi), built on its first request.
+
+    Airflow imports every plugin in every process, each task try included, and only the API
+    server mounts the app. Built at import, it pulled Airflow's API-server security into every
+    task try: 1.1 s of each task's start on the distributed stack (`make bench-distributed`),
+    twice between a node's GPUs registering and its pod running. The API server has those
+    modules loaded already, so building there on the first request is cheap."""
+
+    def __init__(self) -> None:
+        self._app = None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if self._app is None:            # one event loop per API-server worker: no race to build
+            from gpuboot.fleetapi import create_app
+            self._app = create_app()
+        await self._app(scope, receive, send)
+
+
 class GpuBootPlugin(AirflowPlugin):
     name = "gpuboot"
-    fastapi_apps = [{"app": create_app(), "url_prefix": URL_PREFIX, "name": "gpuboot"}]
-    listeners = [runnote]          # each gpuboot run's note: its steps' summary lines
+    fastapi_apps = [{"app": FleetApp(), "url_prefix": URL_PREFIX, "name": "gpuboot"}]
+    listeners = [runnote, warmup]  # each gpuboot run's note: its steps' summary lines; a warm triggerer
     external_views = [
         {"name": "GPU fleet", "href": f"{URL_PREFIX}/fleet", "url_route": "gpu-fleet", "destination": "nav",
          "category": "browse"},

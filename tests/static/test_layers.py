@@ -31,7 +31,7 @@ LAYERS: dict[str, set[str]] = {
     "airflow": {"gpuboot.steps", "gpuboot.steps.base", "gpuboot.steps.place", "gpuboot.steps.start",
                 "gpuboot.steps.wait", "gpuboot.steps.launch", "gpuboot.steps.release", "gpuboot.steps.waiting",
                 "gpuboot.triggers", "gpuboot.launchtrigger", "gpuboot.taskgroup", "gpuboot.scaledown", "gpuboot.specdags",
-                "gpuboot.plugin", "gpuboot.fleetapi", "gpuboot.runnote", "gpuboot_plugin"},
+                "gpuboot.plugin", "gpuboot.fleetapi", "gpuboot.runnote", "gpuboot.warmup", "gpuboot_plugin"},
 }
 ORDER = ["core", "adapters", "lifecycle", "airflow"]
 PACKAGES = {"gpuboot.replay"}      # entries that cover their submodules

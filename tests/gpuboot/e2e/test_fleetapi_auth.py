@@ -7,8 +7,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 
-@pytest.fixture
-def client(monkeypatch, tmp_path):
+@pytest.fixture(params=["app", "mounted by the plugin"])
+def client(request, monkeypatch, tmp_path):
+    """The fleet app itself, and the plugin's lazy app mounted as the API server mounts it."""
     monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER",
                        "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")
     monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "test-secret-for-the-fleet-api-auth-test-only-" + "x" * 32)
@@ -18,7 +19,17 @@ def client(monkeypatch, tmp_path):
     from gpuboot.fleetapi import create_app
 
     manager = init_auth_manager()
-    yield TestClient(create_app()), manager
+    if request.param == "app":
+        yield TestClient(create_app()), manager
+    else:
+        from starlette.applications import Starlette
+        from starlette.routing import Mount
+
+        from gpuboot.plugin import URL_PREFIX, GpuBootPlugin
+
+        (entry,) = GpuBootPlugin.fastapi_apps
+        root = Starlette(routes=[Mount(entry["url_prefix"], app=type(entry["app"])())])   # a fresh, unbuilt one
+        yield TestClient(root, base_url=f"http://testserver{URL_PREFIX}"), manager
     purge_cached_app()
 
 
