@@ -81,8 +81,7 @@ class Watcher:
         version = None   # carried across re-watches, so no write between two streams is missed
         while not self._stop.is_set():
             try:
-                w = watch.Watch()
-                for event in w.stream(lister, timeout_seconds=5, **({"resource_version": version} if version else {})):
+                for event in watch.Watch().stream(lister, timeout_seconds=5, **({"resource_version": version} if version else {})):
                     obj, now = event["raw_object"], time.time()
                     version = obj["metadata"].get("resourceVersion") or version
                     (self._node if kind == "nodes" else self._pod)(obj, now)
@@ -192,18 +191,15 @@ def run(workdir: Path, quick: bool = False, runs: int = 5, tuned: bool = True) -
                     if state != "success":
                         raise RuntimeError(f"run {run_id} ended {state}")
                     wait_until(lambda: len(set(watcher.pods) - before) == 1, timeout=10)
-                    try:
-                        row = _breakdown(airflow.home, run_id, watcher, before)
-                    except Exception:
-                        kept = workdir / "airflow-logs"     # the stamps' sources, for whoever reads the error
-                        shutil.copytree(airflow.home / "logs", kept, dirs_exist_ok=True)
-                        print(f"distributed: the run's Airflow logs are kept in {kept}", flush=True)
-                        raise
+                    row = _breakdown(airflow.home, run_id, watcher, before)
                     rows.append(row)
                     _stop_node(cloud, row["node"])
             airflow.api.http.close()
-            shutil.copytree(airflow.home / "logs", workdir / "airflow-logs", dirs_exist_ok=True)
     finally:
+        logs = base / "airflow" / "logs"          # the stamps' sources, kept for whoever reads a figure or an error
+        if logs.is_dir():
+            shutil.copytree(logs, workdir / "airflow-logs", dirs_exist_ok=True)
+            print(f"distributed: the Airflow logs are kept in {workdir / 'airflow-logs'}", flush=True)
         shutil.rmtree(base, ignore_errors=True)
     totals = [r["registered_to_running_s"] for r in rows]
     return {
