@@ -271,14 +271,20 @@ class Plan:
 
 def _facts(node: NodeView, need: Resources, k: int) -> FrozenDict:
     """The table's words for a node that fits: k tasks here, what is left after them, a slot's cost."""
-    free = node.free
+    return _facts_of(node.free, node.allocatable, node.price_per_hour, STATE_RANK[node.state] >= 2, need, k)
+
+
+@functools.lru_cache(maxsize=1024)
+def _facts_of(free: Resources, allocatable: Resources, price: float | None, needs_start: bool, need: Resources,
+              k: int) -> FrozenDict:
+    """_facts, remembered: the table repeats the same few words across twin nodes."""
     gpu, cpu, memory = (free.get(name) - k * need.get(name) for name in (GPU, CPU, MEMORY))
     facts = {"tasks": str(k), "gpu_left": str(gpu), "cpu_left": format_quantity(CPU, cpu),
              "mem_left": format_quantity(MEMORY, memory)}
-    if STATE_RANK[node.state] >= 2:     # needs a start: what one slot of the task costs
-        slots = _fit_count(node.allocatable, need, _NO_LIMIT)
-        facts["cost_per_slot"] = (f"{node.price_per_hour / slots:.4g}/h" if node.price_per_hour is not None
-                                  else f"{node.allocatable.gpus / slots:g} GPU (no price)")
+    if needs_start:     # what one slot of the task costs
+        slots = _fit_count(allocatable, need, _NO_LIMIT)
+        facts["cost_per_slot"] = (f"{price / slots:.4g}/h" if price is not None
+                                  else f"{allocatable.gpus / slots:g} GPU (no price)")
     return FrozenDict(facts)
 
 
