@@ -289,6 +289,15 @@ def with_reservations(views: Iterable[NodeView], backed: set[tuple[str, str, str
     return out
 
 
+def _shared_taints(taints: list[dict] | None, known: dict[tuple, tuple]) -> tuple[dict, ...]:
+    """The node's taints as what scheduling reads of them (key, value, effect; not timeAdded), one
+    object per distinct set across the fleet, so that twins share it (_share_twin)."""
+    if not taints:
+        return ()
+    wanted = tuple(FrozenDict({k: t[k] for k in ("key", "value", "effect") if k in t}) for t in taints)
+    return known.setdefault(tuple(tuple(t.items()) for t in wanted), wanted)
+
+
 def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],
                     instance_types: dict[str, dict], reservations: list[Reservation],
                     now: float, boot_grace_seconds: float = 900) -> list[NodeView]:
@@ -315,7 +324,9 @@ def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],
             holders[r.node][f"job {r.job_id} ({r.task}, reserved)"] = None
 
     views = []
-    shared: dict[Resources, Resources] = {}     # one object per distinct vector (see placement._score_inputs)
+    shared: dict[Resources, Resources] = {}     # one object per distinct vector (placement judges twins once: _share_twin)
+    taint_sets: dict[tuple, tuple] = {}    # and per distinct set of taints
+    twins: dict[tuple, object] = {}        # twin key -> token (_share_twin)
     for node in nodes:
         meta, spec = node.get("metadata") or {}, node.get("spec") or {}
         name = meta["name"]
@@ -369,7 +380,7 @@ def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],
             allocatable=shared.setdefault(allocatable, allocatable),
             allocated=shared.setdefault(allocated, allocated),
             labels=FrozenDict(labels),
-            taints=tuple(spec.get("taints") or ()),
+            taints=_shared_taints(spec.get("taints"), taint_sets),
             instance_id=parsed[1] if parsed else None,
             instance_type=instance.get("InstanceType") or labels.get(LABEL_INSTANCE_TYPE),
             zone=instance.get("ZoneId") or labels.get(LABEL_ZONE),
@@ -378,4 +389,14 @@ def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],
             managed=managed,
             holders=tuple(holders.get(name, ())),
         ))
+        _share_twin(views[-1], twins)
     return views
+
+
+def _share_twin(view: NodeView, twins: dict[tuple, object]) -> None:
+    """Give `view` the twin token (NodeView.twin) of the first view alike in all placement judges but
+    name and labels. Its vectors and taints are the objects shared across this inventory, so their
+    ids tell them apart, and the key hashes in C."""
+    key = (view.state, id(view.allocatable), id(view.allocated), view.price_per_hour, view.gpu_model,
+           id(view.taints))
+    object.__setattr__(view, "twin", twins.setdefault(key, view.twin))   # a frozen view, still being built

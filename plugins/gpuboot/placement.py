@@ -4,10 +4,11 @@ Pure and deterministic, so that the DAGs and the trace replay share it unchanged
 The seed's bug was booting a node because "cluster free + new node" covered a
 task; here a task fits a node only when that node's own free capacity covers
 every resource it asks for. Cost is O(nodes) per distinct task shape plus
-O(log nodes) per task, so a 64-task gang over 10,000 nodes stays fast: each node is
-filtered once per shape, nodes alike in all the score reads (twins: same state,
-capacity, usage, price) are scored once, and of the candidate table only the rows kept
-(_TABLE_LIMIT) are put into words; the rest are counted.
+O(log nodes) per task, so a 64-task gang over 10,000 nodes stays fast: nodes alike in
+all a verdict reads (twins: same state, capacity, usage, price, GPU model, taints; the
+inventory gives them one twin token) are judged once per shape, the per-node steps run
+in C, and of the candidate table only the rows kept (_TABLE_LIMIT) are put into words;
+the rest are counted.
 
 Cost model (`CostModel`, per task, USD). Putting a task on a node pays for the node for as
 long as the decision keeps it up, and makes the job wait:
@@ -43,6 +44,7 @@ heap in _assign exact.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import heapq
 import itertools
@@ -310,6 +312,12 @@ def _exclusion(task: TaskRequest, node: NodeView, whole_fleet: bool,
     (used for the "never fits" check). `models` caches the GPU model verdicts across the nodes of
     one task (node model -> accepted).
     """
+    return _node_exclusion(task, node, whole_fleet, unavailable) or _twin_exclusion(task, node, whole_fleet, models)
+
+
+def _node_exclusion(task: TaskRequest, node: NodeView, whole_fleet: bool,
+                    unavailable: Sequence[Unavailable]) -> str | None:
+    """The part of `_exclusion` read from what is the node's own: its condition, name and labels."""
     if not whole_fleet and node.state not in STATE_RANK:
         return f"node {node.state.value}: {node.reason}"
     if not whole_fleet:
@@ -319,6 +327,11 @@ def _exclusion(task: TaskRequest, node: NodeView, whole_fleet: bool,
     for key, value in task.node_selector.items():
         if node.labels.get(key) != value:
             return f"nodeSelector {key}={value} (node has {node.labels.get(key, 'no such label')})"
+    return None
+
+
+def _twin_exclusion(task: TaskRequest, node: NodeView, whole_fleet: bool, models: dict | None = None) -> str | None:
+    """The part of `_exclusion` read from what twins share (`_twin_inputs`): GPU model and count, taints, state."""
     if task.gpu_model and not _accepts(task, node.gpu_model, {} if models is None else models):
         return f"GPU model {node.gpu_model or 'none'} is not {_models(task)}"
     if task.avoid_gpu_nodes and (node.allocatable.gpus or node.gpu_model):
@@ -391,29 +404,40 @@ def _score(node: NodeView, free: Resources, need: Resources, remaining: int,
     return (*key, node.allocatable.gpus, -_headroom(node, need)), k
 
 
-# All that `_score` and a task's fit read of a node on its own free capacity, besides its name:
-# nodes with equal inputs get equal scores, so placement judges each class of such twins once.
-# Keep it in step with _score (tests/gpuboot/unit/test_placement_reference.py checks plans
-# against a placer that scores every node). An attrgetter builds the tuple in C, and it compares
-# by identity when twins share their vectors, as build_inventory makes them.
-_score_inputs = operator.attrgetter("state", "allocatable", "allocated", "price_per_hour")
+# All that `_score` and `_twin_exclusion` read of a node, by value: nodes with equal inputs (twins)
+# get equal verdicts and scores, so placement judges each class of twins once. Keep it in step with
+# both (tests/gpuboot/unit/test_placement_reference.py checks plans against a placer that judges
+# every node) and with the key of inventory._share_twin.
+def _twin_inputs(node: NodeView) -> tuple:
+    return (node.state, node.allocatable, node.allocated, node.price_per_hour, node.gpu_model,
+            tuple(tuple(sorted(t.items())) for t in node.taints))
+
+
+_twin_token = operator.attrgetter("twin")
 
 
 # --- the greedy placer -----------------------------------------------------------
 
 @dataclass
 class _Group:
-    """Interchangeable tasks, the nodes they may use (static filters done once), and what the first
-    task makes of each eligible node on its free capacity (`_judge`, one pass over the nodes)."""
+    """Interchangeable tasks, the nodes they may never use (and why: static filters done once), and
+    what the first task makes of each other node on its free capacity (`_judge`)."""
 
     tasks: list[TaskRequest]
-    eligible: list[int]                      # indexes into nodes
-    excluded: dict[int, str]
+    excluded: dict[int, str] = field(default_factory=dict)     # node -> why, in node order
     too_small: list[int] = field(default_factory=list)     # would not fit even the empty node
     busy: list[int] = field(default_factory=list)          # would fit the empty node, not its free capacity
-    fits: dict[int, tuple[tuple, int]] = field(default_factory=dict)   # node -> _score on its free capacity
-    # the fitting nodes by class of twins (equal _score_inputs): (score, k), its nodes in name order
+    # the fitting nodes by class of twins: (_score on the free capacity, k), its nodes in name order
     classes: list[tuple[tuple[tuple, int], list[int]]] = field(default_factory=list)
+    verdicts: list[int] = field(default_factory=list)      # per node: its index into classes, if it fits
+
+    def fits(self, i: int) -> tuple[tuple, int]:
+        """(score, k) of a node that fits."""
+        return self.classes[self.verdicts[i]][0]
+
+    def eligible(self, nodes: Sequence[NodeView]) -> list[int]:
+        """The nodes the group may use, now or once capacity frees up."""
+        return [i for i in range(len(nodes)) if i not in self.excluded]
 
 
 def _groups(job: JobRequest, nodes: Sequence[NodeView], whole_fleet: bool, unavailable: Sequence[Unavailable] = (),
@@ -424,52 +448,76 @@ def _groups(job: JobRequest, nodes: Sequence[NodeView], whole_fleet: bool, unava
                                                 -t.requests.get(MEMORY), t.name))
     for task in ordered:
         by_shape.setdefault(task.shape(), []).append(task)
-    groups = [_Group(tasks, [], {}) for tasks in by_shape.values()]
+    groups = [_Group(tasks) for tasks in by_shape.values()]
+    tokens = list(map(_twin_token, nodes))
+    firsts = dict(zip(reversed(tokens), range(len(nodes) - 1, -1, -1)))    # twin token -> its first node
     for group in groups:
-        _judge(group, nodes, whole_fleet, unavailable, cost, run_hours)
+        _judge(group, nodes, tokens, firsts, whole_fleet, unavailable, cost, run_hours)
     return groups
 
 
-def _judge(group: _Group, nodes: Sequence[NodeView], whole_fleet: bool, unavailable: Sequence[Unavailable],
-           cost: CostModel, run_hours: float | None) -> None:
-    """One pass over the nodes for the group's first task: excluded (and why), else too small, busy,
-    or fits with its score on the node's free capacity: the candidate table's verdicts, and the
-    first heap of _assign. Nodes alike in everything the verdict and `_score` read
-    (`_score_inputs`) are judged once, and only their first has its free capacity computed."""
+# _judge's verdicts besides a fitting class's index (>= 0): too small, busy, excluded by the node's
+# own state, and excluded for a reason twins share (_EXCLUDED - the reason's index)
+_TOO_SMALL, _BUSY, _DOWN, _EXCLUDED = -1, -2, -3, -4
+
+
+def _judge(group: _Group, nodes: Sequence[NodeView], tokens: list, firsts: dict, whole_fleet: bool,
+           unavailable: Sequence[Unavailable], cost: CostModel, run_hours: float | None) -> None:
+    """The group's first task against every node: excluded (and why), else too small, busy, or fits
+    with its score on the node's free capacity: the candidate table's verdicts, and the first heap
+    of _assign.
+
+    Twins are judged once, on the first node of a twin token, whose verdict its twins take. A token
+    not met yet is matched by value (`_twin_inputs`) with the tokens judged so far, so nodes that do
+    not share a token are still scored once per class. The per-node steps run in C (map, dict,
+    sort), but `_node_exclusion` for a task with a nodeSelector or offerings unavailable, and for
+    a node whose state rules it out (its reason is its own)."""
     task = group.tasks[0]
     need, count = task.requests, len(group.tasks)
     models: dict[str | None, bool] = {}     # node model -> accepted: a fleet has few models
-    # no constraint to check but the state and the taints: most nodes pass without a call
-    plain = not (task.node_selector or task.gpu_model or task.avoid_gpu_nodes or unavailable)
-    seen: dict[tuple, int] = {}     # inputs -> index into classes, or -1: too small, -2: busy
-    eligible, excluded, too_small, busy = group.eligible, group.excluded, group.too_small, group.busy
-    fits, classes = group.fits, group.classes
-    for i, node in enumerate(nodes):
-        if not (plain and not node.taints and (whole_fleet or node.state in STATE_RANK)):
-            why = _exclusion(task, node, whole_fleet, unavailable, models)
-            if why is not None:
-                excluded[i] = why
-                continue
-        eligible.append(i)
-        key = _score_inputs(node)
-        c = seen.get(key)
+    by_value: dict[tuple, int] = {}
+    reasons: list[str] = []
+    verdict_of: dict[object, int] = {}     # twin token -> verdict
+    for token, i in sorted(firsts.items(), key=operator.itemgetter(1)):
+        node = nodes[i]
+        c = by_value.get(inputs := _twin_inputs(node))
         if c is None:
-            if not need.fits_in(node.allocatable):
-                c = -1
+            if not whole_fleet and node.state not in STATE_RANK:
+                c = _DOWN
+            elif (why := _twin_exclusion(task, node, whole_fleet, models)) is not None:
+                c = _EXCLUDED - len(reasons)
+                reasons.append(why)
+            elif not need.fits_in(node.allocatable):
+                c = _TOO_SMALL
             elif not need.fits_in(node.free):
-                c = -2
+                c = _BUSY
             else:
-                c = len(classes)
-                classes.append((_score(node, node.free, need, count, cost, run_hours), []))
-            seen[key] = c
-        if c == -1:
-            too_small.append(i)
-        elif c == -2:
-            busy.append(i)
-        else:
-            scored, members = classes[c]
-            members.append(i)
-            fits[i] = scored
+                c = len(group.classes)
+                group.classes.append((_score(node, node.free, need, count, cost, run_hours), []))
+            by_value[inputs] = c
+        verdict_of[token] = c
+    verdicts = group.verdicts = list(map(verdict_of.__getitem__, tokens))
+    # the nodes by verdict, each verdict's in node order (a stable sort)
+    order = sorted(range(len(nodes)), key=verdicts.__getitem__)
+    by_verdict, at = {}, 0
+    for c, n in sorted(collections.Counter(verdicts).items()):
+        by_verdict[c], at = order[at:at + n], at + n
+    # exclusions of the node's own, in node order: then the shared ones, merged in node order
+    own = range(len(nodes)) if task.node_selector or (unavailable and not whole_fleet) else by_verdict.get(_DOWN, ())
+    excluded = {i: why for i in own if (why := _node_exclusion(task, nodes[i], whole_fleet, unavailable))}
+    shared = [(i, reasons[_EXCLUDED - c]) for c in by_verdict if c <= _EXCLUDED
+              for i in by_verdict[c] if i not in excluded]     # a node's own reason comes first (_exclusion)
+    if shared:
+        excluded = dict(sorted(itertools.chain(excluded.items(), shared)))
+    group.excluded = excluded
+
+    def kept(c: int) -> list[int]:     # the nodes of verdict c not excluded by their own reason
+        members = by_verdict.get(c, [])
+        return [i for i in members if i not in excluded] if excluded else members
+
+    group.too_small, group.busy = kept(_TOO_SMALL), kept(_BUSY)
+    for c, (_, members) in enumerate(group.classes):
+        members.extend(kept(c))
 
 
 def _assign(groups: list[_Group], nodes: Sequence[NodeView], cost: CostModel = DEFAULT_COST,
@@ -490,7 +538,7 @@ def _assign(groups: list[_Group], nodes: Sequence[NodeView], cost: CostModel = D
                   for scored, members in group.classes]
         heap = [(score, nodes[members[0]].name, members[0], q, 0) for q, (score, members) in enumerate(queues)
                 if members]
-        for i in changed.keys() & group.eligible:
+        for i in [j for j in changed if j not in group.excluded]:     # the eligible ones
             scored = _score(nodes[i], changed[i], need, len(pending), cost, run_hours)
             if scored:
                 heap.append((scored[0], nodes[i].name, i, -1, 0))
@@ -542,7 +590,7 @@ def _row(group: _Group, nodes: Sequence[NodeView], i: int, verdict: Verdict) -> 
     if verdict is Verdict.BUSY:
         return Candidate(first.name, node.name, node.state, verdict,
                          f"free now: {_short(need, node.free)}{_held_by(node)}", None)
-    score, k = group.fits[i]
+    score, k = group.fits(i)
     return Candidate(first.name, node.name, node.state, verdict, f"{node.reason}; free {_words(node.free)}", score,
                      _facts(node, need, k))
 
@@ -582,7 +630,7 @@ def _candidates(groups: list[_Group], nodes: Sequence[NodeView],
                 chosen.append(Candidate(task.name, node.name, node.state, Verdict.CHOSEN,
                                         f"same shape as {first}", None))
                 total += 1
-        fits = range(len(group.fits) - (pick is not None))    # only counted here: _best_fits lists them
+        fits = range(sum(len(m) for _, m in group.classes) - (pick is not None))   # counted: _best_fits lists them
         for verdict, members in ((Verdict.FITS, fits), (Verdict.BUSY, group.busy),
                                  (Verdict.TOO_SMALL, group.too_small), (Verdict.EXCLUDED, list(group.excluded))):
             buckets.append((first, _VERDICT_ORDER[verdict], verdict, members, group))
@@ -609,14 +657,15 @@ def _never_message(job: JobRequest, nodes: Sequence[NodeView], groups: list[_Gro
             continue
         need = task.requests
         model = f" (model {_models(task)})" if task.gpu_model else ""
-        if not group.eligible:
+        eligible = group.eligible(nodes)
+        if not eligible:
             reasons = sorted({why.split(" (")[0] for why in group.excluded.values()})
             detail = "; ".join(reasons[:3]) or "the fleet has no nodes"
             return f"task {task.name}: no node in this fleet matches its constraints{model}: {detail}"
         gpu_nodes = sum(why.startswith(_OFF_GPU_NODES) for why in group.excluded.values())
         left_out = f"; {gpu_nodes} GPU node(s) left out: {_OFF_GPU_NODES}" if gpu_nodes else ""
         for name in sorted(need, key=lambda n: (n != GPU, n)):
-            best = max(group.eligible, key=lambda i: (nodes[i].allocatable.get(name), nodes[i].name))
+            best = max(eligible, key=lambda i: (nodes[i].allocatable.get(name), nodes[i].name))
             have = nodes[best].allocatable.get(name)
             if need[name] > have:
                 kind = nodes[best].instance_type or f"node {nodes[best].name}"

@@ -1,12 +1,14 @@
 """Inventory: every node state with its reason, capacities, pod requests and reservations."""
 import pytest
 
+from dataclasses import replace
+
 from gpuboot.inventory import (build_inventory, gpu_model_alternatives, gpu_model_matches, normalize_gpu_model,
                                parse_provider_id, pod_requests, with_reservations)
 from gpuboot.model import NodeState, Reservation
 from gpuboot.resources import GPU, QuantityError, Resources
 
-from .builders import TYPES, instance, node, pod
+from .builders import TYPES, instance, iso, node, pod
 
 NOW = 1_700_000_400.0          # on a minute boundary: ECS StartTime has minute resolution
 STARTED = NOW - 120
@@ -239,3 +241,29 @@ def test_twin_nodes_share_their_vectors():
     held = [Reservation("j", "t", n, Resources({GPU: 1}), NOW + 60) for n in ("a", "b")]
     a2, b2, c2 = with_reservations([a, b, c], set(), held, NOW)
     assert a2.allocated is b2.allocated and a2.allocated == Resources.parse({"cpu": "1", GPU: 1}) and c2 is c
+
+
+def test_twins_share_one_twin_token_and_nothing_else_does():
+    """Placement judges the nodes of one twin token once (NodeView.twin): build_inventory must give a
+    token to exactly the nodes alike in state, capacity, usage, price, GPU model and taints, whatever
+    their names, labels or taints' timeAdded."""
+    down = [{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule", "timeAdded": iso(NOW - k)}
+            for k in range(6)]
+    nodes = [node("a", heartbeat=NOW, labels={"pool": "x"}), node("b", heartbeat=NOW, labels={"pool": "y"}),
+             node("c", heartbeat=NOW), node("d", heartbeat=NOW, gpu_model="NVIDIA-A10"),
+             node("e", heartbeat=NOW, taints=[{"key": "gpu", "value": "only", "effect": "NoSchedule"}]),
+             node("f", heartbeat=NOW, labels={"gpuboot.io/price-per-hour": "9.5"}),
+             node("s1", ready="Unknown", taints=[down[0]]), node("s2", ready="Unknown", taints=[down[1]]),
+             node("s3", ready="Unknown", taints=[down[2]], cpu="16")]
+    instances = [instance(n["metadata"]["name"], "Stopped" if n["metadata"]["name"].startswith("s") else "Running",
+                          start=STARTED) for n in nodes]
+    pods = [pod("p-c", "c", requests={"cpu": "1"})]
+    views = {v.name: v for v in build_inventory(nodes, pods, instances, TYPES, [], NOW)}
+    groups = {}
+    for v in views.values():
+        groups.setdefault(id(v.twin), []).append(v.name)
+    assert sorted(groups.values()) == [["a", "b"], ["c"], ["d"], ["e"], ["f"], ["s1", "s2"], ["s3"]]
+    assert views["s1"].taints == ({"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},)
+    # a view changed afterwards is nobody's twin any more, not even of the view it came from
+    changed = replace(views["a"], allocated=views["c"].allocated)
+    assert changed.twin is not views["a"].twin and changed.twin is not views["c"].twin

@@ -109,7 +109,9 @@ def every_row(groups, nodes, placed) -> list[Candidate]:
 
 def random_fleet(rng: random.Random, size: int) -> list[NodeView]:
     """Nodes drawn from a few templates, so that many are twins (equal in all but name), some sharing
-    their vectors (as build_inventory makes them), some only equal; every field varies somewhere."""
+    their vectors (as build_inventory makes them), some only equal; every field varies somewhere.
+    In half the fleets a template's twins also share a twin token, as build_inventory gives them: a
+    node keeps it when only what is its own (name, labels, offering, reason) differs."""
     def draw(field, gpus=None):
         gpus = rng.choice([0, 1, 2, 4, 8]) if gpus is None else gpus
         return {
@@ -130,22 +132,27 @@ def random_fleet(rng: random.Random, size: int) -> list[NodeView]:
 
     fields = ["state", "allocatable", "allocated", "gpu_model", "price_per_hour", "labels", "taints", "instance_type",
               "zone", "managed"]
-    templates = []
+    own = {"labels", "instance_type", "zone", "managed"}     # not read by _twin_inputs
+    templates, tokens, share_tokens = [], {}, rng.random() < 0.5
     for _ in range(rng.randint(1, 6)):
         gpus = rng.choice([0, 1, 2, 4, 8])
         templates.append({f: draw(f, gpus) for f in fields})
     nodes = []
     for n in range(size):
-        t = dict(rng.choice(templates))
+        which = rng.randrange(len(templates))
+        t, token = dict(templates[which]), which
         if rng.random() < 0.5:    # equal, not shared
             t["allocatable"], t["allocated"] = Resources(dict(t["allocatable"])), Resources(dict(t["allocated"]))
         if rng.random() < 0.3:    # a twin but for one field
             field = rng.choice(fields)
             t[field] = draw(field, t["allocatable"].gpus)
+            token = token if field in own else None
         name = f"n{rng.randint(0, 10**6):07d}-{n}"
         nodes.append(NodeView(name=name, hostname=f"h-{name}", reason=f"{t['state'].value} {n}",
                               labels=FrozenDict(t.pop("labels")), instance_id=f"i-{n}",
                               holders=tuple(f"pod ns/p{n}-{k}" for k in range(rng.randint(0, 5))), **t))
+        if share_tokens and token is not None:
+            object.__setattr__(nodes[-1], "twin", tokens.setdefault(token, nodes[-1].twin))
     rng.shuffle(nodes)
     return nodes
 
