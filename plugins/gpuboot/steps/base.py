@@ -8,6 +8,7 @@ this mixin turns those into adapters, so no step builds them its own way. The he
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -101,8 +102,27 @@ def summarize(task: BaseOperator, context: Mapping, line: str) -> None:
     push(context, "summary", line)
 
 
+class Refused(AirflowFailException):
+    """A failure without retry whose first line is already the step's summary (refusal)."""
+
+
 def refusal(task: BaseOperator, context: Mapping, message: str) -> AirflowFailException:
     """The failure to raise, its first line summarized first (`failed: ...`), so the run's note
     says why the step failed as well as its log does."""
     summarize(task, context, f"failed: {message.splitlines()[0]}")
-    return AirflowFailException(message)
+    return Refused(message)
+
+
+def summarizes_failure(entry):
+    """For a step's entry points (execute, and the methods a deferral resumes): a failure without
+    retry raised anywhere below becomes a refusal, so every such failure reaches the run's note,
+    once, whichever layer raised it (a bad spec, a queue timeout, capacity that never comes)."""
+    @functools.wraps(entry)
+    def summarized(self, context, *args, **kwargs):
+        try:
+            return entry(self, context, *args, **kwargs)
+        except Refused:
+            raise
+        except AirflowFailException as exc:
+            raise refusal(self, context, str(exc)) from None
+    return summarized

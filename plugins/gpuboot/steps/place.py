@@ -18,7 +18,7 @@ from gpuboot.jobspec import JobSpec
 from gpuboot.placement import Outcome, Plan
 from gpuboot.ports import EcsError
 from gpuboot.steplog import place_summary
-from gpuboot.steps.base import GpuJobStep, context_job_id, push, refusal, resolve_job, summarize
+from gpuboot.steps.base import GpuJobStep, context_job_id, push, refusal, resolve_job, summarize, summarizes_failure
 from gpuboot.steps.waiting import CapacityWait, defer_for_contention
 from gpuboot.triggers import WakeUpTrigger
 
@@ -50,11 +50,13 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
         self.contended_seconds = contended_seconds
         self.boot_grace_seconds = boot_grace_seconds
 
+    @summarizes_failure
     def execute(self, context):
         spec = self._spec(context)
         self.check_namespace(spec)
         return self._attempt(context, spec, time.time() + spec.queue_timeout_seconds)
 
+    @summarizes_failure
     def resume(self, context, event: Mapping):
         """Back from the busy-wait timer: place again (the queue deadline comes back in the event)."""
         return self._attempt(context, self._spec(context), CapacityWait.from_json(event["echo"]).deadline)
@@ -86,11 +88,9 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
             if isinstance(exc, EcsError) and exc.kind != "transient":
                 raise
             # a burst: the ledger kept changing, or ECS answered slowly to every survey at once
-            now = time.time()
-            if now >= deadline:
-                raise refusal(self, context, f"job {spec.name} could not commit its placement before "
-                                             f"queue_timeout_seconds={spec.queue_timeout_seconds}: {exc}") from None
-            defer_for_contention(self, exc, deadline, "resume", "placing again")
+            defer_for_contention(self, exc, deadline, "resume", "placing again",
+                                 late=f"job {spec.name} could not commit its placement before "
+                                      f"queue_timeout_seconds={spec.queue_timeout_seconds}")
         self.log.info("placement of job %s (%s):\n%s", spec.name, job_id, plan.table())
         if plan.outcome == Outcome.NEVER:
             raise refusal(self, context, f"job {spec.name} can never run in this fleet: {plan.message}")

@@ -11,7 +11,7 @@ from gpuboot.boot import DEFAULT_UNAVAILABLE_TTL_SECONDS, JobBoot
 from gpuboot.booking import LAUNCH_MARGIN_SECONDS, reservation_ttl
 from gpuboot.placement import Plan
 from gpuboot.steplog import start_summary
-from gpuboot.steps.base import GpuJobStep, push, summarize
+from gpuboot.steps.base import GpuJobStep, push, summarize, summarizes_failure
 from gpuboot.steps.waiting import WaitsForCapacity
 
 
@@ -48,6 +48,7 @@ class StartGpuNodesOperator(GpuJobStep, WaitsForCapacity, BaseOperator):
         self.max_capacity_attempts, self.unavailable_ttl_seconds = max_capacity_attempts, unavailable_ttl_seconds
         self.busy_poll_seconds = busy_poll_seconds
 
+    @summarizes_failure
     def execute(self, context):
         self._began = time.monotonic()
         plan = Plan.from_json(self.plan)
@@ -55,6 +56,7 @@ class StartGpuNodesOperator(GpuJobStep, WaitsForCapacity, BaseOperator):
         self._hold(boot)
         return self._pushed(context, self.bring_up_or_wait(boot, lambda: boot.ensure_up(plan), None, "resume"))
 
+    @summarizes_failure
     def resume(self, context, event: Mapping):
         """Back from waiting for busy capacity (holding nothing): place again, or wait more."""
         self._began = time.monotonic()

@@ -47,7 +47,7 @@ from gpuboot.kube import Gone, KubeClient
 from gpuboot.placement import Plan
 from gpuboot.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline, ReadinessTracker
 from gpuboot.steplog import BootClock, boot_summary, evidence_block, utc
-from gpuboot.steps.base import GpuJobStep, refusal, summarize
+from gpuboot.steps.base import GpuJobStep, refusal, summarize, summarizes_failure
 from gpuboot.triggers import NodeGpuReadyTrigger, holding_in_fallback
 from gpuboot.steps.waiting import WaitsForCapacity
 
@@ -146,6 +146,7 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
                    else (spec.boot_timeout_seconds if spec else 900))
         return float(settle), float(timeout)
 
+    @summarizes_failure
     def execute(self, context):
         settle, timeout = self._timing()
         state = {"plan": dict(self.plan) if self.plan else None, "boots": [dict(b) for b in self.boots or ()],
@@ -203,6 +204,7 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
                                                                  state["tried"]).to_json()),
                    method_name="execute_complete")
 
+    @summarizes_failure
     def execute_complete(self, context, event: Mapping):
         """Back from the trigger; where we were (node, plan, attempts) comes back in event["echo"]."""
         node, progress = event.get("node"), WaitProgress.from_json(event["echo"])
@@ -223,6 +225,7 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         self._hold_until(state, time.time())
         return self._cleared(context, seen, state)
 
+    @summarizes_failure
     def resume_after_capacity(self, context, event: Mapping):
         """Back from waiting for busy capacity (holding nothing): place again and watch the new nodes."""
         settle, _ = self._timing()
@@ -266,6 +269,7 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
             context["ti"].xcom_push(key="plan", value=state["plan"])
         return [a["task"] for a in (state.get("plan") or {}).get("assignments", [])]
 
+    @summarizes_failure
     def poke(self, context):
         settle, timeout = self._timing()
         kube = KubeClient(self.kubernetes_conn_id)

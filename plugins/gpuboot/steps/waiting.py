@@ -47,11 +47,15 @@ def final_failures() -> Iterator[None]:
         raise AirflowFailException(str(exc)) from None
 
 
-def defer_for_contention(task, contended: Exception, deadline: float, method_name: str, again: str) -> None:
+def defer_for_contention(task, contended: Exception, deadline: float, method_name: str, again: str,
+                         late: str) -> None:
     """The one wait after a contended ledger (nothing was written): a timer a short jittered while
     away (1 s plus up to `busy_poll_seconds`, at most 10), holding nothing, then `method_name`; the
-    place step's and the re-placements' of start and wait. The caller checks the deadline first."""
+    place step's and the re-placements' of start and wait. Past `deadline` the task fails without
+    a retry: `late`, then why it was contended."""
     now = time.time()
+    if now >= deadline:
+        raise AirflowFailException(f"{late}: {contended}") from None
     wake = min(deadline, now + random.uniform(1.0, 1.0 + min(10.0, task.busy_poll_seconds)))
     task.log.info("%s; deferred, %s in %.1fs, giving up in %.0fs", contended, again, wake - now, deadline - now)
     task.defer(trigger=WakeUpTrigger(wake, CapacityWait(deadline, []).to_json()), method_name=method_name)
@@ -81,12 +85,10 @@ class WaitsForCapacity:
             if boot.spec is None:
                 raise
             deadline = self.contended_until or deadline or time.time() + boot.spec.queue_timeout_seconds
-            now = time.time()
-            if now >= deadline:
-                raise AirflowFailException(f"job {boot.job_id}: could not commit its re-placement before "
-                                           f"queue_timeout_seconds={boot.spec.queue_timeout_seconds}: {contended}") from None
             defer_for_contention(self, contended, deadline, "resume_after_contention",
-                                 "running this step again from the ledger")
+                                 "running this step again from the ledger",
+                                 late=f"job {boot.job_id}: could not commit its re-placement before "
+                                      f"queue_timeout_seconds={boot.spec.queue_timeout_seconds}")
 
     def resume_after_contention(self, context, event: Mapping):
         """Back from a contended ledger (nothing was written): run the step again from the ledger
