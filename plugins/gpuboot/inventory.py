@@ -279,12 +279,14 @@ def with_reservations(views: Iterable[NodeView], backed: set[tuple[str, str, str
         if r.resources:
             holders[r.node][f"job {r.job_id} ({r.task}, reserved)"] = None
     out = []
-    shared: dict[Resources, Resources] = {}     # reserved twins share their vectors too (build_inventory)
+    shared: dict[Resources, Resources] = {}     # reserved twins share their vectors and tokens too (build_inventory)
+    twins: dict[tuple, object] = {}
     for v in views:
         if v.name in reserved or v.name in holders:
             more = [h for h in holders.get(v.name, ()) if h not in v.holders]
             allocated = v.allocated + reserved.get(v.name, Resources())
             v = replace(v, allocated=shared.setdefault(allocated, allocated), holders=(*v.holders, *more))
+            _share_twin(v, twins)
         out.append(v)
     return out
 

@@ -241,6 +241,7 @@ def test_twin_nodes_share_their_vectors():
     held = [Reservation("j", "t", n, Resources({GPU: 1}), NOW + 60) for n in ("a", "b")]
     a2, b2, c2 = with_reservations([a, b, c], set(), held, NOW)
     assert a2.allocated is b2.allocated and a2.allocated == Resources.parse({"cpu": "1", GPU: 1}) and c2 is c
+    assert a2.twin is b2.twin and a2.twin is not a.twin and c2.twin is c.twin
 
 
 def test_twins_share_one_twin_token_and_nothing_else_does():
