@@ -326,7 +326,7 @@ def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],
             holders[r.node][f"job {r.job_id} ({r.task}, reserved)"] = None
 
     views = []
-    shared: dict[Resources, Resources] = {}     # one object per distinct vector (placement judges twins once: _share_twin)
+    shared: dict[Resources, Resources] = {}     # one object per distinct vector, so that twins share it
     taint_sets: dict[tuple, tuple] = {}    # and per distinct set of taints
     twins: dict[tuple, object] = {}        # twin key -> token (_share_twin)
     for node in nodes:

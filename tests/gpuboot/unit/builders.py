@@ -1,4 +1,5 @@
-"""Kubernetes and ECS objects in API form for unit tests of the pure core."""
+"""Kubernetes and ECS objects in API form for unit tests of the pure core, and the little of
+Airflow's context a step reads."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -72,3 +73,18 @@ def pod(name: str, node_name: str | None, *, requests: dict | None = None, phase
         spec["overhead"] = overhead
     return {"metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
             "spec": spec, "status": {"phase": phase}}
+
+
+class TaskInstance:
+    """A step's task instance as far as the step uses it: what it pushes to XCom, recorded."""
+
+    def __init__(self):
+        self.pushed = {}
+
+    def xcom_push(self, key, value):
+        self.pushed[key] = value
+
+
+def step_context() -> dict:
+    """The Airflow context a step reads: its task instance, the run id, no params."""
+    return {"ti": TaskInstance(), "run_id": "manual__1", "params": {}}

@@ -14,6 +14,8 @@ from gpuboot.placement import Outcome, Plan
 from gpuboot.steps.place import PlaceGpuJobOperator
 from gpuboot.triggers import WakeUpTrigger
 
+from .builders import step_context
+
 JOB = {"name": "sweep-7", "image": "python:3.11", "command": ["true"], "gpus": 1, "queue_timeout_seconds": 120}
 
 
@@ -35,23 +37,11 @@ class ScriptedPlace(PlaceGpuJobOperator):
         return step
 
 
-class TaskInstance:
-    def __init__(self):
-        self.pushed = {}
-
-    def xcom_push(self, key, value):
-        self.pushed[key] = value
-
-
-def context():
-    return {"ti": TaskInstance(), "run_id": "manual__1", "params": {}}
-
-
 FITS = Plan("job-7", Outcome.FITS, "fits on gpu-run")
 
 
 def test_a_contended_placement_defers_on_a_timer_and_places_again_when_it_fires():
-    step, ctx = ScriptedPlace(script=[LedgerContended("busy ledger"), LedgerContended("busy ledger"), FITS]), context()
+    step, ctx = ScriptedPlace(script=[LedgerContended("busy ledger"), LedgerContended("busy ledger"), FITS]), step_context()
     began = time.time()
     with pytest.raises(TaskDeferred) as first:
         step.execute(ctx)
@@ -71,4 +61,4 @@ def test_a_contended_placement_defers_on_a_timer_and_places_again_when_it_fires(
 def test_a_placement_still_contended_at_the_queue_timeout_fails_with_the_reason():
     step = ScriptedPlace(script=[LedgerContended("busy ledger")])
     with pytest.raises(AirflowFailException, match="queue_timeout_seconds=120: busy ledger"):
-        step.resume(context(), {"echo": {"deadline": time.time() - 1, "tried": []}})
+        step.resume(step_context(), {"echo": {"deadline": time.time() - 1, "tried": []}})

@@ -16,6 +16,8 @@ from gpuboot.placement import Outcome, Plan
 from gpuboot.steps.place import PlaceGpuJobOperator
 from gpuboot.steps.start import StartGpuNodesOperator
 
+from .builders import TaskInstance, step_context
+
 JOB = {"name": "sweep-7", "image": "python:3.11", "command": ["true"], "gpus": 1, "queue_timeout_seconds": 120}
 PLAN = Plan("job-7", Outcome.FITS, "fits on gpu-stop")
 
@@ -47,20 +49,8 @@ class ScriptedStart(StartGpuNodesOperator):
         return self.scripted
 
 
-class TaskInstance:
-    def __init__(self):
-        self.pushed = {}
-
-    def xcom_push(self, key, value):
-        self.pushed[key] = value
-
-
-def context():
-    return {"ti": TaskInstance(), "run_id": "manual__1", "params": {}}
-
-
 def test_capacity_that_never_comes_back_fails_the_start_step_with_a_summary():
-    ctx = context()
+    ctx = step_context()
     with pytest.raises(AirflowFailException, match="no capacity, ever"):
         ScriptedStart(script=[CapacityUnavailable("no capacity, ever: tried gpu-a, gpu-b")]).execute(ctx)
     assert ctx["ti"].pushed["summary"] == "failed: no capacity, ever: tried gpu-a, gpu-b"
@@ -68,7 +58,7 @@ def test_capacity_that_never_comes_back_fails_the_start_step_with_a_summary():
 
 def test_a_busy_wait_past_the_queue_timeout_fails_the_start_step_with_a_summary():
     step, ctx = ScriptedStart(script=[CapacityBusy("gpu-a failed to boot; the rest is busy", ["gpu-a: NoStock"]),
-                               Plan("job-7", Outcome.BUSY, "capacity busy")]), context()
+                               Plan("job-7", Outcome.BUSY, "capacity busy")]), step_context()
     with pytest.raises(TaskDeferred) as deferred:
         step.execute(ctx)
     assert "summary" not in ctx["ti"].pushed          # waiting is not failing
@@ -80,7 +70,7 @@ def test_a_busy_wait_past_the_queue_timeout_fails_the_start_step_with_a_summary(
 
 
 def test_a_re_placement_still_contended_at_its_deadline_fails_the_start_step_with_a_summary():
-    step, ctx = ScriptedStart(script=[LedgerContended("busy ledger")]), context()
+    step, ctx = ScriptedStart(script=[LedgerContended("busy ledger")]), step_context()
     step.contended_until = time.time() - 1
     with pytest.raises(AirflowFailException, match="queue_timeout_seconds=120: busy ledger"):
         step.execute(ctx)
@@ -89,7 +79,7 @@ def test_a_re_placement_still_contended_at_its_deadline_fails_the_start_step_wit
 
 
 def test_a_bad_job_fails_the_place_step_with_a_summary_naming_the_field():
-    ctx = context()
+    ctx = step_context()
     with pytest.raises(AirflowFailException, match="gpus"):
         PlaceGpuJobOperator(task_id="place", job={**JOB, "gpus": -1}).execute(ctx)
     assert ctx["ti"].pushed["summary"].startswith("failed: ") and "gpus" in ctx["ti"].pushed["summary"]
