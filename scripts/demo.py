@@ -43,7 +43,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "plugins"), str(REPO)]
 
-from simcloud.testing import SimCloud, wait_until as testing_wait_until  # noqa: E402  (needs the repo on sys.path)
+from simcloud.testing import SimCloud, interrupts_held  # noqa: E402  (needs the repo on sys.path)
+from simcloud.testing import wait_until as testing_wait_until  # noqa: E402
 
 DAG_ID = "gpu_job"
 SCALEDOWN_DAG_ID = "gpuboot_idle_scaledown"
@@ -161,21 +162,23 @@ def running_cloud(fleet: Path, workdir: Path) -> Iterator[SimCloud]:
 def running_airflow(env: dict[str, str], log_path: Path) -> Iterator[subprocess.Popen]:
     """`airflow standalone` in its own process group, always stopped with all its children."""
     say(f"starting airflow standalone (output in {log_path})")
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "airflow"), "standalone"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    try:
-        yield proc
-    finally:
-        ignore_interrupts()
-        say("stopping airflow (a few seconds)")
-        stop_group(proc)
+    with interrupts_held() as release:
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [str(Path(sys.executable).parent / "airflow"), "standalone"],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        try:
+            release()   # an interrupt that came while standalone started is raised here, inside the try
+            yield proc
+        finally:
+            ignore_interrupts()
+            say("stopping airflow (a few seconds)")
+            stop_group(proc)
 
 
 def handle_interrupts() -> None:

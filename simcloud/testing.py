@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
@@ -88,6 +89,35 @@ def pod_log(v1, name: str, namespace: str = "default", **params) -> str:
     return v1.read_namespaced_pod_log(name, namespace, _preload_content=False, **params).data.decode()
 
 
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[Callable[[], None]]:
+    """Ctrl-C and SIGTERM held back until `release()`, which raises one that came meanwhile: around
+    starting a child, so that an interrupt inside Popen (after the fork, before the caller's `try`)
+    cannot leave the child running with nobody to stop it. The handler that holds them is Python's,
+    so the child still gets the default disposition at exec. Signals reach only the main thread, so
+    elsewhere this holds nothing."""
+    held: list[int] = []
+    previous: dict = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, lambda sig, _frame: held.append(sig))
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore() -> None:
+        while previous:
+            sig, handler = previous.popitem()
+            signal.signal(sig, handler)
+
+    def release() -> None:
+        restore()
+        if held:
+            signal.raise_signal(held[0])
+
+    try:
+        yield release
+    finally:
+        restore()     # not released (a failure before): the handlers back, nothing raised
+
+
 def process_alive(pid: int) -> bool:
     """True while `pid` runs (a zombie waiting to be reaped counts as gone). A process reaped between
     the open and the read makes the read fail with ESRCH (ProcessLookupError): gone too."""
@@ -151,19 +181,21 @@ class SimCloud:
             args += ["--seed", str(seed)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
                                                                          os.environ.get("PYTHONPATH")]))}
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(args + (extra_args or []), stdout=log, stderr=subprocess.STDOUT,
-                                       cwd=REPO_ROOT, env=env)
-        try:
-            wait_until(lambda: process.poll() is not None or b"simcloud ready" in log_path.read_bytes(),
-                       timeout=ready_timeout, interval=0.05,
-                       message=lambda: f"simcloud not ready in {ready_timeout}s:\n{_tail(log_path)}")
-            if process.poll() is not None:
-                raise RuntimeError(f"simcloud exited with {process.returncode}:\n{_tail(log_path)}")
-            cloud = cls(workdir, process, log_path)
-        except BaseException:
-            _terminate(process, stop_timeout)
-            raise
+        with interrupts_held() as release:
+            with open(log_path, "wb") as log:
+                process = subprocess.Popen(args + (extra_args or []), stdout=log, stderr=subprocess.STDOUT,
+                                           cwd=REPO_ROOT, env=env)
+            try:
+                release()      # an interrupt while the server started is raised here, where it is stopped
+                wait_until(lambda: process.poll() is not None or b"simcloud ready" in log_path.read_bytes(),
+                           timeout=ready_timeout, interval=0.05,
+                           message=lambda: f"simcloud not ready in {ready_timeout}s:\n{_tail(log_path)}")
+                if process.poll() is not None:
+                    raise RuntimeError(f"simcloud exited with {process.returncode}:\n{_tail(log_path)}")
+                cloud = cls(workdir, process, log_path)
+            except BaseException:
+                _terminate(process, stop_timeout)
+                raise
         try:
             yield cloud
         finally:

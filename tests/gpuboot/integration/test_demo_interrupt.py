@@ -2,15 +2,21 @@
 non-interactive shell (SIGINT ignored, as POSIX shells do for `&` without job control) gets
 SIGINT once the local cloud is up and Airflow standalone is starting, and everything it started
 (the cloud, standalone and its children) is gone when it exits. Every process it starts inherits a
-marker variable, so a leftover is found whatever its name."""
+marker variable, so a leftover is found whatever its name. The race that once left standalone
+running (the interrupt inside Popen, before the `try` that stops the child) is also played on
+purpose, for standalone and for the local cloud."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from simcloud.testing import process_alive, wait_until
 
@@ -28,6 +34,19 @@ def marked(mark: str) -> list[int]:
             and process_alive(int(p.name))]
 
 
+def described(pids: list[int]) -> list[str]:
+    """'pid: command line (parent pid)' for each, for the failure message."""
+    out = []
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        except OSError:
+            cmd, ppid = "(gone)", "?"
+        out.append(f"{pid}: {cmd[:200]} (parent {ppid})")
+    return out
+
+
 def test_the_demo_in_the_background_stops_everything_on_sigint(tmp_path):
     mark = uuid.uuid4().hex
     log = tmp_path / "demo.out"
@@ -42,10 +61,59 @@ def test_the_demo_in_the_background_stops_everything_on_sigint(tmp_path):
         demo.send_signal(signal.SIGINT)
         assert demo.wait(timeout=120) == 0, log.read_text()[-3000:]
         assert "interrupted; everything is stopped" in log.read_text()
-        assert marked(mark) == [], f"left running: {marked(mark)}\n{log.read_text()[-3000:]}"
+        assert marked(mark) == [], f"left running: {described(marked(mark))}\n{log.read_text()[-3000:]}"
     finally:
         for pid in marked(mark):         # never leave the demo's processes behind a failed test
             os.kill(pid, signal.SIGKILL)
         if demo.poll() is None:
             demo.kill()
             demo.wait()
+
+
+@contextlib.contextmanager
+def interrupted_inside_popen(monkeypatch, module, args=None) -> Iterator[list[subprocess.Popen]]:
+    """`module`'s Popen starts the real child (or `args` instead), then the user's Ctrl-C reaches
+    this process before Popen returns: the moment of the race. Yields the children started; any
+    left running afterwards is killed, after the test's own assertions."""
+    started: list[subprocess.Popen] = []
+    real_popen = subprocess.Popen
+
+    def popen_then_interrupted(child_args, **kwargs):
+        started.append(real_popen(args or child_args, **kwargs))
+        os.kill(os.getpid(), signal.SIGINT)
+        return started[-1]
+
+    monkeypatch.setattr(module.subprocess, "Popen", popen_then_interrupted)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield started
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        for child in started:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+
+
+def test_an_interrupt_while_standalone_is_being_started_still_stops_it(tmp_path, monkeypatch):
+    """The race behind a leftover standalone: Ctrl-C arriving inside Popen, after the fork, before
+    running_airflow's `try`. Played with a real child in its own session, like standalone: it must
+    come out as the interrupt, and the child must be gone."""
+    from scripts import demo
+
+    with interrupted_inside_popen(monkeypatch, demo, [sys.executable, "-c", "import time; time.sleep(120)"]) as started:
+        with pytest.raises(KeyboardInterrupt):
+            with demo.running_airflow(dict(os.environ), tmp_path / "standalone.log"):
+                pass
+        assert started[0].poll() is not None, "the child started during the interrupt was left running"
+
+
+def test_an_interrupt_while_the_local_cloud_is_being_started_still_stops_it(tmp_path, monkeypatch):
+    """The same race for the local cloud the demo starts first (SimCloud.start)."""
+    import simcloud.testing as testing
+
+    with interrupted_inside_popen(monkeypatch, testing) as started:
+        with pytest.raises(KeyboardInterrupt):
+            with testing.SimCloud.start(testing.small_fleet(), tmp_path / "cloud"):
+                pass
+        assert started[0].poll() is not None, "the local cloud started during the interrupt was left running"
