@@ -84,11 +84,15 @@ def interrupted_inside_popen(monkeypatch, module, args=None) -> Iterator[list[su
         return started[-1]
 
     monkeypatch.setattr(module.subprocess, "Popen", popen_then_interrupted)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    # the demo's cleanup ignores SIGINT and SIGTERM from then on: put both back, or every later
+    # child of this test process would start with them ignored
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield started
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         for child in started:
             if child.poll() is None:
                 child.kill()
