@@ -397,8 +397,8 @@ def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],
 
 def _share_twin(view: NodeView, twins: dict[tuple, object]) -> None:
     """Give `view` the twin token (NodeView.twin) of the first view alike in all placement judges but
-    name and labels. Its vectors and taints are the objects shared across this inventory, so their
-    ids tell them apart, and the key hashes in C."""
+    what is the node's own (name, labels, reason, offering, holders). Its vectors and taints are the
+    objects shared across this inventory, so their ids tell them apart, and the key hashes in C."""
     key = (view.state, id(view.allocatable), id(view.allocated), view.price_per_hour, view.gpu_model,
            id(view.taints))
     object.__setattr__(view, "twin", twins.setdefault(key, view.twin))   # a frozen view, still being built

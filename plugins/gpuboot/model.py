@@ -91,8 +91,9 @@ class NodeView:
     managed: bool = False
     holders: tuple[str, ...] = ()     # who uses its capacity (jobs, other pods), for "busy" reasons
     # A token twins share: views with one token are equal in all that placement judges a node by
-    # but its name and labels (gpuboot.placement._twin_inputs), so it judges them once. Each view
-    # gets its own, and dataclasses.replace a new one; build_inventory gives twins one (share_twins).
+    # but what is the node's own (name, labels, reason, offering, holders; see
+    # gpuboot.placement._twin_inputs), so it judges them once. Each view gets its own, and
+    # dataclasses.replace a new one; build_inventory gives twins one (inventory._share_twin).
     twin: object = field(default_factory=object, init=False, compare=False, repr=False)
 
 

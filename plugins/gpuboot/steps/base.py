@@ -109,14 +109,15 @@ class Refused(AirflowFailException):
 def refusal(task: BaseOperator, context: Mapping, message: str) -> AirflowFailException:
     """The failure to raise, its first line summarized first (`failed: ...`), so the run's note
     says why the step failed as well as its log does."""
-    summarize(task, context, f"failed: {message.splitlines()[0]}")
+    _summarize_failure(task, context, message)
     return Refused(message)
 
 
 def summarizes_failure(entry):
     """For a step's entry points (execute, and the methods a deferral resumes): a failure without
-    retry raised anywhere below becomes a refusal, so every such failure reaches the run's note,
-    once, whichever layer raised it (a bad spec, a queue timeout, capacity that never comes)."""
+    retry raised anywhere below is summarized as a refusal is, then raised as it was, so every such
+    failure reaches the run's note, once, whichever layer raised it (a bad spec, a queue timeout,
+    capacity that never comes)."""
     @functools.wraps(entry)
     def summarized(self, context, *args, **kwargs):
         try:
@@ -124,5 +125,10 @@ def summarizes_failure(entry):
         except Refused:
             raise
         except AirflowFailException as exc:
-            raise refusal(self, context, str(exc)) from None
+            _summarize_failure(self, context, str(exc) or type(exc).__name__)
+            raise
     return summarized
+
+
+def _summarize_failure(task: BaseOperator, context: Mapping, message: str) -> None:
+    summarize(task, context, f"failed: {(message.splitlines() or [''])[0]}")

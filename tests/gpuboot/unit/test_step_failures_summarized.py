@@ -51,9 +51,10 @@ class ScriptedStart(StartGpuNodesOperator):
 
 def test_capacity_that_never_comes_back_fails_the_start_step_with_a_summary():
     ctx = step_context()
-    with pytest.raises(AirflowFailException, match="no capacity, ever"):
+    with pytest.raises(AirflowFailException, match="no capacity, ever") as failed:
         ScriptedStart(script=[CapacityUnavailable("no capacity, ever: tried gpu-a, gpu-b")]).execute(ctx)
     assert ctx["ti"].pushed["summary"] == "failed: no capacity, ever: tried gpu-a, gpu-b"
+    assert type(failed.value) is AirflowFailException       # raised as it was, only summarized first
 
 
 def test_a_busy_wait_past_the_queue_timeout_fails_the_start_step_with_a_summary():
