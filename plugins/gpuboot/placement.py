@@ -304,20 +304,12 @@ def _tolerates(tolerations: Sequence[Mapping], taint: Mapping) -> bool:
     return False
 
 
-def _exclusion(task: TaskRequest, node: NodeView, whole_fleet: bool,
-               unavailable: Sequence[Unavailable] = (), models: dict | None = None) -> str | None:
-    """Why `task` may never run on `node` regardless of load (None = it may).
-
-    `whole_fleet` ignores the node's current condition and unavailability, both temporary
-    (used for the "never fits" check). `models` caches the GPU model verdicts across the nodes of
-    one task (node model -> accepted).
-    """
-    return _node_exclusion(task, node, whole_fleet, unavailable) or _twin_exclusion(task, node, whole_fleet, models)
-
-
 def _node_exclusion(task: TaskRequest, node: NodeView, whole_fleet: bool,
                     unavailable: Sequence[Unavailable]) -> str | None:
-    """The part of `_exclusion` read from what is the node's own: its condition, name and labels."""
+    """Why `task` may never run on `node`, regardless of load, for what is the node's own: its
+    condition, name and labels (None = nothing here; `_twin_exclusion` checks the rest, after this).
+    `whole_fleet` ignores the node's condition and unavailability, both temporary (the "never fits"
+    check)."""
     if not whole_fleet and node.state not in STATE_RANK:
         return f"node {node.state.value}: {node.reason}"
     if not whole_fleet:
@@ -331,7 +323,8 @@ def _node_exclusion(task: TaskRequest, node: NodeView, whole_fleet: bool,
 
 
 def _twin_exclusion(task: TaskRequest, node: NodeView, whole_fleet: bool, models: dict | None = None) -> str | None:
-    """The part of `_exclusion` read from what twins share (`_twin_inputs`): GPU model and count, taints, state."""
+    """Why `task` may never run on `node` for what twins share (`_twin_inputs`): GPU model and count,
+    taints, state. `models` caches the GPU model verdicts across the nodes of one task."""
     if task.gpu_model and not _accepts(task, node.gpu_model, {} if models is None else models):
         return f"GPU model {node.gpu_model or 'none'} is not {_models(task)}"
     if task.avoid_gpu_nodes and (node.allocatable.gpus or node.gpu_model):
@@ -506,7 +499,7 @@ def _judge(group: _Group, nodes: Sequence[NodeView], tokens: list, firsts: dict,
     own = range(len(nodes)) if task.node_selector or (unavailable and not whole_fleet) else by_verdict.get(_DOWN, ())
     excluded = {i: why for i in own if (why := _node_exclusion(task, nodes[i], whole_fleet, unavailable))}
     shared = [(i, reasons[_EXCLUDED - c]) for c in by_verdict if c <= _EXCLUDED
-              for i in by_verdict[c] if i not in excluded]     # a node's own reason comes first (_exclusion)
+              for i in by_verdict[c] if i not in excluded]     # a node's own reason comes first (_node_exclusion)
     if shared:
         excluded = dict(sorted(itertools.chain(excluded.items(), shared)))
     group.excluded = excluded

@@ -2,7 +2,7 @@
 
 place() judges each class of twin nodes once, keeps a lazy heap of classes and puts into words
 only the candidate rows it keeps. The reference here does none of that: it filters, scores and
-describes every node for every step with the same policy functions (_exclusion, _score and the
+describes every node for every step with the same policy functions (_node_exclusion and _twin_exclusion, _score and the
 row wording), picks the minimum by a linear scan, sorts every row and cuts the table. The plans
 must be identical, field for field, including the candidate table and its omitted count.
 """
@@ -47,13 +47,18 @@ def reference_place(job: JobRequest, nodes, unavailable=()) -> dict:
     return out
 
 
+def exclusion(task, node, whole_fleet, unavailable):
+    """Why `task` may never run on `node` (None = it may): the node's own reasons first, as place() asks."""
+    return P._node_exclusion(task, node, whole_fleet, unavailable) or P._twin_exclusion(task, node, whole_fleet)
+
+
 def shape_groups(job, nodes, whole_fleet, unavailable=()):
     """[(tasks, {node index: exclusion reason or None})], biggest shape first, as place() orders them."""
     by_shape: dict[tuple, tuple[list, dict]] = {}
     for task in sorted(job.tasks, key=lambda t: (-t.requests.gpus, -t.requests.get(CPU), -t.requests.get(MEMORY),
                                                  t.name)):
         if task.shape() not in by_shape:
-            by_shape[task.shape()] = ([], {i: P._exclusion(task, n, whole_fleet, unavailable)
+            by_shape[task.shape()] = ([], {i: exclusion(task, n, whole_fleet, unavailable)
                                            for i, n in enumerate(nodes)})
         by_shape[task.shape()][0].append(task)
     return list(by_shape.values())
