@@ -105,7 +105,8 @@ def test_an_interrupt_while_standalone_is_being_started_still_stops_it(tmp_path,
     come out as the interrupt, and the child must be gone."""
     from scripts import demo
 
-    with interrupted_inside_popen(monkeypatch, demo, [sys.executable, "-c", "import time; time.sleep(120)"]) as started:
+    until_signalled = [sys.executable, "-c", "import signal; signal.pause()"]      # runs until stopped
+    with interrupted_inside_popen(monkeypatch, demo, until_signalled) as started:
         with pytest.raises(KeyboardInterrupt):
             with demo.running_airflow(dict(os.environ), tmp_path / "standalone.log"):
                 pass
