@@ -2,8 +2,9 @@
 
 place() judges each class of twin nodes once, keeps a lazy heap of classes and puts into words
 only the candidate rows it keeps. The reference here does none of that: it filters, scores and
-describes every node for every step with the same policy functions (_node_exclusion and _twin_exclusion, _score and the
-row wording), picks the minimum by a linear scan, sorts every row and cuts the table. The plans
+describes every node for every step with the same policy functions (_node_exclusion and
+_twin_exclusion, _score and the row wording), picks the minimum by a linear scan, sorts every row
+and cuts the table. The plans
 must be identical, field for field, including the candidate table and its omitted count.
 """
 from __future__ import annotations
