@@ -402,8 +402,12 @@ def _score(node: NodeView, free: Resources, need: Resources, remaining: int,
 # both (tests/gpuboot/unit/test_placement_reference.py checks plans against a placer that judges
 # every node) and with the key of inventory._share_twin.
 def _twin_inputs(node: NodeView) -> tuple:
-    return (node.state, node.allocatable, node.allocated, node.price_per_hour, node.gpu_model,
-            tuple(tuple(sorted(t.items())) for t in node.taints))
+    return (node.state, node.allocatable, node.allocated, *_fixed_inputs(node))
+
+
+def _fixed_inputs(node: NodeView) -> tuple:
+    """The twin inputs that emptying a node (`_empty`) leaves as they are."""
+    return (node.price_per_hour, node.gpu_model, tuple(tuple(sorted(t.items())) for t in node.taints))
 
 
 _twin_token = operator.attrgetter("twin")
@@ -697,11 +701,11 @@ def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unav
             message += f"; start {', '.join(to_start)}"
         return Plan(job.job_id, Outcome.FITS, message, assignments, tuple(to_start), tuple(kept), omitted)
 
-    empty = [_empty(n) for n in nodes]
-    fleet_groups = _groups(job, empty, whole_fleet=True)
-    fleet_placed = _assign(fleet_groups, empty)
-    if len(fleet_placed) < job.min_available:
-        return Plan(job.job_id, Outcome.NEVER, _never_message(job, empty, fleet_groups, fleet_placed),
+    labels_matter = any(t.node_selector for t in job.tasks)
+    if not _fleet_holds(job, nodes if labels_matter else _first_empty_twins(nodes, len(job.tasks))):
+        empty = [_empty(n) for n in nodes]     # NEVER is rare: its message counts every node
+        fleet_groups = _groups(job, empty, whole_fleet=True)
+        return Plan(job.job_id, Outcome.NEVER, _never_message(job, empty, fleet_groups, _assign(fleet_groups, empty)),
                     candidates=tuple(kept), candidates_omitted=omitted)
     message = (f"capacity busy: {len(placed)} of {len(job.tasks)} tasks fit now, {job.min_available} needed at "
                f"once; the fleet can hold the job once capacity frees up")
@@ -724,13 +728,46 @@ def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unav
 
 
 _NOTHING = Resources()
+_READY = NodeState.READY
+
+
+def _fleet_holds(job: JobRequest, nodes: Sequence[NodeView]) -> bool:
+    """Whether the job fits `nodes` were they empty and up: BUSY (wait for capacity) or NEVER."""
+    empty = [_empty(n) for n in nodes]
+    return len(_assign(_groups(job, empty, whole_fleet=True), empty)) >= job.min_available
+
+
+def _first_empty_twins(nodes: Sequence[NodeView], k: int) -> list[NodeView]:
+    """The first `k` (in name order) of each class of nodes that are twins once emptied.
+
+    Enough for the "never fits" check of a job of k tasks and no nodeSelector, and a fraction of
+    the fleet to copy: emptied twins get one verdict and score (`_twin_inputs`; the check ignores
+    state and unavailability, and without a nodeSelector no node has a reason of its own), the
+    greedy takes each class's nodes in name order, and every node it takes holds at least one
+    of the k tasks, so it never reaches a class's (k+1)th node."""
+    tokens = list(map(_twin_token, nodes))
+    firsts = dict(zip(reversed(tokens), range(len(nodes) - 1, -1, -1)))
+    by_value: dict[tuple, int] = {}     # _twin_inputs of the emptied node: up, nothing allocated
+    class_of = {token: by_value.setdefault((nodes[i].allocatable, *_fixed_inputs(nodes[i])), len(by_value))
+                for token, i in firsts.items()}
+    if len(by_value) * k >= len(nodes):
+        return list(nodes)
+    taken = [0] * len(by_value)
+    kept = []
+    for node, c in zip(nodes, map(class_of.__getitem__, tokens)):
+        if taken[c] < k:
+            taken[c] += 1
+            kept.append(node)
+    return kept
 
 
 def _empty(node: NodeView) -> NodeView:
     """The node as if nothing ran or was reserved on it and it were up (for the "never fits" check).
     A copy of its fields, not dataclasses.replace (ten times slower, for every node of the fleet),
-    sharing one empty usage and the allocatable as the free capacity, so twins stay twins."""
+    sharing one empty usage and the allocatable as the free capacity, so twins stay twins; the
+    copied dict is set whole and written item by item, twice as fast as update() with keywords."""
+    fields = node.__dict__.copy()
+    fields["state"], fields["reason"], fields["allocated"], fields["free"] = _READY, "empty", _NOTHING, node.allocatable
     empty = object.__new__(NodeView)
-    empty.__dict__.update(node.__dict__, state=NodeState.READY, reason="empty", allocated=_NOTHING,
-                          free=node.allocatable)
+    object.__setattr__(empty, "__dict__", fields)
     return empty

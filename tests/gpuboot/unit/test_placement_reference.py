@@ -227,3 +227,33 @@ def test_twins_are_judged_once_not_once_per_node(monkeypatch):
                       allocated=used) for i in range(2000)]
     plan = place(JobRequest("j", (TaskRequest("t", Resources({CPU: 1000, GPU: 1})),), 1), nodes)
     assert plan.assignment_for("t").node == "n00000" and len(calls) <= 3
+
+
+def test_the_never_check_on_the_first_emptied_twins_agrees_with_the_whole_fleet():
+    """BUSY or NEVER is decided on the first k of each class of emptied twins (k = the job's tasks):
+    the same answer as on every node, on fleets where that list is much shorter."""
+    rng = random.Random(20261202)
+    shrunk = 0
+    for case in range(400):
+        nodes = sorted(random_fleet(rng, rng.choice([3, 10, 40, 120])), key=lambda n: n.name)
+        job = random_job(rng)
+        job = replace(job, tasks=tuple(replace(t, node_selector={}) for t in job.tasks))
+        firsts = P._first_empty_twins(nodes, len(job.tasks))
+        assert P._fleet_holds(job, firsts) == P._fleet_holds(job, nodes), f"case {case}: {job}\n{nodes}"
+        shrunk += len(firsts) * 2 <= len(nodes)
+    assert shrunk > 50
+
+
+def test_a_busy_job_does_not_copy_every_node(monkeypatch):
+    """2,000 busy twins: the never-fits check empties one of them, not 2,000; NEVER still counts all."""
+    copies = []
+    real = P._empty
+    monkeypatch.setattr(P, "_empty", lambda node: copies.append(1) or real(node))
+    alloc = Resources({CPU: 8000, MEMORY: 32 * GI, GPU: 2})
+    nodes = [NodeView(name=f"n{i:05d}", hostname=f"n{i}", state=NodeState.READY, reason="up", allocatable=alloc,
+                      allocated=Resources({GPU: 2})) for i in range(2000)]
+    busy = place(JobRequest("j", (TaskRequest("t", Resources({CPU: 1000, GPU: 1})),), 1), nodes)
+    assert busy.outcome is Outcome.BUSY and len(copies) <= 2
+    copies.clear()
+    never = place(JobRequest("j", (TaskRequest("t", Resources({CPU: 1000, GPU: 4})),), 1), nodes)
+    assert never.outcome is Outcome.NEVER and "has 2 " in never.message and len(copies) >= 2000
