@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from gpuboot.inventory import build_inventory, parse_provider_id
+from gpuboot.model import NodeState, Unavailable
 from gpuboot.placement import JobRequest, TaskRequest, place
 from gpuboot.resources import Resources
 
@@ -72,7 +73,25 @@ def measure(size: int, workdir: Path, repeat: int) -> dict:
         row[f"place {label}_cpu_s"] = best_of(lambda: place(job, views), repeat, time.process_time)[0]
         row[f"place {label} first_cpu_s"] = min(_first_place(job, build) for _ in range(min(repeat, 3)))
         row[f"place {label}_outcome"] = plan.outcome.value
+    # the jobs that do not fit: the fleet full (a pod on every running node's free GPUs, the stopped types
+    # out of stock) makes them BUSY, and a task no node can hold (8 GPUs) NEVER
+    full = build_inventory(nodes, pods + [_gpu_pod(v.name, v.free.gpus) for v in views if v.state is NodeState.READY],
+                           instances, types, [], now)
+    out_of_stock = [Unavailable("NoStock", now + 3600, instance_type=t, zone=z)
+                    for t, z in sorted({(v.instance_type, v.zone) for v in full if v.state is NodeState.STOPPED})]
+    never = JobRequest("bench-never", (TaskRequest("t", Resources.parse({"cpu": "4", "nvidia.com/gpu": 8})),), 1)
+    for label, job, fleet_views, unavailable in [*((f"busy {k}", j, full, out_of_stock) for k, j in jobs().items()),
+                                                 ("never 1 task", never, views, [])]:
+        t_cpu, plan = best_of(lambda: place(job, fleet_views, unavailable), repeat, time.process_time)
+        row[f"place {label}_cpu_s"], row[f"place {label}_outcome"] = t_cpu, plan.outcome.value
     return row
+
+
+def _gpu_pod(node: str, gpus: int) -> dict:
+    requests = {"nvidia.com/gpu": str(gpus)}
+    return {"metadata": {"name": f"gpu-{node}", "namespace": "bench", "labels": {}},
+            "spec": {"nodeName": node, "containers": [{"name": "main", "resources": {"requests": requests}}]},
+            "status": {"phase": "Running"}}
 
 
 def _first_place(job: JobRequest, build) -> float:

@@ -22,6 +22,10 @@ def placement(result: dict) -> str:
             rows[-1].update({"build CPU": _ms(r["build_inventory_cpu_s"]), "place 1 CPU": _ms(r["place 1 task_cpu_s"]),
                              "first place 1 CPU": _ms(r["place 1 task first_cpu_s"]),
                              "place gang CPU": _ms(r[f"{gang}_cpu_s"]), "first place gang CPU": _ms(r[f"{gang} first_cpu_s"])})
+        if "place never 1 task_cpu_s" in r:    # the jobs that do not fit: BUSY on a full fleet, NEVER
+            rows[-1].update({"busy 1 CPU": _ms(r["place busy 1 task_cpu_s"]),
+                             "busy gang CPU": _ms(r[f"place busy {result['gang_tasks']}-task gang_cpu_s"]),
+                             "never 1 CPU": _ms(r["place never 1 task_cpu_s"])})
     columns = [(k, k) for k in rows[0]]
     growth = ", ".join(f"{k} {v:g}" for k, v in result["growth_exponent"].items())
     return (f"== Placement cost (ms; API = reads from the local cloud, the rest is pure; wall clock, and CPU time "
