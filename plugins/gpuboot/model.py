@@ -6,7 +6,7 @@ Reservations and Unavailable marks, the replay and chaos reuse the same names.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
@@ -137,8 +137,7 @@ class Unavailable:
     def blocks(self, node: NodeView) -> bool:
         if self.node is not None:
             return node.name == self.node
-        return (node.state in (NodeState.STOPPED, NodeState.STOPPING)
-                and (node.instance_type, node.zone) == (self.instance_type, self.zone))
+        return node.state in _NEEDS_START and (node.instance_type, node.zone) == (self.instance_type, self.zone)
 
     def to_json(self) -> dict:
         return {k: v for k, v in (("reason", self.reason), ("expires_at", self.expires_at),
@@ -149,3 +148,17 @@ class Unavailable:
     def from_json(cls, d: Mapping) -> "Unavailable":
         return cls(reason=str(d["reason"]), expires_at=float(d["expires_at"]), instance_type=d.get("instance_type"),
                    zone=d.get("zone"), node=d.get("node"), boot_id=d.get("boot_id"))
+
+
+_NEEDS_START = (NodeState.STOPPED, NodeState.STOPPING)
+
+
+def blocked_nodes(unavailable: Sequence[Unavailable], nodes: Sequence[NodeView]) -> list[int]:
+    """The indices of the nodes some entry of `unavailable` blocks (`Unavailable.blocks`), in one
+    pass with set lookups: a fleet of 10,000 nodes and a few marks, not 10,000 times each mark."""
+    if not unavailable:
+        return []
+    names = {u.node for u in unavailable if u.node is not None}
+    offerings = {(u.instance_type, u.zone) for u in unavailable if u.node is None}
+    return [i for i, node in enumerate(nodes) if node.name in names
+            or (offerings and node.state in _NEEDS_START and (node.instance_type, node.zone) in offerings)]

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from .inventory import gpu_model_alternatives, gpu_model_matches
-from .model import NOT_READY_TAINTS, STATE_RANK, FrozenDict, NodeState, NodeView, Unavailable
+from .model import NOT_READY_TAINTS, STATE_RANK, FrozenDict, NodeState, NodeView, Unavailable, blocked_nodes
 from .resources import CPU, GPU, MEMORY, Resources, format_quantity
 
 # taints a stopped or booting node carries only because it is down; they go away at boot
@@ -438,7 +438,10 @@ class _Group:
 
 
 def _groups(job: JobRequest, nodes: Sequence[NodeView], whole_fleet: bool, unavailable: Sequence[Unavailable] = (),
-            cost: CostModel = DEFAULT_COST, run_hours: float | None = None) -> list[_Group]:
+            cost: CostModel = DEFAULT_COST, run_hours: float | None = None, blocked: Sequence[int] = ()
+            ) -> list[_Group]:
+    """The job's tasks by shape, each group judged against every node (`_judge`); `blocked`: the
+    nodes `unavailable` blocks (model.blocked_nodes)."""
     by_shape: dict[tuple, list[TaskRequest]] = {}
     # biggest tasks first (first-fit decreasing), stable by name for determinism
     ordered = sorted(job.tasks, key=lambda t: (-t.requests.gpus, -t.requests.get(CPU),
@@ -449,7 +452,7 @@ def _groups(job: JobRequest, nodes: Sequence[NodeView], whole_fleet: bool, unava
     tokens = list(map(_twin_token, nodes))
     firsts = dict(zip(reversed(tokens), range(len(nodes) - 1, -1, -1)))    # twin token -> its first node
     for group in groups:
-        _judge(group, nodes, tokens, firsts, whole_fleet, unavailable, cost, run_hours)
+        _judge(group, nodes, tokens, firsts, whole_fleet, unavailable, blocked, cost, run_hours)
     return groups
 
 
@@ -459,7 +462,8 @@ _TOO_SMALL, _BUSY, _DOWN, _EXCLUDED = -1, -2, -3, -4
 
 
 def _judge(group: _Group, nodes: Sequence[NodeView], tokens: list, firsts: dict, whole_fleet: bool,
-           unavailable: Sequence[Unavailable], cost: CostModel, run_hours: float | None) -> None:
+           unavailable: Sequence[Unavailable], blocked: Sequence[int], cost: CostModel,
+           run_hours: float | None) -> None:
     """The group's first task against every node: excluded (and why), else too small, busy, or fits
     with its score on the node's free capacity: the candidate table's verdicts, and the first heap
     of _assign.
@@ -467,8 +471,9 @@ def _judge(group: _Group, nodes: Sequence[NodeView], tokens: list, firsts: dict,
     Twins are judged once, on the first node of a twin token, whose verdict its twins take. A token
     not met yet is matched by value (`_twin_inputs`) with the tokens judged so far, so nodes that do
     not share a token are still scored once per class. The per-node steps run in C (map, dict,
-    sort), but `_node_exclusion` for a task with a nodeSelector or offerings unavailable, and for
-    a node whose state rules it out (its reason is its own)."""
+    sort), but `_node_exclusion` for every node when the task has a nodeSelector, else for the nodes
+    whose reason is their own: their state rules them out, or an unavailable mark blocks them
+    (`blocked`, found by model.blocked_nodes in one pass)."""
     task = group.tasks[0]
     need, count = task.requests, len(group.tasks)
     models: dict[str | None, bool] = {}     # node model -> accepted: a fleet has few models
@@ -500,7 +505,10 @@ def _judge(group: _Group, nodes: Sequence[NodeView], tokens: list, firsts: dict,
     for c, n in sorted(collections.Counter(verdicts).items()):
         by_verdict[c], at = order[at:at + n], at + n
     # exclusions of the node's own, in node order: then the shared ones, merged in node order
-    own = range(len(nodes)) if task.node_selector or (unavailable and not whole_fleet) else by_verdict.get(_DOWN, ())
+    if task.node_selector:
+        own = range(len(nodes))
+    else:
+        own = sorted({*by_verdict.get(_DOWN, ()), *blocked}) if blocked else by_verdict.get(_DOWN, ())
     excluded = {i: why for i in own if (why := _node_exclusion(task, nodes[i], whole_fleet, unavailable))}
     shared = [(i, reasons[_EXCLUDED - c]) for c in by_verdict if c <= _EXCLUDED
               for i in by_verdict[c] if i not in excluded]     # a node's own reason comes first (_node_exclusion)
@@ -684,7 +692,9 @@ def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unav
     that only they could hold BUSY, never NEVER. `cost` prices the decision (module doc)."""
     nodes = sorted(nodes, key=operator.attrgetter("name"))
     run_hours = None if job.expected_run_seconds is None else job.expected_run_seconds / HOUR
-    groups = _groups(job, nodes, whole_fleet=False, unavailable=unavailable, cost=cost, run_hours=run_hours)
+    blocked = blocked_nodes(unavailable, nodes)
+    groups = _groups(job, nodes, whole_fleet=False, unavailable=unavailable, cost=cost, run_hours=run_hours,
+                     blocked=blocked)
     placed = _assign(groups, nodes, cost, run_hours)
     kept, omitted = _candidates(groups, nodes, placed)
 
@@ -717,13 +727,14 @@ def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unav
         if busy:
             example = _row(group, nodes, busy[0], Verdict.BUSY)
             message += f". {first}: {len(busy)} big-enough node(s) busy, e.g. {example.node} ({example.reason})"
-            holders = list(dict.fromkeys(h for i in busy for h in nodes[i].holders))
+            holders = list(dict.fromkeys(itertools.chain.from_iterable(nodes[i].holders for i in busy)))
             if len(holders) > len(nodes[busy[0]].holders):
                 message += f"; all {len(busy)} are held by {', '.join(holders[:5])}" + \
                     (f" and {len(holders) - 5} more" if len(holders) > 5 else "")
-    blocked = sorted({u.what + ": " + u.reason for u in unavailable if any(u.blocks(n) for n in nodes)})
-    if blocked:
-        message += ". Unavailable for now: " + "; ".join(blocked)
+    hit = [nodes[i] for i in blocked]
+    marks = sorted({u.what + ": " + u.reason for u in unavailable if any(map(u.blocks, hit))})
+    if marks:
+        message += ". Unavailable for now: " + "; ".join(marks)
     return Plan(job.job_id, Outcome.BUSY, message, candidates=tuple(kept), candidates_omitted=omitted)
 
 

@@ -1,8 +1,10 @@
 """Placement with an insufficient-capacity cache: offerings out of stock and nodes that failed to boot."""
+import random
+
 import pytest
 
 from gpuboot.placement import Outcome, place
-from gpuboot.model import Unavailable
+from gpuboot.model import NodeState, Unavailable, blocked_nodes
 
 from .test_placement import BOOTING, READY, STOPPED, STOPPING, chosen, job, nv, task
 
@@ -60,3 +62,15 @@ def test_unavailable_needs_a_node_or_an_offering():
 def test_json_round_trip():
     for u in (offering("small"), Unavailable(reason="r", expires_at=5.0, node="n")):
         assert Unavailable.from_json(u.to_json()) == u
+
+
+def test_blocked_nodes_finds_in_one_pass_what_each_mark_blocks():
+    """model.blocked_nodes, the one-pass filter placement uses, against Unavailable.blocks node by node."""
+    rng = random.Random(7)
+    for _ in range(300):
+        nodes = [nv(f"n{i}", rng.choice(list(NodeState)), instance_type=rng.choice(["a", "b", "c"]),
+                    zone=rng.choice([ZONE, "cn-hangzhou-i"])) for i in range(rng.randint(0, 30))]
+        marks = [Unavailable("NoStock", 4e9, instance_type=rng.choice(["a", "b", "x"]),
+                             zone=rng.choice([ZONE, "cn-hangzhou-i"])) if rng.random() < 0.6 else
+                 Unavailable("failed boot", 4e9, node=f"n{rng.randint(0, 40)}") for _ in range(rng.randint(0, 4))]
+        assert blocked_nodes(marks, nodes) == [i for i, n in enumerate(nodes) if any(u.blocks(n) for u in marks)]
