@@ -20,6 +20,11 @@ from typing import Any
 ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 WATCH_SECONDS = 60      # a watch is re-opened at least this often (cheap; survives idle proxies)
 PAGE = 500
+# What launching a job's pods needs in its namespace, (apiGroup, resource, verb): the Role
+# gpuboot-jobs of deploy/kubernetes/rbac.yaml (tests/static/test_permissions.py keeps the two equal).
+# The place step reviews them (KubeClient.denied) before it reserves or boots anything.
+JOB_POD_RIGHTS = (("", "pods", "create"), ("", "pods", "get"), ("", "pods", "patch"), ("", "pods", "delete"),
+                  ("", "pods/log", "get"), ("", "events", "list"), ("", "events", "watch"))
 
 
 class Conflict(Exception):
@@ -150,6 +155,35 @@ class KubeClient:
                 return False
             raise
         return True
+
+    def denied(self, namespace: str, rights: tuple[tuple[str, str, str], ...]) -> list[str] | None:
+        """Which of `rights` ((apiGroup, resource, verb)) this identity lacks in `namespace`, as
+        "verb resource", by one SelfSubjectAccessReview each (the API server's own RBAC decision);
+        None when the reviews themselves are refused (a cluster that withdrew system:basic-user)."""
+        from kubernetes.client.exceptions import ApiException
+
+        missing = []
+        for group, resource, verb in rights:
+            name, _, sub = resource.partition("/")
+            attributes = {"namespace": namespace, "group": group, "resource": name, "verb": verb,
+                          **({"subresource": sub} if sub else {})}
+            body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                    "spec": {"resourceAttributes": attributes}}
+            try:
+                review = _raw(self.authorization.create_self_subject_access_review(body, _preload_content=False))
+            except ApiException as exc:
+                if exc.status in (401, 403, 404):
+                    return None
+                raise
+            if not (review.get("status") or {}).get("allowed"):
+                missing.append(f"{verb} {resource}")
+        return missing
+
+    @cached_property
+    def authorization(self):
+        from kubernetes import client
+
+        return client.AuthorizationV1Api(self.core.api_client)
 
     def read_configmap(self, namespace: str, name: str) -> dict | None:
         return self._read_or_none(self.core.read_namespaced_config_map, name, namespace)

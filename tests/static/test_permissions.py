@@ -47,6 +47,14 @@ KUBE_CALLS: dict[str, tuple[str, str, str]] = {
     "create_namespaced_config_map": ("", "configmaps", "create"),
     "replace_namespaced_config_map": ("", "configmaps", "update"),
     "patch_namespaced_config_map": ("", "configmaps", "patch"),
+    "create_self_subject_access_review": ("authorization.k8s.io", "selfsubjectaccessreviews", "create"),
+}
+
+# Rights every authenticated identity holds by default, granted by the cluster, not by deploy/:
+# the ClusterRole system:basic-user, bound to system:authenticated (the local cloud binds it too).
+BUILT_IN: dict[tuple[str, str, str], str] = {
+    ("authorization.k8s.io", "selfsubjectaccessreviews", "create"):
+        "the place step reviews its rights in the job namespace (KubeClient.denied)",
 }
 
 # Pod-operator calls that gpuboot's use of it never reaches (checked below).
@@ -109,7 +117,7 @@ def needed(kube_uses) -> dict[str, dict[tuple[str, str, str], list[Use]]]:
     """scope -> (apiGroup, resource, verb) -> the uses that need it."""
     out: dict[str, dict[tuple[str, str, str], list[Use]]] = {s: defaultdict(list) for s in ("cluster", "jobs", "ledger")}
     for use in kube_uses:
-        if use.name in KUBE_CALLS:
+        if use.name in KUBE_CALLS and KUBE_CALLS[use.name] not in BUILT_IN:
             group, resource, verb = KUBE_CALLS[use.name]
             out[_scope(use.name, resource)][(group, resource, "watch" if use.watch else verb)].append(use)
     return out
@@ -198,6 +206,27 @@ def test_rbac_grants_nothing_more(needed, rbac):
 def test_planned_grants_are_still_planned(needed):
     landed = sorted(perm for perm in PLANNED if any(perm in perms for perms in needed.values()))
     assert not landed, f"the code now makes these calls: drop them from PLANNED: {landed}"
+
+
+def test_the_rights_the_place_step_reviews_are_the_job_role(rbac):
+    """kube.JOB_POD_RIGHTS (what the place step checks before it boots) is what the Role grants."""
+    from gpuboot.kube import JOB_POD_RIGHTS
+
+    (role,) = [r for r in _roles(rbac, "jobs")]
+    assert sorted(JOB_POD_RIGHTS) == sorted(perm for perm, _ in _grants(role))
+
+
+def test_built_in_rights_are_granted_by_the_local_cloud_to_every_identity():
+    """What BUILT_IN leaves out of deploy/ must be there without it, in the local cloud as in a cluster."""
+    from simcloud import auth
+
+    basic = next(r for r in auth.BOOTSTRAP_ROLES if r["metadata"]["name"] == "system:basic-user")
+    bound_to = {(s["kind"], s["name"]) for b in auth.BOOTSTRAP_BINDINGS if b["roleRef"]["name"] == "system:basic-user"
+                for s in b["subjects"]}
+    assert ("Group", auth.AUTHENTICATED) in bound_to
+    for group, resource, verb in BUILT_IN:
+        assert any(group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
+                   for rule in basic["rules"]), (group, resource, verb)
 
 
 def test_rbac_has_no_wildcards(rbac):

@@ -15,6 +15,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from gpuboot.batching import book_first
 from gpuboot.booking import CONTENDED_SECONDS, Booker, LedgerContended
 from gpuboot.jobspec import JobSpec
+from gpuboot.kube import JOB_POD_RIGHTS
 from gpuboot.placement import Outcome, Plan
 from gpuboot.ports import EcsError
 from gpuboot.steplog import place_summary
@@ -72,12 +73,24 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
         return spec
 
     def check_namespace(self, spec: JobSpec) -> None:
-        """The pods' namespace must exist before anything is reserved or booted: a missing one
-        would otherwise be found only by launch, with the node up and the GPUs held."""
-        if not self.kube().namespace_exists(spec.namespace):
+        """The pods' namespace must exist, and this identity hold there what launching the pods
+        needs (JOB_POD_RIGHTS), before anything is reserved or booted: either lack would otherwise
+        be found only by launch, as a 404 or a 403 with the node up and the GPUs held."""
+        kube = self.kube()
+        if not kube.namespace_exists(spec.namespace):
             raise AirflowFailException(
                 f"job {spec.name}: namespace: {spec.namespace!r} does not exist in the cluster. Create it "
                 f"(kubectl create namespace {spec.namespace}) or set namespace to an existing one")
+        missing = kube.denied(spec.namespace, JOB_POD_RIGHTS)
+        if missing is None:
+            self.log.warning("could not review gpuboot's rights in namespace %s (SelfSubjectAccessReview "
+                             "refused); launch will find out", spec.namespace)
+        elif missing:
+            raise AirflowFailException(
+                f"job {spec.name}: namespace: gpuboot may not {', '.join(missing)} in {spec.namespace!r}, which "
+                f"launching the job's pods needs. Apply the Role and RoleBinding gpuboot-jobs of "
+                f"deploy/kubernetes/rbac.yaml in {spec.namespace} (copy them with its name), or set namespace "
+                f"to one where they are")
 
     def _attempt(self, context, spec: JobSpec, deadline: float):
         job_id = self.job_id or context_job_id(self, context)

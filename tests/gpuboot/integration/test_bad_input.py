@@ -113,3 +113,21 @@ def test_sensor_arguments_that_cannot_work_are_refused_at_dag_parse_time(kwargs)
 
     with pytest.raises(ValueError, match="max_boot_attempts|reschedule"):
         GpuReadySensor(task_id="wait", boots=[], **kwargs)
+
+
+def test_a_namespace_without_gpuboots_role_fails_place_naming_the_rights_before_anything_is_reserved(
+        shared_cloud, monkeypatch):
+    """Configured and created but never given the Role gpuboot-jobs: as its ServiceAccount, the product
+    would boot a node and meet a 403 at launch. The place step's access review refuses the job first."""
+    shared_cloud.core_v1().create_namespace({"metadata": {"name": "team-b"}})
+    monkeypatch.setenv("GPUBOOT_JOB_NAMESPACES", "gpu-jobs,team-b")
+    expose_connections(shared_cloud.gpuboot_connections(), monkeypatch)       # act as the ServiceAccount
+    op = PlaceGpuJobOperator(task_id="place", job={**JOB, "gpus": 2, "namespace": "team-b"}, job_id="rbac")
+    with pytest.raises(AirflowFailException) as err:
+        op.execute(context("place"))
+    assert str(err.value).startswith("job train: namespace: gpuboot may not create pods, get pods, patch pods, delete pods, "
+                                     "get pods/log, list events, watch events in 'team-b'"), str(err.value)
+    assert "gpuboot-jobs of deploy/kubernetes/rbac.yaml in team-b" in str(err.value)
+    assert KubeClient().read_configmap("default", CONFIGMAP) is None
+    stopped = [shared_cloud.instance_id(n) for n in ("gpu-stop", "gpu2-stop")]
+    assert set(EcsHook().statuses(stopped).values()) == {"Stopped"}

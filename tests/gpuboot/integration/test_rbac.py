@@ -149,3 +149,38 @@ def test_a_job_outside_the_job_namespaces_is_refused_and_the_serviceaccount_cann
     assert (f'pods is forbidden: User "{SA}" cannot create resource "pods" in API group "" in the namespace '
             f'"{namespace}"') == json.loads(err.value.body)["message"]
     sa.create_namespaced_pod(JOBS, pod_body("inside"))
+
+
+def reviewer(sa) -> "KubeClient":
+    """The product's adapter acting through `sa` (its CoreV1Api), as the place step uses it."""
+    from gpuboot.kube import KubeClient
+
+    kube = KubeClient()
+    kube.__dict__["core"] = sa
+    return kube
+
+
+@pytest.mark.parametrize("grant", [None, ("gpuboot-jobs", "pods/log", "get"), ("gpuboot-jobs", "pods", "create")],
+                         ids=["shipped", "no-pod-log", "no-pod-create"])
+def test_the_place_steps_review_finds_exactly_the_rights_missing_in_a_namespace(k8s: K8sServer, grant):
+    """KubeClient.denied asks the API server (SelfSubjectAccessReview, which every identity may
+    create: system:basic-user) for each right launch needs: in the job namespace the shipped Role
+    leaves none out, a Role without one right lacks that one, a namespace without the Role lacks all."""
+    from gpuboot.kube import JOB_POD_RIGHTS
+
+    kube = reviewer(as_serviceaccount(k8s, rbac_without(grant)))
+    assert kube.denied(JOBS, JOB_POD_RIGHTS) == ([] if grant is None else [f"{grant[2]} {grant[1]}"])
+    k8s.core_v1().create_namespace({"metadata": {"name": "team-b"}})
+    assert kube.denied("team-b", JOB_POD_RIGHTS) == [f"{verb} {resource}" for _, resource, verb in JOB_POD_RIGHTS]
+
+
+def test_a_cluster_that_refuses_the_review_itself_leaves_the_check_to_launch(k8s: K8sServer):
+    """Without system:basic-user's binding the review is a 403: denied() says it could not tell (None),
+    and the place step logs it and goes on, rather than refuse every job."""
+    from kubernetes import client
+
+    from gpuboot.kube import JOB_POD_RIGHTS
+
+    sa = as_serviceaccount(k8s, rbac_without(None))
+    client.RbacAuthorizationV1Api(k8s.core_v1().api_client).delete_cluster_role_binding("system:basic-user")
+    assert reviewer(sa).denied(JOBS, JOB_POD_RIGHTS) is None
