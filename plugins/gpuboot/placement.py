@@ -413,6 +413,12 @@ def _fixed_inputs(node: NodeView) -> tuple:
 _twin_token = operator.attrgetter("twin")
 
 
+def _tokens(nodes: Sequence[NodeView]) -> tuple[list, dict]:
+    """Each node's twin token, and each token's first node (its index)."""
+    tokens = list(map(_twin_token, nodes))
+    return tokens, dict(zip(reversed(tokens), range(len(nodes) - 1, -1, -1)))
+
+
 # --- the greedy placer -----------------------------------------------------------
 
 @dataclass
@@ -449,8 +455,7 @@ def _groups(job: JobRequest, nodes: Sequence[NodeView], whole_fleet: bool, unava
     for task in ordered:
         by_shape.setdefault(task.shape(), []).append(task)
     groups = [_Group(tasks) for tasks in by_shape.values()]
-    tokens = list(map(_twin_token, nodes))
-    firsts = dict(zip(reversed(tokens), range(len(nodes) - 1, -1, -1)))    # twin token -> its first node
+    tokens, firsts = _tokens(nodes)
     for group in groups:
         _judge(group, nodes, tokens, firsts, whole_fleet, unavailable, blocked, cost, run_hours)
     return groups
@@ -712,10 +717,12 @@ def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unav
         return Plan(job.job_id, Outcome.FITS, message, assignments, tuple(to_start), tuple(kept), omitted)
 
     labels_matter = any(t.node_selector for t in job.tasks)
-    if not _fleet_holds(job, nodes if labels_matter else _first_empty_twins(nodes, len(job.tasks))):
-        empty = [_empty(n) for n in nodes]     # NEVER is rare: its message counts every node
-        fleet_groups = _groups(job, empty, whole_fleet=True)
-        return Plan(job.job_id, Outcome.NEVER, _never_message(job, empty, fleet_groups, _assign(fleet_groups, empty)),
+    fleet = nodes if labels_matter else _first_empty_twins(nodes, len(job.tasks))
+    empty, fleet_groups, fleet_placed = _emptied(job, fleet)
+    if len(fleet_placed) < job.min_available:
+        if len(fleet) < len(nodes):     # NEVER is rare: its message counts every node
+            empty, fleet_groups, fleet_placed = _emptied(job, nodes)
+        return Plan(job.job_id, Outcome.NEVER, _never_message(job, empty, fleet_groups, fleet_placed),
                     candidates=tuple(kept), candidates_omitted=omitted)
     message = (f"capacity busy: {len(placed)} of {len(job.tasks)} tasks fit now, {job.min_available} needed at "
                f"once; the fleet can hold the job once capacity frees up")
@@ -742,10 +749,12 @@ _NOTHING = Resources()
 _READY = NodeState.READY
 
 
-def _fleet_holds(job: JobRequest, nodes: Sequence[NodeView]) -> bool:
-    """Whether the job fits `nodes` were they empty and up: BUSY (wait for capacity) or NEVER."""
+def _emptied(job: JobRequest, nodes: Sequence[NodeView]) -> tuple[list[NodeView], list[_Group], dict[str, int]]:
+    """The job on `nodes` were they empty and up (the "never fits" check): the emptied nodes, the
+    groups judged on them and the tasks placed. Placed >= min_available: BUSY, else NEVER."""
     empty = [_empty(n) for n in nodes]
-    return len(_assign(_groups(job, empty, whole_fleet=True), empty)) >= job.min_available
+    groups = _groups(job, empty, whole_fleet=True)
+    return empty, groups, _assign(groups, empty)
 
 
 def _first_empty_twins(nodes: Sequence[NodeView], k: int) -> list[NodeView]:
@@ -756,8 +765,7 @@ def _first_empty_twins(nodes: Sequence[NodeView], k: int) -> list[NodeView]:
     state and unavailability, and without a nodeSelector no node has a reason of its own), the
     greedy takes each class's nodes in name order, and every node it takes holds at least one
     of the k tasks, so it never reaches a class's (k+1)th node."""
-    tokens = list(map(_twin_token, nodes))
-    firsts = dict(zip(reversed(tokens), range(len(nodes) - 1, -1, -1)))
+    tokens, firsts = _tokens(nodes)
     by_value: dict[tuple, int] = {}     # _twin_inputs of the emptied node: up, nothing allocated
     class_of = {token: by_value.setdefault((nodes[i].allocatable, *_fixed_inputs(nodes[i])), len(by_value))
                 for token, i in firsts.items()}
