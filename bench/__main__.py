@@ -1,4 +1,4 @@
-"""python -m bench [--quick] [--parts placement,readiness,overhead,burst,triggerer|distributed] [--out results/bench]
+"""python -m bench [--quick] [--parts placement,readiness,overhead,gang,burst,triggerer|distributed] [--out results/bench]
 
 `distributed` (GPUs registered -> pod Running on the CeleryExecutor stack) takes minutes and needs
 PostgreSQL and Redis: not in the default parts (`make bench-distributed`)."""
@@ -32,7 +32,7 @@ import traceback  # noqa: E402
 from bench import report  # noqa: E402
 from bench.common import output_to  # noqa: E402
 
-PARTS = ("placement", "readiness", "overhead", "burst", "triggerer")
+PARTS = ("placement", "readiness", "overhead", "gang", "burst", "triggerer")
 SLOW_PARTS = ("distributed",)     # only when asked for by name
 
 
@@ -56,6 +56,9 @@ def run_part(part: str, workdir: Path, args) -> dict:
     if part == "burst":
         from bench import burst
         return burst.run(workdir, quick=args.quick, sizes=_ints(args.burst_fleets), bursts=_ints(args.burst_jobs))
+    if part == "gang":
+        from bench import gang_launch
+        return gang_launch.run(workdir, quick=args.quick)
     if part == "triggerer":
         from bench import triggerer_loop
         return triggerer_loop.run(workdir, quick=args.quick)

@@ -48,12 +48,14 @@ def stats(values: list[float]) -> dict:
 
 @contextlib.contextmanager
 def local_cloud(fleet: dict, workdir: Path, ready_timeout: float = 120.0) -> Iterator:
-    """simcloud running `fleet`, with its Airflow connections exported as AIRFLOW_CONN_* for the hooks."""
-    from simcloud.testing import SimCloud
+    """simcloud running `fleet` with gpuboot's manifests applied (its job namespace, RBAC), and its
+    Airflow connections exported as AIRFLOW_CONN_* for the hooks."""
+    from simcloud.testing import GPUBOOT_MANIFESTS, SimCloud
 
     saved = dict(os.environ)
     os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
     with SimCloud.start(fleet, workdir, ready_timeout=ready_timeout) as cloud:
+        cloud.apply(*GPUBOOT_MANIFESTS)
         try:
             for conn_id, conn in json.loads(cloud.connections_file.read_text()).items():
                 os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(conn)

@@ -31,10 +31,11 @@ RUNNING_NODE, STOPPED_NODE = "t4-running", "t4x2-stopped"   # t4-running: see be
 
 
 class PodsRunning:
-    """A watch on all pods, in a thread: when each pod was first seen Running (epoch seconds)."""
+    """A watch on all pods, in a thread: when each pod was first seen at all (`seen`) and first seen
+    Running or done (`at`), epoch seconds, and its last phase (`phase`)."""
 
     def __init__(self, cloud):
-        self.cloud, self.at, self._stop = cloud, {}, threading.Event()
+        self.cloud, self.at, self.seen, self.phase, self._stop = cloud, {}, {}, {}, threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
     def _watch(self):
@@ -44,6 +45,8 @@ class PodsRunning:
         while not self._stop.is_set():
             for event in watch.Watch().stream(core.list_pod_for_all_namespaces, timeout_seconds=2):
                 pod = event["object"]
+                self.seen.setdefault(pod.metadata.name, time.time())
+                self.phase[pod.metadata.name] = pod.status.phase
                 if pod.status.phase in ("Running", "Succeeded", "Failed"):
                     self.at.setdefault(pod.metadata.name, time.time())
 

@@ -97,8 +97,18 @@ def triggerer(result: dict) -> str:
             + format_table(rows, columns) + "\n" + (f"callbacks over {result['threshold_s']:g} s wall:\n{slowest}" if slowest else ""))
 
 
+def gang(result: dict) -> str:
+    rows = [{"stage": stage, **{k: v for k, v in result[key].items() if k in ("n", "median", "p95", "max")}}
+            for stage, key in (("launch called -> all pods created", "launch_to_created_s"),
+                               ("rank 0 created -> last rank created", "rank0_to_last_created_s"),
+                               ("launch called -> all ranks Running", "launch_to_all_running_s"))]
+    columns = [("stage", "stage"), ("n", "runs"), ("median", "median s"), ("p95", "p95 s"), ("max", "max s")]
+    return (f"== Gang launch: {result['ranks']} ranks on running nodes (rank 0 first, the others once its pod IP is known)\n"
+            + format_table(rows, columns) + "\n")
+
+
 def render(part: str, result: dict) -> str:
     if "error" in result:
         return f"== {part}: FAILED: {result['error']}\n"
-    return {"placement": placement, "readiness": readiness, "overhead": overhead, "burst": burst,
+    return {"placement": placement, "readiness": readiness, "overhead": overhead, "gang": gang, "burst": burst,
             "distributed": distributed, "triggerer": triggerer}[part](result)

@@ -10,9 +10,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -23,8 +24,8 @@ PAGE = 500
 # What launching a job's pods needs in its namespace, (apiGroup, resource, verb): the Role
 # gpuboot-jobs of deploy/kubernetes/rbac.yaml (tests/static/test_permissions.py keeps the two equal).
 # The place step reviews them (KubeClient.denied) before it reserves or boots anything.
-JOB_POD_RIGHTS = (("", "pods", "create"), ("", "pods", "get"), ("", "pods", "patch"), ("", "pods", "delete"),
-                  ("", "pods/log", "get"), ("", "events", "list"), ("", "events", "watch"))
+JOB_POD_RIGHTS = (("", "pods", "create"), ("", "pods", "get"), ("", "pods", "watch"), ("", "pods", "patch"),
+                  ("", "pods", "delete"), ("", "pods/log", "get"), ("", "events", "list"), ("", "events", "watch"))
 
 
 class Conflict(Exception):
@@ -95,25 +96,55 @@ class KubeClient:
     def node_writes_since(self, name: str, resource_version: str, timeout_seconds: int = 1) -> list[dict]:
         """Every state of one Node written after `resource_version`, oldest first (a short watch
         replays them); raises Gone when the version is too old to resume from."""
+        return [obj if kind != "DELETED" else {"metadata": obj.get("metadata", {})}
+                for kind, obj in self._watch(self.core.list_node, field_selector=f"metadata.name={name}",
+                                             resource_version=resource_version, timeout_seconds=timeout_seconds)]
+
+    def pod_states(self, namespace: str, name: str, timeout_seconds: float) -> Iterator[dict | None]:
+        """One pod as it is written, for up to `timeout_seconds`: first as it is now (None: there
+        is no such pod), then every change (None once it is deleted). A list of that one pod, then
+        a watch from the list's resourceVersion, so no write in between is lost; a stream the
+        server ends early is resumed from the last version seen, and re-listed if that is Gone."""
+        selector = f"metadata.name={name}"
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            listing = _raw(self.core.list_namespaced_pod(namespace, field_selector=selector, _preload_content=False))
+            yield (listing.get("items") or [None])[0]
+            version = listing["metadata"]["resourceVersion"]
+            try:
+                while (left := deadline - time.monotonic()) > 0:
+                    for kind, obj in self._watch(self.core.list_namespaced_pod, namespace, field_selector=selector,
+                                                 resource_version=version, timeout_seconds=max(1, math.ceil(left))):
+                        version = obj["metadata"]["resourceVersion"]
+                        yield None if kind == "DELETED" else obj
+                        if time.monotonic() >= deadline:
+                            return
+                return
+            except Gone:
+                continue
+
+    @staticmethod
+    def _watch(method, *args, resource_version: str, timeout_seconds: int, **kwargs) -> Iterator[tuple[str, dict]]:
+        """(type, object) of each ADDED / MODIFIED / DELETED event of one watch from `resource_version`;
+        Gone when that version is too old to resume from (410, as an ERROR event or a status)."""
         from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
 
-        seen = []
         try:
-            for event in watch.Watch().stream(self.core.list_node, field_selector=f"metadata.name={name}",
-                                              resource_version=resource_version, timeout_seconds=timeout_seconds,
-                                              _request_timeout=timeout_seconds + 30):
-                if event["type"] == "ERROR" and (event["raw_object"] or {}).get("code") == 410:
-                    raise Gone(str((event["raw_object"] or {}).get("message")))
-                if event["type"] in ("ADDED", "MODIFIED"):
-                    seen.append(event["raw_object"])
-                elif event["type"] == "DELETED":
-                    seen.append({"metadata": event["raw_object"].get("metadata", {})})
+            for event in watch.Watch().stream(method, *args, resource_version=resource_version,
+                                              timeout_seconds=timeout_seconds, _request_timeout=timeout_seconds + 30,
+                                              **kwargs):
+                obj = event["raw_object"] or {}
+                if event["type"] == "ERROR":
+                    if obj.get("code") == 410:
+                        raise Gone(str(obj.get("message")))
+                    raise ApiException(status=obj.get("code"), reason=str(obj.get("message")))
+                if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                    yield event["type"], obj
         except ApiException as exc:
             if exc.status == 410:
                 raise Gone(str(exc.reason)) from None
             raise
-        return seen
 
     def create_pod(self, namespace: str, body: dict) -> dict:
         return self._write(self.core.create_namespaced_pod, namespace, body)

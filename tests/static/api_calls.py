@@ -101,6 +101,11 @@ def ecs_methods() -> dict[str, str]:
     return found
 
 
+# Calls that watch the list method passed first: the client's Watch().stream, and KubeClient._watch
+# (gpuboot.kube), which hands it to Watch().stream.
+WATCHING_CALLS = {"stream", "_watch"}
+
+
 def _is_watch(node: ast.Attribute, parents: dict[ast.AST, ast.AST]) -> bool:
     parent = parents.get(node)
     if isinstance(parent, ast.Call):
@@ -108,7 +113,7 @@ def _is_watch(node: ast.Attribute, parents: dict[ast.AST, ast.AST]) -> bool:
             return any(k.arg == "watch" and isinstance(k.value, ast.Constant) and k.value.value is True
                        for k in parent.keywords)
         func = parent.func
-        return isinstance(func, ast.Attribute) and func.attr == "stream" and parent.args[:1] == [node]
+        return isinstance(func, ast.Attribute) and func.attr in WATCHING_CALLS and parent.args[:1] == [node]
     return False
 
 

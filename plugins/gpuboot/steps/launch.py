@@ -108,10 +108,13 @@ class GpuPodOperator(GpuJobStep, BaseOperator):
                 f"Last {len(tail)} log line(s) of rank {failure.rank}:\n{lines}")
 
     def _create(self, kube: KubeClient, spec, plan: Plan, attempt: int) -> list[str]:
-        """Rank 0 first, until it has its pod IP; then the others with MASTER_ADDR set to it."""
+        """Rank 0 first; the others once its pod IP (their MASTER_ADDR) is known. A gang of one
+        has no one to tell: its pod is created and left to the trigger."""
         first = gang_pods(spec, plan, attempt, None, ranks=[0])[0]
         self._create_pod(kube, first)
         name = first["metadata"]["name"]
+        if len(plan.assignments) == 1:
+            return [name]
         ip = self._wait_for_ip(kube, spec.namespace, name, plan.assignments[0].node)
         rest = gang_pods(spec, plan, attempt, ip, ranks=range(1, len(plan.assignments)))
         for pod in rest:
@@ -132,20 +135,18 @@ class GpuPodOperator(GpuJobStep, BaseOperator):
                       " ".join(f"{k}={v}" for k, v in container["resources"]["requests"].items()))
 
     def _wait_for_ip(self, kube: KubeClient, namespace: str, name: str, node: str) -> str:
-        deadline = time.monotonic() + self.startup_timeout_seconds
-        while True:
-            pod = kube.read_pod(namespace, name)
+        """Rank 0's pod IP, watched for (it comes at the kubelet's first status write, within
+        milliseconds of admission; a poll would add its interval to every gang's start)."""
+        for pod in kube.pod_states(namespace, name, self.startup_timeout_seconds):
             ip = ((pod or {}).get("status") or {}).get("podIP")
             if ip:
                 return ip
             failure = rank_failure(0, pod)
             if failure is not None:
                 raise AirflowException(self._failure_message(kube, namespace, failure, [name], []))
-            if time.monotonic() >= deadline:
-                kube.delete_pod(namespace, name)
-                raise AirflowException(f"rank 0 (pod {name}) got no pod IP on node {node} within "
-                                       f"{self.startup_timeout_seconds:g}s (startup_timeout_seconds); deleted it")
-            time.sleep(min(self.poll_seconds, 1.0))
+        kube.delete_pod(namespace, name)
+        raise AirflowException(f"rank 0 (pod {name}) got no pod IP on node {node} within "
+                               f"{self.startup_timeout_seconds:g}s (startup_timeout_seconds); deleted it")
 
     def _clear(self, kube: KubeClient, pods: list[dict]) -> None:
         """Delete every pod of earlier attempts and wait until they are gone, so the new gang

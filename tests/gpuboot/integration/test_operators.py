@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from airflow.sdk.execution_time.task_runner import _serialize_rendered_fields
 
 from gpuboot.ecs import EcsHook
@@ -184,3 +184,41 @@ def test_a_deferred_wait_that_times_out_fails_with_what_it_saw(cloud):
     with pytest.raises(AirflowFailException, match="gpu-stop not GPU-ready") as err:
         sensor.execute_complete(context("wait"), event)
     assert "ready=" in str(err.value)
+
+
+def test_pod_states_gives_the_pod_as_it_is_then_each_change_and_none_once_deleted(cloud):
+    """What launch waits on for rank 0's IP (KubeClient.pod_states): the pod as it is now (a pod
+    that already has its IP is seen at once), then its changes; None for a pod deleted while
+    watched or already gone; a quiet stream ends at the deadline."""
+    kube = KubeClient()
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "watched", "namespace": "gpu-jobs"},
+           "spec": {"nodeSelector": {"kubernetes.io/hostname": "cpu-1"}, "restartPolicy": "Never",
+                    "containers": [{"name": "main", "image": "python:3.11",
+                                    "command": ["python", "-c", "import time; time.sleep(60)"]}]}}
+    kube.create_pod("gpu-jobs", pod)
+    phases = []
+    for state in kube.pod_states("gpu-jobs", "watched", 60):
+        phases.append(state["status"].get("phase"))
+        if state["status"].get("podIP"):
+            break
+    assert phases[0] in ("Pending", "Running") and (state["status"].get("podIP"))
+    first = next(iter(kube.pod_states("gpu-jobs", "watched", 60)))      # already has it: the first state
+    assert first["status"]["podIP"] == state["status"]["podIP"]
+    states = kube.pod_states("gpu-jobs", "watched", 60)
+    assert next(states)["metadata"]["name"] == "watched"
+    kube.delete_pod("gpu-jobs", "watched", grace_seconds=0)
+    assert None in states                                                # the deletion, seen by the watch
+    assert list(kube.pod_states("gpu-jobs", "watched", 1.5)) == [None]   # already gone, then quiet until the deadline
+
+
+def test_a_gang_whose_rank_0_gets_no_pod_ip_fails_at_the_startup_timeout_and_deletes_it(cloud):
+    """Rank 0 pinned to a host no kubelet serves stays Pending without an IP: launch waits for the
+    IP only until startup_timeout_seconds, deletes rank 0 and never creates the others."""
+    job = {**JOB, "name": "pair", "cpu": "100m", "memory": "64Mi", "gpus": 0, "allow_gpu_nodes": True, "replicas": 2}
+    plan, pushed = place(job, job_id="no-ip")
+    assert plan["outcome"] == "fits", plan["message"]
+    plan["assignments"][0] = {**plan["assignments"][0], "hostname": "no-such-host"}
+    launch = GpuPodOperator(task_id="launch", job=pushed["job"], plan=plan, startup_timeout_seconds=2)
+    with pytest.raises(AirflowException, match=r"rank 0 \(pod .*\) got no pod IP .* within 2s .*deleted it"):
+        launch.execute(context("launch"))
+    assert KubeClient().list_pods("gpuboot.io/job=no-ip") == []

@@ -47,6 +47,8 @@ PROBES: dict[tuple[str, str, str], Callable] = {
     ("gpuboot", "namespaces", "get"): lambda v1: v1.read_namespace(JOBS),              # place's check
     ("gpuboot-jobs", "pods", "create"): lambda v1: v1.create_namespaced_pod(JOBS, pod_body("job-1")),
     ("gpuboot-jobs", "pods", "get"): lambda v1: v1.read_namespaced_pod("job-0", JOBS),
+    ("gpuboot-jobs", "pods", "watch"): lambda v1: _watch(v1.list_namespaced_pod, JOBS,   # launch: rank 0's IP
+                                                         field_selector="metadata.name=job-0"),
     ("gpuboot-jobs", "pods", "patch"): lambda v1: v1.patch_namespaced_pod(
         "job-0", JOBS, {"metadata": {"labels": {"already_checked": "True"}}}),
     ("gpuboot-jobs", "pods", "delete"): lambda v1: v1.delete_namespaced_pod("job-0", JOBS),
