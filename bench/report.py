@@ -83,11 +83,13 @@ def distributed(result: dict) -> str:
 
 def triggerer(result: dict) -> str:
     rows = [{k: result.get(k) for k in ("triggers", "nodes", "ready", "blocking_callbacks", "worst_callback_cpu_s",
-                                         "worst_callback_wall_s", "worst_gc_s", "heartbeat_worst_lag_s", "last_fired_after_s")}]
+                                         "worst_callback_wall_s", "worst_gc_s", "heartbeat_worst_lag_s", "loop_cpu_s",
+                                         "peak_node_watches", "last_fired_after_s")}]
     columns = [("triggers", "triggers"), ("nodes", "booting nodes"), ("ready", "fired ready"),
                ("blocking_callbacks", f"blocking (> {result['threshold_s']:g} s CPU not GC, or > {result['wait_limit_s']:g} s)"),
                ("worst_callback_cpu_s", "worst callback CPU s"), ("worst_callback_wall_s", "worst callback wall s"), ("worst_gc_s", "worst GC pause s"),
-               ("heartbeat_worst_lag_s", "worst loop lag s"), ("last_fired_after_s", "last fired after s")]
+               ("heartbeat_worst_lag_s", "worst loop lag s"), ("loop_cpu_s", "loop CPU s"),
+               ("peak_node_watches", "Node watches"), ("last_fired_after_s", "last fired after s")]
     slowest = "".join(f"  cpu {s['cpu_s']} s (GC {s['gc_s']} s), wall {s['wall_s']} s: {s['callback'][:300]}\n"
                       for s in result.get("slowest") or [])
     slowest += (f"(load average {result['load_average_1m']:g} on this machine when it ended: on a crowded machine "

@@ -53,16 +53,17 @@ async def _run_all(specs: list[dict], threshold: float) -> dict:
     asyncio.get_running_loop().slow_callback_duration = threshold
     worst, stop = [0.0], asyncio.Event()
     beat = asyncio.create_task(_heartbeat(worst, stop))
-    began = time.time()
+    began, cpu_began = time.time(), time.thread_time()
 
     async def one(spec: dict) -> dict:
         event = await NodeGpuReadyTrigger(**spec).run().__anext__()
         return {**{k: event.payload.get(k) for k in ("status", "node", "reason")}, "fired_after_s": time.time() - began}
 
     events = await asyncio.gather(*(one(s) for s in specs))
+    loop_cpu = time.thread_time() - cpu_began
     stop.set()
     await beat
-    return {"events": events, "heartbeat_worst_lag_s": round(worst[0], 4)}
+    return {"events": events, "heartbeat_worst_lag_s": round(worst[0], 4), "loop_cpu_s": round(loop_cpu, 3)}
 
 
 def probe(specs: list[dict], threshold: float = 0.1) -> dict:
@@ -146,6 +147,31 @@ def boot_specs(cloud, nodes: list[str], per_node: int, timeout: float, settle: f
 T4 = "ecs.gn6i-c4g1.xlarge"
 
 
+class _PeakWatches:
+    """The most Node watches the API server served at once while the probe ran (sampled; the
+    harness's own are counted before and left out)."""
+
+    def __init__(self, cloud):
+        self.cloud, self.peak, self._stop = cloud, 0, threading.Event()
+        self._base = self._count()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _count(self) -> int:
+        return self.cloud.state().get("watches", {}).get("nodes", 0)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.1):
+            self.peak = max(self.peak, self._count() - self._base)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
 def run(workdir: Path, quick: bool = False, triggers: int = 100) -> dict:
     """`triggers` readiness triggers waiting at once on one loop (10 per booting node)."""
     from simcloud.testing import small_fleet
@@ -158,7 +184,8 @@ def run(workdir: Path, quick: bool = False, triggers: int = 100) -> dict:
                                  "device_plugin_seconds": 2.0})
     with local_cloud(fleet, workdir / "cloud") as cloud:
         specs = boot_specs(cloud, nodes, per_node, timeout=300, settle=5.0)
-        result = probe_in_fresh_process(specs, threshold=0.1)
+        with _PeakWatches(cloud) as watches:
+            result = probe_in_fresh_process(specs, threshold=0.1)
     fired = [e["fired_after_s"] for e in result["events"]]
     return {"load_average_1m": round(os.getloadavg()[0], 1), "triggers": len(specs), "nodes": len(nodes),
             "threshold_s": result["threshold_s"], "wait_limit_s": result["wait_limit_s"],
@@ -166,7 +193,8 @@ def run(workdir: Path, quick: bool = False, triggers: int = 100) -> dict:
             "blocking_callbacks": len(result["blocking_callbacks"]), "slow_callbacks": len(result["slow_callbacks"]),
             "worst_callback_cpu_s": result["worst_callback_cpu_s"], "worst_callback_wall_s": result["worst_callback_wall_s"],
             "worst_gc_s": result["worst_gc_s"],
-            "heartbeat_worst_lag_s": result["heartbeat_worst_lag_s"],
+            "heartbeat_worst_lag_s": result["heartbeat_worst_lag_s"], "loop_cpu_s": result.get("loop_cpu_s"),
+            "peak_node_watches": watches.peak,
             "last_fired_after_s": round(max(fired), 2) if fired else None,
             "slowest": sorted(result["slow_callbacks"], key=lambda s: -s["cpu_s"])[:5]}
 

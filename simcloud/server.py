@@ -113,7 +113,7 @@ class Cloud:
             phase = (pod.get("status") or {}).get("phase", "Pending")
             phases[phase] = phases.get(phase, 0) + 1
         return {"region": self.fleet.region, "instances": self.cloud.state(), "nodes": nodes, "pods": phases,
-                "faults": self.faults.to_dict()}
+                "faults": self.faults.to_dict(), "watches": self.store.open_watches()}
 
     async def start(self, k8s_port: int = 0, ecs_port: int = 0, k8s_https_port: int = 0) -> None:
         tls, self.ca_pem = serving_context(self.workdir / "tls", [self.host])

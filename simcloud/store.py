@@ -503,6 +503,10 @@ class Store:
     def unsubscribe(self, resource: str, queue: asyncio.Queue) -> None:
         self._subscribers[resource] = [s for s in self._subscribers[resource] if s.queue is not queue]
 
+    def open_watches(self) -> dict[str, int]:
+        """Watch streams the API serves now, per resource (clients' watches, not in-process ones)."""
+        return {resource: n for resource, subs in self._subscribers.items() if (n := sum(s.raw for s in subs))}
+
     def watch(self, resource: str, since: int | None) -> tuple[list[WatchEvent], asyncio.Queue]:
         """Raw (read-only) events after resourceVersion `since` already kept, plus a queue for later ones.
 

@@ -7,6 +7,7 @@ Lists are read raw (no model deserialization) and paged, which keeps a 2,000-nod
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -266,9 +267,14 @@ class NodeEvent:
 class NodeEvents:
     """Every state of one Node, in order, as one stream: list (when no version to resume from),
     watch from the last resourceVersion, resume after the server ends a watch, re-list on 410
-    Gone, reconnect with capped exponential backoff after errors. A task pumps the events into
-    a queue, so the reader can wait on its own timers (`next(timeout)`) without cancelling the
-    watch. Use as `async with client.node_events(name, version) as events`."""
+    Gone, reconnect with capped exponential backoff after errors. A pump (`_NodePump`) puts the
+    events into this reader's queue, so the reader can wait on its own timers (`next(timeout)`)
+    without cancelling the watch. Use as `async with client.node_events(name, version) as events`.
+
+    Readers of one Node on one loop and connection share one pump, so a burst of jobs booting
+    the same 8-GPU node opens one watch, not one per job, and its events are parsed once (see
+    `_NodePump.join` for when a reader can share and why it then misses nothing). The readers
+    get the same dicts: read them, never change them."""
 
     def __init__(self, client: "AsyncKubeClient", name: str, resource_version: str | None, log=None,
                  watch_seconds: int = WATCH_SECONDS, backoff: tuple[float, float] = (1.0, 30.0)) -> None:
@@ -276,17 +282,16 @@ class NodeEvents:
         self.log = log or logging.getLogger(__name__)
         self.watch_seconds, self.backoff = watch_seconds, backoff
         self._queue: asyncio.Queue[NodeEvent] = asyncio.Queue()
-        self._task: asyncio.Task | None = None
+        self._after: int | None = None    # skip events up to this version (a shared pump may be behind it)
+        self._pump: _NodePump | None = None
 
     async def __aenter__(self) -> "NodeEvents":
-        self._task = asyncio.create_task(self._pump())
+        self._pump = _NodePump.join(self)
         return self
 
     async def __aexit__(self, *exc) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        if self._pump is not None:
+            await self._pump.leave(self)
 
     async def next(self, timeout: float | None) -> NodeEvent | None:
         """The next state, or None when `timeout` seconds pass first (the stream goes on)."""
@@ -295,28 +300,111 @@ class NodeEvents:
         except TimeoutError:
             return None
 
-    async def _pump(self) -> None:
+    def _deliver(self, event: NodeEvent, version: int | None) -> None:
+        if event.relisted:
+            self._after = None           # a re-list: what came before it may be missing, for every reader
+        elif self._after is not None:
+            if version is not None and version <= self._after:
+                return                   # this reader started after that write
+            self._after = None
+        self._queue.put_nowait(event)
+
+    @property
+    def _task(self) -> asyncio.Task | None:
+        return self._pump.task if self._pump is not None else None
+
+
+def _version(resource_version: str | None) -> int | None:
+    """A resourceVersion as a number, or None. The API calls them opaque; etcd's (every cluster
+    ACK runs) are integers, and a pump is shared only between readers whose versions parse."""
+    try:
+        return int(resource_version) if resource_version is not None else None
+    except ValueError:
+        return None
+
+
+class _NodePump:
+    """One list/watch loop of one Node feeding its readers. It keeps the events it has pumped
+    (up to HISTORY), so a reader joining later from version r is given, from that history and
+    then live, exactly the events after r: what a watch of its own from r would give."""
+
+    HISTORY = 1_000
+    _shared: dict[tuple, "_NodePump"] = {}
+
+    def __init__(self, first: NodeEvents, key: tuple | None) -> None:
+        self.key, self.name, self.client = key, first.name, first.client
+        self.watch_seconds, self.backoff = first.watch_seconds, first.backoff
+        self.resource_version = first.resource_version
+        self.floor = _version(first.resource_version)   # the history is complete from this version on
+        self.history: collections.deque[tuple[NodeEvent, int | None]] = collections.deque()
+        self.readers: list[NodeEvents] = [first]
+        self.task = asyncio.create_task(self._run())
+
+    @classmethod
+    def join(cls, reader: NodeEvents) -> "_NodePump":
+        """Share the pump of this Node when it can serve `reader`: the reader resumes from a version
+        (not a fresh list), both versions are numbers, and the pump's history is complete from at or
+        before it. Otherwise the reader gets a pump of its own (shared with later readers)."""
+        since = _version(reader.resource_version)
+        key = (id(asyncio.get_running_loop()), reader.client.kubernetes_conn_id, reader.name)
+        pump = cls._shared.get(key)
+        if pump is not None and since is not None and pump.floor is not None and pump.floor <= since:
+            reader._after = since
+            for event, version in pump.history:
+                reader._deliver(event, version)
+            pump.readers.append(reader)
+            return pump
+        pump = cls(reader, key if since is not None else None)
+        if pump.key is not None:
+            cls._shared[pump.key] = pump     # replaces an older pump for new readers; that one runs on for its own
+        return pump
+
+    async def leave(self, reader: NodeEvents) -> None:
+        self.readers.remove(reader)
+        if self.readers:
+            return
+        if self.key is not None and self._shared.get(self.key) is self:
+            del self._shared[self.key]
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.task
+
+    def _publish(self, event: NodeEvent, version: int | None) -> None:
+        self.history.append((event, version))
+        if len(self.history) > self.HISTORY:
+            _, dropped = self.history.popleft()
+            self.floor = dropped if dropped is not None and self.floor is not None else None
+        for reader in self.readers:
+            reader._deliver(event, version)
+
+    def _warn(self, message: str, *args) -> None:
+        for log in {id(r.log): r.log for r in self.readers}.values():
+            log.warning(message, *args)
+
+    async def _run(self) -> None:
         relist, delay = False, self.backoff[0]
         while True:
             try:
                 if self.resource_version is None:
                     node = await self.client.get_node(self.name)
                     self.resource_version = node["metadata"]["resourceVersion"]
-                    self._queue.put_nowait(NodeEvent(node, relisted=relist))
+                    if relist:
+                        self.floor = None        # the history has a gap here: no later reader may rely on it
+                    self._publish(NodeEvent(node, relisted=relist), _version(self.resource_version))
                 async with contextlib.aclosing(self.client.watch_node(self.name, self.resource_version,
                                                                       self.watch_seconds)) as events:
                     async for kind, obj in events:
                         self.resource_version = obj["metadata"]["resourceVersion"]
-                        self._queue.put_nowait(NodeEvent({} if kind == "DELETED" else obj))
+                        self._publish(NodeEvent({} if kind == "DELETED" else obj), _version(self.resource_version))
                 delay = self.backoff[0]                  # the server ended the watch: resume
             except Gone:
-                self.log.warning("watch of node %s expired (410 Gone); re-listing", self.name)
+                self._warn("watch of node %s expired (410 Gone); re-listing", self.name)
                 self.resource_version, relist = None, True
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - API hiccups must not end the stream
-                self.log.warning("watching node %s failed (%s: %s); retrying from resourceVersion %s in %.0fs",
-                                 self.name, type(exc).__name__, str(exc)[:200], self.resource_version, delay)
+                self._warn("watching node %s failed (%s: %s); retrying from resourceVersion %s in %.0fs",
+                           self.name, type(exc).__name__, str(exc)[:200], self.resource_version, delay)
                 await asyncio.sleep(delay)
                 delay = min(self.backoff[1], delay * 2)
 

@@ -1,7 +1,8 @@
 """NodeGpuReadyTrigger: waits in the triggerer until one Node can really take GPU pods.
 
 It reads the one Node's states from the Kubernetes adapter's stream (gpuboot.kube.NodeEvents:
-list, watch, resume, re-list on 410, reconnect with backoff) and feeds each, plus timer ticks
+list, watch, resume, re-list on 410, reconnect with backoff; one watch per node for all the
+triggers of a triggerer waiting on it) and feeds each, plus timer ticks
 when the settle window may have completed, into the pure `ReadinessTracker`; it keeps only
 the rule, the settle timer and the deadline. The rule itself lives in gpuboot.readiness.
 """

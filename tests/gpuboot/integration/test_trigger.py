@@ -272,6 +272,37 @@ def test_a_watch_relisted_in_the_middle_of_the_boot_never_fires_early(cloud):
     assert_gpu_pod_runs("after-relist")
 
 
+def test_triggers_waiting_on_one_node_share_its_watch_and_each_fires_on_the_reset(cloud):
+    """A burst of jobs booting one node: their triggers (3 per node here, on one loop as in a
+    triggerer) hold one watch per node between them, not one each (the API server's own count),
+    and every one still fires on the fast path, after the GPUs really registered."""
+    from bench.triggerer_loop import boot_specs
+
+    def node_watches() -> int:
+        return cloud.state()["watches"].get("nodes", 0)
+
+    others = node_watches()                            # the harness's own
+    specs = boot_specs(cloud, ["gpu-stop", "gpu2-stop"], per_node=3, timeout=60, settle=SETTLE)
+
+    async def first_event(spec):
+        async for event in NodeGpuReadyTrigger(**spec).run():
+            return event.payload
+
+    async def run():
+        tasks = [asyncio.ensure_future(first_event(spec)) for spec in specs]
+        most = 0
+        while not all(task.done() for task in tasks):
+            most = max(most, (await asyncio.to_thread(node_watches)))
+            await asyncio.wait(tasks, timeout=0.05)
+        return [task.result() for task in tasks], most
+
+    payloads, most = asyncio.run(run())
+    assert [p["status"] for p in payloads] == ["ready"] * 6, payloads
+    assert {p["evidence"]["path"] for p in payloads} == {"reset seen"}
+    assert most - others == 2                          # two nodes, six triggers
+    wait_until(lambda: node_watches() == others, timeout=10)   # the last trigger out closed each
+
+
 def test_trigger_serializes_to_an_importable_path():
     trigger = NodeGpuReadyTrigger(baseline={"node": "n", "start_requested_at": None, "boot_id_before": None,
                                             "gpus_needed": 0}, deadline=1.0)
