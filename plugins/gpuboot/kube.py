@@ -348,7 +348,8 @@ class _NodePump:
         since = _version(reader.resource_version)
         key = (id(asyncio.get_running_loop()), reader.client.kubernetes_conn_id, reader.name)
         pump = cls._shared.get(key)
-        if pump is not None and since is not None and pump.floor is not None and pump.floor <= since:
+        live = pump is not None and not pump.task.done() and pump.task.get_loop() is asyncio.get_running_loop()
+        if live and since is not None and pump.floor is not None and pump.floor <= since:
             reader._after = since
             for event, version in pump.history:
                 reader._deliver(event, version)
