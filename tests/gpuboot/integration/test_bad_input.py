@@ -125,7 +125,7 @@ def test_a_namespace_without_gpuboots_role_fails_place_naming_the_rights_before_
     op = PlaceGpuJobOperator(task_id="place", job={**JOB, "gpus": 2, "namespace": "team-b"}, job_id="rbac")
     with pytest.raises(AirflowFailException) as err:
         op.execute(context("place"))
-    assert str(err.value).startswith("job train: namespace: gpuboot may not create pods, get pods, patch pods, delete pods, "
+    assert str(err.value).startswith("job train: namespace: gpuboot may not create pods, get pods, watch pods, patch pods, delete pods, "
                                      "get pods/log, list events, watch events in 'team-b'"), str(err.value)
     assert "gpuboot-jobs of deploy/kubernetes/rbac.yaml in team-b" in str(err.value)
     assert KubeClient().read_configmap("default", CONFIGMAP) is None
