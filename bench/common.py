@@ -7,6 +7,7 @@ import math
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,6 +45,25 @@ def stats(values: list[float]) -> dict:
         return {"n": 0}
     return {"n": len(values), "median": r(statistics.median(values)), "p95": r(percentile(values, 95)),
             "mean": r(statistics.fmean(values)), "min": r(min(values)), "max": r(max(values))}
+
+
+class Sampler:
+    """A daemon thread running `sample()` from `with` until its end (`_stop` tells it to finish)."""
+
+    def __init__(self):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self.sample, daemon=True)
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=10)
 
 
 @contextlib.contextmanager

@@ -14,11 +14,10 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-from .common import local_cloud
+from .common import Sampler, local_cloud
 
 T4, T4X2 = "ecs.gn6i-c4g1.xlarge", "ecs.gn6i-c24g1.12xlarge"
 # simcloud's default physical delays; kubelet heartbeat at its real default (10 s)
@@ -30,15 +29,15 @@ JOB = {"name": "bench-boot", "image": "python:3.11-slim", "command": ["python", 
 RUNNING_NODE, STOPPED_NODE = "t4-running", "t4x2-stopped"   # t4-running: see bench/dags/bench_plain_kpo.py
 
 
-class PodsRunning:
+class PodsRunning(Sampler):
     """A watch on all pods, in a thread: when each pod was first seen at all (`seen`) and first seen
     Running or done (`at`), epoch seconds, and its last phase (`phase`)."""
 
     def __init__(self, cloud):
-        self.cloud, self.at, self.seen, self.phase, self._stop = cloud, {}, {}, {}, threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
+        super().__init__()
+        self.cloud, self.at, self.seen, self.phase = cloud, {}, {}, {}
 
-    def _watch(self):
+    def sample(self):
         from kubernetes import watch
 
         core = self.cloud.core_v1()
@@ -49,14 +48,6 @@ class PodsRunning:
                 self.phase[pod.metadata.name] = pod.status.phase
                 if pod.status.phase in ("Running", "Succeeded", "Failed"):
                     self.at.setdefault(pod.metadata.name, time.time())
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(timeout=10)
 
     def first_after(self, since: float, match) -> tuple[str, float] | None:
         found = [(t, n) for n, t in self.at.items() if t >= since and match(n)]

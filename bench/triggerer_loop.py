@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-from .common import local_cloud
+from .common import Sampler, local_cloud
 
 REPO = Path(__file__).resolve().parents[1]
 HEARTBEAT = 0.01
@@ -147,29 +147,21 @@ def boot_specs(cloud, nodes: list[str], per_node: int, timeout: float, settle: f
 T4 = "ecs.gn6i-c4g1.xlarge"
 
 
-class _PeakWatches:
+class _PeakWatches(Sampler):
     """The most Node watches the API server served at once while the probe ran (sampled; the
     harness's own are counted before and left out)."""
 
     def __init__(self, cloud):
-        self.cloud, self.peak, self._stop = cloud, 0, threading.Event()
+        super().__init__()
+        self.cloud, self.peak = cloud, 0
         self._base = self._count()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _count(self) -> int:
         return self.cloud.state().get("watches", {}).get("nodes", 0)
 
-    def _sample(self) -> None:
+    def sample(self) -> None:
         while not self._stop.wait(0.1):
             self.peak = max(self.peak, self._count() - self._base)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(timeout=10)
 
 
 def run(workdir: Path, quick: bool = False, triggers: int = 100) -> dict:
