@@ -344,7 +344,9 @@ class _NodePump:
     def join(cls, reader: NodeEvents) -> "_NodePump":
         """Share the pump of this Node when it can serve `reader`: the reader resumes from a version
         (not a fresh list), both versions are numbers, and the pump's history is complete from at or
-        before it. Otherwise the reader gets a pump of its own (shared with later readers)."""
+        before it. Otherwise the reader gets a pump of its own (shared with later readers). A reader
+        shares the pump's fate: should the pump's own version expire (410) before it caught up, every
+        reader is re-listed with it, flagged, which costs them the fallback window, never an early fire."""
         since = _version(reader.resource_version)
         key = (id(asyncio.get_running_loop()), reader.client.kubernetes_conn_id, reader.name)
         pump = cls._shared.get(key)
