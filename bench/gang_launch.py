@@ -22,24 +22,11 @@ JOB = {"name": "bench-gang", "image": "python:3.11-slim", "command": ["python", 
        "gpus": 1, "cpu": "1", "memory": "1Gi", "replicas": RANKS}
 
 
-class _TaskInstance:
-    """What the steps read of a task instance here: identity, try number, XCom pushes (kept)."""
-
-    def __init__(self, task_id: str):
-        self.dag_id, self.task_id, self.run_id, self.map_index, self.try_number = "bench", task_id, "r1", -1, 1
-        self.pushed: dict = {}
-
-    def xcom_push(self, key, value):
-        self.pushed[key] = value
-
-
-def _context(task_id: str) -> dict:
-    return {"ti": _TaskInstance(task_id), "run_id": "r1", "dag": None, "params": {}}
-
-
 def run(workdir: Path, quick: bool = False, repeats: int = 10) -> dict:
     from airflow.sdk.exceptions import TaskDeferred
     from simcloud.testing import small_fleet, wait_until
+
+    from tests.gpuboot.unit.builders import step_context
 
     from gpuboot.steps.launch import GpuPodOperator
     from gpuboot.steps.place import PlaceGpuJobOperator
@@ -54,14 +41,14 @@ def run(workdir: Path, quick: bool = False, repeats: int = 10) -> dict:
                    message="the gang's nodes did not come up")
         for i in range(repeats):
             job_id = f"gang-{i}"
-            context = _context("place")
+            context = step_context()
             plan = PlaceGpuJobOperator(task_id="place", job=JOB, job_id=job_id).execute(context)
             if plan["outcome"] != "fits" or plan["nodes_to_start"]:
                 raise RuntimeError(f"repeat {i}: the gang should fit the running nodes, got {plan['outcome']}")
             launch = GpuPodOperator(task_id="launch", job=context["ti"].pushed["job"], plan=plan)
             began = time.time()
             try:
-                launch.execute(_context("launch"))
+                launch.execute(step_context())
                 raise RuntimeError(f"repeat {i}: launch did not defer")
             except TaskDeferred as deferred:
                 names = list(deferred.trigger.pods)
@@ -72,7 +59,7 @@ def run(workdir: Path, quick: bool = False, repeats: int = 10) -> dict:
             running.append(max(pods.at[n] for n in names) - began)
             wait_until(lambda: all(pods.phase.get(n) in ("Succeeded", "Failed") for n in names),
                        timeout=60, interval=0.1, message=f"repeat {i}: the gang's pods did not finish")
-            ReleaseReservationOperator(task_id="release", job_id=job_id).execute(_context("release"))
+            ReleaseReservationOperator(task_id="release", job_id=job_id).execute(step_context())
     return {"ranks": RANKS, "repeats": repeats, "timings": TIMINGS,
             "launch_to_created_s": stats(created), "rank0_to_last_created_s": stats(first_to_last),
             "launch_to_all_running_s": stats(running),

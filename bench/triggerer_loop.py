@@ -147,21 +147,24 @@ def boot_specs(cloud, nodes: list[str], per_node: int, timeout: float, settle: f
 T4 = "ecs.gn6i-c4g1.xlarge"
 
 
-class _PeakWatches(Sampler):
-    """The most Node watches the API server served at once while the probe ran (sampled; the
-    harness's own are counted before and left out)."""
+class PeakNodeWatches(Sampler):
+    """The most Node watches the local cloud's API served at once inside `with` (sampled every
+    0.1 s); those already open at the start (the harness's own) are left out of `now()` and `peak`."""
 
     def __init__(self, cloud):
         super().__init__()
         self.cloud, self.peak = cloud, 0
-        self._base = self._count()
+        self._base = self._open()
 
-    def _count(self) -> int:
+    def _open(self) -> int:
         return self.cloud.state().get("watches", {}).get("nodes", 0)
+
+    def now(self) -> int:
+        return self._open() - self._base
 
     def sample(self) -> None:
         while not self._stop.wait(0.1):
-            self.peak = max(self.peak, self._count() - self._base)
+            self.peak = max(self.peak, self.now())
 
 
 def run(workdir: Path, quick: bool = False, triggers: int = 100) -> dict:
@@ -176,7 +179,7 @@ def run(workdir: Path, quick: bool = False, triggers: int = 100) -> dict:
                                  "device_plugin_seconds": 2.0})
     with local_cloud(fleet, workdir / "cloud") as cloud:
         specs = boot_specs(cloud, nodes, per_node, timeout=300, settle=5.0)
-        with _PeakWatches(cloud) as watches:
+        with PeakNodeWatches(cloud) as watches:
             result = probe_in_fresh_process(specs, threshold=0.1)
     fired = [e["fired_after_s"] for e in result["events"]]
     return {"load_average_1m": round(os.getloadavg()[0], 1), "triggers": len(specs), "nodes": len(nodes),

@@ -309,10 +309,6 @@ class NodeEvents:
             self._after = None
         self._queue.put_nowait(event)
 
-    @property
-    def _task(self) -> asyncio.Task | None:
-        return self._pump.task if self._pump is not None else None
-
 
 def _version(resource_version: str | None) -> int | None:
     """A resourceVersion as a number, or None. The API calls them opaque; etcd's (every cluster

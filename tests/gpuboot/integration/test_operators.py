@@ -194,7 +194,7 @@ def test_pod_states_gives_the_pod_as_it_is_then_each_change_and_none_once_delete
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "watched", "namespace": "gpu-jobs"},
            "spec": {"nodeSelector": {"kubernetes.io/hostname": "cpu-1"}, "restartPolicy": "Never",
                     "containers": [{"name": "main", "image": "python:3.11",
-                                    "command": ["python", "-c", "import time; time.sleep(60)"]}]}}
+                                    "command": ["python", "-c", "import signal; signal.pause()"]}]}}
     kube.create_pod("gpu-jobs", pod)
     phases = []
     for state in kube.pod_states("gpu-jobs", "watched", 60):

@@ -276,31 +276,22 @@ def test_triggers_waiting_on_one_node_share_its_watch_and_each_fires_on_the_rese
     """A burst of jobs booting one node: their triggers (3 per node here, on one loop as in a
     triggerer) hold one watch per node between them, not one each (the API server's own count),
     and every one still fires on the fast path, after the GPUs really registered."""
-    from bench.triggerer_loop import boot_specs
-
-    def node_watches() -> int:
-        return cloud.state()["watches"].get("nodes", 0)
-
-    others = node_watches()                            # the harness's own
-    specs = boot_specs(cloud, ["gpu-stop", "gpu2-stop"], per_node=3, timeout=60, settle=SETTLE)
+    from bench.triggerer_loop import PeakNodeWatches, boot_specs
 
     async def first_event(spec):
         async for event in NodeGpuReadyTrigger(**spec).run():
             return event.payload
 
-    async def run():
-        tasks = [asyncio.ensure_future(first_event(spec)) for spec in specs]
-        most = 0
-        while not all(task.done() for task in tasks):
-            most = max(most, (await asyncio.to_thread(node_watches)))
-            await asyncio.wait(tasks, timeout=0.05)
-        return [task.result() for task in tasks], most
+    async def run(specs):
+        return await asyncio.gather(*(first_event(spec) for spec in specs))
 
-    payloads, most = asyncio.run(run())
+    with PeakNodeWatches(cloud) as watches:
+        specs = boot_specs(cloud, ["gpu-stop", "gpu2-stop"], per_node=3, timeout=60, settle=SETTLE)
+        payloads = asyncio.run(run(specs))
+        wait_until(lambda: watches.now() == 0, timeout=10)   # the last trigger out closed each
     assert [p["status"] for p in payloads] == ["ready"] * 6, payloads
     assert {p["evidence"]["path"] for p in payloads} == {"reset seen"}
-    assert most - others == 2                          # two nodes, six triggers
-    wait_until(lambda: node_watches() == others, timeout=10)   # the last trigger out closed each
+    assert watches.peak == 2                           # two nodes, six triggers
 
 
 def test_trigger_serializes_to_an_importable_path():

@@ -78,6 +78,8 @@ def pod(name: str, node_name: str | None, *, requests: dict | None = None, phase
 class TaskInstance:
     """A step's task instance as far as the step uses it: what it pushes to XCom, recorded."""
 
+    try_number = 1          # the first try (launch names its pods after it)
+
     def __init__(self):
         self.pushed = {}
 

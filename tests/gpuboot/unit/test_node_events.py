@@ -55,7 +55,7 @@ def test_without_a_version_it_lists_first_and_a_quiet_stream_times_out_without_e
         async with NodeEvents(client, "n", None, backoff=(0.01, 0.02)) as events:
             first = await events.next(5)
             quiet = await events.next(0.05)
-            return first, quiet, events._task.done()
+            return first, quiet, events._pump.task.done()
 
     first, quiet, ended = asyncio.run(run())
     assert first.node["metadata"]["resourceVersion"] == "7" and not first.relisted
