@@ -31,6 +31,7 @@ import secrets
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -117,6 +118,23 @@ def conn_env(connections_file: Path) -> dict[str, str]:
     }
 
 
+def sqlite_database(home: Path) -> str:
+    """The demo's metadata database URL: SQLite in WAL mode, with a 30 s busy timeout.
+
+    Airflow standalone runs five processes on one SQLite file. In SQLite's default journal mode
+    a reader blocks a writer, and a lock held past the driver's 5 s default fails the statement
+    ("database is locked"): the API server answers 500. A loaded 2-core CI machine met that
+    once, on the unpause PATCH. WAL lets readers and one writer go on together (the mode is kept
+    in the file, so it is set before Airflow creates its tables); the timeout lets a writer wait.
+    """
+    path = home / "airflow.db"
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    if mode != "wal":
+        raise DemoError(f"{path}: SQLite would not use WAL mode (got {mode!r})")
+    return f"sqlite:///{path}?timeout=30"
+
+
 def airflow_env(home: Path, port: int, password_file: Path, connections_file: Path) -> dict[str, str]:
     venv_bin = str(Path(sys.executable).parent)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "AIRFLOW_CONN_"))}
@@ -125,6 +143,7 @@ def airflow_env(home: Path, port: int, password_file: Path, connections_file: Pa
             "PATH": f"{venv_bin}{os.pathsep}{env.get('PATH', '')}",  # standalone runs `airflow` from PATH
             "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO)]),
             "AIRFLOW_HOME": str(home),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": sqlite_database(home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -260,7 +279,9 @@ class AirflowApi:
 
     def trigger(self, dag_id: str, conf: dict, unpause: bool = True) -> str:
         if unpause:
-            self.http.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False}).raise_for_status()
+            r = self.http.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False})
+            if r.status_code >= 300:
+                raise DemoError(f"unpausing {dag_id} refused: HTTP {r.status_code} {r.text}")
         r = self.http.post(f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})
         if r.status_code >= 300:
             raise DemoError(f"trigger of {dag_id} refused: HTTP {r.status_code} {r.text}")
@@ -463,6 +484,9 @@ def main() -> int:
         return 0 if not oneshot else 130
     except DemoError as e:
         say(f"FAILED: {e}")
+        if (home / "standalone.log").exists():   # a refused request's cause is in the API server's output
+            say(f"the API server's last lines (all of Airflow's output: {home / 'standalone.log'}):")
+            _tail(home / "standalone.log", only="api-server")
         return 1
 
 
@@ -470,9 +494,12 @@ def _died(proc: subprocess.Popen) -> bool:
     raise DemoError(f"airflow standalone exited early with status {proc.returncode}")
 
 
-def _tail(path: Path, lines: int = 40) -> None:
+def _tail(path: Path, lines: int = 40, only: str = "") -> None:
+    """The last `lines` lines of `path`, or of those lines in it that start with `only`
+    (standalone prefixes each line with its component's name)."""
     with contextlib.suppress(OSError):
-        for line in path.read_text(errors="replace").splitlines()[-lines:]:
+        kept = [line for line in path.read_text(errors="replace").splitlines() if line.startswith(only)]
+        for line in kept[-lines:]:
             print(f"    {line}", flush=True)
 
 

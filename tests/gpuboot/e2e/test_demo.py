@@ -6,7 +6,9 @@ which `make test-demo` sets.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +52,9 @@ def run_demo(tmp_path: Path, **extra: str) -> tuple[str, Path]:
     out = done.stdout + done.stderr
 
     assert done.returncode == 0, out[-6000:]
+    # standalone's five processes share one SQLite file: WAL keeps its readers from failing a writer
+    with contextlib.closing(sqlite3.connect(demo_dir / "airflow" / "airflow.db")) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert "Airflow UI: http://127.0.0.1:" in out and "login: admin / e2e-pass" in out
     for task in ("place", "start", "wait_gpu_ready", "launch"):
         assert any(task in line and line.rstrip().endswith("success") for line in out.splitlines()), task
