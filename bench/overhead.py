@@ -30,12 +30,12 @@ RUNNING_NODE, STOPPED_NODE = "t4-running", "t4x2-stopped"   # t4-running: see be
 
 
 class PodsRunning(Sampler):
-    """A watch on all pods, in a thread: when each pod was first seen at all (`seen`) and first seen
-    Running or done (`at`), epoch seconds, and its last phase (`phase`)."""
+    """A watch on all pods, in a thread: when each pod was first seen at all (`seen`), first seen
+    Running or done (`at`) and first seen done (`ended`), epoch seconds, and its last phase (`phase`)."""
 
     def __init__(self, cloud):
         super().__init__()
-        self.cloud, self.at, self.seen, self.phase = cloud, {}, {}, {}
+        self.cloud, self.at, self.seen, self.ended, self.phase = cloud, {}, {}, {}, {}
 
     def sample(self):
         from kubernetes import watch
@@ -48,6 +48,8 @@ class PodsRunning(Sampler):
                 self.phase[pod.metadata.name] = pod.status.phase
                 if pod.status.phase in ("Running", "Succeeded", "Failed"):
                     self.at.setdefault(pod.metadata.name, time.time())
+                if pod.status.phase in ("Succeeded", "Failed"):
+                    self.ended.setdefault(pod.metadata.name, time.time())
 
     def first_after(self, since: float, match) -> tuple[str, float] | None:
         found = [(t, n) for n, t in self.at.items() if t >= since and match(n)]

@@ -103,7 +103,8 @@ def gang(result: dict) -> str:
     rows = [{"stage": stage, **{k: v for k, v in result[key].items() if k in ("n", "median", "p95", "max")}}
             for stage, key in (("launch called -> all pods created", "launch_to_created_s"),
                                ("rank 0 created -> last rank created", "rank0_to_last_created_s"),
-                               ("launch called -> all ranks Running", "launch_to_all_running_s"))]
+                               ("launch called -> all ranks Running", "launch_to_all_running_s"),
+                               ("last rank done -> trigger fired", "last_done_to_verdict_s"))]
     columns = [("stage", "stage"), ("n", "runs"), ("median", "median s"), ("p95", "p95 s"), ("max", "max s")]
     return (f"== Gang launch: {result['ranks']} ranks on running nodes (rank 0 first, the others once its pod IP is known)\n"
             + format_table(rows, columns) + "\n")

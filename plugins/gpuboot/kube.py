@@ -516,10 +516,23 @@ class AsyncKubeClient:
         """The one stream of a Node's states (see NodeEvents), from `resource_version` when given."""
         return NodeEvents(self, name, resource_version, log)
 
-    async def watch_node(self, name: str, resource_version: str | None,
-                         timeout_seconds: int) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    def watch_node(self, name: str, resource_version: str | None,
+                   timeout_seconds: int) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Yield (event type, node dict) for one Node until the server ends the watch
-        after `timeout_seconds`; raises Gone when `resource_version` is too old.
+        after `timeout_seconds`; raises Gone when `resource_version` is too old."""
+        return self._watch(lambda core, **at: core.list_node(field_selector=f"metadata.name={name}", watch=True, **at),
+                           resource_version, timeout_seconds)
+
+    def watch_pods(self, namespace: str, label_selector: str, resource_version: str,
+                   timeout_seconds: int) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Yield (event type, pod dict) for the pods `label_selector` matches, as watch_node does."""
+        return self._watch(lambda core, **at: core.list_namespaced_pod(namespace, label_selector=label_selector,
+                                                                       watch=True, **at),
+                           resource_version, timeout_seconds)
+
+    async def _watch(self, open_watch, resource_version: str | None,
+                     timeout_seconds: int) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """The events of the watch `open_watch(CoreV1Api, **at)` opens, from `resource_version`.
 
         The stream is read raw, one JSON line per event, rather than through kubernetes_asyncio's
         Watch: that one builds a default ApiClient per watch (loading the system CA bundle, ~0.1 s
@@ -530,8 +543,8 @@ class AsyncKubeClient:
 
         async with hook.get_conn() as api:
             try:
-                response = await client.CoreV1Api(api).list_node(
-                    field_selector=f"metadata.name={name}", resource_version=resource_version, watch=True,
+                response = await open_watch(
+                    client.CoreV1Api(api), resource_version=resource_version,
                     timeout_seconds=max(1, int(timeout_seconds)), _request_timeout=timeout_seconds + 30,
                     _preload_content=False)
             except ApiException as exc:
@@ -546,14 +559,16 @@ class AsyncKubeClient:
             finally:
                 response.release()
 
-    async def list_pods(self, namespace: str, label_selector: str) -> list[dict]:
+    async def list_pods(self, namespace: str, label_selector: str) -> tuple[list[dict], str]:
+        """(the pods `label_selector` matches, the list's resourceVersion: where a watch of them starts)."""
         hook = await self.hook()            # first: it imports kubernetes_asyncio off the loop
         from kubernetes_asyncio import client
 
         async with hook.get_conn() as api:
             response = await client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=label_selector,
                                                                        _preload_content=False)
-            return json.loads(await response.read()).get("items") or []
+            listed = json.loads(await response.read())
+            return listed.get("items") or [], (listed.get("metadata") or {}).get("resourceVersion")
 
     async def pod_log(self, namespace: str, name: str, container: str,
                       since_seconds: int | None = None) -> AsyncIterator[bytes]:

@@ -3,8 +3,9 @@
 Every rank's log is streamed as it is written, each line prefixed `[rank N]`; the triggerer
 writes a trigger's log into its task instance's log (Airflow 3: `<try log>.trigger.<id>.log`,
 shown with the task log in the UI), so the lines appear while the job runs. Pod phases are
-polled (a list of the gang's pods by label every `poll_seconds`, plus the Nodes of running
-ranks: a rank on a node that is no longer Ready died with it) and judged by gpuboot.gang.
+read by a list of the gang's pods by label, again at each change a watch from that list
+reports, and at least every `poll_seconds` with the Nodes of running ranks (a rank on a node
+that is no longer Ready died with it), and judged by gpuboot.gang.
 It fires once, when every rank succeeded or the first one failed; the launch step then
 applies the one fate (gpuboot.steps.launch). A triggerer that restarts replays the logs from
 the start (lines may show twice), never misses the verdict.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -20,7 +22,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from gpuboot.gang import CONTAINER, LABEL_ATTEMPT, LABEL_RANK, judge
-from gpuboot.kube import AsyncKubeClient
+from gpuboot.kube import AsyncKubeClient, Gone
 from gpuboot.model import LABEL_JOB, TERMINATED_PHASES
 
 DRAIN_SECONDS = 10.0     # how long the verdict waits for the log streams to deliver their last lines
@@ -62,13 +64,14 @@ class GangTrigger(BaseTrigger):
         kube = AsyncKubeClient(self.kubernetes_conn_id)
         world = len(self.pods)
         phases: dict[int, str] = {}
-        followers = [asyncio.create_task(self._follow_log(kube, rank, phases)) for rank in range(world)]
+        updated = asyncio.Condition()     # notified each time `phases` is read anew
+        followers = [asyncio.create_task(self._follow_log(kube, rank, phases, updated)) for rank in range(world)]
         selector = f"{LABEL_JOB}={self.job_id},{LABEL_ATTEMPT}={self.attempt}"
         delay = self.poll_seconds
         try:
             while True:
                 try:
-                    listed = await kube.list_pods(self.namespace, selector)
+                    listed, version = await kube.list_pods(self.namespace, selector)
                     by_rank = {int(p["metadata"]["labels"][LABEL_RANK]): p for p in listed
                                if p["metadata"]["name"] in self.pods}
                     running = {(p.get("spec") or {}).get("nodeName") for p in by_rank.values()
@@ -85,6 +88,8 @@ class GangTrigger(BaseTrigger):
                     continue
                 for rank, pod in by_rank.items():
                     phases[rank] = (pod.get("status") or {}).get("phase") or "Pending"
+                async with updated:
+                    updated.notify_all()
                 state = judge(by_rank, world, nodes)
                 if state.status != "running":
                     # the streams end with their containers: let them deliver the last lines
@@ -97,14 +102,36 @@ class GangTrigger(BaseTrigger):
                         self.log.error("gang %s: %s", self.job_id, state.failure.describe())
                     yield self._event(state.status, state.failure)
                     return
-                await asyncio.sleep(self.poll_seconds)
+                await self._changed(kube, selector, version)
         finally:
             for task in followers:
                 task.cancel()
 
-    async def _follow_log(self, kube: AsyncKubeClient, rank: int, phases: dict[int, str]) -> None:
+    async def _changed(self, kube: AsyncKubeClient, selector: str, version: str | None) -> None:
+        """Return at the first change to the gang's pods after the list at `version` (a watch from
+        it: nothing written since is missed), or after `poll_seconds` without one, when the loop reads
+        the running ranks' Nodes again (a lost node changes no pod)."""
+        with contextlib.suppress(TimeoutError, Gone):        # Gone: the version expired, the loop re-lists
+            async with asyncio.timeout(self.poll_seconds):
+                try:
+                    async with contextlib.aclosing(kube.watch_pods(self.namespace, selector, version,
+                                                                   math.ceil(self.poll_seconds))) as events:
+                        async for _ in events:
+                            return
+                except (asyncio.CancelledError, TimeoutError, Gone):
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a watch refused or dropped: wait out the poll instead
+                    self.log.warning("watching the gang's pods failed (%s: %s); reading them again in %.0fs",
+                                     type(exc).__name__, str(exc)[:200], self.poll_seconds)
+                    await asyncio.sleep(self.poll_seconds)
+
+    async def _follow_log(self, kube: AsyncKubeClient, rank: int, phases: dict[int, str],
+                          updated: asyncio.Condition) -> None:
         """Stream one rank's log into this trigger's log; resume (dropping lines already seen by
-        their timestamp) when the stream ends before the pod does."""
+        their timestamp) when the stream ends before the pod does. A stream that ends (the
+        container exited, or had not started) is opened again as soon as the rank's phase is
+        seen to change, at most `poll_seconds` later; once the phase is final, one last read
+        takes what is left and the follower ends, which is what the verdict waits for."""
         name, last = self.pods[rank], 0
         while True:
             since = None if not last else max(1, int(time.time() - last / 1e9) + 2)
@@ -123,9 +150,12 @@ class GangTrigger(BaseTrigger):
                 raise
             except Exception:  # noqa: BLE001 - not started yet (400 ContainerCreating), or a dropped stream
                 pass
-            if phases.get(rank) in TERMINATED_PHASES:
+            seen = phases.get(rank)
+            if seen in TERMINATED_PHASES:
                 return
-            await asyncio.sleep(self.poll_seconds)
+            async with updated:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(updated.wait_for(lambda: phases.get(rank) != seen), self.poll_seconds)
 
 
 async def _node_or_none(kube: AsyncKubeClient, name: str) -> dict | None:

@@ -222,3 +222,35 @@ def test_a_gang_whose_rank_0_gets_no_pod_ip_fails_at_the_startup_timeout_and_del
     with pytest.raises(AirflowException, match=r"rank 0 \(pod .*\) got no pod IP .* within 2s .*deleted it"):
         launch.execute(context("launch"))
     assert KubeClient().list_pods("gpuboot.io/job=no-ip") == []
+
+
+@pytest.mark.parametrize("exit_code, status", [(0, "succeeded"), (3, "failed")])
+def test_the_gang_trigger_is_woken_by_its_pods_changing_not_by_its_poll(cloud, capfd, exit_code, status):
+    """GangTrigger reads the gang's pods again at each change a watch reports: with a poll of an
+    hour it still gives its verdict as soon as the ranks end (rank 1 exits with `exit_code`), with
+    the last line each rank wrote in its log."""
+    command = ["python", "-c", "import os, sys; print('rank', os.environ['RANK'], 'ends', flush=True); "
+               f"sys.exit({exit_code} if os.environ['RANK'] == '1' else 0)"]
+    job = {**JOB, "name": "pair", "cpu": "100m", "memory": "64Mi", "gpus": 0, "allow_gpu_nodes": True,
+           "replicas": 2, "command": command}
+    plan, pushed = place(job, job_id=f"woken-{exit_code}")
+    assert plan["outcome"] == "fits", plan["message"]
+    launch = GpuPodOperator(task_id="launch", job=pushed["job"], plan=plan, startup_timeout_seconds=30)
+    with pytest.raises(TaskDeferred) as deferred:
+        launch.execute(context("launch"))
+    path, kwargs = deferred.value.trigger.serialize()
+    trigger = type(deferred.value.trigger)(**{**kwargs, "poll_seconds": 3600.0})
+
+    async def verdict():
+        async for event in trigger.run():
+            return event.payload
+
+    payload = asyncio.run(asyncio.wait_for(verdict(), timeout=90))
+    logged = capfd.readouterr().out                   # the trigger's log (the triggerer files it with the task's)
+    assert payload["status"] == status
+    assert "[rank 1] rank 1 ends" in logged
+    if status == "succeeded":
+        assert "[rank 0] rank 0 ends" in logged
+    if status == "failed":
+        assert payload["failure"]["rank"] == 1 and payload["failure"]["exit_code"] == exit_code
+    ReleaseReservationOperator(task_id="release", job_id=f"woken-{exit_code}").execute(context("release"))
