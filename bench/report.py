@@ -82,21 +82,26 @@ def distributed(result: dict) -> str:
 
 
 def triggerer(result: dict) -> str:
-    rows = [{k: result.get(k) for k in ("triggers", "nodes", "ready", "blocking_callbacks", "worst_callback_cpu_s",
-                                         "worst_callback_wall_s", "worst_gc_s", "heartbeat_worst_lag_s", "loop_cpu_s",
-                                         "peak_node_watches", "last_fired_after_s")}]
-    columns = [("triggers", "triggers"), ("nodes", "booting nodes"), ("ready", "fired ready"),
+    keys = ("loop", "triggers", "nodes", "ready", "blocking_callbacks", "worst_callback_cpu_s", "worst_callback_wall_s",
+            "worst_gc_s", "heartbeat_worst_lag_s", "loop_cpu_s", "peak_node_watches", "last_fired_after_s")
+    rows = [{k: run.get(k) for k in keys} for run in result["runs"]]
+    columns = [("loop", "loop"), ("triggers", "triggers"), ("nodes", "booting nodes"), ("ready", "fired ready"),
                ("blocking_callbacks", f"blocking (> {result['threshold_s']:g} s CPU not GC, or > {result['wait_limit_s']:g} s)"),
                ("worst_callback_cpu_s", "worst callback CPU s"), ("worst_callback_wall_s", "worst callback wall s"), ("worst_gc_s", "worst GC pause s"),
                ("heartbeat_worst_lag_s", "worst loop lag s"), ("loop_cpu_s", "loop CPU s"),
                ("peak_node_watches", "Node watches"), ("last_fired_after_s", "last fired after s")]
-    slowest = "".join(f"  cpu {s['cpu_s']} s (GC {s['gc_s']} s), wall {s['wall_s']} s: {s['callback'][:300]}\n"
-                      for s in result.get("slowest") or [])
-    slowest += (f"(load average {result['load_average_1m']:g} on this machine when it ended: on a crowded machine "
-                f"even trivial callbacks, e.g. a timer's, wait for a core; that is wall time, not CPU)\n"
-                if "load_average_1m" in result else "")
+    lines = ""
+    for run in result["runs"]:
+        window = run.get("worst_lag_window") or {}
+        lines += (f"{run['loop']}: the worst lag, {run['heartbeat_worst_lag_s']} s at {run.get('heartbeat_worst_at_s')} s, "
+                  f"ran {window.get('callbacks')} callbacks for {window.get('callbacks_wall_s')} s; most: "
+                  + "; ".join(f"{kind[:60]} x{n} {wall} s" for kind, n, wall in (window.get("by_kind") or [])[:3]) + "\n")
+        lines += "".join(f"  {run['loop']} callback over {result['threshold_s']:g} s: cpu {s['cpu_s']} s (GC {s['gc_s']} s), "
+                         f"wall {s['wall_s']} s: {s['callback'][:300]}\n" for s in run.get("slowest") or [])
+    lines += (f"(load average {result['load_average_1m']:g} on this machine when it ended: on a crowded machine "
+              f"even trivial callbacks, e.g. a timer's, wait for a core; that is wall time, not CPU)\n")
     return ("== Triggerer loop: readiness triggers waiting at once in one fresh process (every callback timed)\n"
-            + format_table(rows, columns) + "\n" + (f"callbacks over {result['threshold_s']:g} s wall:\n{slowest}" if slowest else ""))
+            + format_table(rows, columns) + "\n" + lines)
 
 
 def gang(result: dict) -> str:
