@@ -68,6 +68,9 @@ class GangTrigger(BaseTrigger):
         followers = [asyncio.create_task(self._follow_log(kube, rank, phases, updated)) for rank in range(world)]
         selector = f"{LABEL_JOB}={self.job_id},{LABEL_ATTEMPT}={self.attempt}"
         delay = self.poll_seconds
+        loop = asyncio.get_running_loop()
+        nodes: dict[str, dict | None] = {}    # the running ranks' Nodes, all read again every poll_seconds
+        nodes_read = -math.inf
         try:
             while True:
                 try:
@@ -76,7 +79,9 @@ class GangTrigger(BaseTrigger):
                                if p["metadata"]["name"] in self.pods}
                     running = {(p.get("spec") or {}).get("nodeName") for p in by_rank.values()
                                if (p.get("status") or {}).get("phase") == "Running"} - {None}
-                    nodes = {n: await _node_or_none(kube, n) for n in running}
+                    if loop.time() - nodes_read >= self.poll_seconds:   # not per pod event: a gang's
+                        nodes, nodes_read = {}, loop.time()             # start is hundreds of them
+                    nodes = {n: nodes[n] if n in nodes else await _node_or_none(kube, n) for n in running}
                     delay = self.poll_seconds
                 except asyncio.CancelledError:
                     raise

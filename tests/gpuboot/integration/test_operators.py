@@ -13,7 +13,7 @@ from airflow.sdk.execution_time.task_runner import _serialize_rendered_fields
 from gpuboot.ecs import EcsHook
 from gpuboot.gang import gang_pods
 from gpuboot.jobspec import JobSpec
-from gpuboot.kube import KubeClient
+from gpuboot.kube import AsyncKubeClient, KubeClient
 from gpuboot.ledger import ReservationLedger
 from gpuboot.placement import Plan
 from gpuboot.steps.launch import GpuPodOperator
@@ -225,12 +225,15 @@ def test_a_gang_whose_rank_0_gets_no_pod_ip_fails_at_the_startup_timeout_and_del
 
 
 @pytest.mark.parametrize("exit_code, status", [(0, "succeeded"), (3, "failed")])
-def test_the_gang_trigger_is_woken_by_its_pods_changing_not_by_its_poll(cloud, capfd, exit_code, status):
+def test_the_gang_trigger_is_woken_by_its_pods_changing_not_by_its_poll(cloud, capfd, monkeypatch,
+                                                                         exit_code, status):
     """GangTrigger reads the gang's pods again at each change a watch reports: with a poll of an
     hour it still gives its verdict as soon as the ranks end (rank 1 exits with `exit_code`), with
-    the last line each rank wrote in its log."""
-    command = ["python", "-c", "import os, sys; print('rank', os.environ['RANK'], 'ends', flush=True); "
-               f"sys.exit({exit_code} if os.environ['RANK'] == '1' else 0)"]
+    the last line each rank wrote in its log. The ranks' Nodes are read per poll, not per change:
+    here once each, when its rank is first seen running."""
+    command = ["python", "-c", "import os, sys, time; rank = os.environ['RANK']; "   # rank 0 runs on after rank 1
+               "time.sleep(2 if rank == '0' else 0); print('rank', rank, 'ends', flush=True); "
+               f"sys.exit({exit_code} if rank == '1' else 0)"]
     job = {**JOB, "name": "pair", "cpu": "100m", "memory": "64Mi", "gpus": 0, "allow_gpu_nodes": True,
            "replicas": 2, "command": command}
     plan, pushed = place(job, job_id=f"woken-{exit_code}")
@@ -240,6 +243,14 @@ def test_the_gang_trigger_is_woken_by_its_pods_changing_not_by_its_poll(cloud, c
         launch.execute(context("launch"))
     path, kwargs = deferred.value.trigger.serialize()
     trigger = type(deferred.value.trigger)(**{**kwargs, "poll_seconds": 3600.0})
+    read_nodes = []
+    get_node = AsyncKubeClient.get_node
+
+    async def counted(self, name):
+        read_nodes.append(name)
+        return await get_node(self, name)
+
+    monkeypatch.setattr(AsyncKubeClient, "get_node", counted)
 
     async def verdict():
         async for event in trigger.run():
@@ -248,6 +259,7 @@ def test_the_gang_trigger_is_woken_by_its_pods_changing_not_by_its_poll(cloud, c
     payload = asyncio.run(asyncio.wait_for(verdict(), timeout=90))
     logged = capfd.readouterr().out                   # the trigger's log (the triggerer files it with the task's)
     assert payload["status"] == status
+    assert sorted(read_nodes) == sorted(set(read_nodes)) and read_nodes, read_nodes
     assert "[rank 1] rank 1 ends" in logged
     if status == "succeeded":
         assert "[rank 0] rank 0 ends" in logged
