@@ -123,9 +123,11 @@ def sqlite_database(home: Path) -> str:
 
     Airflow standalone runs five processes on one SQLite file. In SQLite's default journal mode
     a reader blocks a writer, and a lock held past the driver's 5 s default fails the statement
-    ("database is locked"): the API server answers 500. A loaded 2-core CI machine met that
-    once, on the unpause PATCH. WAL lets readers and one writer go on together (the mode is kept
-    in the file, so it is set before Airflow creates its tables); the timeout lets a writer wait.
+    ("database is locked"): the API server answers 500. One CI run on a loaded 2-core machine
+    got a 500 on the unpause PATCH, most likely that (its server log was not kept; a refused
+    request now prints the API server's last lines). WAL lets readers and one writer go on
+    together (the mode is kept in the file, so it is set before Airflow creates its tables); the
+    timeout lets a writer wait.
     """
     path = home / "airflow.db"
     with contextlib.closing(sqlite3.connect(path)) as db:
