@@ -98,13 +98,15 @@ def probe(specs: list[dict], threshold: float = 0.1, debug: bool = True) -> dict
             else:
                 collected[0] += time.thread_time() - gc_began[0]
 
-    ran: list[tuple[float, float, asyncio.events.Handle]] = []   # (began, wall s, handle) of every callback
+    # (began, wall s, callback) of every callback run: the callback, not its Handle, which in debug
+    # mode carries a stack that would otherwise be kept alive (and walked by every collection)
+    ran: list[tuple[float, float, object]] = []
 
     def timed_run(handle: asyncio.events.Handle) -> None:
         began, cpu, gc_cpu = time.perf_counter(), time.thread_time(), collected[0]
         run_handle(handle)
         wall, cpu, gc_cpu = time.perf_counter() - began, time.thread_time() - cpu, collected[0] - gc_cpu
-        ran.append((began, wall, handle))
+        ran.append((began, wall, handle._callback))
         if wall > threshold:
             slow.append({"callback": repr(handle)[:600], "wall_s": round(wall, 4), "cpu_s": round(cpu, 4),
                          "gc_s": round(gc_cpu, 4)})
@@ -121,10 +123,10 @@ def probe(specs: list[dict], threshold: float = 0.1, debug: bool = True) -> dict
         logging.getLogger("asyncio").removeHandler(debug_warnings)
     blocking = [s for s in slow if s["cpu_s"] - s["gc_s"] > threshold or s["wall_s"] > WAIT_LIMIT]
     start, end = result.pop("heartbeat_worst_window")
-    inside = [(wall, handle) for began, wall, handle in ran if start <= began <= end]
+    inside = [(wall, callback) for began, wall, callback in ran if start <= began <= end]
     by_kind: dict[str, list[float]] = {}
-    for wall, handle in inside:
-        by_kind.setdefault(_kind(handle), []).append(wall)
+    for wall, callback in inside:
+        by_kind.setdefault(_kind(callback), []).append(wall)
     result["worst_lag_window"] = {       # what the loop ran while the heartbeat waited its worst
         "callbacks": len(inside), "callbacks_wall_s": round(sum(w for w, _ in inside), 4),
         "by_kind": sorted(([k, len(v), round(sum(v), 4)] for k, v in by_kind.items()), key=lambda r: -r[2])[:8]}
@@ -135,9 +137,8 @@ def probe(specs: list[dict], threshold: float = 0.1, debug: bool = True) -> dict
             "worst_gc_s": max((s["gc_s"] for s in slow), default=None)}
 
 
-def _kind(handle: asyncio.events.Handle) -> str:
+def _kind(callback) -> str:
     """What a callback runs, without its arguments: a task's coroutine name, else the function's."""
-    callback = getattr(handle, "_callback", None)
     task = getattr(callback, "__self__", None)
     if isinstance(task, asyncio.Task):
         coro = task.get_coro()

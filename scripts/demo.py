@@ -119,22 +119,22 @@ def conn_env(connections_file: Path) -> dict[str, str]:
 
 
 def sqlite_database(home: Path) -> str:
-    """The demo's metadata database URL: SQLite in WAL mode, with a 30 s busy timeout.
+    """The demo's metadata database URL: SQLite in WAL mode.
 
     Airflow standalone runs five processes on one SQLite file. In SQLite's default journal mode
-    a reader blocks a writer, and a lock held past the driver's 5 s default fails the statement
-    ("database is locked"): the API server answers 500. One CI run on a loaded 2-core machine
-    got a 500 on the unpause PATCH, most likely that (its server log was not kept; a refused
-    request now prints the API server's last lines). WAL lets readers and one writer go on
-    together (the mode is kept in the file, so it is set before Airflow creates its tables); the
-    timeout lets a writer wait.
+    a reader blocks a writer, and a lock held past the driver's 5 s busy timeout fails the
+    statement ("database is locked"): the API server answers 500. WAL lets readers and one
+    writer go on together, so fewer statements meet a lock (the mode is kept in the file, so it
+    is set before Airflow creates its tables). Writers still take turns, and one can still be
+    failed: AirflowApi sends a call again. (A 30 s busy timeout was tried: in CI the API server
+    then held a request past the client's 30 s, with the scheduler's task calls waiting behind it.)
     """
     path = home / "airflow.db"
     with contextlib.closing(sqlite3.connect(path)) as db:
         mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
     if mode != "wal":
         raise DemoError(f"{path}: SQLite would not use WAL mode (got {mode!r})")
-    return f"sqlite:///{path}?timeout=30"
+    return f"sqlite:///{path}"
 
 
 def airflow_env(home: Path, port: int, password_file: Path, connections_file: Path) -> dict[str, str]:
@@ -244,11 +244,36 @@ def _group_alive(proc: subprocess.Popen) -> bool:
 
 
 class AirflowApi:
-    """The few REST API v2 calls the demo needs, authenticated with a JWT from /auth/token."""
+    """The few REST API v2 calls the demo needs, authenticated with a JWT from /auth/token.
+
+    Each call is sent again while the server answers 5xx or not at all, for up to RETRY_SECONDS.
+    On standalone's SQLite a statement that meets another process's lock fails after the driver's
+    5 s busy timeout ("database is locked"), and the API server answers 500: Airflow's own task
+    clients meet that and retry, and so does the demo. Every call it sends is safe to repeat: a run
+    is triggered with an id of the demo's own, so a repeat finds it (409) rather than adding one."""
+
+    RETRY_SECONDS = 120.0
 
     def __init__(self, base_url: str):
         self.base_url = base_url
         self.http = httpx.Client(base_url=base_url, timeout=30)
+
+    def send(self, method: str, path: str, **kwargs) -> httpx.Response:
+        deadline, delay = time.monotonic() + self.RETRY_SECONDS, 0.5
+        while True:
+            try:
+                r = self.http.request(method, path, **kwargs)
+                if r.status_code < 500:
+                    return r
+                problem = f"HTTP {r.status_code} {r.text[:200]}"
+            except httpx.TransportError as e:
+                problem = f"{type(e).__name__}: {e}"
+            if time.monotonic() + delay > deadline:
+                raise DemoError(f"{method} {path}: the API server kept failing for {self.RETRY_SECONDS:.0f}s; "
+                                f"last: {problem}")
+            say(f"{method} {path}: {problem}; sending it again in {delay:.1f}s")
+            time.sleep(delay)
+            delay = min(8.0, delay * 2)
 
     def healthy(self) -> bool:
         try:
@@ -259,13 +284,13 @@ class AirflowApi:
         return all((health.get(p) or {}).get("status") == "healthy" for p in parts)
 
     def login(self, user: str, password: str) -> None:
-        r = self.http.post("/auth/token", json={"username": user, "password": password})
+        r = self.send("POST", "/auth/token", json={"username": user, "password": password})
         if r.status_code != 201:
             raise DemoError(f"login as {user!r} refused: HTTP {r.status_code}")
         self.http.headers["Authorization"] = f"Bearer {r.json()['access_token']}"
 
     def get(self, path: str, **params) -> httpx.Response:
-        return self.http.get(f"/api/v2{path}", params=params)
+        return self.send("GET", f"/api/v2{path}", params=params)
 
     def dag_loaded(self, dag_id: str) -> bool:
         if self.get(f"/dags/{dag_id}").status_code == 200:
@@ -281,10 +306,14 @@ class AirflowApi:
 
     def trigger(self, dag_id: str, conf: dict, unpause: bool = True) -> str:
         if unpause:
-            r = self.http.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False})
+            r = self.send("PATCH", f"/api/v2/dags/{dag_id}", json={"is_paused": False})
             if r.status_code >= 300:
                 raise DemoError(f"unpausing {dag_id} refused: HTTP {r.status_code} {r.text}")
-        r = self.http.post(f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})
+        run_id = f"demo__{time.strftime('%Y%m%dT%H%M%S')}__{secrets.token_hex(4)}"
+        r = self.send("POST", f"/api/v2/dags/{dag_id}/dagRuns",
+                      json={"dag_run_id": run_id, "logical_date": None, "conf": conf})
+        if r.status_code == 409 and self.get(f"/dags/{dag_id}/dagRuns/{run_id}").status_code == 200:
+            return run_id                # a repeat of a request whose first answer was lost: the run is there
         if r.status_code >= 300:
             raise DemoError(f"trigger of {dag_id} refused: HTTP {r.status_code} {r.text}")
         return r.json()["dag_run_id"]
