@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import threading
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from airflow.sdk.execution_time.task_runner import _serialize_rendered_fields
 
 from gpuboot.ecs import EcsHook
-from gpuboot.gang import gang_pods
+from gpuboot.gang import LABEL_RANK, gang_pods
 from gpuboot.jobspec import JobSpec
 from gpuboot.kube import AsyncKubeClient, KubeClient
 from gpuboot.ledger import ReservationLedger
@@ -22,6 +24,7 @@ from gpuboot.steps.release import ReleaseReservationOperator
 from gpuboot.steps.start import StartGpuNodesOperator
 from gpuboot.steps.wait import GpuReadySensor
 from gpuboot.triggers import NodeGpuReadyTrigger
+from simcloud.testing import wait_until
 
 from .conftest import SETTLE_SECONDS
 
@@ -225,17 +228,19 @@ def test_a_gang_whose_rank_0_gets_no_pod_ip_fails_at_the_startup_timeout_and_del
 
 
 @pytest.mark.parametrize("exit_code, status", [(0, "succeeded"), (3, "failed")])
-def test_the_gang_trigger_is_woken_by_its_pods_changing_not_by_its_poll(cloud, capfd, monkeypatch,
+def test_the_gang_trigger_is_woken_by_its_pods_changing_not_by_its_poll(cloud, capfd, monkeypatch, tmp_path,
                                                                          exit_code, status):
     """GangTrigger reads the gang's pods again at each change a watch reports: with a poll of an
     hour it still gives its verdict as soon as the ranks end (rank 1 exits with `exit_code`), with
     the last line each rank wrote in its log. The ranks' Nodes are read per poll, not per change:
     here once each, when its rank is first seen running."""
-    command = ["python", "-c", "import os, sys, time; rank = os.environ['RANK']; "   # rank 0 runs on after rank 1
-               "time.sleep(2 if rank == '0' else 0); print('rank', rank, 'ends', flush=True); "
+    release = tmp_path / "release-rank-0"          # rank 0 runs on until the test has seen rank 1 end
+    os.mkfifo(release)
+    command = ["python", "-c", "import os, sys; rank = os.environ['RANK']; "
+               "rank == '0' and open(os.environ['RELEASE']).read(); print('rank', rank, 'ends', flush=True); "
                f"sys.exit({exit_code} if rank == '1' else 0)"]
     job = {**JOB, "name": "pair", "cpu": "100m", "memory": "64Mi", "gpus": 0, "allow_gpu_nodes": True,
-           "replicas": 2, "command": command}
+           "replicas": 2, "command": command, "env": {"RELEASE": str(release)}}
     plan, pushed = place(job, job_id=f"woken-{exit_code}")
     assert plan["outcome"] == "fits", plan["message"]
     launch = GpuPodOperator(task_id="launch", job=pushed["job"], plan=plan, startup_timeout_seconds=30)
@@ -252,11 +257,22 @@ def test_the_gang_trigger_is_woken_by_its_pods_changing_not_by_its_poll(cloud, c
 
     monkeypatch.setattr(AsyncKubeClient, "get_node", counted)
 
+    def release_rank_0_once_rank_1_ended():
+        wait_until(lambda: any(p["metadata"]["labels"][LABEL_RANK] == "1" and p["status"].get("phase") in
+                               ("Succeeded", "Failed") for p in KubeClient().list_pods(f"gpuboot.io/job=woken-{exit_code}")),
+                   timeout=60, interval=0.1, message="rank 1 did not end")
+        with open(release, "w"):                  # rank 0's read returns when this closes
+            pass
+
+    releaser = threading.Thread(target=release_rank_0_once_rank_1_ended, daemon=True)
+    releaser.start()
+
     async def verdict():
         async for event in trigger.run():
             return event.payload
 
     payload = asyncio.run(asyncio.wait_for(verdict(), timeout=90))
+    releaser.join(timeout=60)
     logged = capfd.readouterr().out                   # the trigger's log (the triggerer files it with the task's)
     assert payload["status"] == status
     assert sorted(read_nodes) == sorted(set(read_nodes)) and read_nodes, read_nodes
