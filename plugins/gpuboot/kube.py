@@ -509,7 +509,7 @@ class AsyncKubeClient:
         from kubernetes_asyncio import client
 
         async with hook.get_conn() as api:
-            response = await client.CoreV1Api(api).read_node(name, _preload_content=False)
+            response = await _checked(await client.CoreV1Api(api).read_node(name, _preload_content=False))
             return json.loads(await response.read())
 
     def node_events(self, name: str, resource_version: str | None, log=None) -> NodeEvents:
@@ -543,10 +543,10 @@ class AsyncKubeClient:
 
         async with hook.get_conn() as api:
             try:
-                response = await open_watch(
+                response = await _checked(await open_watch(
                     client.CoreV1Api(api), resource_version=resource_version,
                     timeout_seconds=max(1, int(timeout_seconds)), _request_timeout=timeout_seconds + 30,
-                    _preload_content=False)
+                    _preload_content=False))
             except ApiException as exc:
                 if exc.status == 410:
                     raise Gone(str(exc.reason)) from None
@@ -565,8 +565,8 @@ class AsyncKubeClient:
         from kubernetes_asyncio import client
 
         async with hook.get_conn() as api:
-            response = await client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=label_selector,
-                                                                       _preload_content=False)
+            response = await _checked(await client.CoreV1Api(api).list_namespaced_pod(
+                namespace, label_selector=label_selector, _preload_content=False))
             listed = json.loads(await response.read())
             return listed.get("items") or [], (listed.get("metadata") or {}).get("resourceVersion")
 
@@ -580,15 +580,34 @@ class AsyncKubeClient:
 
         async with hook.get_conn() as api:
             kwargs = {"since_seconds": since_seconds} if since_seconds else {}
-            response = await client.CoreV1Api(api).read_namespaced_pod_log(
+            response = await _checked(await client.CoreV1Api(api).read_namespaced_pod_log(
                 name, namespace, container=container, follow=True, timestamps=True, _preload_content=False,
-                **kwargs)
+                **kwargs))
             try:
                 async for line in response.content:
                     yield line
             finally:
                 response.release()
 
+
+
+async def _checked(response):
+    """`response` if its status is 2xx, else the ApiException the sync client would raise.
+
+    kubernetes_asyncio checks the status only when it preloads the body: a raw response
+    (_preload_content=False, how these reads avoid its model objects) of a 404, 403 or 400
+    would otherwise read as the object asked for, a Status in its place."""
+    if 200 <= response.status <= 299:
+        return response
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    try:
+        body = (await response.read()).decode("utf-8", errors="replace")
+    finally:
+        response.release()
+    with contextlib.suppress(ValueError, AttributeError):
+        body = json.loads(body).get("message") or body
+    raise ApiException(status=response.status, reason=f"{response.reason}: {str(body)[:300]}")
 
 
 def watch_event(line: bytes | str) -> tuple[str, dict]:

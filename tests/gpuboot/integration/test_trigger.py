@@ -344,3 +344,31 @@ def test_a_rule_watching_only_whole_gpus_commits_a_gpu_mem_pod_that_fails_admiss
     assert payload["status"] == "ready", payload
     assert run_pod("mem-after-gpu-only", node=SHARED, resource=GPU_MEM, count=8) == \
         ("Failed", "UnexpectedAdmissionError")
+
+
+def test_the_async_client_raises_the_status_an_error_answer_carries(cloud, monkeypatch):
+    """kubernetes_asyncio checks a status only when it preloads the body; our raw reads check it
+    themselves, so a 404 or 403 raises as from the sync client instead of reading as the object.
+    As the product's ServiceAccount, whose pods/log right is in the job namespaces only."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    expose_connections(cloud.gpuboot_connections(), monkeypatch)
+
+    async def status_of(call) -> int:
+        try:
+            await call
+        except ApiException as exc:
+            return exc.status
+        raise AssertionError("no error raised")
+
+    async def first_line(namespace, pod):
+        async for line in AsyncKubeClient().pod_log(namespace, pod, "base"):
+            return line
+
+    async def check():
+        kube = AsyncKubeClient()
+        return (await status_of(kube.get_node("no-such-node")),
+                await status_of(first_line("gpu-jobs", "no-such-pod")),
+                await status_of(first_line("kube-system", "any")))       # pods/log: the job namespaces only
+
+    assert asyncio.run(check()) == (404, 404, 403)
