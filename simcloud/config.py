@@ -73,6 +73,10 @@ class Faults:
     ecs_api_quota_window_seconds: float = 60.0
     k8s_latency_ms: int = 0               # added to every Kubernetes API request
     k8s_conflict_burst: int = 0           # the next N ConfigMap writes are answered 409 Conflict
+    # A followed pod log stream is ended (cleanly, mid-run) this long after it opened; 0: never. A real
+    # one ends so at an API server restart, a load balancer's idle timeout or the kubelet's
+    # streamingConnectionIdleTimeout (4 h): a follower must open it again while the pod runs on.
+    log_stream_cut_seconds: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import json
 import logging
 import time
@@ -413,16 +414,19 @@ class K8sApi:
         response = web.StreamResponse(headers={"Content-Type": "text/plain", "Cache-Control": "no-cache"})
         response.enable_chunked_encoding()
         await response.prepare(request)
+        cut = self.faults.log_stream_cut_seconds if _truthy(q.get("follow")) else 0.0
         try:
-            if not done:
-                try:
-                    pending_chunk = await first
-                except StopAsyncIteration:
-                    await response.write_eof()
-                    return response
-            await response.write(pending_chunk)
-            async for chunk in chunks:
-                await response.write(chunk)
+            with contextlib.suppress(TimeoutError):   # the fault: the stream ends while the container runs
+                async with asyncio.timeout(cut if cut > 0 else None):
+                    if not done:
+                        try:
+                            pending_chunk = await first
+                        except StopAsyncIteration:
+                            await response.write_eof()
+                            return response
+                    await response.write(pending_chunk)
+                    async for chunk in chunks:
+                        await response.write(chunk)
             await response.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
             pass

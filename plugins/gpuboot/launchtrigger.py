@@ -26,6 +26,7 @@ from gpuboot.kube import AsyncKubeClient, Gone
 from gpuboot.model import LABEL_JOB, TERMINATED_PHASES
 
 DRAIN_SECONDS = 10.0     # how long the verdict waits for the log streams to deliver their last lines
+REOPEN_SECONDS = 1.0     # a running rank's log stream that ended is opened again no sooner than this
 
 
 def stamp_ns(stamp: str) -> int:
@@ -133,12 +134,15 @@ class GangTrigger(BaseTrigger):
     async def _follow_log(self, kube: AsyncKubeClient, rank: int, phases: dict[int, str],
                           updated: asyncio.Condition) -> None:
         """Stream one rank's log into this trigger's log; resume (dropping lines already seen by
-        their timestamp) when the stream ends before the pod does. A stream that ends (the
-        container exited, or had not started) is opened again as soon as the rank's phase is
-        seen to change, at most `poll_seconds` later; once the phase is final, one last read
-        takes what is left and the follower ends, which is what the verdict waits for."""
+        their timestamp) when the stream ends before the pod does. A stream that ends while the
+        rank runs (the server cut it, or the container just exited) is opened again at once, at
+        most once per REOPEN_SECONDS; one that would not open (not started) again when the rank's
+        phase is seen to change, at most `poll_seconds` later. Once the phase is final, one last
+        read takes what is left and the follower ends, which is what the verdict waits for."""
         name, last = self.pods[rank], 0
+        loop = asyncio.get_running_loop()
         while True:
+            opened = loop.time()
             since = None if not last else max(1, int(time.time() - last / 1e9) + 2)
             try:
                 async for raw in kube.pod_log(self.namespace, name, CONTAINER, since_seconds=since):
@@ -158,9 +162,12 @@ class GangTrigger(BaseTrigger):
             seen = phases.get(rank)
             if seen in TERMINATED_PHASES:
                 return
+            pause = self.poll_seconds
+            if seen == "Running":
+                pause = min(pause, max(0.0, REOPEN_SECONDS - (loop.time() - opened)))
             async with updated:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(updated.wait_for(lambda: phases.get(rank) != seen), self.poll_seconds)
+                    await asyncio.wait_for(updated.wait_for(lambda: phases.get(rank) != seen), pause)
 
 
 async def _node_or_none(kube: AsyncKubeClient, name: str) -> dict | None:

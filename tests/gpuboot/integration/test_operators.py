@@ -282,3 +282,70 @@ def test_the_gang_trigger_is_woken_by_its_pods_changing_not_by_its_poll(cloud, c
     if status == "failed":
         assert payload["failure"]["rank"] == 1 and payload["failure"]["exit_code"] == exit_code
     ReleaseReservationOperator(task_id="release", job_id=f"woken-{exit_code}").execute(context("release"))
+
+
+class LineRecorder:
+    """The trigger's logger, recording each formatted line (read by the test while the trigger runs)."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def _record(self, msg, *args, **_):
+        self.lines.append(msg % args if args else msg)
+
+    info = warning = error = debug = exception = _record
+
+
+def test_a_log_stream_cut_while_the_rank_runs_is_opened_again_at_once(cloud, monkeypatch, tmp_path):
+    """The API server ends a followed log stream mid-run (the local cloud's fault: every 0.5 s);
+    GangTrigger opens it again while the rank runs on, so a line written after the cut reaches
+    the task log before anything else about the pod changes (the poll here is an hour), and
+    every line shows exactly once."""
+    cloud.set_faults(log_stream_cut_seconds=0.5)
+    gates = [tmp_path / "gate-1", tmp_path / "gate-2"]
+    for gate in gates:
+        os.mkfifo(gate)
+    command = ["python", "-c", "import os; print('one', flush=True); open(os.environ['GATE_1']).read(); "
+               "print('two', flush=True); open(os.environ['GATE_2']).read(); print('three', flush=True)"]
+    job = {**JOB, "name": "cut", "cpu": "100m", "memory": "64Mi", "gpus": 0, "allow_gpu_nodes": True,
+           "command": command, "env": {"GATE_1": str(gates[0]), "GATE_2": str(gates[1])}}
+    plan, pushed = place(job, job_id="cut-log")
+    assert plan["outcome"] == "fits", plan["message"]
+    launch = GpuPodOperator(task_id="launch", job=pushed["job"], plan=plan, startup_timeout_seconds=30)
+    with pytest.raises(TaskDeferred) as deferred:
+        launch.execute(context("launch"))
+    _, kwargs = deferred.value.trigger.serialize()
+    trigger = type(deferred.value.trigger)(**{**kwargs, "poll_seconds": 3600.0})
+    trigger._log = recorder = LineRecorder()
+    opens = []
+    pod_log = AsyncKubeClient.pod_log
+
+    def counted(self, *args, **kwargs):
+        opens.append(args[1])
+        return pod_log(self, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncKubeClient, "pod_log", counted)
+
+    def open_gate(gate, once):
+        wait_until(once, timeout=30, interval=0.05, message=f"before {gate.name}: {recorder.lines}, {len(opens)} opens")
+        with open(gate, "w"):                      # the rank's read returns when this closes
+            pass
+
+    def gatekeeper():
+        open_gate(gates[0], lambda: "[rank 0] one" in recorder.lines and len(opens) >= 3)   # cut twice meanwhile
+        open_gate(gates[1], lambda: "[rank 0] two" in recorder.lines)   # came while the rank still runs
+
+    keeper = threading.Thread(target=gatekeeper, daemon=True)
+    keeper.start()
+
+    async def verdict():
+        async for event in trigger.run():
+            return event.payload
+
+    payload = asyncio.run(asyncio.wait_for(verdict(), timeout=90))
+    keeper.join(timeout=60)
+    assert not keeper.is_alive()
+    assert payload["status"] == "succeeded", payload
+    assert [line for line in recorder.lines if line.startswith("[rank 0]")] == \
+        ["[rank 0] one", "[rank 0] two", "[rank 0] three"]
+    ReleaseReservationOperator(task_id="release", job_id="cut-log").execute(context("release"))

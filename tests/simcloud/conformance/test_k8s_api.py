@@ -306,6 +306,21 @@ def test_followed_log_of_a_quiet_container_streams_lines_as_they_come(k8s: K8sSe
     assert b"".join(stream.stream(amt=1024)) == b"warming up\n"
 
 
+def test_the_log_cut_fault_ends_a_followed_stream_while_the_container_runs(k8s: K8sServer):
+    v1 = k8s.core_v1()
+    v1.create_namespaced_pod(NS, pod_body("cut", node_selector={"none": "x"}))
+    k8s.on_loop(lambda: k8s.store.bind(NS, "cut", "gpu-a"))
+    k8s.logs.lines.setdefault((NS, "cut"), []).append(b"epoch 1\n")
+    k8s.faults.log_stream_cut_seconds = 0.5
+    started = time.monotonic()
+    stream = v1.read_namespaced_pod_log("cut", NS, follow=True, _preload_content=False)
+    assert stream.status == 200
+    assert b"".join(stream.stream(amt=1024)) == b"epoch 1\n"     # ended, though nothing ended the pod
+    assert time.monotonic() - started >= 0.5
+    assert v1.read_namespaced_pod("cut", NS).status.phase != "Succeeded"
+    k8s.faults.log_stream_cut_seconds = 0.0
+
+
 def test_latency_fault_and_deletecollection(k8s: K8sServer):
     v1 = k8s.core_v1()
     for i in range(3):
