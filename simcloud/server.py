@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import json
 import logging
 import os
@@ -202,6 +203,10 @@ async def serve(fleet: Fleet, workdir: Path, k8s_port: int = 0, ecs_port: int = 
     try:
         await cloud.start(k8s_port, ecs_port)
         cloud.write_files()
+        # The fleet's objects live as long as the server: frozen, the full collections that
+        # request garbage triggers skip them (10,000 nodes and 80,000 pods: pauses of 0.1-0.7 s).
+        gc.collect()
+        gc.freeze()
         running = sum(1 for n in fleet.nodes if n.status == "Running")
         print(f"simcloud ready: kubernetes {cloud.k8s_url} ecs {cloud.ecs_endpoint} region {fleet.region} "
               f"nodes {len(fleet.nodes)} ({running} running) workdir {workdir}", flush=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -41,6 +42,34 @@ def _raw(response) -> dict:
     return json.loads(response.data)
 
 
+_paused = 0                  # threads inside collector_paused()
+_resume = False              # whether the collector was on when the first of them came in
+_pause_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while a long list is read and parsed.
+
+    Parsed JSON holds no cycles (reference counting frees it), yet each full collection walks
+    every object alive, and the dicts of 80,000 pods trigger many: the collections cost more
+    than the parsing (4.7 s against 1.3 s on the bench's 10,000-node fleet). The collector is
+    the process's: the last thread out turns it back on, and only if it was on before."""
+    global _paused, _resume
+    with _pause_lock:
+        if _paused == 0:
+            _resume = gc.isenabled()
+            gc.disable()
+        _paused += 1
+    try:
+        yield
+    finally:
+        with _pause_lock:
+            _paused -= 1
+            if _paused == 0 and _resume:
+                gc.enable()
+
+
 class KubeClient:
     """Synchronous access for operators (KubernetesHook(conn_id=...))."""
 
@@ -62,12 +91,13 @@ class KubeClient:
     def _list(self, method, **kwargs) -> list[dict]:
         items: list[dict] = []
         token = None
-        while True:
-            page = _raw(method(limit=PAGE, _continue=token, _preload_content=False, **kwargs))
-            items.extend(page.get("items") or [])
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return items
+        with collector_paused():
+            while True:
+                page = _raw(method(limit=PAGE, _continue=token, _preload_content=False, **kwargs))
+                items.extend(page.get("items") or [])
+                token = (page.get("metadata") or {}).get("continue")
+                if not token:
+                    return items
 
     def list_nodes(self) -> list[dict]:
         return self._list(self.core.list_node)
