@@ -168,6 +168,27 @@ def pod_is_active(pod: Mapping) -> bool:
         (pod.get("status") or {}).get("phase") not in TERMINATED_PHASES
 
 
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+
+
+def is_workload_pod(pod: Mapping) -> bool:
+    """Work that keeps a node up: not terminated, not a DaemonSet pod, not a static (mirror) pod
+    (those run on every node from its boot). Scale-down's "busy" and the node's busy_since."""
+    meta = pod.get("metadata") or {}
+    if (pod.get("status") or {}).get("phase") in TERMINATED_PHASES:
+        return False
+    if MIRROR_ANNOTATION in (meta.get("annotations") or {}):
+        return False
+    return not any(ref.get("kind") == "DaemonSet" for ref in meta.get("ownerReferences") or ())
+
+
+def _pod_started(pod: Mapping, now: float) -> float:
+    """When the pod started (status.startTime), else when it was created; `now` if neither is known."""
+    started = parse_time((pod.get("status") or {}).get("startTime")) or \
+        parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
+    return now if started is None else min(started, now)
+
+
 # --- the inventory ------------------------------------------------------------
 
 def _tags(instance: Mapping) -> dict[str, str]:
@@ -308,11 +329,16 @@ def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],
     used: dict[str, dict[str, int]] = defaultdict(dict)
     backed: set[tuple[str, str, str]] = set()
     holders: dict[str, dict[str, None]] = defaultdict(dict)     # node -> holders, in order, once each
+    busy_since: dict[str, float] = {}     # node -> when its oldest workload pod started
     for pod in pods:
         if not pod_is_active(pod):
             continue
         node_name = pod["spec"]["nodeName"]
         _add(used[node_name], pod_requests(pod))
+        if is_workload_pod(pod):
+            started = _pod_started(pod, now)
+            if started < busy_since.get(node_name, float("inf")):
+                busy_since[node_name] = started
         meta = pod.get("metadata") or {}
         labels = meta.get("labels") or {}
         if LABEL_JOB in labels and LABEL_TASK in labels:
@@ -390,6 +416,7 @@ def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],
             price_per_hour=_price(labels, annotations, itype, instance.get("ZoneId")),
             managed=managed,
             holders=tuple(holders.get(name, ())),
+            busy_since=busy_since.get(name) if state is NodeState.READY else None,     # work runs on running nodes
         ))
         _share_twin(views[-1], twins)
     return views

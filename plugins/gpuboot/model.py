@@ -90,6 +90,11 @@ class NodeView:
     price_per_hour: float | None = None
     managed: bool = False
     holders: tuple[str, ...] = ()     # who uses its capacity (jobs, other pods), for "busy" reasons
+    # When the oldest workload still on the running node started (epoch seconds; None: no workload
+    # pod, or the node is not running).
+    # Placement fills the node whose work started earliest first (gpuboot.placement, "Among running
+    # nodes"); it orders nodes a verdict already ranked equal, so it is no twin input.
+    busy_since: float | None = None
     # A token twins share: views with one token are equal in all that placement judges a node by
     # but what is the node's own (name, labels, reason, offering, holders; see
     # gpuboot.placement._twin_inputs), so it judges them once. Each view gets its own, and

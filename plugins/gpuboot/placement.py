@@ -29,18 +29,26 @@ long as the decision keeps it up, and makes the job wait:
 
 Order: the state first (running beats booting beats stopped beats stopping: a start is
 never traded for money), then the cost, then more of the job's tasks on one node, then
-(nodes needing a start) the smaller node and the most CPU and memory per GPU, then the name.
-Because the hours are shared per slot, the cost ranks nodes of one state by price per slot
-whatever the hours; the hours and the wait make the figure a decision's real cost (shown in
-the table and kept in the score for audits).
+(nodes needing a start) the smaller node and the most CPU and memory per GPU, then the
+oldest work first (a node without work last), then the name. Because the hours are shared per slot,
+the cost ranks nodes of one state by price per slot whatever the hours; the hours and the
+wait make the figure a decision's real cost (shown in the table and kept in the score for
+audits).
 
-Among running nodes the order is deliberately stable (cost, then name) rather than
-"fullest first": on the openb replay (README, Performance) fullest-first made a node that
-just lost a job the least attractive, so it drained, stopped after the idle timeout, and the
-next burst had to boot again (159 boots, 4.6 s mean wait on 60 nodes); a stable order keeps
-refilling the same cheap nodes and lets the dear or last ones drain (84 boots, 2.2 s, and
-4 % cheaper). The score only grows as the remaining task count drops, which keeps the lazy
-heap in _assign exact.
+Among running nodes of equal cost, the one whose oldest work started earliest
+(`NodeView.busy_since`) takes the task, and an empty node comes last. What a task costs
+there is how much longer it keeps the node up, and a job's duration is unknown at arrival
+but heavy-tailed (on the openb trace the 81 jobs longer than a day hold 90 % of the
+GPU-hours; a job that has run a day runs another with odds of 3 in 4): a node whose work has
+run longest will most likely stay up anyway, so a task that turns out long costs least
+there, and the nodes of younger work drain and stop. It is cheaper than a stable name order
+(the replay: 120.9k against 125.7k USD), but keeps less slack up, so on its own it boots
+twice as often; the scale-down's spare rule (gpuboot.idle.IdleRule) buys that back (README,
+Performance). The order is not part of a node's verdict or twin token: _judge sorts each
+class's nodes by it, so twins are still judged once. Fullest-first, tried earlier, drained
+the node that had just lost a job instead (159 boots, 4.6 s mean wait, 4 % dearer). The
+score only grows as the remaining task count drops, which keeps the lazy heap in _assign
+exact.
 """
 from __future__ import annotations
 
@@ -48,6 +56,7 @@ import collections
 import functools
 import heapq
 import itertools
+import math
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -397,6 +406,21 @@ def _score(node: NodeView, free: Resources, need: Resources, remaining: int,
     return (*key, node.allocatable.gpus, -_headroom(node, need)), k
 
 
+_busy_since = operator.attrgetter("busy_since")
+
+
+def _work_order(nodes: Sequence[NodeView]) -> list[float]:
+    """Per node, what ranks nodes of equal score: the start of its oldest work, earliest first, and
+    a node without work (busy_since None: empty, or not running) last (module doc)."""
+    return [math.inf if t is None else t for t in map(_busy_since, nodes)]
+
+
+def _ranked(score: tuple, node: NodeView) -> tuple:
+    """A candidate row's score with the node's work order, which ranks twins: (0, start) or (1, 0.0)
+    for none (JSON has no infinity)."""
+    return (*score, 1, 0.0) if node.busy_since is None else (*score, 0, node.busy_since)
+
+
 # All that `_score` and `_twin_exclusion` read of a node, by value: nodes with equal inputs (twins)
 # get equal verdicts and scores, so placement judges each class of twins once. Keep it in step with
 # both (tests/gpuboot/unit/test_placement_reference.py checks plans against a placer that judges
@@ -433,6 +457,7 @@ class _Group:
     # the fitting nodes by class of twins: (_score on the free capacity, k), its nodes in name order
     classes: list[tuple[tuple[tuple, int], list[int]]] = field(default_factory=list)
     verdicts: list[int] = field(default_factory=list)      # per node: its index into classes, if it fits
+    order: list[float] = field(default_factory=list)       # per node: _work_order, among equal scores
 
     def fits(self, i: int) -> tuple[tuple, int]:
         """(score, k) of a node that fits."""
@@ -454,7 +479,8 @@ def _groups(job: JobRequest, nodes: Sequence[NodeView], whole_fleet: bool, unava
                                                 -t.requests.get(MEMORY), t.name))
     for task in ordered:
         by_shape.setdefault(task.shape(), []).append(task)
-    groups = [_Group(tasks) for tasks in by_shape.values()]
+    order = _work_order(nodes)
+    groups = [_Group(tasks, order=order) for tasks in by_shape.values()]
     tokens, firsts = _tokens(nodes)
     for group in groups:
         _judge(group, nodes, tokens, firsts, whole_fleet, unavailable, blocked, cost, run_hours)
@@ -528,6 +554,8 @@ def _judge(group: _Group, nodes: Sequence[NodeView], tokens: list, firsts: dict,
     group.too_small, group.busy = kept(_TOO_SMALL), kept(_BUSY)
     for c, (_, members) in enumerate(group.classes):
         members.extend(kept(c))
+        if len(members) > 1:      # oldest work first; a stable sort keeps names in order
+            members.sort(key=group.order.__getitem__)
 
 
 def _assign(groups: list[_Group], nodes: Sequence[NodeView], cost: CostModel = DEFAULT_COST,
@@ -537,7 +565,7 @@ def _assign(groups: list[_Group], nodes: Sequence[NodeView], cost: CostModel = D
     Lazy heap: a popped node is re-scored with the current remaining count; since scores
     only grow, an unchanged score is the true best. The heap starts with the first node of each
     class of twins `_judge` found (the next one enters when it pops: twins tie, and ties go by
-    name) and each node an earlier shape took capacity from, so work is O(nodes) per shape to
+    _work_order, then name) and each node an earlier shape took capacity from, so work is O(nodes) per shape to
     find the classes plus O(log nodes) per task.
     """
     placed: dict[str, int] = {}
@@ -546,25 +574,26 @@ def _assign(groups: list[_Group], nodes: Sequence[NodeView], cost: CostModel = D
         need, pending = group.tasks[0].requests, list(group.tasks)
         queues = [(scored[0], [i for i in members if i not in changed] if changed else members)
                   for scored, members in group.classes]
-        heap = [(score, nodes[members[0]].name, members[0], q, 0) for q, (score, members) in enumerate(queues)
-                if members]
+        order = group.order
+        heap = [(score, order[members[0]], nodes[members[0]].name, members[0], q, 0)
+                for q, (score, members) in enumerate(queues) if members]
         for i in [j for j in changed if j not in group.excluded]:     # the eligible ones
             scored = _score(nodes[i], changed[i], need, len(pending), cost, run_hours)
             if scored:
-                heap.append((scored[0], nodes[i].name, i, -1, 0))
+                heap.append((scored[0], order[i], nodes[i].name, i, -1, 0))
         heapq.heapify(heap)
         while pending and heap:
-            score, name, i, q, at = heapq.heappop(heap)
-            if q >= 0 and at + 1 < len(queues[q][1]):     # its twin next in name order takes its place
+            score, rank, name, i, q, at = heapq.heappop(heap)
+            if q >= 0 and at + 1 < len(queues[q][1]):     # its twin next in its class's order takes its place
                 j = queues[q][1][at + 1]
-                heapq.heappush(heap, (score, nodes[j].name, j, q, at + 1))
+                heapq.heappush(heap, (score, order[j], nodes[j].name, j, q, at + 1))
             free = changed[i] if i in changed else nodes[i].free
             rescored = _score(nodes[i], free, need, len(pending), cost, run_hours)
             if rescored is None:
                 continue
             current, k = rescored
             if current != score:
-                heapq.heappush(heap, (current, name, i, -1, 0))
+                heapq.heappush(heap, (current, rank, name, i, -1, 0))
                 continue
             for task in pending[:k]:
                 placed[task.name] = i
@@ -601,18 +630,20 @@ def _row(group: _Group, nodes: Sequence[NodeView], i: int, verdict: Verdict) -> 
         return Candidate(first.name, node.name, node.state, verdict,
                          f"free now: {_short(need, node.free)}{_held_by(node)}", None)
     score, k = group.fits(i)
-    return Candidate(first.name, node.name, node.state, verdict, f"{node.reason}; free {_words(node.free)}", score,
-                     _facts(node, need, k))
+    return Candidate(first.name, node.name, node.state, verdict, f"{node.reason}; free {_words(node.free)}",
+                     _ranked(score, node), _facts(node, need, k))
 
 
 def _best_fits(group: _Group, pick: int | None, take: int) -> list[int]:
-    """The first `take` fitting nodes but `pick` in table order (score, then name), from the classes:
-    sorted by score, twins already in name order, classes of equal score merged by name."""
+    """The first `take` fitting nodes but `pick` in table order (score, work order, then name), from
+    the classes: sorted by score, twins already in that order, classes of equal score merged by it."""
     out: list[int] = []
     by_score = sorted(group.classes, key=lambda c: c[0][0])
+    order = group.order
     for _, level in itertools.groupby(by_score, key=lambda c: c[0][0]):
         lists = [members for _, members in level]
-        for i in (lists[0] if len(lists) == 1 else heapq.merge(*lists)):   # index order = name order
+        merged = lists[0] if len(lists) == 1 else heapq.merge(*lists, key=lambda i: (order[i], i))  # index = name
+        for i in merged:
             if len(out) >= take:
                 return out
             if i != pick:

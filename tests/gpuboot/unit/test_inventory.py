@@ -268,3 +268,26 @@ def test_twins_share_one_twin_token_and_nothing_else_does():
     # a view changed afterwards is nobody's twin any more, not even of the view it came from
     changed = replace(views["a"], allocated=views["c"].allocated)
     assert changed.twin is not views["a"].twin and changed.twin is not views["c"].twin
+
+
+def test_busy_since_is_when_the_oldest_workload_pod_started():
+    """Placement's oldest-work order: DaemonSet and static pods run on every node from its boot and
+    do not count; a pod not started yet counts from its creation, a terminated one not at all."""
+    n = node("a", heartbeat=NOW - 5)
+
+    def started(p, at, key="startTime"):
+        (p["status"] if key == "startTime" else p["metadata"])[key] = iso(at)
+        return p
+    daemon = started(pod("dp", "a"), NOW - 9000)
+    daemon["metadata"]["ownerReferences"] = [{"kind": "DaemonSet", "name": "nvidia-device-plugin"}]
+    mirror = started(pod("static", "a"), NOW - 9000)
+    mirror["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "x"}
+    done = started(pod("done", "a", phase="Succeeded"), NOW - 8000)
+    work = [started(pod("w1", "a"), NOW - 600), started(pod("w2", "a", phase="Pending"), NOW - 3000,
+                                                        "creationTimestamp")]
+    assert one(n, instance("a", start=STARTED), pods=[daemon, mirror, done, *work]).busy_since == NOW - 3000
+    assert one(n, instance("a", start=STARTED), pods=[daemon, mirror, done]).busy_since is None
+    assert one(n, instance("a", start=STARTED), pods=[pod("no-times", "a")]).busy_since == NOW
+    # nothing runs on a node that is not running, whatever pods are still bound to it
+    stopped = one(n, instance("a", "Stopped"), pods=work)
+    assert stopped.state is NodeState.STOPPED and stopped.busy_since is None

@@ -352,3 +352,37 @@ def test_plans_and_views_survive_deepcopy_and_pickle():
     plan = place(job(task(gpus=2)), nodes)
     assert pickle.loads(pickle.dumps(plan)) == plan and copy.deepcopy(plan) == plan
     assert pickle.loads(pickle.dumps(nodes)) == nodes
+
+
+def test_among_equal_running_nodes_the_oldest_work_takes_the_task_and_an_empty_node_comes_last():
+    """The node whose work has run longest most likely stays up anyway (module doc): new work goes
+    there, so the nodes of young work can drain; a node with nothing on it is the last choice."""
+    nodes = [nv("a-empty", gpus=4), nv("b-young", gpus=4, used={GPU: 1}, busy_since=9_000.0),
+             nv("c-old", gpus=4, used={GPU: 3}, busy_since=1_000.0), nv("d-mid", gpus=4, used={GPU: 1},
+                                                                       busy_since=5_000.0)]
+    plan = place(job(task()), nodes)
+    assert chosen(plan) == {"t": "c-old"}
+    # a gang: more of its tasks on one node comes first, then the oldest work: d-mid holds all three
+    assert set(chosen(place(job(*(task(f"t{i}") for i in range(3))), nodes)).values()) == {"d-mid"}
+    fits = [c.node for c in plan.candidates if c.verdict in (Verdict.CHOSEN, Verdict.FITS)]
+    assert fits == ["c-old", "d-mid", "b-young", "a-empty"]       # the table in the order of the decision
+    assert json.loads(json.dumps(plan.to_json()))["candidates"][0]["score"][-2:] == [0, 1000.0]
+
+
+def test_the_oldest_work_never_beats_a_cheaper_slot_or_the_state():
+    nodes = [nv("dear-old", gpus=1, price_per_hour=9.0, busy_since=1.0, used={"cpu": "1"}),
+             nv("cheap-young", gpus=1, price_per_hour=1.0, busy_since=9.0, used={"cpu": "1"}),
+             nv("booting", BOOTING, gpus=1, price_per_hour=0.5)]
+    assert chosen(place(job(task()), nodes)) == {"t": "cheap-young"}
+
+
+def test_twins_that_differ_only_in_their_work_are_judged_once_and_taken_oldest_first(monkeypatch):
+    from gpuboot import placement as P
+    calls = []
+    real = P._score
+    monkeypatch.setattr(P, "_score", lambda *args: calls.append(1) or real(*args))
+    nodes = [nv(f"n{i:04d}", gpus=2, used={GPU: 1}, busy_since=float(10_000 - i)) for i in range(1000)]
+    for n in nodes[1:]:
+        object.__setattr__(n, "twin", nodes[0].twin)     # one twin token, as build_inventory gives them
+    plan = place(job(task(), task("u")), nodes)
+    assert chosen(plan) == {"t": "n0999", "u": "n0998"} and len(calls) <= 4

@@ -66,18 +66,18 @@ def shape_groups(job, nodes, whole_fleet, unavailable=()):
 
 
 def greedy(groups, nodes) -> dict[str, int]:
-    """Each step: score every eligible node on what is free now, the lowest (score, name) takes
-    as many of the remaining tasks as it holds."""
+    """Each step: score every eligible node on what is free now, the lowest (score, work order,
+    name) takes as many of the remaining tasks as it holds."""
     free = [n.free for n in nodes]
     placed = {}
     for tasks, why in groups:
         need, pending = tasks[0].requests, list(tasks)
         while pending:
-            scored = [(s[0], nodes[i].name, i, s[1]) for i in why if why[i] is None
+            scored = [(s[0], P._work_order([nodes[i]]), nodes[i].name, i, s[1]) for i in why if why[i] is None
                       if (s := P._score(nodes[i], free[i], need, len(pending)))]
             if not scored:
                 break
-            _, _, i, k = min(scored)
+            _, _, _, i, k = min(scored)
             for task in pending[:k]:
                 placed[task.name] = i
             free[i] = free[i] - Resources({name: amount * k for name, amount in need.items()})
@@ -102,7 +102,7 @@ def every_row(groups, nodes, placed) -> list[Candidate]:
                 score, k = P._score(node, node.free, need, len(tasks))
                 verdict = Verdict.CHOSEN if placed.get(first.name) == i else Verdict.FITS
                 rows.append(Candidate(first.name, node.name, node.state, verdict, f"{node.reason}; free {node.free}",
-                                      score, P._facts(node, need, k)))
+                                      P._ranked(score, node), P._facts(node, need, k)))
         for task in tasks[1:]:
             if task.name in placed:
                 node = nodes[placed[task.name]]
@@ -134,11 +134,12 @@ def random_fleet(rng: random.Random, size: int) -> list[NodeView]:
             "instance_type": lambda: rng.choice(["ecs.a", "ecs.b"]),
             "zone": lambda: rng.choice(["z1", "z2"]),
             "managed": lambda: rng.random() < 0.5,
+            "busy_since": lambda: rng.choice([None, None, 1000.0, 2000.0, 3000.0]),
         }[field]()
 
     fields = ["state", "allocatable", "allocated", "gpu_model", "price_per_hour", "labels", "taints", "instance_type",
-              "zone", "managed"]
-    own = {"labels", "instance_type", "zone", "managed"}     # not read by _twin_inputs
+              "zone", "managed", "busy_since"]
+    own = {"labels", "instance_type", "zone", "managed", "busy_since"}     # not read by _twin_inputs
     templates, tokens, share_tokens = [], {}, rng.random() < 0.5
     for _ in range(rng.randint(1, 6)):
         gpus = rng.choice([0, 1, 2, 4, 8])
