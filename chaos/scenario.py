@@ -248,7 +248,7 @@ def scale_down(cloud: SimCloud, before: dict[str, str], idle_seconds: float = 2,
     from gpuboot.scaledown import IdleScaleDownOperator
 
     with DAG(dag_id="gpuboot_idle_scaledown", schedule=None) as dag:
-        IdleScaleDownOperator(task_id="scale_down", idle_seconds=idle_seconds, stop_timeout_seconds=60,
+        IdleScaleDownOperator(task_id="scale_down", idle_seconds=idle_seconds, spare_seconds=0, stop_timeout_seconds=60,
                               stop_poll_seconds=0.5)
     runner = DagRunner(dag, InlineWorkers(), min_retries=0)
     passes = 0

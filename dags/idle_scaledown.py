@@ -9,6 +9,7 @@ import datetime as dt
 
 from airflow.sdk import DAG, Param
 
+from gpuboot.idle import DEFAULT_SPARE_SECONDS
 from gpuboot.scaledown import IdleScaleDownOperator
 
 DOC_MD = """
@@ -21,7 +22,10 @@ first run that sees it so (annotation `gpuboot.io/idle-since`). Once idle for
 `idle_minutes`, it is cordoned, the pods and the reservation ledger are checked again
 (with a ledger write that makes any concurrent placement re-read), and only then its
 ECS instance is stopped in economical mode (`StopCharging`); it is un-cordoned once
-Stopped. The task log has one line per managed node with its verdict and reason.
+Stopped. One exception, the **spare**: a node whose GPUs the rest of the running fleet
+could not replace (the other running nodes have fewer free GPUs than it has) is kept up
+to `spare_minutes` longer, so the next job need not wait a boot (0 keeps no spare).
+The task log has one line per managed node with its verdict and reason.
 
 Trigger with `dry_run` on to see what would be stopped without changing anything.
 
@@ -46,6 +50,9 @@ with DAG(
         "idle_minutes": Param(10, type="number", minimum=0.1, maximum=1440,
                               description="Stop a managed node once idle this long (minutes; fractions "
                                           "allowed, e.g. 0.25 in the demo)."),
+        "spare_minutes": Param(DEFAULT_SPARE_SECONDS / 60, type="number", minimum=0, maximum=1440,
+                               description="Keep the fleet's spare (an idle node whose GPUs the other running "
+                                           "nodes could not replace) up to this much longer (minutes; 0: none)."),
         "dry_run": Param(False, type="boolean",
                          description="Log the decisions without cordoning or stopping anything."),
     },
@@ -53,6 +60,7 @@ with DAG(
     IdleScaleDownOperator(
         task_id="scale_down",
         idle_seconds="{{ params.idle_minutes * 60 }}",
+        spare_seconds="{{ params.spare_minutes * 60 }}",
         dry_run="{{ params.dry_run }}",
         stop_timeout_seconds=150,       # a node still Stopping is un-cordoned by a later run
         execution_timeout=dt.timedelta(minutes=4),

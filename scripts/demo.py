@@ -44,6 +44,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "plugins"), str(REPO)]
 
+from gpuboot.idle import DEFAULT_SPARE_SECONDS  # noqa: E402
 from simcloud.testing import SimCloud, interrupts_held  # noqa: E402  (needs the repo on sys.path)
 from simcloud.testing import wait_until as testing_wait_until  # noqa: E402
 
@@ -408,8 +409,9 @@ def scale_down(api: AirflowApi, cloud: SimCloud, booted: list[str], idle_minutes
     each run's verdict for them. True when they all were stopped within `timeout`."""
     if api.is_paused(SCALEDOWN_DAG_ID):
         raise DemoError(f"{SCALEDOWN_DAG_ID} is paused: it must run from the start (is_paused_upon_creation)")
-    say(f"{SCALEDOWN_DAG_ID} is unpaused (every 5 min, idle_minutes 10); triggering it with idle_minutes "
-        f"{idle_minutes:g} to show it stopping {', '.join(booted)}")
+    say(f"{SCALEDOWN_DAG_ID} is unpaused (every 5 min, idle_minutes 10, spare_minutes {DEFAULT_SPARE_SECONDS / 60:g}: "
+        f"the last idle node whose GPUs no other running node could replace is kept that much longer); "
+        f"triggering it with idle_minutes {idle_minutes:g} and spare_minutes 0 to show it stopping {', '.join(booted)}")
     started, watcher = time.monotonic(), CloudWatcher(cloud)
     watcher.poll(started, show=False)       # from here on, print only what changes
 
@@ -419,7 +421,8 @@ def scale_down(api: AirflowApi, cloud: SimCloud, booted: list[str], idle_minutes
         return state if state in FINISHED else None
 
     while True:
-        run_id = api.trigger(SCALEDOWN_DAG_ID, {"idle_minutes": idle_minutes, "dry_run": False}, unpause=False)
+        run_id = api.trigger(SCALEDOWN_DAG_ID, {"idle_minutes": idle_minutes, "spare_minutes": 0, "dry_run": False},
+                             unpause=False)
         state = wait_until(f"{SCALEDOWN_DAG_ID} run {run_id}", lambda: finished(run_id), timeout=timeout)
         tis = api.task_instances(SCALEDOWN_DAG_ID, run_id)
         for ti in tis:

@@ -41,8 +41,9 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from gpuboot.ecs import EcsHook
-from gpuboot.idle import (ANNOTATION_CORDONED_BY, ANNOTATION_IDLE_SINCE, CORDONED_BY, FENCE_JOB, MAX_IDLE_SECONDS,
-                          STOPPED_MODE, NodeDecision, ScaledownPlan, duration, fence_entries, plan_scaledown, recheck)
+from gpuboot.idle import (ANNOTATION_CORDONED_BY, ANNOTATION_IDLE_SINCE, CORDONED_BY, DEFAULT_SPARE_SECONDS, FENCE_JOB,
+                          MAX_IDLE_SECONDS, STOPPED_MODE, NodeDecision, ScaledownPlan, duration, fence_entries,
+                          plan_scaledown, recheck)
 from gpuboot.inventory import parse_provider_id
 from gpuboot.kube import Conflict, KubeClient
 from gpuboot.ledger import LedgerConflict, ReservationLedger
@@ -62,31 +63,34 @@ def _as_bool(value, field: str) -> bool:
     raise ValueError(f"{field}: {value!r} is not a boolean; use true or false")
 
 
-def _as_seconds(value, field: str) -> float:
+def _as_seconds(value, field: str, zero: bool = False) -> float:
     try:
         seconds = float(value)
     except (TypeError, ValueError):
         seconds = float("nan")
-    if not 0 < seconds <= MAX_IDLE_SECONDS:
-        raise ValueError(f"{field}: {value!r} must be a number of seconds in (0, {MAX_IDLE_SECONDS}]; e.g. 600")
+    if not (0 <= seconds if zero else 0 < seconds) or not seconds <= MAX_IDLE_SECONDS:
+        raise ValueError(f"{field}: {value!r} must be a number of seconds in {'[' if zero else '('}0, "
+                         f"{MAX_IDLE_SECONDS}]; e.g. 600" + (", or 0 for none" if zero else ""))
     return seconds
 
 
 class IdleScaleDownOperator(GpuJobStep, BaseOperator):
     """Stop managed ECS instances whose nodes were idle for `idle_seconds` (StopCharging),
-    with cordon -> fence -> re-check -> stop (see the module doc). `dry_run` logs the
+    with cordon -> fence -> re-check -> stop (see the module doc); the fleet's spare is kept up
+    to `spare_seconds` longer (gpuboot.idle.IdleRule; 0 keeps none). `dry_run` logs the
     decisions and changes nothing. Returns a JSON summary (XCom)."""
 
-    template_fields = ("idle_seconds", "dry_run")
+    template_fields = ("idle_seconds", "spare_seconds", "dry_run")
     ui_color = "#eef7ee"
 
-    def __init__(self, *, idle_seconds: float | str = 600, dry_run: bool | str = False,
+    def __init__(self, *, idle_seconds: float | str = 600, spare_seconds: float | str = DEFAULT_SPARE_SECONDS,
+                 dry_run: bool | str = False,
                  kubernetes_conn_id: str = "kubernetes_default", ecs_conn_id: str = "alibaba_ecs_default",
                  ledger_namespace: str = "default", stop_timeout_seconds: float = 300,
                  stop_poll_seconds: float = 5.0, fence_attempts: int = 10, fence_ttl_seconds: float = 900,
                  **kwargs) -> None:
         super().__init__(**kwargs)
-        self.idle_seconds, self.dry_run = idle_seconds, dry_run
+        self.idle_seconds, self.spare_seconds, self.dry_run = idle_seconds, spare_seconds, dry_run
         self.kubernetes_conn_id, self.ecs_conn_id = kubernetes_conn_id, ecs_conn_id
         self.ledger_namespace = ledger_namespace
         self.stop_timeout_seconds, self.stop_poll_seconds = stop_timeout_seconds, stop_poll_seconds
@@ -102,14 +106,16 @@ class IdleScaleDownOperator(GpuJobStep, BaseOperator):
     def execute(self, context) -> dict:
         try:
             idle_seconds = _as_seconds(self.idle_seconds, "idle_seconds")
+            spare_seconds = _as_seconds(self.spare_seconds, "spare_seconds", zero=True)
             dry_run = _as_bool(self.dry_run, "dry_run")
         except ValueError as exc:
             raise AirflowFailException(str(exc)) from None
         kube, ecs = self.kube(), self.ecs()
         ledger = self.ledger(kube)
-        plan, nodes = self.survey(kube, ecs, ledger, idle_seconds)
-        self.log.info("idle scale-down%s: %d managed node(s), idle time %s", " (DRY RUN)" if dry_run else "",
-                      len(plan.decisions), duration(idle_seconds))
+        plan, nodes = self.survey(kube, ecs, ledger, idle_seconds, spare_seconds)
+        self.log.info("idle scale-down%s: %d managed node(s), idle time %s, spare kept up to %s more",
+                      " (DRY RUN)" if dry_run else "", len(plan.decisions), duration(idle_seconds),
+                      duration(spare_seconds))
         for line in plan.lines():
             self.log.info("%s", line)
         summary = {**plan.to_json(), "dry_run": dry_run, "stopped": [], "stopping": [], "backed_off": {},
@@ -125,7 +131,7 @@ class IdleScaleDownOperator(GpuJobStep, BaseOperator):
         return summary
 
     def survey(self, kube: KubeClient, ecs: EcsHook, ledger: ReservationLedger,
-               idle_seconds: float) -> tuple[ScaledownPlan, list[dict]]:
+               idle_seconds: float, spare_seconds: float) -> tuple[ScaledownPlan, list[dict]]:
         """Ledger first, then Nodes and pods (the placement's order), then their instances."""
         reservations, _ = ledger.read()
         nodes = kube.list_nodes()
@@ -133,7 +139,7 @@ class IdleScaleDownOperator(GpuJobStep, BaseOperator):
         ids = sorted({p[1] for p in (parse_provider_id((n.get("spec") or {}).get("providerID")) for n in nodes)
                       if p})
         instances = ecs.describe_instances(ids) if ids else []
-        return plan_scaledown(nodes, pods, instances, reservations, self.now(), idle_seconds), nodes
+        return plan_scaledown(nodes, pods, instances, reservations, self.now(), idle_seconds, spare_seconds), nodes
 
     def keep_books(self, kube: KubeClient, plan: ScaledownPlan) -> None:
         """Write idle-since changes and release cordons that are no longer needed."""

@@ -6,6 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+from gpuboot.idle import DEFAULT_SPARE_SECONDS
+
 from . import prices, trace
 from .metrics import demand_series, lower_bound_cost, lower_bound_gpu_seconds
 from .policies import POLICIES, Gpuboot
@@ -39,6 +41,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device-plugin-seconds", type=float, default=30.0, help="Ready -> GPUs registered")
     p.add_argument("--stop-seconds", type=float, default=30.0, help="Stopping -> Stopped (billed)")
     p.add_argument("--idle-timeout", default="10m", help="stop a node after it has been empty this long")
+    p.add_argument("--spare", default=f"{DEFAULT_SPARE_SECONDS / 3600:g}h",
+                   help="gpuboot's scale-down keeps the fleet's spare (an idle node whose GPUs the other running "
+                        "nodes could not replace) this much longer; 0 for none (gpuboot.idle.IdleRule)")
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
     p.add_argument("--include-cpu-pods", action="store_true", help="also replay pods asking for no GPU")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="directory for summary.json and replay.png")
@@ -77,7 +82,8 @@ def run(args) -> dict:
     money_bound = lower_bound_cost(loaded.jobs, fleet, end)
     results, series = [], {}
     for name in names:
-        policy = POLICIES[name](exact=True) if args.exact and name in PLACES else POLICIES[name]()
+        spare = {"spare_seconds": trace.parse_duration(args.spare, "--spare")} if name in PLACES else {}
+        policy = POLICIES[name](exact=args.exact, **spare) if name in PLACES else POLICIES[name]()
         sim = Simulation(fleet, loaded.jobs, policy, config)
         recorder = sim.run()
         results.append(recorder.summary(bound, sim.wall_seconds, money_bound))
@@ -94,7 +100,8 @@ def run(args) -> dict:
                    "per_gib_hour": prices.PER_GIB,
                    "fleet_per_hour": round(sum(n.price_per_hour for n in fleet), 2)},
         "config": {k: getattr(config, k) for k in ("start_seconds", "boot_seconds", "device_plugin_seconds",
-                                                     "stop_seconds", "idle_timeout")},
+                                                     "stop_seconds", "idle_timeout", "scaledown_every")}
+        | {"gpuboot_spare_seconds": trace.parse_duration(args.spare, "--spare")},
         "notes": [
             "Each pod is one job of one task; arrival = creation_time, run = deletion_time - scheduled_time.",
             "Pods sharing a GPU (gpu_milli < 1000) are replayed as 1 whole GPU: gpuboot allocates whole GPUs.",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpuboot.idle import DEFAULT_SPARE_SECONDS
 from gpuboot.model import STATE_RANK, NodeState
 from gpuboot.placement import CostModel, JobRequest, Outcome, TaskRequest, place
 from gpuboot.resources import Resources
@@ -25,14 +26,17 @@ class Decision:
 
 
 class Gpuboot:
-    """Ours: `gpuboot.placement.place` as the DAGs call it, plus the shared idle stop."""
+    """Ours: `gpuboot.placement.place` as the DAGs call it, and the scale-down's idle rule with its
+    spare (gpuboot.idle.IdleRule: the idle stop of the others, but the fleet's spare kept up to
+    `spare_seconds` longer)."""
 
     name = "gpuboot"
     always_on = False
 
-    def __init__(self, place: Callable = place, exact: bool = False):
+    def __init__(self, place: Callable = place, exact: bool = False, spare_seconds: float = DEFAULT_SPARE_SECONDS):
         self._place = place   # the product's placement; a test may pass a counting wrapper
         self._exact = exact   # True: show place() every node, not one per class of twins
+        self.spare_seconds = spare_seconds
 
     def decide(self, job, cluster, arriving: bool) -> Decision:
         request = JobRequest(job_id=job.name, min_available=1,
@@ -60,10 +64,12 @@ class AlwaysOn(Gpuboot):
 
 
 class AllocateTime:
-    """All nodes considered at allocation, running preferred, per-node fit, first fit by name."""
+    """All nodes considered at allocation, running preferred, per-node fit, first fit by name; the
+    plain idle stop (no spare), as a cluster autoscaler's."""
 
     name = "allocate-time"
     always_on = False
+    spare_seconds = 0.0
 
     def decide(self, job, cluster, arriving: bool) -> Decision:
         best = None
@@ -90,6 +96,7 @@ class QueueTime:
 
     name = "queue-time"
     always_on = False
+    spare_seconds = 0.0
 
     def decide(self, job, cluster, arriving: bool) -> Decision:
         nodes = [node for node in cluster.ordered_nodes() if job.accepts(node.spec)]   # its GPU models only

@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpuboot.idle import IdleRule, IdleVerdict
 from gpuboot.model import NodeState, NodeView
 from gpuboot.resources import Resources
 
@@ -32,12 +33,14 @@ class SimConfig:
     boot_seconds: float = 60.0            # Running -> kubelet Ready
     device_plugin_seconds: float = 30.0   # Ready -> GPUs registered (the job can run)
     stop_seconds: float = 30.0            # Stopping -> Stopped (still billed)
-    idle_timeout: float = 600.0           # an empty running node is stopped after this long
+    idle_timeout: float = 600.0           # an empty running node is stopped after this long (IdleRule)
+    scaledown_every: float = 300.0        # how often scale-down looks again at a node it keeps as the spare
 
     def __post_init__(self):
         if self.end <= self.start:
             raise ValueError(f"window: end ({self.end}) must be after start ({self.start})")
-        for name in ("start_seconds", "boot_seconds", "device_plugin_seconds", "stop_seconds", "idle_timeout"):
+        for name in ("start_seconds", "boot_seconds", "device_plugin_seconds", "stop_seconds", "idle_timeout",
+                     "scaledown_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
 
@@ -56,12 +59,13 @@ class SimNode:
         self.price = spec.price_per_hour
         self.state = NodeState.STOPPED
         self.allocated = Resources()
-        self.running: set[str] = set()      # jobs running here
+        self.running: dict[str, float] = {}   # jobs running here -> when each started
         self.waiting: list[TraceJob] = []   # jobs placed here, waiting for the boot
         self.powered_since: float | None = None
         self.episode: BootEpisode | None = None
         self.start_after_stop = False
         self.idle_token = 0
+        self.idle_since = 0.0
         self._view: NodeView | None = None
 
     @property
@@ -84,7 +88,8 @@ class SimNode:
                 allocatable=self.capacity, allocated=self.allocated,
                 labels={GPU_MODEL_LABEL: spec.gpu_model, MANAGED_LABEL: "true", HOSTNAME_LABEL: self.name},
                 taints=(), instance_id=f"i-{self.name}", instance_type=spec.instance_type, zone=None,
-                gpu_model=spec.gpu_model, price_per_hour=self.price, managed=True)
+                gpu_model=spec.gpu_model, price_per_hour=self.price, managed=True,
+                busy_since=min(self.running.values(), default=None))
         return self._view
 
 
@@ -99,6 +104,7 @@ class Simulation:
         self.jobs = [job for job in jobs if config.start <= job.arrival < config.end]
         self.queue: list[TraceJob] = []
         self.recorder = Recorder(policy.name, config.start, config.end, jobs=len(self.jobs))
+        self.idle_rule = IdleRule(config.idle_timeout, getattr(policy, "spare_seconds", 0.0))
 
     # What policies read -----------------------------------------------------
     def ordered_nodes(self) -> list[SimNode]:
@@ -107,8 +113,8 @@ class Simulation:
     def views(self, per_class: int | None = None) -> list[NodeView]:
         """Every node as a NodeView, or only the first `per_class` (by name) of each class of twins.
 
-        Twins (same state, model, capacity and allocation) are interchangeable for
-        placement, which breaks ties by name: a job of k tasks never needs more than
+        Twins (same state, model, capacity, allocation and oldest work) are interchangeable
+        for placement, which breaks ties by name: a job of k tasks never needs more than
         the k first-named twins, so `place()` returns the same plan on the reduced
         list (tests/gpuboot/unit/test_replay_sim.py checks it) at a fraction of the cost.
         """
@@ -117,7 +123,7 @@ class Simulation:
         seen: dict[tuple, int] = {}
         views = []
         for node in self.nodes.values():
-            key = (node.state, node.spec.model, node.capacity, node.allocated)
+            key = (node.state, node.spec.model, node.capacity, node.allocated, min(node.running.values(), default=None))
             if seen.get(key, 0) < per_class:
                 seen[key] = seen.get(key, 0) + 1
                 views.append(node.view())
@@ -159,7 +165,7 @@ class Simulation:
     def _job_end(self, payload: tuple[TraceJob, str]) -> None:
         job, name = payload
         node = self.nodes[name]
-        node.running.discard(job.name)
+        node.running.pop(job.name, None)
         node.allocated = node.allocated - job.requests
         node.changed()
         self._arm_idle(node)
@@ -186,9 +192,19 @@ class Simulation:
         self._retry_queue()
 
     def _idle_check(self, payload: tuple[str, int]) -> None:
+        """Scale-down's look at an idle node: the policy's IdleRule (gpuboot.idle) stops it, or keeps
+        it as the spare and looks again at the next scale-down run."""
         name, token = payload
         node = self.nodes[name]
         if token != node.idle_token or node.state is not NodeState.READY or not node.idle:
+            return
+        now, rule = self.clock.now, self.idle_rule
+        elsewhere = sum(max(0, other.free.gpus) for other in self.nodes.values()
+                        if other is not node and other.state in (NodeState.READY, NodeState.BOOTING))
+        verdict, _ = rule.verdict(now - node.idle_since, node.capacity.gpus, elsewhere)
+        if verdict is not IdleVerdict.STOP:
+            latest = node.idle_since + rule.idle_seconds + rule.spare_seconds
+            self.clock.schedule(min(now + self.config.scaledown_every, latest), Kind.IDLE_CHECK, payload)
             return
         node.state = NodeState.STOPPING
         node.changed()
@@ -268,12 +284,14 @@ class Simulation:
     def _arm_idle(self, node: SimNode) -> None:
         if node.idle and not self.policy.always_on:
             node.idle_token += 1
+            node.idle_since = self.clock.now
             self.clock.schedule(self.clock.now + self.config.idle_timeout, Kind.IDLE_CHECK,
                                 (node.name, node.idle_token))
 
     # Jobs -------------------------------------------------------------------
     def _start_job(self, job: TraceJob, node: SimNode) -> None:
-        node.running.add(job.name)
+        node.running[job.name] = self.clock.now
+        node.changed()
         node.idle_token += 1                  # cancels a pending idle stop
         if node.episode is not None and job.name in node.episode.booted_for:
             node.episode.served = True

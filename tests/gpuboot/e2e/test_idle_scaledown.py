@@ -41,6 +41,7 @@ def test_schedule_is_periodic_without_catchup_one_run_at_a_time(scaledown_dag):
     assert scaledown_dag.catchup is False and scaledown_dag.max_active_runs == 1
     assert scaledown_dag.schedule == dt.timedelta(minutes=5)
     assert scaledown_dag.params["dry_run"] is False and scaledown_dag.params["idle_minutes"] == 10
+    assert scaledown_dag.params["spare_minutes"] == 240      # gpuboot.idle.DEFAULT_SPARE_SECONDS, the replay's
 
 
 def test_it_runs_from_the_start_even_where_new_dags_are_created_paused(scaledown_dag):
@@ -61,7 +62,7 @@ def run(dag, cloud, capfd, conf: dict) -> dict:
 def test_dry_run_decides_for_every_managed_node_and_writes_nothing(cloud, scaledown_dag, capfd):
     summary = run(scaledown_dag, cloud, capfd, {"dry_run": True})
 
-    assert summary["dry_run"] is True and summary["idle_seconds"] == 600
+    assert summary["dry_run"] is True and summary["idle_seconds"] == 600 and summary["spare_seconds"] == 4 * 3600
     assert {n: d["verdict"] for n, d in summary["decisions"].items()} == {
         RUNNING: "idle", "t4-stopped": "stopped", "t4x2-stopped": "stopped"}
     assert idle_since(cloud) is None
@@ -80,3 +81,5 @@ def test_bad_params_are_rejected_at_trigger_time(scaledown_dag):
 
     with pytest.raises(ParamValidationError, match="idle_minutes"):
         scaledown_dag.test(run_conf={"idle_minutes": 0})
+    with pytest.raises(ParamValidationError, match="spare_minutes"):
+        scaledown_dag.test(run_conf={"spare_minutes": -1})

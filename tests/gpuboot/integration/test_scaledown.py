@@ -43,6 +43,7 @@ class ScaleDown(IdleScaleDownOperator):
 
     def __init__(self, *, offset: float = 0.0, in_window=None, **kwargs) -> None:
         kwargs.setdefault("task_id", "scale_down")
+        kwargs.setdefault("spare_seconds", 0)      # no spare, but where a test asks for one
         super().__init__(idle_seconds=IDLE_SECONDS, stop_timeout_seconds=20, stop_poll_seconds=0.1, **kwargs)
         self.offset, self.in_window = offset, in_window
 
@@ -72,7 +73,8 @@ def reservation(job: str, node: str) -> Reservation:
                        expires_at=time.time() + 4 * 3600)
 
 
-def create_pod(kube: KubeClient, name: str, node: str, namespace: str = "default", daemonset: bool = False) -> None:
+def create_pod(kube: KubeClient, name: str, node: str, namespace: str = "default", daemonset: bool = False,
+               gpus: int = 0) -> None:
     meta = {"name": name, "namespace": namespace, "annotations": {"simcloud.io/run-seconds": "3600"}}
     if daemonset:
         meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "nvidia-device-plugin",
@@ -80,7 +82,9 @@ def create_pod(kube: KubeClient, name: str, node: str, namespace: str = "default
     kube.core.create_namespaced_pod(namespace, {
         "apiVersion": "v1", "kind": "Pod", "metadata": meta,
         "spec": {"nodeName": node, "restartPolicy": "Never",
-                 "containers": [{"name": "main", "image": "busybox", "resources": {"requests": {"cpu": "100m"}}}]}})
+                 "containers": [{"name": "main", "image": "busybox", "resources": {
+                     "requests": {"cpu": "100m", **({"nvidia.com/gpu": str(gpus)} if gpus else {})},
+                     **({"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {})}}]}})
     wait_until(lambda: kube.core.read_namespaced_pod(name, namespace).status.phase == "Running", timeout=10)
 
 
@@ -111,6 +115,23 @@ def snapshot(cloud) -> dict:
     nodes = {n["metadata"]["name"]: (n["metadata"].get("annotations"), n["spec"]) for n in kube.list_nodes()}
     instances = {i["InstanceId"]: i["Status"] for i in EcsHook().describe_instances()}
     return {"nodes": nodes, "instances": instances, "ledger": ReservationLedger(kube).read()}
+
+
+def test_the_fleets_last_spare_is_kept_until_its_spare_time(cloud):
+    """With every other GPU taken, the idle node is the fleet's spare: past the idle time it stays up,
+    schedulable, with its verdict in the summary, until idle + spare; then it is stopped."""
+    kube = KubeClient()
+    create_pod(kube, "train-gpu", "plain-1", gpus=1)          # the unmanaged node's GPU counts as capacity too
+    create_pod(kube, "train-gpu-2", "busy-1", gpus=1)
+    ScaleDown(spare_seconds=3600).execute({})                 # first seen idle: now
+    kept = ScaleDown(spare_seconds=3600, offset=LATER).execute({})
+    assert kept["stopped"] == [] and kept["spare_seconds"] == 3600
+    assert kept["decisions"]["idle-1"]["verdict"] == "spare", kept["decisions"]["idle-1"]
+    assert "the other running nodes have 0 free GPU(s), fewer than its 1" in kept["decisions"]["idle-1"]["reason"]
+    assert status(cloud, "idle-1")["Status"] == "Running" and not cordoned("idle-1")
+    last = ScaleDown(spare_seconds=3600, offset=LATER + 3600).execute({})
+    assert last["stopped"] == ["idle-1"], last["decisions"]["idle-1"]
+    assert status(cloud, "idle-1")["Status"] == "Stopped"
 
 
 def test_idle_managed_node_is_stopped_the_others_are_kept(cloud, capfd):

@@ -20,7 +20,7 @@ def test_a_node_is_priced_per_gpu_of_its_model_plus_cpu_and_memory():
 def test_billed_cost_is_price_times_powered_seconds():
     fleet = [node("a", 2, 16, model="T4")]                 # 2 + 16 * 0.035 + 64 * 0.004 = 2.816 / h
     jobs = [job("j", 0, 3600, gpus=1)]
-    result = run(POLICIES["gpuboot"](), fleet, jobs, end=20_000, start_seconds=10, boot_seconds=10,
+    result = run(POLICIES["gpuboot"](spare_seconds=0), fleet, jobs, end=20_000, start_seconds=10, boot_seconds=10,
                  device_plugin_seconds=10, stop_seconds=5, idle_timeout=600)
     powered = 30 + 3600 + 600 + 5                          # boot, the job, the idle timeout, the stop
     assert result["billed_node_hours"] == pytest.approx(powered / 3600, abs=1e-3)

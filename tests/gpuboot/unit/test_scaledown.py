@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from gpuboot.model import Reservation
-from gpuboot.resources import Resources
+from gpuboot.resources import GPU, Resources
 from gpuboot.idle import (ANNOTATION_CORDONED_BY, ANNOTATION_IDLE_SINCE, CORDONED_BY, FENCE_JOB, IdleVerdict,
                           duration, fence_entries, plan_scaledown, recheck, rfc3339)
 from gpuboot.scaledown import _as_bool, _as_seconds
@@ -27,10 +27,10 @@ def managed_node(name: str, *, idle_since: float | str | None = None, cordoned_b
     return n
 
 
-def plan(nodes, pods=(), instances=None, reservations=(), now=NOW, idle=IDLE):
+def plan(nodes, pods=(), instances=None, reservations=(), now=NOW, idle=IDLE, spare=0.0):
     instances = instances if instances is not None else [instance(n["metadata"]["name"], start=BOOTED)
                                                          for n in nodes]
-    return plan_scaledown(list(nodes), list(pods), instances, list(reservations), now, idle)
+    return plan_scaledown(list(nodes), list(pods), instances, list(reservations), now, idle, spare)
 
 
 def decision(p, name):
@@ -132,6 +132,68 @@ def test_stop_only_after_the_idle_time(idle_for, verdict, reason):
     d = decision(plan([managed_node("a", idle_since=NOW - idle_for)]), "a")
     assert (d.verdict, d.reason) == (verdict, reason)
     assert not d.annotation_changes                       # the recorded start of idleness is kept
+
+
+# --- the fleet's spare (IdleRule) -----------------------------------------------------------
+
+HOUR = 3600.0
+
+
+@pytest.mark.parametrize(("idle_for", "verdict", "reason"), [
+    (300, IdleVerdict.IDLE, "idle for 5m < 10m"),
+    (720, IdleVerdict.SPARE, "idle for 12m, kept as the spare: the other running nodes have 0 free GPU(s), "
+                             "fewer than its 1; stopped at 70m idle at the latest"),
+    (HOUR + 600, IdleVerdict.STOP, "idle for 70m >= 70m (kept as the spare)"),
+])
+def test_the_last_idle_gpu_node_is_the_spare_until_idle_plus_spare(idle_for, verdict, reason):
+    busy = managed_node("busy")
+    p = plan([managed_node("a", idle_since=NOW - idle_for), busy], pods=[pod("work", "busy", requests={GPU: "1"})],
+             instances=[instance(name, start=NOW - 5 * HOUR) for name in ("a", "busy")], spare=HOUR)
+    d = decision(p, "a")
+    assert (d.verdict, d.reason) == (verdict, reason)
+    assert d not in p.to_stop or verdict == IdleVerdict.STOP
+    assert p.to_json()["spare_seconds"] == HOUR
+
+
+def test_no_spare_is_kept_where_the_other_running_nodes_have_its_gpus_free():
+    roomy = managed_node("roomy")      # 1 GPU, running, nothing on it yet: idle 5 min
+    p = plan([managed_node("a", idle_since=NOW - 720), managed_node("roomy", idle_since=NOW - 300)], spare=HOUR)
+    assert decision(p, "a").verdict == IdleVerdict.STOP and decision(p, "a").reason == "idle for 12m >= 10m"
+    assert decision(p, roomy["metadata"]["name"]).verdict == IdleVerdict.IDLE
+
+
+def test_of_several_idle_nodes_the_longest_idle_stop_and_the_last_stays_the_spare():
+    nodes = [managed_node(name, idle_since=NOW - idle) for name, idle in (("a", 900), ("b", 3000), ("c", 1200))]
+    p = plan(nodes, spare=HOUR)
+    assert {d.node: d.verdict for d in p.decisions} == {
+        "b": IdleVerdict.STOP, "c": IdleVerdict.STOP, "a": IdleVerdict.SPARE}
+
+
+def test_reserved_gpus_elsewhere_are_not_free_and_a_cpu_node_is_never_the_spare():
+    reserved = managed_node("reserved")
+    cpu = node("cpu", gpus=0, labels=MANAGED)
+    cpu["metadata"]["annotations"][ANNOTATION_IDLE_SINCE] = rfc3339(NOW - 720)
+    p = plan([managed_node("a", idle_since=NOW - 720), reserved, cpu], reservations=[reservation("j", "reserved")],
+             instances=[instance("a", start=BOOTED), instance("reserved", start=BOOTED),
+                        instance("cpu", start=BOOTED, gpus=0)], spare=HOUR)
+    assert decision(p, "a").verdict == IdleVerdict.SPARE
+    assert decision(p, "cpu").verdict == IdleVerdict.STOP
+
+
+def test_a_spare_gpuboot_cordoned_is_uncordoned_and_no_spare_without_spare_time():
+    n = managed_node("a", idle_since=NOW - 720, cordoned_by_us=True)
+    d = decision(plan([n], spare=HOUR), "a")
+    assert d.verdict == IdleVerdict.SPARE and d.uncordon and d.reason.endswith("un-cordoning (gpuboot cordoned it)")
+    assert decision(plan([n], spare=0), "a").verdict == IdleVerdict.STOP
+
+
+@pytest.mark.parametrize("bad", [-1, 31 * 24 * HOUR, float("nan")])
+def test_bad_spare_time_names_the_field(bad):
+    with pytest.raises(ValueError, match="spare_seconds"):
+        plan([managed_node("a")], spare=bad)
+    with pytest.raises(ValueError, match="spare_seconds.*or 0 for none"):
+        _as_seconds(bad, "spare_seconds", zero=True)
+    assert _as_seconds("0", "spare_seconds", zero=True) == 0
 
 
 def test_idle_since_from_an_earlier_boot_restarts_the_clock():
