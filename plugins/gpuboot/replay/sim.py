@@ -39,10 +39,12 @@ class SimConfig:
     def __post_init__(self):
         if self.end <= self.start:
             raise ValueError(f"window: end ({self.end}) must be after start ({self.start})")
-        for name in ("start_seconds", "boot_seconds", "device_plugin_seconds", "stop_seconds", "idle_timeout",
-                     "scaledown_every"):
+        for name in ("start_seconds", "boot_seconds", "device_plugin_seconds", "stop_seconds"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        for name in ("idle_timeout", "scaledown_every"):     # scale-down runs and stops at a time, not at once
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
 
     @property
     def boot_delay(self) -> float:

@@ -183,3 +183,10 @@ def test_of_two_idle_nodes_one_stops_at_the_idle_time_and_the_other_stays_the_sp
     sim.run()
     # both boot (30 s) and run 1000 s: idle from 1030
     assert stopped == [("a", 1030 + 600 + 5), ("b", 1030 + 600 + 3000 + 5)]
+
+
+@pytest.mark.parametrize("field", ["idle_timeout", "scaledown_every"])
+def test_scale_down_times_must_be_positive(field):
+    """A zero re-check interval would look at a spare again at the same instant, forever."""
+    with pytest.raises(ValueError, match=f"{field}: must be > 0"):
+        SimConfig(start=0, end=10, **{field: 0})
