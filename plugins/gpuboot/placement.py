@@ -65,6 +65,7 @@ from enum import Enum
 from .inventory import gpu_model_alternatives, gpu_model_matches
 from .model import NOT_READY_TAINTS, STATE_RANK, FrozenDict, NodeState, NodeView, Unavailable, blocked_nodes
 from .resources import CPU, GPU, MEMORY, Resources, format_quantity
+from .steplog import utc
 
 # taints a stopped or booting node carries only because it is down; they go away at boot
 _CORDON_TAINT = "node.kubernetes.io/unschedulable"
@@ -630,7 +631,8 @@ def _row(group: _Group, nodes: Sequence[NodeView], i: int, verdict: Verdict) -> 
         return Candidate(first.name, node.name, node.state, verdict,
                          f"free now: {_short(need, node.free)}{_held_by(node)}", None)
     score, k = group.fits(i)
-    return Candidate(first.name, node.name, node.state, verdict, f"{node.reason}; free {_words(node.free)}",
+    since = "" if node.busy_since is None else f"; work since {utc(node.busy_since)}"     # what ranks twins
+    return Candidate(first.name, node.name, node.state, verdict, f"{node.reason}; free {_words(node.free)}{since}",
                      _ranked(score, node), _facts(node, need, k))
 
 

@@ -18,6 +18,7 @@ from gpuboot import placement as P
 from gpuboot.model import FrozenDict, NodeState, NodeView, Unavailable
 from gpuboot.placement import Candidate, JobRequest, Outcome, TaskRequest, Verdict, place
 from gpuboot.resources import CPU, GPU, MEMORY, Resources
+from gpuboot.steplog import utc
 
 GI = 2**30
 MODELS = ["Tesla-T4", "NVIDIA-A10", "Tesla-V100-SXM2-16GB", "Tesla-V100-SXM2-32GB", "NVIDIA V100", None]
@@ -101,8 +102,10 @@ def every_row(groups, nodes, placed) -> list[Candidate]:
             else:
                 score, k = P._score(node, node.free, need, len(tasks))
                 verdict = Verdict.CHOSEN if placed.get(first.name) == i else Verdict.FITS
-                rows.append(Candidate(first.name, node.name, node.state, verdict, f"{node.reason}; free {node.free}",
-                                      P._ranked(score, node), P._facts(node, need, k)))
+                since = "" if node.busy_since is None else f"; work since {utc(node.busy_since)}"
+                rows.append(Candidate(first.name, node.name, node.state, verdict,
+                                      f"{node.reason}; free {node.free}{since}", P._ranked(score, node),
+                                      P._facts(node, need, k)))
         for task in tasks[1:]:
             if task.name in placed:
                 node = nodes[placed[task.name]]
