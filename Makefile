@@ -84,7 +84,7 @@ replay: install
 
 # Cost vs mean wait for choosing idle_seconds: the replay over idle timeouts (2m..60m) x boot delays
 # (150 s, 300 s) for first fit, queue-time and gpuboot on the same fleet; results/replay/sweep.json
-# and sweep.png (~15 min at nice 10 on this machine). SWEEP_ARGS="--duration 30d" for a quicker one.
+# and sweep.png (~1 min at nice 10 on this machine, 15 min when it was loaded). SWEEP_ARGS="--duration 30d" for a quicker one.
 SWEEP_ARGS ?= --fleet 60
 .PHONY: sweep
 sweep: install
