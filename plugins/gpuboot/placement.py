@@ -30,10 +30,10 @@ long as the decision keeps it up, and makes the job wait:
 Order: the state first (running beats booting beats stopped beats stopping: a start is
 never traded for money), then the cost, then more of the job's tasks on one node, then
 (nodes needing a start) the smaller node and the most CPU and memory per GPU, then the
-oldest work first (a node without work last), then the name. Because the hours are shared per slot,
-the cost ranks nodes of one state by price per slot whatever the hours; the hours and the
-wait make the figure a decision's real cost (shown in the table and kept in the score for
-audits).
+oldest work first (a node without work last), then the name. Because the hours are shared
+per slot, the cost ranks nodes of one state by price per slot whatever the hours; the hours
+and the wait make the figure a decision's real cost (shown in the table and kept in the
+score for audits).
 
 Among running nodes of equal cost, the one whose oldest work started earliest
 (`NodeView.busy_since`) takes the task, and an empty node comes last. What a task costs
@@ -566,8 +566,8 @@ def _assign(groups: list[_Group], nodes: Sequence[NodeView], cost: CostModel = D
     Lazy heap: a popped node is re-scored with the current remaining count; since scores
     only grow, an unchanged score is the true best. The heap starts with the first node of each
     class of twins `_judge` found (the next one enters when it pops: twins tie, and ties go by
-    _work_order, then name) and each node an earlier shape took capacity from, so work is O(nodes) per shape to
-    find the classes plus O(log nodes) per task.
+    _work_order, then name) and each node an earlier shape took capacity from, so work is
+    O(nodes) per shape to find the classes plus O(log nodes) per task.
     """
     placed: dict[str, int] = {}
     changed: dict[int, Resources] = {}     # what is left on the nodes tasks were placed on

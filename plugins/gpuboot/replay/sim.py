@@ -75,6 +75,11 @@ class SimNode:
         return self.capacity - self.allocated
 
     @property
+    def busy_since(self) -> float | None:
+        """When the oldest job running here started (NodeView.busy_since)."""
+        return min(self.running.values(), default=None)
+
+    @property
     def idle(self) -> bool:
         return not self.running and not self.waiting
 
@@ -91,7 +96,7 @@ class SimNode:
                 labels={GPU_MODEL_LABEL: spec.gpu_model, MANAGED_LABEL: "true", HOSTNAME_LABEL: self.name},
                 taints=(), instance_id=f"i-{self.name}", instance_type=spec.instance_type, zone=None,
                 gpu_model=spec.gpu_model, price_per_hour=self.price, managed=True,
-                busy_since=min(self.running.values(), default=None))
+                busy_since=self.busy_since)
         return self._view
 
 
@@ -125,7 +130,7 @@ class Simulation:
         seen: dict[tuple, int] = {}
         views = []
         for node in self.nodes.values():
-            key = (node.state, node.spec.model, node.capacity, node.allocated, min(node.running.values(), default=None))
+            key = (node.state, node.spec.model, node.capacity, node.allocated, node.busy_since)
             if seen.get(key, 0) < per_class:
                 seen[key] = seen.get(key, 0) + 1
                 views.append(node.view())
@@ -203,7 +208,8 @@ class Simulation:
         now, rule = self.clock.now, self.idle_rule
         elsewhere = sum(max(0, other.free.gpus) for other in self.nodes.values()
                         if other is not node and other.state in (NodeState.READY, NodeState.BOOTING))
-        verdict, _ = rule.verdict(now - node.idle_since, node.capacity.gpus, elsewhere)
+        idle_for = round(now - node.idle_since, 6)     # armed at idle_since + idle time: no float shortfall
+        verdict, _ = rule.verdict(idle_for, node.capacity.gpus, elsewhere)
         if verdict is not IdleVerdict.STOP:
             latest = node.idle_since + rule.idle_seconds + rule.spare_seconds
             self.clock.schedule(min(now + self.config.scaledown_every, latest), Kind.IDLE_CHECK, payload)
