@@ -40,6 +40,7 @@ FENCE_JOB = "gpuboot-idle-scaledown"
 STOPPED_MODE = "StopCharging"
 MAX_IDLE_SECONDS = 30 * 24 * 3600
 DEFAULT_SPARE_SECONDS = 4 * 3600.0     # how long the fleet's last spare is kept past the idle time
+UNCORDONING = "; un-cordoning (gpuboot cordoned it)"   # what a reason adds when a kept node is un-cordoned
 
 
 class IdleVerdict(str, Enum):
@@ -234,7 +235,7 @@ def _keep_spare(decisions: list[NodeDecision], views: Mapping[str, NodeView], ru
             judged[d.node] = replace(d, reason=reason)
         else:
             judged[d.node] = replace(d, verdict=verdict, uncordon=d.ours,
-                                     reason=reason + ("; un-cordoning (gpuboot cordoned it)" if d.ours else ""))
+                                     reason=reason + (UNCORDONING if d.ours else ""))
     return tuple(judged.get(d.node, d) for d in decisions)
 
 
@@ -250,7 +251,7 @@ def _decide(node: Mapping, by_id: Mapping[str, dict], work: tuple[IdleVerdict, s
 
     def decide(verdict: IdleVerdict, reason: str, idle_since: str | None = None, uncordon: bool = False):
         if uncordon:
-            reason += "; un-cordoning (gpuboot cordoned it)"
+            reason += UNCORDONING
         return NodeDecision(verdict=verdict, reason=reason, idle_since=idle_since, uncordon=uncordon, **decision)
 
     status = (instance or {}).get("Status")
