@@ -2,7 +2,7 @@
 
 What a burst of `gpu_job` runs does to the place step, without Airflow's scheduling noise:
 the parent imports everything (as a Celery prefork worker does), forks one process per job,
-and releases them all at once; each runs the place step's transaction (`gpuboot.batching.book_first`,
+and releases them all at once; each runs the place step's transaction (`gpuboot.lifecycle.batching.book_first`,
 a first placement through a batch) for a 1-GPU job (each with its own job id) through the real
 hooks against simcloud. A transaction
 that gives up for contention (`LedgerContended`) is what makes the place step defer: the
@@ -60,12 +60,12 @@ def _place(n: int, go, ready, results) -> None:
 
 
 def _book(n: int, go, ready, results) -> None:
-    import gpuboot.batching as batching
-    import gpuboot.booking as booking
-    from gpuboot.ecs import EcsError, EcsHook
-    from gpuboot.jobspec import JobSpec
-    from gpuboot.kube import KubeClient
-    from gpuboot.ledger import LedgerConflict, ReservationLedger
+    import gpuboot.lifecycle.batching as batching
+    import gpuboot.lifecycle.booking as booking
+    from gpuboot.hooks.ecs import EcsError, EcsHook
+    from gpuboot.core.jobspec import JobSpec
+    from gpuboot.hooks.kube import KubeClient
+    from gpuboot.lifecycle.ledger import LedgerConflict, ReservationLedger
 
     reads, conflicts = [0], [0]
     real_survey = booking.survey
@@ -115,7 +115,7 @@ def _book(n: int, go, ready, results) -> None:
 
 
 def _ledger_size(kube) -> int:
-    from gpuboot.ledger import CONFIGMAP
+    from gpuboot.lifecycle.ledger import CONFIGMAP
 
     cm = kube.read_configmap("default", CONFIGMAP)
     return len(json.dumps((cm or {}).get("data") or {}).encode()) if cm else 0
@@ -123,9 +123,9 @@ def _ledger_size(kube) -> int:
 
 def burst(jobs: int, kube) -> dict:
     """`jobs` place transactions released at once, each in its own (forked) process."""
-    from gpuboot.ledger import CONFIGMAP
+    from gpuboot.lifecycle.ledger import CONFIGMAP
 
-    from gpuboot.ecs import EcsHook
+    from gpuboot.hooks.ecs import EcsHook
 
     kube.core, EcsHook().get_conn()     # the clients' modules imported before the fork, as in a prefork worker
     ctx = mp.get_context("fork")
@@ -183,7 +183,7 @@ def burst(jobs: int, kube) -> dict:
 
 
 def run(workdir: Path, quick: bool = False, sizes=None, bursts=None) -> dict:
-    from gpuboot.kube import KubeClient
+    from gpuboot.hooks.kube import KubeClient
 
     sizes = sizes or ((100,) if quick else SIZES)
     bursts = bursts or ((50,) if quick else BURSTS)

@@ -38,7 +38,7 @@ TUNED_ENV = {
     # every task try parses gpu_job.py in a process forked from the Celery worker: import the Kubernetes
     # provider and gpuboot once in the worker, so each fork inherits them instead of importing for seconds
     "AIRFLOW__CELERY__EXTRA_CELERY_CONFIG": json.dumps(
-        {"imports": ["airflow.providers.cncf.kubernetes.operators.pod", "gpuboot.taskgroup"]}),
+        {"imports": ["airflow.providers.cncf.kubernetes.operators.pod", "gpuboot.task_groups.gpu_job"]}),
     # the scheduler's sleep when a loop found nothing to do (default 1 s): the wait before a resumed or
     # downstream task is queued
     "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.25",

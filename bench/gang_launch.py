@@ -33,9 +33,9 @@ def run(workdir: Path, quick: bool = False, repeats: int = 10) -> dict:
 
     from tests.gpuboot.unit.builders import step_context
 
-    from gpuboot.steps.launch import GpuPodOperator
-    from gpuboot.steps.place import PlaceGpuJobOperator
-    from gpuboot.steps.release import ReleaseReservationOperator
+    from gpuboot.operators.launch import GpuPodOperator
+    from gpuboot.operators.place import PlaceGpuJobOperator
+    from gpuboot.operators.release import ReleaseReservationOperator
 
     repeats = 2 if quick else repeats
     fleet = small_fleet([{"name": f"t4-{i}", "instance_type": T4, "status": "Running"} for i in range(RANKS)],

@@ -96,7 +96,7 @@ def _task_seconds(dag_run) -> dict[str, float]:
 
 
 def _stop(cloud, node: str) -> None:
-    from gpuboot.ecs import EcsHook
+    from gpuboot.hooks.ecs import EcsHook
     from simcloud.testing import wait_until
 
     ecs, instance_id = EcsHook(), cloud.instance_id(node)

@@ -5,7 +5,7 @@ read on a shared machine, where other work inflates the wall clock many times ov
 is one placement on views just built, as a place step makes it.
 
 The fleet runs in simcloud with 10 placeholder pods per running node; the API
-part is what `gpuboot.booking.survey` does (list Nodes and active Pods
+part is what `gpuboot.lifecycle.booking.survey` does (list Nodes and active Pods
 through the provider's hook, DescribeInstances in batches of 100, instance types),
 the pure part is `build_inventory` and `place` on those very objects.
 """
@@ -14,10 +14,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from gpuboot.inventory import build_inventory, parse_provider_id
-from gpuboot.model import NodeState, Unavailable
-from gpuboot.placement import JobRequest, TaskRequest, place
-from gpuboot.resources import Resources
+from gpuboot.core.inventory import build_inventory, parse_provider_id
+from gpuboot.core.model import NodeState, Unavailable
+from gpuboot.core.placement import JobRequest, TaskRequest, place
+from gpuboot.core.resources import Resources
 
 from .common import best_of, growth_exponent, local_cloud, timed
 
@@ -49,8 +49,8 @@ def jobs() -> dict[str, JobRequest]:
 
 
 def measure(size: int, workdir: Path, repeat: int) -> dict:
-    from gpuboot.ecs import EcsHook
-    from gpuboot.kube import KubeClient
+    from gpuboot.hooks.ecs import EcsHook
+    from gpuboot.hooks.kube import KubeClient
 
     with local_cloud(fleet(size), workdir / f"cloud-{size}", ready_timeout=600) as cloud:
         kube, ecs = KubeClient(), EcsHook()

@@ -80,8 +80,8 @@ class Registrations:
 
 
 async def _trigger(baseline: dict, deadline: float, window_only: bool = False) -> tuple[float, str] | None:
-    from gpuboot.readiness import BootBaseline, ReadinessTracker
-    from gpuboot.triggers import NodeGpuReadyTrigger
+    from gpuboot.core.readiness import BootBaseline, ReadinessTracker
+    from gpuboot.triggers.gpu_ready import NodeGpuReadyTrigger
 
     class WindowTracker(ReadinessTracker):
         """Blind to the kubelet's zero: every count must hold for the window (the path reads "fallback")."""
@@ -108,8 +108,8 @@ async def _poller(baseline: dict, interval: float, phase: float, deadline: float
                   replay: bool = True) -> tuple[float, str] | None:
     """Judge the Node every `interval` s; `replay`: feed every write since the last read (as the
     poke-mode sensor does), else only the Node as it is at each read (the zero is then often missed)."""
-    from gpuboot.kube import AsyncKubeClient, Gone
-    from gpuboot.readiness import BootBaseline, ReadinessTracker
+    from gpuboot.hooks.kube import AsyncKubeClient, Gone
+    from gpuboot.core.readiness import BootBaseline, ReadinessTracker
 
     kube = AsyncKubeClient()
     version = baseline["resource_version_before"]
@@ -147,9 +147,9 @@ async def _poller(baseline: dict, interval: float, phase: float, deadline: float
 
 
 async def _boot(name: str, delay: float, registrations: Registrations, rng: random.Random) -> dict:
-    from gpuboot.ecs import EcsHook
-    from gpuboot.inventory import parse_provider_id
-    from gpuboot.kube import AsyncKubeClient
+    from gpuboot.hooks.ecs import EcsHook
+    from gpuboot.core.inventory import parse_provider_id
+    from gpuboot.hooks.kube import AsyncKubeClient
 
     await asyncio.sleep(delay)
     node = await AsyncKubeClient().get_node(name)

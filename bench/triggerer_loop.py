@@ -51,7 +51,7 @@ async def _heartbeat(worst: list[float], stop: asyncio.Event) -> None:
 
 
 async def _run_all(specs: list[dict], threshold: float) -> dict:
-    from gpuboot.triggers import NodeGpuReadyTrigger
+    from gpuboot.triggers.gpu_ready import NodeGpuReadyTrigger
 
     asyncio.get_running_loop().slow_callback_duration = threshold
     worst, stop = [0.0, 0.0, 0.0], asyncio.Event()
@@ -162,8 +162,8 @@ def probe_in_fresh_process(specs: list[dict], threshold: float = 0.1, timeout: f
 def boot_specs(cloud, nodes: list[str], per_node: int, timeout: float, settle: float) -> list[dict]:
     """Start the stopped `nodes` (baselines read first, as the start step does) and return trigger
     arguments for `per_node` triggers on each."""
-    from gpuboot.ecs import EcsHook
-    from gpuboot.kube import KubeClient
+    from gpuboot.hooks.ecs import EcsHook
+    from gpuboot.hooks.kube import KubeClient
 
     kube = KubeClient()
     before = {n: kube.get_node(n) for n in nodes}
@@ -203,7 +203,7 @@ class PeakNodeWatches(Sampler):
 
 def run(workdir: Path, quick: bool = False, triggers: int = 100) -> dict:
     """`triggers` readiness triggers waiting at once on one loop (10 per booting node), three times:
-    in a triggerer warmed by gpuboot.warmup (as the plugin starts one), in a cold one (the first
+    in a triggerer warmed by gpuboot.ui.warmup (as the plugin starts one), in a cold one (the first
     trigger imports the clients), and cold in asyncio's debug mode, as the test runs it (see `probe`)."""
     from simcloud.testing import small_fleet, wait_until
 
@@ -245,10 +245,10 @@ def run(workdir: Path, quick: bool = False, triggers: int = 100) -> dict:
 
 if __name__ == "__main__":
     import airflow.triggers.base  # noqa: F401  (a triggerer has Airflow loaded before any trigger runs)
-    import gpuboot.triggers  # noqa: F401  (and the trigger's module, imported by its class path)
+    import gpuboot.triggers.gpu_ready  # noqa: F401  (and the trigger's module, imported by its class path)
 
     request = json.loads(sys.stdin.read())
     if request["warm"]:
-        from gpuboot.warmup import warm
+        from gpuboot.ui.warmup import warm
         warm()
     print(json.dumps(probe(request["specs"], request["threshold"], request["debug"])))

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from chaos.runner import DagRunner, RunResult
-from gpuboot.model import LABEL_JOB
+from gpuboot.core.model import LABEL_JOB
 
 
 
@@ -43,7 +43,7 @@ def job_dag(dag_id: str = "gpu_job", **group_kwargs):
     dags/gpu_job.py does; built here so tests can shorten timings such as busy_poll_seconds)."""
     from airflow.sdk import DAG
 
-    from gpuboot.taskgroup import gpu_job_group
+    from gpuboot.task_groups.gpu_job import gpu_job_group
 
     with DAG(dag_id=dag_id, schedule=None, catchup=False) as dag:
         gpu_job_group(**group_kwargs)

@@ -3,7 +3,7 @@
 It watches Pods, Nodes and the reservation ledger ConfigMap and, at every change,
 asks of each node: is it promised more than it has? Promised = requests of the bound,
 non-terminated pods + live ledger reservations not yet backed by a bound pod (the
-arithmetic is gpuboot.inventory.build_inventory's, reused, not copied); has = the
+arithmetic is gpuboot.core.inventory.build_inventory's, reused, not copied); has = the
 node's allocatable with the GPU count of its instance type (label
 aliyun.accelerator/nvidia_count), because during a boot the Node's own GPU figure
 goes stale -> 0 -> real while the machine's GPUs do not change. It also records every
@@ -29,10 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuboot.inventory import build_inventory
-from gpuboot.model import LABEL_GPU_COUNT, Reservation
-from gpuboot.ledger import CONFIGMAP, DATA_KEY
-from gpuboot.resources import GPU, QuantityError, Resources
+from gpuboot.core.inventory import build_inventory
+from gpuboot.core.model import LABEL_GPU_COUNT, Reservation
+from gpuboot.lifecycle.ledger import CONFIGMAP, DATA_KEY
+from gpuboot.core.resources import GPU, QuantityError, Resources
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ seconds of scheduling latency per step and a database; the product's behaviour u
 contention is in the operators, the trigger and the cluster, not in Airflow's loop.
 
 So this walks the *real* task graph of a DAG (e.g. dags/gpu_job.py, built by
-gpuboot.taskgroup.gpu_job_group) the way Airflow would: tasks in dependency order,
+gpuboot.task_groups.gpu_job.gpu_job_group) the way Airflow would: tasks in dependency order,
 trigger rules (ALL_SUCCESS, ALL_DONE for release), XComArgs resolved from the runs'
 own XCom store (keys included), mapped tasks expanded over their upstream's list,
 operators instantiated afresh for every try and every resume with the task's own
@@ -142,8 +142,8 @@ class ProcessWorkers:
     already imported (cheap, like a prefork worker pool). A process that dies fails the try.
     Create it after the environment (AIRFLOW_CONN_*) is set: the forkserver inherits it."""
 
-    PRELOAD = ["chaos.runner", "gpuboot.steps.place", "gpuboot.steps.start", "gpuboot.steps.wait",
-               "gpuboot.steps.launch", "gpuboot.steps.release", "gpuboot.triggers"]
+    PRELOAD = ["chaos.runner", "gpuboot.operators.place", "gpuboot.operators.start", "gpuboot.sensors.gpu_ready",
+               "gpuboot.operators.launch", "gpuboot.operators.release", "gpuboot.triggers.gpu_ready"]
 
     def __init__(self, log_path: str | None = None) -> None:
         import multiprocessing

@@ -26,8 +26,8 @@ from pathlib import Path
 from chaos.harness import (ConflictBursts, api_client_factory, cloud_connections, job_dag, job_pods, run_all)
 from chaos.monitor import Monitor, MonitorReport
 from chaos.runner import DagRunner, InlineWorkers, ProcessWorkers, RunResult, StepCall, Triggerer
-from gpuboot.model import LABEL_JOB
-from gpuboot.steps.base import job_id_for
+from gpuboot.core.model import LABEL_JOB
+from gpuboot.operators.base import job_id_for
 from simcloud.testing import SimCloud, small_fleet, wait_until
 
 log = logging.getLogger(__name__)
@@ -243,9 +243,9 @@ def scale_down(cloud: SimCloud, before: dict[str, str], idle_seconds: float = 2,
     and running; returns the number of passes."""
     from airflow.sdk import DAG
 
-    from gpuboot.ledger import ReservationLedger
-    from gpuboot.kube import KubeClient
-    from gpuboot.scaledown import IdleScaleDownOperator
+    from gpuboot.lifecycle.ledger import ReservationLedger
+    from gpuboot.hooks.kube import KubeClient
+    from gpuboot.operators.scaledown import IdleScaleDownOperator
 
     with DAG(dag_id="gpuboot_idle_scaledown", schedule=None) as dag:
         IdleScaleDownOperator(task_id="scale_down", idle_seconds=idle_seconds, spare_seconds=0, stop_timeout_seconds=60,

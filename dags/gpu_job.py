@@ -1,16 +1,16 @@
 """The `gpu_job` DAG: run one GPU job on demand, from the Airflow UI's trigger form.
 
-Composition only: the form comes from gpuboot.jobspec.params_schema() (so the UI
+Composition only: the form comes from gpuboot.core.jobspec.params_schema() (so the UI
 validates types, bounds, patterns and GPU models at trigger time) and the work from
-gpuboot.taskgroup.gpu_job_group(), which re-validates the run's params as a JobSpec.
+gpuboot.task_groups.gpu_job.gpu_job_group(), which re-validates the run's params as a JobSpec.
 """
 
 from __future__ import annotations
 
 from airflow.sdk import DAG, Param
 
-from gpuboot.jobspec import form_fields
-from gpuboot.taskgroup import gpu_job_group
+from gpuboot.core.jobspec import form_fields
+from gpuboot.task_groups.gpu_job import gpu_job_group
 
 DOC_MD = """
 ### Run a GPU job

@@ -1,6 +1,6 @@
 """The `gpuboot_idle_scaledown` DAG: every 5 minutes, stop managed GPU instances left idle.
 
-Composition only: the work and its safety argument live in gpuboot.scaledown.
+Composition only: the work and its safety argument live in gpuboot.operators.scaledown.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import datetime as dt
 
 from airflow.sdk import DAG, Param
 
-from gpuboot.idle import DEFAULT_SPARE_SECONDS
-from gpuboot.scaledown import IdleScaleDownOperator
+from gpuboot.core.idle import DEFAULT_SPARE_SECONDS
+from gpuboot.operators.scaledown import IdleScaleDownOperator
 
 DOC_MD = """
 ### Stop idle GPU nodes

@@ -3,6 +3,6 @@ folder (the scheduler, workers, dag-processor and triggerer then find the `gpubo
 to this file on sys.path). An installed wheel registers the same plugin by its `airflow.plugins`
 entry point instead; use one or the other, not both (Airflow would skip the second "gpuboot").
 """
-from gpuboot.plugin import GpuBootPlugin
+from gpuboot.ui.plugin import GpuBootPlugin
 
 __all__ = ["GpuBootPlugin"]

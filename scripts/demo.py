@@ -44,7 +44,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "plugins"), str(REPO)]
 
-from gpuboot.idle import DEFAULT_SPARE_SECONDS  # noqa: E402
+from gpuboot.core.idle import DEFAULT_SPARE_SECONDS  # noqa: E402
 from simcloud.testing import SimCloud, interrupts_held  # noqa: E402  (needs the repo on sys.path)
 from simcloud.testing import wait_until as testing_wait_until  # noqa: E402
 

@@ -180,7 +180,7 @@ class Cloud:
                                     "password": fleet.access_key_secret,
                                     "extra": {"region_id": fleet.region,
                                               # the scheme in the URL, not a 4-character "protocol": "http"
-                                              # (Airflow would warn it is too short to mask; gpuboot.ecs)
+                                              # (Airflow would warn it is too short to mask; gpuboot.hooks.ecs)
                                               "endpoint": f"http://{self.host}:{self.ecs_port}"}},
         }, indent=2), private=True)
         _write(wd / "simcloud.json", json.dumps({

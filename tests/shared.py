@@ -7,8 +7,8 @@ import threading
 import time
 from pathlib import Path
 
-from gpuboot.model import Reservation
-from gpuboot.ledger import CONFIGMAP, DATA_KEY
+from gpuboot.core.model import Reservation
+from gpuboot.lifecycle.ledger import CONFIGMAP, DATA_KEY
 
 
 def two_gpu_training_job(tag: str) -> dict:

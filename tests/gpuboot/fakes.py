@@ -1,14 +1,14 @@
-"""In-memory fakes of the Kubernetes and ECS adapters, behind the Protocols of gpuboot.ports.
+"""In-memory fakes of the Kubernetes and ECS adapters, behind the Protocols of gpuboot.core.ports.
 
-For unit tests of the lifecycle (gpuboot.booking, gpuboot.boot) that run in milliseconds: no
+For unit tests of the lifecycle (gpuboot.lifecycle.booking, gpuboot.lifecycle.boot) that run in milliseconds: no
 process, no socket, no sleep. The real `ReservationLedger` runs on `FakeCluster`'s ConfigMap,
 so the compare-and-swap under test is the real one. tests/gpuboot/unit/test_ports.py checks
 that these fakes and the real adapters have every method of the Protocols with compatible
-signatures; what the fakes answer follows the adapters (gpuboot.kube, gpuboot.ecs):
+signatures; what the fakes answer follows the adapters (gpuboot.hooks.kube, gpuboot.hooks.ecs):
 
 - `FakeCluster`: Nodes, pods and ConfigMaps, one resourceVersion counter for all of them as
   the API server keeps; a ConfigMap write at a stale resourceVersion (or a create of one that
-  exists) raises `gpuboot.kube.Conflict`, like the adapter on a 409. `conflict_next_writes(n)`
+  exists) raises `gpuboot.hooks.kube.Conflict`, like the adapter on a 409. `conflict_next_writes(n)`
   lets another writer win the next n writes; `before_next_write(action)` runs `action` (say,
   another booker's whole transaction) just before the next write is applied.
 - `FakeEcs`: instances in DescribeInstances form whose Status goes Stopped -> Starting ->
@@ -26,10 +26,10 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuboot.kube import Conflict
-from gpuboot.ledger import ReservationLedger
-from gpuboot.model import LABEL_MANAGED, TERMINATED_PHASES
-from gpuboot.ports import RUNNING_OR_COMING, STOPPED_OR_GOING, EcsError, InstanceOutcome, classify_code
+from gpuboot.hooks.kube import Conflict
+from gpuboot.lifecycle.ledger import ReservationLedger
+from gpuboot.core.model import LABEL_MANAGED, TERMINATED_PHASES
+from gpuboot.core.ports import RUNNING_OR_COMING, STOPPED_OR_GOING, EcsError, InstanceOutcome, classify_code
 
 from tests.gpuboot.unit.builders import REGION, TYPES, instance, node
 
@@ -61,7 +61,7 @@ class Clock:
 
 
 class FakeCluster:
-    """Kubernetes as gpuboot sees it: gpuboot.ports.ClusterReads and ConfigMapStore."""
+    """Kubernetes as gpuboot sees it: gpuboot.core.ports.ClusterReads and ConfigMapStore."""
 
     def __init__(self, nodes: Iterable[dict] = (), pods: Iterable[dict] = ()) -> None:
         self._version = 0
@@ -166,7 +166,7 @@ class FakeCluster:
 
 
 class FakeEcs:
-    """ECS as gpuboot sees it: gpuboot.ports.Ecs. `calls` lists every start, stop and wait as
+    """ECS as gpuboot sees it: gpuboot.core.ports.Ecs. `calls` lists every start, stop and wait as
     (action, instance ids), and `on_call` observes them; `no_stock` holds instance types out of
     stock (every start of one answers OperationDenied.NoStock); `start_errors` maps an instance
     id to the code its next start answers, once."""

@@ -97,9 +97,9 @@ def test_wheel_holds_the_package_and_its_entry_points_only(wheel):
         metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"gpuboot"}, f"the wheel must hold the gpuboot package only, got {sorted(tops)}"
-    assert "gpuboot/provider.py" in names and "gpuboot/replay/sim.py" in names
-    assert "[apache_airflow_provider]\nprovider_info = gpuboot.provider:get_provider_info" in entry_points
-    assert "[airflow.plugins]\ngpuboot = gpuboot.plugin:GpuBootPlugin" in entry_points
+    assert "gpuboot/get_provider_info.py" in names and "gpuboot/replay/sim.py" in names
+    assert "[apache_airflow_provider]\nprovider_info = gpuboot.get_provider_info:get_provider_info" in entry_points
+    assert "[airflow.plugins]\ngpuboot = gpuboot.ui.plugin:GpuBootPlugin" in entry_points
     runtime = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line]
     for package in ("aiohttp", "msgspec", "matplotlib", "pytest", "aliyun-python-sdk"):
         assert not any(package in line for line in runtime), f"{package} is a runtime dependency: {runtime}"
@@ -125,7 +125,7 @@ def test_installed_wheel_is_a_provider_with_the_connection_form_the_plugin_and_t
     assert seen["gpuboot"].startswith(installed["venv"]), seen["gpuboot"]
 
     (meta,) = seen["hook_meta"]
-    assert (meta["hook_class_name"], meta["hook_name"]) == ("gpuboot.ecs.EcsHook", "Alibaba Cloud ECS (gpuboot)")
+    assert (meta["hook_class_name"], meta["hook_name"]) == ("gpuboot.hooks.ecs.EcsHook", "Alibaba Cloud ECS (gpuboot)")
     extra = meta["extra_fields"]
     assert {"region_id", "endpoint", "credential_mode"} <= set(extra)
     assert extra["credential_mode"]["schema"]["enum"][:2] == ["static", "default_chain"]
@@ -134,6 +134,6 @@ def test_installed_wheel_is_a_provider_with_the_connection_form_the_plugin_and_t
     assert fields["login"]["title"] == "AccessKey ID" and fields["password"]["title"] == "AccessKey secret"
     assert fields["host"]["hidden"] and fields["port"]["hidden"]
 
-    assert "gpuboot.plugin:GpuBootPlugin" in seen["plugins"]["gpuboot"], seen["plugins"]
+    assert "gpuboot.ui.plugin:GpuBootPlugin" in seen["plugins"]["gpuboot"], seen["plugins"]
     assert seen["plugin_errors"] == {}
     assert seen["import_errors"] == {} and seen["dags"] == ["gpu_job"]

@@ -102,7 +102,7 @@ def ecs_methods() -> dict[str, str]:
 
 
 # Calls that watch the list method passed first: the client's Watch().stream, and KubeClient._watch
-# (gpuboot.kube), which hands it to Watch().stream.
+# (gpuboot.hooks.kube), which hands it to Watch().stream.
 WATCHING_CALLS = {"stream", "_watch"}
 
 

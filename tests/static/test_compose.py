@@ -409,7 +409,7 @@ def test_dockerfile_installs_the_provider_wheel_with_the_constraints_without_mov
 
 def test_the_wheel_the_image_installs_reaches_the_build_context():
     assert _in_context(f"dist/{_wheel_name()}")
-    assert not _in_context("dist/gpuboot-0.0.1-py3-none-any.tar.gz") and not _in_context("plugins/gpuboot/ecs.py")
+    assert not _in_context("dist/gpuboot-0.0.1-py3-none-any.tar.gz") and not _in_context("plugins/gpuboot/hooks/ecs.py")
 
 
 # .dockerignore as Docker reads it: patterns in order, the last match wins, `!` re-includes, and

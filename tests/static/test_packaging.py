@@ -125,8 +125,8 @@ def test_provider_info_describes_the_hook_and_validates_against_airflows_schema(
     import jsonschema
     import airflow
 
-    from gpuboot.ecs import EcsHook
-    from gpuboot.provider import get_provider_info
+    from gpuboot.hooks.ecs import EcsHook
+    from gpuboot.get_provider_info import get_provider_info
 
     info = get_provider_info()
     schema = json.loads((Path(airflow.__file__).parent / "provider_info.schema.json").read_text())
@@ -137,7 +137,7 @@ def test_provider_info_describes_the_hook_and_validates_against_airflows_schema(
     assert getattr(importlib.import_module(module), name) is EcsHook
     assert (conn["connection-type"], conn["hook-name"]) == (EcsHook.conn_type, EcsHook.hook_name)
     assert {"region_id", "endpoint", "credential_mode"} <= set(conn["conn-fields"])
-    from gpuboot.ecs import CREDENTIAL_MODES
+    from gpuboot.hooks.ecs import CREDENTIAL_MODES
     assert [m for m in conn["conn-fields"]["credential_mode"]["schema"]["enum"] if m] == list(CREDENTIAL_MODES)
 
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RBAC = ROOT / "deploy" / "kubernetes" / "rbac.yaml"
 RAM = ROOT / "deploy" / "ram" / "gpuboot-ecs-policy.json"
 LEDGER_CONFIGMAP = "gpuboot-reservations"
-QUEUE_SHARDS = tuple(f"{LEDGER_CONFIGMAP}-queue-{i}" for i in range(8))   # gpuboot.ledger.RequestQueue
+QUEUE_SHARDS = tuple(f"{LEDGER_CONFIGMAP}-queue-{i}" for i in range(8))   # gpuboot.lifecycle.ledger.RequestQueue
 INSTANCE_ARN = "acs:ecs:*:*:instance/*"
 MANAGED_TAG = "acs:ResourceTag/gpuboot:managed"
 
@@ -210,7 +210,7 @@ def test_planned_grants_are_still_planned(needed):
 
 def test_the_rights_the_place_step_reviews_are_the_job_role(rbac):
     """kube.JOB_POD_RIGHTS (what the place step checks before it boots) is what the Role grants."""
-    from gpuboot.kube import JOB_POD_RIGHTS
+    from gpuboot.hooks.kube import JOB_POD_RIGHTS
 
     (role,) = [r for r in _roles(rbac, "jobs")]
     assert sorted(JOB_POD_RIGHTS) == sorted(perm for perm, _ in _grants(role))
@@ -280,7 +280,7 @@ def test_ledger_role_is_where_the_plugin_keeps_the_ledger(rbac):
 def test_job_roles_are_in_the_default_job_namespaces_which_namespace_yaml_creates(rbac):
     """A Role and RoleBinding gpuboot-jobs in each namespace GPUBOOT_JOB_NAMESPACES defaults to,
     and no other (the form and the place step refuse the rest), each created by namespace.yaml."""
-    from gpuboot.jobspec import DEFAULT_JOB_NAMESPACES
+    from gpuboot.core.jobspec import DEFAULT_JOB_NAMESPACES
 
     for kind in ("Role", "RoleBinding"):
         where = sorted(r["metadata"]["namespace"] for r in rbac[kind] if r["metadata"]["name"] == JOBS_ROLE)

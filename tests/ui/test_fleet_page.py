@@ -1,6 +1,6 @@
 """The GPU-fleet page in headless Chromium while a job boots a node of the local cloud (issue 15).
 
-The page (gpuboot.fleetapi, shown in Airflow's UI under Browse and as a DAG run tab) must show
+The page (gpuboot.ui.fleet_api, shown in Airflow's UI under Browse and as a DAG run tab) must show
 the node booting with its timeline, then Ready holding the job's reservation, then the
 reservation gone once the job is done; its API answers only an Airflow user. Screenshots under
 results/ui/.

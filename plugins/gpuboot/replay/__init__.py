@@ -2,7 +2,7 @@
 
 A discrete-event simulation (no sleeping) of a fleet of ECS GPU nodes that are
 powered on and off by a policy. The `gpuboot` policy calls the very same
-`gpuboot.placement.place` the DAGs use, so the figures measure the product.
+`gpuboot.core.placement.place` the DAGs use, so the figures measure the product.
 
     python -m gpuboot.replay --help        (PYTHONPATH=plugins)
 

@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpuboot.idle import DEFAULT_SPARE_SECONDS
+from gpuboot.core.idle import DEFAULT_SPARE_SECONDS
 
 from . import prices, trace
 from .metrics import demand_series, lower_bound_cost, lower_bound_gpu_seconds
@@ -43,7 +43,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-timeout", default="10m", help="stop a node after it has been empty this long")
     p.add_argument("--spare", default=f"{DEFAULT_SPARE_SECONDS / 3600:g}h",
                    help="gpuboot's scale-down keeps the fleet's spare (an idle node whose GPUs the other running "
-                        "nodes could not replace) this much longer; 0 for none (gpuboot.idle.IdleRule)")
+                        "nodes could not replace) this much longer; 0 for none (gpuboot.core.idle.IdleRule)")
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
     p.add_argument("--include-cpu-pods", action="store_true", help="also replay pods asking for no GPU")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="directory for summary.json and replay.png")

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuboot.idle import DEFAULT_SPARE_SECONDS
-from gpuboot.model import STATE_RANK, NodeState
-from gpuboot.placement import CostModel, JobRequest, Outcome, TaskRequest, place
-from gpuboot.resources import Resources
+from gpuboot.core.idle import DEFAULT_SPARE_SECONDS
+from gpuboot.core.model import STATE_RANK, NodeState
+from gpuboot.core.placement import CostModel, JobRequest, Outcome, TaskRequest, place
+from gpuboot.core.resources import Resources
 
 _STARTABLE = (NodeState.STOPPED, NodeState.STOPPING)
 
@@ -26,8 +26,8 @@ class Decision:
 
 
 class Gpuboot:
-    """Ours: `gpuboot.placement.place` as the DAGs call it, and the scale-down's idle rule with its
-    spare (gpuboot.idle.IdleRule: the idle stop of the others, but the fleet's spare kept up to
+    """Ours: `gpuboot.core.placement.place` as the DAGs call it, and the scale-down's idle rule with its
+    spare (gpuboot.core.idle.IdleRule: the idle stop of the others, but the fleet's spare kept up to
     `spare_seconds` longer)."""
 
     name = "gpuboot"

@@ -10,9 +10,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuboot.idle import IdleRule, IdleVerdict
-from gpuboot.model import NodeState, NodeView
-from gpuboot.resources import Resources
+from gpuboot.core.idle import IdleRule, IdleVerdict
+from gpuboot.core.model import NodeState, NodeView
+from gpuboot.core.resources import Resources
 
 from .clock import EventClock, Kind
 from .metrics import BootEpisode, Recorder
@@ -199,7 +199,7 @@ class Simulation:
         self._retry_queue()
 
     def _idle_check(self, payload: tuple[str, int]) -> None:
-        """Scale-down's look at an idle node: the policy's IdleRule (gpuboot.idle) stops it, or keeps
+        """Scale-down's look at an idle node: the policy's IdleRule (gpuboot.core.idle) stops it, or keeps
         it as the spare and looks again at the next scale-down run."""
         name, token = payload
         node = self.nodes[name]

@@ -13,8 +13,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuboot.inventory import gpu_model_alternatives, gpu_model_matches
-from gpuboot.resources import CPU, GPU, MEMORY, Resources
+from gpuboot.core.inventory import gpu_model_alternatives, gpu_model_matches
+from gpuboot.core.resources import CPU, GPU, MEMORY, Resources
 
 from .prices import node_price
 

@@ -168,7 +168,7 @@ def test_gpu_job_runs_across_celery_worker_and_triggerer(distributed):
     assert any(e.get("logger", "").endswith("NodeGpuReadyTrigger") and TWO_GPU_NODE in e["event"]
                for e in trigger_events), messages
     fired = [e["result"] for e in trigger_events if e["event"] == "Trigger fired event"]
-    # the triggerer logs the event by its one-line summary (gpuboot.triggers.ShortEvent), not the payload
+    # the triggerer logs the event by its one-line summary (gpuboot.triggers.events.ShortEvent), not the payload
     assert len(fired) == 1 and fired[0].startswith("TriggerEvent<ready: ") and TWO_GPU_NODE in fired[0], fired
 
     # The pod ran to completion on the node the plan chose, which this run booted.

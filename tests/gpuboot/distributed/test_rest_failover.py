@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpuboot.model import Reservation
-from gpuboot.kube import KubeClient
-from gpuboot.ledger import ReservationLedger
-from gpuboot.resources import Resources
+from gpuboot.core.model import Reservation
+from gpuboot.hooks.kube import KubeClient
+from gpuboot.lifecycle.ledger import ReservationLedger
+from gpuboot.core.resources import Resources
 from scripts.demo import conn_env
 from simcloud.testing import wait_until
 from tests.gpuboot.distributed.test_gpu_job_distributed import DAG_ID, distributed, follow, short  # noqa: F401 (fixture)
@@ -50,7 +50,7 @@ def test_clearing_wait_gpu_ready_mid_failover_leaves_no_instance_running(distrib
     wait_until(lambda: procs.check_alive() or api.dag_loaded(DAG_ID), timeout=180, interval=1,
                message=lambda: f"{DAG_ID} not parsed by the dag-processor in 180s")
     run_id = api.trigger(DAG_ID, JOB)
-    from gpuboot.steps.base import job_id_for   # imports Airflow: not at collection (tests/conftest.py)
+    from gpuboot.operators.base import job_id_for   # imports Airflow: not at collection (tests/conftest.py)
 
     job_id = job_id_for(DAG_ID, run_id, "gpu_job")
 

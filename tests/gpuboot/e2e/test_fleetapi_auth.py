@@ -1,4 +1,4 @@
-"""The fleet API (gpuboot.fleetapi) answers only an Airflow user allowed to read DAGs, with Airflow's own
+"""The fleet API (gpuboot.ui.fleet_api) answers only an Airflow user allowed to read DAGs, with Airflow's own
 auth manager, JWTs and (for revoked tokens) metadata database: 401 without a token, 403 with a forged one or a user without that permission.
 (The allowed user, the page and its data are tested in Chromium: tests/ui, make test-ui.)"""
 from __future__ import annotations
@@ -16,7 +16,7 @@ def client(request, monkeypatch, tmp_path):
     monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(tmp_path / "passwords.json"))
     from airflow.api_fastapi.app import init_auth_manager, purge_cached_app
 
-    from gpuboot.fleetapi import create_app
+    from gpuboot.ui.fleet_api import create_app
 
     manager = init_auth_manager()
     if request.param == "app":
@@ -25,7 +25,7 @@ def client(request, monkeypatch, tmp_path):
         from starlette.applications import Starlette
         from starlette.routing import Mount
 
-        from gpuboot.plugin import URL_PREFIX, GpuBootPlugin
+        from gpuboot.ui.plugin import URL_PREFIX, GpuBootPlugin
 
         (entry,) = GpuBootPlugin.fastapi_apps
         root = Starlette(routes=[Mount(entry["url_prefix"], app=type(entry["app"])())])   # a fresh, unbuilt one

@@ -140,7 +140,7 @@ def test_bad_trigger_params_are_rejected_before_any_task_runs(gpu_job_dag, chang
 
 
 def test_the_runs_note_gathers_every_steps_summary_line(cloud, connections, gpu_job_dag):
-    """gpuboot.runnote: when the run ends, its note lists each step's summary in the order they ran."""
+    """gpuboot.ui.run_note: when the run ends, its note lists each step's summary in the order they ran."""
     dag_run = gpu_job_dag.test(conn_file_path=str(connections), run_conf=dict(JOB, name="e2e-note"))
     assert dag_run.state == "success"
     note = run_note_of(dag_run)

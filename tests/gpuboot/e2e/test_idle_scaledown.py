@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from gpuboot.idle import ANNOTATION_IDLE_SINCE
+from gpuboot.core.idle import ANNOTATION_IDLE_SINCE
 from tests.gpuboot.e2e.conftest import REPO
 
 RUNNING = "t4-running"      # the e2e fleet's running, managed, idle GPU node
@@ -41,7 +41,7 @@ def test_schedule_is_periodic_without_catchup_one_run_at_a_time(scaledown_dag):
     assert scaledown_dag.catchup is False and scaledown_dag.max_active_runs == 1
     assert scaledown_dag.schedule == dt.timedelta(minutes=5)
     assert scaledown_dag.params["dry_run"] is False and scaledown_dag.params["idle_minutes"] == 10
-    assert scaledown_dag.params["spare_minutes"] == 240      # gpuboot.idle.DEFAULT_SPARE_SECONDS, the replay's
+    assert scaledown_dag.params["spare_minutes"] == 240      # gpuboot.core.idle.DEFAULT_SPARE_SECONDS, the replay's
 
 
 def test_it_runs_from_the_start_even_where_new_dags_are_created_paused(scaledown_dag):

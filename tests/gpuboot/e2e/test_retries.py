@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from airflow.sdk import DAG
 
-from gpuboot.taskgroup import gpu_job_group
+from gpuboot.task_groups.gpu_job import gpu_job_group
 
 
 def test_every_step_of_the_group_is_retried_with_backoff():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuboot.specdags import SpecFileError, load_spec_file
+from gpuboot.task_groups.spec_dags import SpecFileError, load_spec_file
 
 from tests.gpuboot.e2e.conftest import REPO
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 from airflow.sdk.exceptions import TaskDeferred
 
-from gpuboot.ecs import EcsHook
-from gpuboot.steps.launch import GpuPodOperator
-from gpuboot.steps.start import StartGpuNodesOperator
-from gpuboot.steps.wait import GpuReadySensor
+from gpuboot.hooks.ecs import EcsHook
+from gpuboot.operators.launch import GpuPodOperator
+from gpuboot.operators.start import StartGpuNodesOperator
+from gpuboot.sensors.gpu_ready import GpuReadySensor
 
 OPERATORS = {"start": StartGpuNodesOperator, "wait": GpuReadySensor, "launch": GpuPodOperator}
 

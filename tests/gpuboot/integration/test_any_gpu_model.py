@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from gpuboot.kube import KubeClient
-from gpuboot.steps.launch import GpuPodOperator
-from gpuboot.steps.place import PlaceGpuJobOperator
-from gpuboot.steps.release import ReleaseReservationOperator
-from gpuboot.steps.start import StartGpuNodesOperator
-from gpuboot.steps.wait import GpuReadySensor
+from gpuboot.hooks.kube import KubeClient
+from gpuboot.operators.launch import GpuPodOperator
+from gpuboot.operators.place import PlaceGpuJobOperator
+from gpuboot.operators.release import ReleaseReservationOperator
+from gpuboot.operators.start import StartGpuNodesOperator
+from gpuboot.sensors.gpu_ready import GpuReadySensor
 from airflow.sdk.exceptions import TaskDeferred
 
 from .conftest import SETTLE_SECONDS, running_cloud, small_fleet

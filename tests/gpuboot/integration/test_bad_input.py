@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from gpuboot.ecs import EcsHook
-from gpuboot.kube import KubeClient
-from gpuboot.ledger import CONFIGMAP
-from gpuboot.steps.place import PlaceGpuJobOperator
+from gpuboot.hooks.ecs import EcsHook
+from gpuboot.hooks.kube import KubeClient
+from gpuboot.lifecycle.ledger import CONFIGMAP
+from gpuboot.operators.place import PlaceGpuJobOperator
 
 from .conftest import FLEET, SimCloud, expose_connections, with_job_namespaces
 from .test_operators import JOB, context
@@ -73,7 +73,7 @@ def test_unknown_keys_in_dag_run_params_fail_place_with_the_likely_field_and_res
 
 
 def test_params_a_users_dag_declares_for_itself_are_not_job_fields_but_typos_still_fail():
-    from gpuboot.steps.base import resolve_job
+    from gpuboot.operators.base import resolve_job
 
     declared = ["dataset", "name"]
     spec = resolve_job(None, {"params": {**JOB, "dataset": "imagenet"}}, declared=declared)
@@ -109,7 +109,7 @@ def test_a_namespace_that_does_not_exist_fails_place_naming_it_before_anything_i
 
 @pytest.mark.parametrize("kwargs", [{"max_boot_attempts": 0}, {"deferrable": False, "mode": "reschedule"}])
 def test_sensor_arguments_that_cannot_work_are_refused_at_dag_parse_time(kwargs):
-    from gpuboot.steps.wait import GpuReadySensor
+    from gpuboot.sensors.gpu_ready import GpuReadySensor
 
     with pytest.raises(ValueError, match="max_boot_attempts|reschedule"):
         GpuReadySensor(task_id="wait", boots=[], **kwargs)

@@ -10,8 +10,8 @@ import time
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
-from gpuboot.model import Unavailable
-from gpuboot.steps.wait import GpuReadySensor
+from gpuboot.core.model import Unavailable
+from gpuboot.sensors.gpu_ready import GpuReadySensor
 
 from .conftest import SETTLE_SECONDS, T4X2, wait_until
 from .test_failover_retries import resume_until_done
@@ -106,10 +106,10 @@ def test_a_failover_on_a_contended_ledger_defers_and_runs_again_instead_of_faili
     while and runs the sensor again from the ledger, which then fails over and succeeds."""
     import functools
 
-    import gpuboot.boot
-    from gpuboot.booking import Booker
+    import gpuboot.lifecycle.boot
+    from gpuboot.lifecycle.booking import Booker
 
-    monkeypatch.setattr(gpuboot.boot, "Booker", functools.partial(Booker, contended_seconds=2))
+    monkeypatch.setattr(gpuboot.lifecycle.boot, "Booker", functools.partial(Booker, contended_seconds=2))
     hog_running_node()
     sensor, ctx, event = boot_timed_out(cloud)
     cloud.set_faults(k8s_conflict_burst=10**6)

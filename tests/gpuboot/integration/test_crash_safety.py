@@ -12,12 +12,12 @@ import sys
 import time
 from pathlib import Path
 
-from gpuboot.booking import LAUNCH_MARGIN_SECONDS, Booker
-from gpuboot.ecs import EcsHook
-from gpuboot.jobspec import JobSpec
-from gpuboot.kube import KubeClient
-from gpuboot.ledger import ReservationLedger
-from gpuboot.steps.release import ReleaseReservationOperator
+from gpuboot.lifecycle.booking import LAUNCH_MARGIN_SECONDS, Booker
+from gpuboot.hooks.ecs import EcsHook
+from gpuboot.core.jobspec import JobSpec
+from gpuboot.hooks.kube import KubeClient
+from gpuboot.lifecycle.ledger import ReservationLedger
+from gpuboot.operators.release import ReleaseReservationOperator
 
 from .conftest import wait_until
 from .test_operators import JOB, context, place

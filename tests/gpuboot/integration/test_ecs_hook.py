@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from gpuboot.ecs import EcsError, EcsHook, RetryPolicy
+from gpuboot.hooks.ecs import EcsError, EcsHook, RetryPolicy
 from tests.simcloud.conformance.ecs_harness import ACCESS_KEY_ID, ACCESS_KEY_SECRET, REGION, ecs_server, wait_until  # noqa: F401
 
 FAST = RetryPolicy(attempts=10, base_seconds=0.01, cap_seconds=0.05, max_total_seconds=10)
@@ -87,7 +87,7 @@ def test_unknown_instance_is_a_permanent_failure(hook):
 
 def test_throttling_is_retried_with_backoff_and_logged_without_the_secret(hook, ecs_server, caplog):
     ecs_server.faults.update({"ecs_throttle_rate": 0.5})
-    caplog.set_level(logging.WARNING, logger="gpuboot.ecs")
+    caplog.set_level(logging.WARNING, logger="gpuboot.hooks.ecs")
     for _ in range(5):
         assert len(hook.describe_instances(["i-gpu-a", "i-gpu-b"])) == 2
     retries = [r for r in caplog.records if "retrying" in r.getMessage()]
@@ -187,7 +187,7 @@ def test_credential_settings_errors_name_fields_not_values(ecs_server, monkeypat
 # case's environment, imports the libraries for the first time and calls ECS.
 CHAIN_HOST = """
 import json, logging, os, sys
-from gpuboot.ecs import EcsError, EcsHook, RetryPolicy
+from gpuboot.hooks.ecs import EcsError, EcsHook, RetryPolicy
 assert not [m for m in sys.modules if m.startswith(("alibabacloud", "Tea", "darabonba"))], "imported too early"
 for line in sys.stdin:
     case = json.loads(line)
@@ -272,7 +272,7 @@ def test_default_chain_without_any_credentials_fails_at_once(chain_host, ecs_ser
 def test_chain_errors_are_redacted_of_secret_values():
     """An STS answer quoted in a chain error (the library does so when a field is missing) keeps
     the key id but loses the secret and the token, as do the chain's secret environment values."""
-    from gpuboot.ecs import _redact
+    from gpuboot.hooks.ecs import _redact
 
     quoted = ('CredentialException: error retrieving credentials from oidc_role_arn result: {"Credentials": '
               '{"AccessKeyId": "STS.abc", "AccessKeySecret": "tmp-secret-1", "SecurityToken": "tok/en+2=="}}')

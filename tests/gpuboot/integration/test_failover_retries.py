@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
-from gpuboot.steps.release import ReleaseReservationOperator
-from gpuboot.steps.wait import GpuReadySensor
+from gpuboot.operators.release import ReleaseReservationOperator
+from gpuboot.sensors.gpu_ready import GpuReadySensor
 
 from .conftest import wait_until
 from .test_operators import context, place, run_deferred

@@ -7,13 +7,13 @@ from collections import Counter
 
 import pytest
 
-from gpuboot.model import Reservation
-from gpuboot.jobspec import JobSpec
-from gpuboot.kube import KubeClient
-from gpuboot.ledger import LedgerConflict, ReservationLedger
-from gpuboot.placement import Outcome
-from gpuboot.resources import Resources
-from gpuboot.steps.place import PlaceGpuJobOperator
+from gpuboot.core.model import Reservation
+from gpuboot.core.jobspec import JobSpec
+from gpuboot.hooks.kube import KubeClient
+from gpuboot.lifecycle.ledger import LedgerConflict, ReservationLedger
+from gpuboot.core.placement import Outcome
+from gpuboot.core.resources import Resources
+from gpuboot.operators.place import PlaceGpuJobOperator
 from tests.shared import run_threads
 
 ONE_GPU = Resources.parse({"nvidia.com/gpu": 1, "cpu": "1"})
@@ -89,8 +89,8 @@ def test_placements_renewals_start_records_and_marks_race_without_a_lost_write(c
     """On the local API server with 409 bursts: 4 jobs placing, 4 renewing what they hold, 4
     recording starts and 4 marking offerings, all at once. Every write lands, and no GPU is
     promised twice."""
-    from gpuboot.ledger import StartedNode
-    from gpuboot.model import Unavailable
+    from gpuboot.lifecycle.ledger import StartedNode
+    from gpuboot.core.model import Unavailable
 
     from .test_resilience import mark
 

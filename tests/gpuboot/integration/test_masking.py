@@ -5,14 +5,14 @@ Airflow registers every value of a connection's extra with its secrets masker (w
 and warns once per process for one under 5 characters: the local cloud's ECS connection used to
 carry `protocol: "http"`. The secrets themselves: the ECS AccessKey secret (the connection's
 password, registered by Airflow) and the ServiceAccount token, which sits in the kubeconfig file
-the Kubernetes connection names, where Airflow cannot see it (registered by gpuboot.kube)."""
+the Kubernetes connection names, where Airflow cannot see it (registered by gpuboot.hooks.kube)."""
 from __future__ import annotations
 
 import pytest
 from airflow.sdk._shared.secrets_masker.secrets_masker import SecretsMasker, redact
 
-from gpuboot.ecs import EcsHook, endpoint_settings
-from gpuboot.kube import KubeClient
+from gpuboot.hooks.ecs import EcsHook, endpoint_settings
+from gpuboot.hooks.kube import KubeClient
 
 from .conftest import expose_connections
 

@@ -12,18 +12,18 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from airflow.sdk.execution_time.task_runner import _serialize_rendered_fields
 
-from gpuboot.ecs import EcsHook
-from gpuboot.gang import LABEL_RANK, gang_pods
-from gpuboot.jobspec import JobSpec
-from gpuboot.kube import AsyncKubeClient, KubeClient
-from gpuboot.ledger import ReservationLedger
-from gpuboot.placement import Plan
-from gpuboot.steps.launch import GpuPodOperator
-from gpuboot.steps.place import PlaceGpuJobOperator
-from gpuboot.steps.release import ReleaseReservationOperator
-from gpuboot.steps.start import StartGpuNodesOperator
-from gpuboot.steps.wait import GpuReadySensor
-from gpuboot.triggers import NodeGpuReadyTrigger
+from gpuboot.hooks.ecs import EcsHook
+from gpuboot.core.gang import LABEL_RANK, gang_pods
+from gpuboot.core.jobspec import JobSpec
+from gpuboot.hooks.kube import AsyncKubeClient, KubeClient
+from gpuboot.lifecycle.ledger import ReservationLedger
+from gpuboot.core.placement import Plan
+from gpuboot.operators.launch import GpuPodOperator
+from gpuboot.operators.place import PlaceGpuJobOperator
+from gpuboot.operators.release import ReleaseReservationOperator
+from gpuboot.operators.start import StartGpuNodesOperator
+from gpuboot.sensors.gpu_ready import GpuReadySensor
+from gpuboot.triggers.gpu_ready import NodeGpuReadyTrigger
 from simcloud.testing import wait_until
 
 from .conftest import SETTLE_SECONDS

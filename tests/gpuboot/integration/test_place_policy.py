@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
-from gpuboot.ecs import EcsHook
-from gpuboot.steps.place import PlaceGpuJobOperator
+from gpuboot.hooks.ecs import EcsHook
+from gpuboot.operators.place import PlaceGpuJobOperator
 
 from .test_operators import JOB, context, place
 

@@ -17,8 +17,8 @@ import yaml
 from kubernetes import utils
 from kubernetes.client.rest import ApiException
 
-from gpuboot.jobspec import DEFAULT_JOB_NAMESPACES, JobSpec, JobSpecError, params_schema
-from gpuboot.ledger import CONFIGMAP
+from gpuboot.core.jobspec import DEFAULT_JOB_NAMESPACES, JobSpec, JobSpecError, params_schema
+from gpuboot.lifecycle.ledger import CONFIGMAP
 from tests.simcloud.conformance.k8s_harness import K8sServer, k8s, pod_body  # noqa: F401  (the fixture)
 
 REPO = Path(__file__).resolve().parents[3]
@@ -155,7 +155,7 @@ def test_a_job_outside_the_job_namespaces_is_refused_and_the_serviceaccount_cann
 
 def reviewer(sa) -> "KubeClient":
     """The product's adapter acting through `sa` (its CoreV1Api), as the place step uses it."""
-    from gpuboot.kube import KubeClient
+    from gpuboot.hooks.kube import KubeClient
 
     kube = KubeClient()
     kube.__dict__["core"] = sa
@@ -168,7 +168,7 @@ def test_the_place_steps_review_finds_exactly_the_rights_missing_in_a_namespace(
     """KubeClient.denied asks the API server (SelfSubjectAccessReview, which every identity may
     create: system:basic-user) for each right launch needs: in the job namespace the shipped Role
     leaves none out, a Role without one right lacks that one, a namespace without the Role lacks all."""
-    from gpuboot.kube import JOB_POD_RIGHTS
+    from gpuboot.hooks.kube import JOB_POD_RIGHTS
 
     kube = reviewer(as_serviceaccount(k8s, rbac_without(grant)))
     assert kube.denied(JOBS, JOB_POD_RIGHTS) == ([] if grant is None else [f"{grant[2]} {grant[1]}"])
@@ -181,7 +181,7 @@ def test_a_cluster_that_refuses_the_review_itself_leaves_the_check_to_launch(k8s
     and the place step logs it and goes on, rather than refuse every job."""
     from kubernetes import client
 
-    from gpuboot.kube import JOB_POD_RIGHTS
+    from gpuboot.hooks.kube import JOB_POD_RIGHTS
 
     sa = as_serviceaccount(k8s, rbac_without(None))
     client.RbacAuthorizationV1Api(k8s.core_v1().api_client).delete_cluster_role_binding("system:basic-user")

@@ -8,15 +8,15 @@ import time
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
-from gpuboot.booking import LAUNCH_MARGIN_SECONDS, Booker
-from gpuboot.ecs import EcsHook
-from gpuboot.jobspec import JobSpec
-from gpuboot.kube import KubeClient
-from gpuboot.ledger import ReservationLedger
-from gpuboot.model import Unavailable
-from gpuboot.placement import Outcome
-from gpuboot.steps.start import StartGpuNodesOperator
-from gpuboot.steps.wait import GpuReadySensor
+from gpuboot.lifecycle.booking import LAUNCH_MARGIN_SECONDS, Booker
+from gpuboot.hooks.ecs import EcsHook
+from gpuboot.core.jobspec import JobSpec
+from gpuboot.hooks.kube import KubeClient
+from gpuboot.lifecycle.ledger import ReservationLedger
+from gpuboot.core.model import Unavailable
+from gpuboot.core.placement import Outcome
+from gpuboot.operators.start import StartGpuNodesOperator
+from gpuboot.sensors.gpu_ready import GpuReadySensor
 
 from .conftest import T4, T4X2, SimCloud, expose_connections, small_fleet, wait_until, with_job_namespaces
 from .test_operators import JOB, context, place, run_deferred
@@ -31,7 +31,7 @@ def ledger() -> ReservationLedger:
 
 def mark(*marks: Unavailable, job_id: str = "marker") -> None:
     """Write marks the way the product does: in the booking commit of a job that gives up
-    (gpuboot.boot: a fail-over out of attempts), retried through conflicts like every booking."""
+    (gpuboot.lifecycle.boot: a fail-over out of attempts), retried through conflicts like every booking."""
     Booker(KubeClient(), EcsHook(), ledger(), logging.getLogger("marks")).book(
         None, job_id, marks=marks, release_unplaced=True, place_job=False)
 

@@ -9,16 +9,16 @@ import time
 
 import pytest
 
-from gpuboot.ecs import EcsHook
-from gpuboot.model import Reservation
-from gpuboot.jobspec import JobSpec
-from gpuboot.kube import KubeClient
-from gpuboot.ledger import LedgerConflict, ReservationLedger
-from gpuboot.placement import Outcome
-from gpuboot.resources import Resources
-from gpuboot.steps.place import PlaceGpuJobOperator
-from gpuboot.idle import ANNOTATION_CORDONED_BY, ANNOTATION_IDLE_SINCE, CORDONED_BY
-from gpuboot.scaledown import IdleScaleDownOperator
+from gpuboot.hooks.ecs import EcsHook
+from gpuboot.core.model import Reservation
+from gpuboot.core.jobspec import JobSpec
+from gpuboot.hooks.kube import KubeClient
+from gpuboot.lifecycle.ledger import LedgerConflict, ReservationLedger
+from gpuboot.core.placement import Outcome
+from gpuboot.core.resources import Resources
+from gpuboot.operators.place import PlaceGpuJobOperator
+from gpuboot.core.idle import ANNOTATION_CORDONED_BY, ANNOTATION_IDLE_SINCE, CORDONED_BY
+from gpuboot.operators.scaledown import IdleScaleDownOperator
 from simcloud.testing import small_fleet
 
 from .conftest import expose_connections, wait_until

@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from gpuboot.ecs import EcsHook
-from gpuboot.kube import AsyncKubeClient, Gone, KubeClient
-from gpuboot.readiness import Verdict
-from gpuboot.triggers import NodeGpuReadyTrigger
+from gpuboot.hooks.ecs import EcsHook
+from gpuboot.hooks.kube import AsyncKubeClient, Gone, KubeClient
+from gpuboot.core.readiness import Verdict
+from gpuboot.triggers.gpu_ready import NodeGpuReadyTrigger
 
 from .conftest import FLEET, SETTLE_SECONDS as SETTLE, expose_connections, wait_until
 from simcloud.testing import SimCloud, small_fleet
@@ -298,7 +298,7 @@ def test_trigger_serializes_to_an_importable_path():
     trigger = NodeGpuReadyTrigger(baseline={"node": "n", "start_requested_at": None, "boot_id_before": None,
                                             "gpus_needed": 0}, deadline=1.0)
     path, kwargs = trigger.serialize()
-    assert path == "gpuboot.triggers.NodeGpuReadyTrigger"
+    assert path == "gpuboot.triggers.gpu_ready.NodeGpuReadyTrigger"
     assert NodeGpuReadyTrigger(**kwargs).serialize() == (path, kwargs)
 
 

@@ -29,8 +29,8 @@ def test_the_probe_catches_a_trigger_that_computes_or_waits_on_the_loop(cloud, m
     import time
 
     from bench.triggerer_loop import probe
-    from gpuboot.kube import KubeClient
-    from gpuboot.triggers import NodeGpuReadyTrigger
+    from gpuboot.hooks.kube import KubeClient
+    from gpuboot.triggers.gpu_ready import NodeGpuReadyTrigger
 
     kube = KubeClient()             # built here: the trigger below only waits on its call
 

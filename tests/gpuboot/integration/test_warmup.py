@@ -1,4 +1,4 @@
-"""The triggerer's warm-up (gpuboot.warmup): Airflow's own Job start, in a fresh process, imports the
+"""The triggerer's warm-up (gpuboot.ui.warmup): Airflow's own Job start, in a fresh process, imports the
 readiness trigger's Kubernetes clients in the triggerer, and only there, and freezes what the
 triggerer then holds out of the garbage collector's full collections."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuboot.warmup import is_triggerer
+from gpuboot.ui.warmup import is_triggerer
 
 REPO = Path(__file__).resolve().parents[3]
 PROBE = """

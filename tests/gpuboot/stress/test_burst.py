@@ -3,7 +3,7 @@ and bursts of 409 Conflicts on the ledger. Every job is placed (the ones that do
 and are placed as GPUs free up), none fails for contention, no node is ever promised more than
 it has (chaos.monitor watches every change of pods and the ledger), and the ledger ends empty.
 
-Each job is the place transaction of the place step (`gpuboot.batching.book_first`: a first
+Each job is the place transaction of the place step (`gpuboot.lifecycle.batching.book_first`: a first
 placement queues in the ledger and one leader places the whole queue from one cluster read;
 through the real hooks, in its own thread): contended -> it waits a little and books again, as the step defers; busy ->
 it waits and books again, as the busy wait does. Once placed, the job's pod is bound to the
@@ -44,7 +44,7 @@ def job(n: int) -> dict:
 
 
 def pod_for(job_id: str, assignment) -> dict:
-    from gpuboot.model import LABEL_JOB, LABEL_TASK
+    from gpuboot.core.model import LABEL_JOB, LABEL_TASK
 
     resources = {k: str(v) for k, v in assignment.requests.to_k8s().items()}
     return {"apiVersion": "v1", "kind": "Pod",
@@ -55,12 +55,12 @@ def pod_for(job_id: str, assignment) -> dict:
 
 
 def run_job(n: int, go: threading.Barrier, core) -> dict:
-    from gpuboot.batching import book_first
-    from gpuboot.booking import Booker, LedgerContended
-    from gpuboot.ecs import EcsHook
-    from gpuboot.jobspec import JobSpec
-    from gpuboot.kube import KubeClient
-    from gpuboot.ledger import ReservationLedger
+    from gpuboot.lifecycle.batching import book_first
+    from gpuboot.lifecycle.booking import Booker, LedgerContended
+    from gpuboot.hooks.ecs import EcsHook
+    from gpuboot.core.jobspec import JobSpec
+    from gpuboot.hooks.kube import KubeClient
+    from gpuboot.lifecycle.ledger import ReservationLedger
 
     kube = KubeClient()
     spec, job_id = JobSpec.from_dict(job(n)), f"burst-{n:02d}"
@@ -108,8 +108,8 @@ def outcome(tmp_path_factory):
             began = time.monotonic()
             results = [f.result() for f in futures]
             wall = time.monotonic() - began
-        from gpuboot.kube import KubeClient
-        from gpuboot.ledger import ReservationLedger
+        from gpuboot.hooks.kube import KubeClient
+        from gpuboot.lifecycle.ledger import ReservationLedger
 
         state = ReservationLedger(KubeClient()).snapshot()
         yield {"results": results, "report": monitor.report, "bursts": bursts.bursts, "wall": wall, "ledger": state}

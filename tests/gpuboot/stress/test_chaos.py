@@ -37,7 +37,7 @@ def test_small_chaos_run_keeps_every_promise(tmp_path):
 
 # -- the killed step's verdict, on recorded runs ----------------------------------------------
 def start_call(run_id: str) -> StepCall:
-    return StepCall(operator="gpuboot.steps.start:StartGpuNodesOperator", kwargs={}, dag_id="gpu_job_chaos",
+    return StepCall(operator="gpuboot.operators.start:StartGpuNodesOperator", kwargs={}, dag_id="gpu_job_chaos",
                     run_id=run_id, task_id="gpu_job.start")
 
 

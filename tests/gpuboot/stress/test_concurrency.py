@@ -3,7 +3,7 @@ bursts of 409 Conflicts on the ledger: nothing is ever promised twice, exactly t
 fit run first, the others wait and run as capacity frees, and everything ends clean.
 
 How the 30 runs are driven, and why: chaos.runner walks the real task graph that
-gpuboot.taskgroup.gpu_job_group builds (place -> start -> wait_gpu_ready -> launch ->
+gpuboot.task_groups.gpu_job.gpu_job_group builds (place -> start -> wait_gpu_ready -> launch ->
 release), with the real operators, sensor, triggers and KubernetesPodOperator, 30 runs in
 30 threads of this one process (one Airflow import), deferred tasks resumed through one
 shared asyncio triggerer. 30 dag.test() processes would not fit 2 cores, and dag.test()

@@ -22,10 +22,10 @@ def cloud(tmp_path):
 
 
 def reserve(job_id: str, node: str, gpus: int = 1) -> None:
-    from gpuboot.model import Reservation
-    from gpuboot.kube import KubeClient
-    from gpuboot.ledger import ReservationLedger
-    from gpuboot.resources import Resources
+    from gpuboot.core.model import Reservation
+    from gpuboot.hooks.kube import KubeClient
+    from gpuboot.lifecycle.ledger import ReservationLedger
+    from gpuboot.core.resources import Resources
 
     ledger = ReservationLedger(KubeClient())
     _, version = ledger.read()
@@ -63,7 +63,7 @@ def test_a_gpu_freed_by_a_finished_pod_can_be_promised_again(cloud):
 def test_a_pod_refused_by_the_kubelet_is_recorded(cloud):
     """A node whose device plugin never registers: Ready with 0 GPUs, so a GPU pod bound there fails."""
     cloud.set_faults(device_plugin_never=["g-stop"])
-    from gpuboot.ecs import EcsHook
+    from gpuboot.hooks.ecs import EcsHook
 
     EcsHook().start_instances([cloud.instance_id("g-stop")])
     wait_until(lambda: cloud.node_ready("g-stop"), timeout=20)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from gpuboot.resources import GPU
+from gpuboot.core.resources import GPU
 
 REGION = "cn-hangzhou"
 

@@ -1,4 +1,4 @@
-"""Group commit (gpuboot.batching) on the in-memory fakes: first placements queue in the ledger,
+"""Group commit (gpuboot.lifecycle.batching) on the in-memory fakes: first placements queue in the ledger,
 one leader reads the cluster once and commits every waiting job in one write. The ledger is the
 real one on the fake ConfigMap; tests/gpuboot/stress/test_burst.py runs the place step itself in a
 burst on the local cloud."""
@@ -14,14 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gpuboot.batching import (ANSWER_ROWS, LEASE_SECONDS, BatchPlacer, answer_rows, book_first, compact,
+from gpuboot.lifecycle.batching import (ANSWER_ROWS, LEASE_SECONDS, BatchPlacer, answer_rows, book_first, compact,
                                still_valid)
-from gpuboot.booking import Booker, LedgerContended, reservation_ttl
-from gpuboot.jobspec import JobSpec
-from gpuboot.ledger import CONFIGMAP, MAX_LEDGER_BYTES, Batch, LedgerFull, Queued, RequestQueue, StartedNode
-from gpuboot.model import Reservation, Unavailable
-from gpuboot.placement import JobRequest, Outcome, Plan
-from gpuboot.resources import Resources
+from gpuboot.lifecycle.booking import Booker, LedgerContended, reservation_ttl
+from gpuboot.core.jobspec import JobSpec
+from gpuboot.lifecycle.ledger import CONFIGMAP, MAX_LEDGER_BYTES, Batch, LedgerFull, Queued, RequestQueue, StartedNode
+from gpuboot.core.model import Reservation, Unavailable
+from gpuboot.core.placement import JobRequest, Outcome, Plan
+from gpuboot.core.resources import Resources
 
 from tests.gpuboot.fakes import T4, Cloud, cloud
 

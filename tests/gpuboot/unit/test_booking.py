@@ -1,4 +1,4 @@
-"""The booking transaction (gpuboot.booking.Booker) on in-memory fakes of Kubernetes and ECS:
+"""The booking transaction (gpuboot.lifecycle.booking.Booker) on in-memory fakes of Kubernetes and ECS:
 read the ledger, survey, place, commit with compare-and-swap, re-place on a conflict. The ledger
 is the real one, on the fake's ConfigMap; no process, no socket, no sleep (a fixed clock).
 tests/gpuboot/integration/test_ledger.py races the same transaction on the local cloud."""
@@ -11,11 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gpuboot.booking import FENCE_REASON, Booker, LedgerContended
-from gpuboot.jobspec import JobSpec
-from gpuboot.ledger import StartedNode
-from gpuboot.model import Unavailable
-from gpuboot.placement import Outcome
+from gpuboot.lifecycle.booking import FENCE_REASON, Booker, LedgerContended
+from gpuboot.core.jobspec import JobSpec
+from gpuboot.lifecycle.ledger import StartedNode
+from gpuboot.core.model import Unavailable
+from gpuboot.core.placement import Outcome
 
 from tests.gpuboot.fakes import T4, Cloud, cloud
 from tests.gpuboot.unit.builders import instance_id, node

@@ -1,4 +1,4 @@
-"""The boot fall-back (gpuboot.boot.JobBoot) on in-memory fakes of Kubernetes and ECS: capacity
+"""The boot fall-back (gpuboot.lifecycle.boot.JobBoot) on in-memory fakes of Kubernetes and ECS: capacity
 errors re-placed within the same call, boot timeouts failed over, abandoned nodes stopped again
 unless another job claims them, the release of a run that failed before its launch. The ledger
 is the real one on the fake's ConfigMap; the clock is fixed, nothing sleeps.
@@ -10,11 +10,11 @@ import logging
 
 import pytest
 
-from gpuboot.boot import DEFAULT_UNAVAILABLE_TTL_SECONDS, BootError, CapacityBusy, CapacityUnavailable, JobBoot
-from gpuboot.booking import FENCE_REASON, Booker
-from gpuboot.jobspec import JobSpec
-from gpuboot.model import Unavailable
-from gpuboot.placement import Plan
+from gpuboot.lifecycle.boot import DEFAULT_UNAVAILABLE_TTL_SECONDS, BootError, CapacityBusy, CapacityUnavailable, JobBoot
+from gpuboot.lifecycle.booking import FENCE_REASON, Booker
+from gpuboot.core.jobspec import JobSpec
+from gpuboot.core.model import Unavailable
+from gpuboot.core.placement import Plan
 
 from tests.gpuboot.fakes import T4, T4X2, ZONE, Cloud, cloud
 from tests.gpuboot.unit.builders import instance_id, pod

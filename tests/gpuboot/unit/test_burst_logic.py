@@ -9,14 +9,14 @@ import threading
 
 import pytest
 
-from gpuboot.booking import SURVEY_MAX_AGE_SECONDS, Booker, LedgerContended
-from gpuboot.inventory import backed_tasks, build_inventory, with_reservations
-from gpuboot.jobspec import JobSpec
-from gpuboot.kube import Conflict
-from gpuboot.ledger import (MAX_LEDGER_BYTES, TOMBSTONE_SECONDS, JobRecord, LedgerFull, LedgerState,
+from gpuboot.lifecycle.booking import SURVEY_MAX_AGE_SECONDS, Booker, LedgerContended
+from gpuboot.core.inventory import backed_tasks, build_inventory, with_reservations
+from gpuboot.core.jobspec import JobSpec
+from gpuboot.hooks.kube import Conflict
+from gpuboot.lifecycle.ledger import (MAX_LEDGER_BYTES, TOMBSTONE_SECONDS, JobRecord, LedgerFull, LedgerState,
                             ReservationLedger, StartedNode, Tombstone, ledger_data)
-from gpuboot.model import LABEL_JOB, LABEL_TASK, Reservation
-from gpuboot.resources import Resources
+from gpuboot.core.model import LABEL_JOB, LABEL_TASK, Reservation
+from gpuboot.core.resources import Resources
 
 from .builders import TYPES, instance, node, pod
 

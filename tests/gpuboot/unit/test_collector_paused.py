@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from gpuboot.kube import KubeClient, collector_paused
+from gpuboot.hooks.kube import KubeClient, collector_paused
 
 
 class Pages:

@@ -1,11 +1,11 @@
-"""The fleet page's assembly (gpuboot.fleet): GPU counts, boot timelines, reservations, marks, a run's view."""
+"""The fleet page's assembly (gpuboot.ui.fleet_view): GPU counts, boot timelines, reservations, marks, a run's view."""
 from __future__ import annotations
 
-from gpuboot.fleet import boot_timeline, fleet_view, observe_gpus, price_of, run_view
-from gpuboot.inventory import build_inventory
-from gpuboot.model import Reservation, Unavailable
-from gpuboot.placement import JobRequest, TaskRequest, place
-from gpuboot.resources import Resources
+from gpuboot.ui.fleet_view import boot_timeline, fleet_view, observe_gpus, price_of, run_view
+from gpuboot.core.inventory import build_inventory
+from gpuboot.core.model import Reservation, Unavailable
+from gpuboot.core.placement import JobRequest, TaskRequest, place
+from gpuboot.core.resources import Resources
 from tests.gpuboot.unit.builders import TYPES, instance, node, pod
 
 NOW = 1_800_000_000.0

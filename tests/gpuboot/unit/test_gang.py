@@ -1,11 +1,11 @@
-"""The gang's pods and verdicts (gpuboot.gang): rank environment, pinning, one fate, adoption."""
+"""The gang's pods and verdicts (gpuboot.core.gang): rank environment, pinning, one fate, adoption."""
 from __future__ import annotations
 
-from gpuboot.gang import LABEL_ATTEMPT, LABEL_RANK, MASTER_PORT, adoptable, gang_pods, judge, pod_name
-from gpuboot.jobspec import JobSpec
-from gpuboot.model import NodeState
-from gpuboot.placement import Assignment, Outcome, Plan
-from gpuboot.resources import Resources
+from gpuboot.core.gang import LABEL_ATTEMPT, LABEL_RANK, MASTER_PORT, adoptable, gang_pods, judge, pod_name
+from gpuboot.core.jobspec import JobSpec
+from gpuboot.core.model import NodeState
+from gpuboot.core.placement import Assignment, Outcome, Plan
+from gpuboot.core.resources import Resources
 
 SPEC = JobSpec.from_dict({"name": "train", "image": "python:3.11", "command": ["python", "-c", "pass"],
                           "replicas": 3, "gpus": 1, "env": {"RANK": "user's", "EPOCHS": "3"},

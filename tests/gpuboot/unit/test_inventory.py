@@ -3,10 +3,10 @@ import pytest
 
 from dataclasses import replace
 
-from gpuboot.inventory import (build_inventory, gpu_model_alternatives, gpu_model_matches, normalize_gpu_model,
+from gpuboot.core.inventory import (build_inventory, gpu_model_alternatives, gpu_model_matches, normalize_gpu_model,
                                parse_provider_id, pod_requests, with_reservations)
-from gpuboot.model import NodeState, Reservation
-from gpuboot.resources import GPU, QuantityError, Resources
+from gpuboot.core.model import NodeState, Reservation
+from gpuboot.core.resources import GPU, QuantityError, Resources
 
 from .builders import TYPES, instance, iso, node, pod
 

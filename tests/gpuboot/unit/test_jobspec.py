@@ -2,9 +2,9 @@
 import jsonschema
 import pytest
 
-from gpuboot.jobspec import (FORM_MAIN_FIELDS, JOB_NAMESPACES_ENV, KNOWN_GPU_MODELS, JobSpec, JobSpecError,
+from gpuboot.core.jobspec import (FORM_MAIN_FIELDS, JOB_NAMESPACES_ENV, KNOWN_GPU_MODELS, JobSpec, JobSpecError,
                              check_known_fields, field_errors, form_fields, job_namespaces, params_schema)
-from gpuboot.resources import GPU, Resources
+from gpuboot.core.resources import GPU, Resources
 
 BASE = {"name": "train", "image": "pytorch/pytorch:2.3", "command": ["python", "train.py"]}
 

@@ -1,21 +1,21 @@
 """The ledger's pure rules (issue 9, defects 2-4, 8): how long a reservation lives, until when a
 node is waited for, which boot-failure marks still stand, the job record, the failure hints.
 The ledger's compare-and-swap runs against an in-memory ConfigMap here (tests/gpuboot/fakes.py,
-behind gpuboot.ports.ConfigMapStore); tests/gpuboot/integration/test_ledger.py races it on the local cloud."""
+behind gpuboot.core.ports.ConfigMapStore); tests/gpuboot/integration/test_ledger.py races it on the local cloud."""
 from __future__ import annotations
 
 import threading
 
 import pytest
 
-from gpuboot.boot import ALREADY_UP_GRACE_SECONDS, wait_deadline
-from gpuboot.booking import LAUNCH_MARGIN_SECONDS, outdated_marks, reservation_ttl
-from gpuboot.model import NodeState, NodeView, Reservation
-from gpuboot.jobspec import JobSpec
-from gpuboot.ledger import JobRecord, ReservationLedger, StartedNode
-from gpuboot.model import Unavailable
-from gpuboot.resources import Resources
-from gpuboot.steps.wait import where_to_look
+from gpuboot.lifecycle.boot import ALREADY_UP_GRACE_SECONDS, wait_deadline
+from gpuboot.lifecycle.booking import LAUNCH_MARGIN_SECONDS, outdated_marks, reservation_ttl
+from gpuboot.core.model import NodeState, NodeView, Reservation
+from gpuboot.core.jobspec import JobSpec
+from gpuboot.lifecycle.ledger import JobRecord, ReservationLedger, StartedNode
+from gpuboot.core.model import Unavailable
+from gpuboot.core.resources import Resources
+from gpuboot.sensors.gpu_ready import where_to_look
 
 from tests.gpuboot.fakes import FakeCluster
 from tests.shared import run_threads

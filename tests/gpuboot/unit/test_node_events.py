@@ -2,7 +2,7 @@
 resume from the last resourceVersion, re-list on 410 Gone (flagged), reconnect after errors."""
 import asyncio
 
-from gpuboot.kube import Gone, NodeEvents, _NodePump
+from gpuboot.hooks.kube import Gone, NodeEvents, _NodePump
 
 
 def node(rv: str, gpus: str = "1") -> dict:

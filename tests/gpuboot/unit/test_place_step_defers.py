@@ -9,10 +9,10 @@ import time
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
-from gpuboot.booking import LedgerContended
-from gpuboot.placement import Outcome, Plan
-from gpuboot.steps.place import PlaceGpuJobOperator
-from gpuboot.triggers import WakeUpTrigger
+from gpuboot.lifecycle.booking import LedgerContended
+from gpuboot.core.placement import Outcome, Plan
+from gpuboot.operators.place import PlaceGpuJobOperator
+from gpuboot.triggers.wake_up import WakeUpTrigger
 
 from .builders import step_context
 

@@ -4,10 +4,10 @@ import random
 
 import pytest
 
-from gpuboot.inventory import build_inventory
-from gpuboot.model import NodeState, NodeView, Reservation
-from gpuboot.placement import JobRequest, Outcome, Plan, TaskRequest, Verdict, place
-from gpuboot.resources import GPU, Resources
+from gpuboot.core.inventory import build_inventory
+from gpuboot.core.model import NodeState, NodeView, Reservation
+from gpuboot.core.placement import JobRequest, Outcome, Plan, TaskRequest, Verdict, place
+from gpuboot.core.resources import GPU, Resources
 
 from .builders import TYPES, instance, node, pod
 
@@ -378,7 +378,7 @@ def test_the_oldest_work_never_beats_a_cheaper_slot_or_the_state():
 
 
 def test_twins_that_differ_only_in_their_work_are_judged_once_and_taken_oldest_first(monkeypatch):
-    from gpuboot import placement as P
+    from gpuboot.core import placement as P
     calls = []
     real = P._score
     monkeypatch.setattr(P, "_score", lambda *args: calls.append(1) or real(*args))

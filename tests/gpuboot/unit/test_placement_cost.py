@@ -1,7 +1,7 @@
 """The cost ranking (pure): what one task on a node costs, and that the order stays state first."""
 import pytest
 
-from gpuboot.placement import DEFAULT_COST, CostModel, JobRequest, place
+from gpuboot.core.placement import DEFAULT_COST, CostModel, JobRequest, place
 
 from .test_placement import BOOTING, READY, STOPPED, STOPPING, chosen, job, nv, task
 

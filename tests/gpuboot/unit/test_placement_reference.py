@@ -14,11 +14,11 @@ from dataclasses import replace
 
 import pytest
 
-from gpuboot import placement as P
-from gpuboot.model import FrozenDict, NodeState, NodeView, Unavailable
-from gpuboot.placement import Candidate, JobRequest, Outcome, TaskRequest, Verdict, place
-from gpuboot.resources import CPU, GPU, MEMORY, Resources
-from gpuboot.steplog import utc
+from gpuboot.core import placement as P
+from gpuboot.core.model import FrozenDict, NodeState, NodeView, Unavailable
+from gpuboot.core.placement import Candidate, JobRequest, Outcome, TaskRequest, Verdict, place
+from gpuboot.core.resources import CPU, GPU, MEMORY, Resources
+from gpuboot.core.steplog import utc
 
 GI = 2**30
 MODELS = ["Tesla-T4", "NVIDIA-A10", "Tesla-V100-SXM2-16GB", "Tesla-V100-SXM2-32GB", "NVIDIA V100", None]

@@ -3,8 +3,8 @@ import random
 
 import pytest
 
-from gpuboot.placement import Outcome, place
-from gpuboot.model import NodeState, Unavailable, blocked_nodes
+from gpuboot.core.placement import Outcome, place
+from gpuboot.core.model import NodeState, Unavailable, blocked_nodes
 
 from .test_placement import BOOTING, READY, STOPPED, STOPPING, chosen, job, nv, task
 

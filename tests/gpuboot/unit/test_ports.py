@@ -1,5 +1,5 @@
 """The ports hold both ways: the lifecycle calls Kubernetes and ECS only through the Protocols of
-gpuboot.ports, and the real adapters and the test fakes both have every Protocol method with a
+gpuboot.core.ports, and the real adapters and the test fakes both have every Protocol method with a
 compatible signature (same parameter names, kinds and defaults; the adapter may take more, with
 defaults). So a fake cannot drift from the adapter it stands for without a test failing here."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Protocol
 
 import pytest
 
-from gpuboot.kube import KubeClient
-from gpuboot.ports import ClusterReads, ConfigMapStore, Ecs
+from gpuboot.hooks.kube import KubeClient
+from gpuboot.core.ports import ClusterReads, ConfigMapStore, Ecs
 
 from tests.gpuboot.fakes import FakeCluster, FakeEcs
 
@@ -75,7 +75,7 @@ def mismatches(protocol: type, cls: type) -> list[str]:
 
 
 def ecs_hook() -> type:
-    from gpuboot.ecs import EcsHook     # imports Airflow (a BaseHook): only this test needs it
+    from gpuboot.hooks.ecs import EcsHook     # imports Airflow (a BaseHook): only this test needs it
 
     return EcsHook
 
@@ -123,14 +123,14 @@ def calls_on(path: Path, receivers: set[str]) -> set[str]:
 
 
 def test_the_ports_list_exactly_what_the_lifecycle_and_the_ledger_call():
-    lifecycle = set().union(*(calls_on(PACKAGE / f"{name}.py", {"kube", "ecs"}) for name in ("booking", "boot", "pricing")))
+    lifecycle = set().union(*(calls_on(PACKAGE / "lifecycle" / f"{name}.py", {"kube", "ecs"}) for name in ("booking", "boot", "pricing")))
     assert lifecycle == {f"kube.{m}" for m in members(ClusterReads)} | {f"ecs.{m}" for m in members(Ecs)}
-    assert calls_on(PACKAGE / "ledger.py", {"kube"}) == {f"kube.{m}" for m in members(ConfigMapStore)}
+    assert calls_on(PACKAGE / "lifecycle" / "ledger.py", {"kube"}) == {f"kube.{m}" for m in members(ConfigMapStore)}
 
 
 def test_the_lifecycle_imports_no_airflow_and_no_client_library():
     """What keeps its unit tests fast: booking and boot load without Airflow or an I/O library."""
-    code = ("import sys, gpuboot.boot, gpuboot.booking; print(sorted({m.split('.')[0] for m in sys.modules}"
+    code = ("import sys, gpuboot.lifecycle.boot, gpuboot.lifecycle.booking; print(sorted({m.split('.')[0] for m in sys.modules}"
             " & {'airflow', 'kubernetes', 'alibabacloud_ecs20140526'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(PACKAGE.parent)})

@@ -3,9 +3,9 @@ import logging
 
 import pytest
 
-from gpuboot.booking import survey
-from gpuboot.model import LABEL_PRICE
-from gpuboot.pricing import PriceCache
+from gpuboot.lifecycle.booking import survey
+from gpuboot.core.model import LABEL_PRICE
+from gpuboot.lifecycle.pricing import PriceCache
 
 from tests.gpuboot.fakes import T4, T4X2, ZONE, Clock, FakeCluster, FakeEcs
 from tests.gpuboot.unit.builders import TYPES, instance, node
@@ -38,7 +38,7 @@ def test_an_unpriced_type_is_remembered_as_unpriced_and_logged(caplog):
     clock = Clock()
     ecs = FakeEcs([], TYPES, clock)                       # no prices at all
     cache = PriceCache(ttl_seconds=600, clock=clock)
-    with caplog.at_level(logging.WARNING, logger="gpuboot.pricing"):
+    with caplog.at_level(logging.WARNING, logger="gpuboot.lifecycle.pricing"):
         assert cache.prices(ecs, [(T4, ZONE)]) == {(T4, ZONE): None}
         assert cache.prices(ecs, [(T4, ZONE)]) == {(T4, ZONE): None}
     assert len(price_calls(ecs)) == 1

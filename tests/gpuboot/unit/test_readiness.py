@@ -1,7 +1,7 @@
 """The GPU-readiness rule: never ready on a stale status, only after the kubelet's reset and the real count."""
 import pytest
 
-from gpuboot.readiness import BootBaseline, ReadinessTracker, extended_needs
+from gpuboot.core.readiness import BootBaseline, ReadinessTracker, extended_needs
 
 from .builders import node
 
@@ -261,7 +261,7 @@ def test_extended_needs_are_the_device_plugin_resources_besides_whole_gpus():
 
 
 def test_holding_in_fallback_is_what_may_stretch_a_boot_deadline():
-    from gpuboot.triggers import holding_in_fallback
+    from gpuboot.triggers.gpu_ready import holding_in_fallback
 
     t = tracker(settle=1.0, fallback=60, continuous=False)
     n = gpu_node(1, heartbeat=T0 + 3, transition=T0 + 3)
@@ -278,8 +278,8 @@ def test_holding_in_fallback_is_what_may_stretch_a_boot_deadline():
 def test_the_state_a_resumed_step_carries_round_trips_as_json():
     import json
 
-    from gpuboot.steps.wait import WaitProgress
-    from gpuboot.steps.waiting import CapacityWait
+    from gpuboot.sensors.gpu_ready import WaitProgress
+    from gpuboot.operators.capacity_wait import CapacityWait
 
     progress = WaitProgress(1, 2.0, {"a": {"ready": "True"}}, {"job_id": "j"}, [{"node": "a"}, {"node": "b"}], ["x"])
     assert WaitProgress.from_json(json.loads(json.dumps(progress.to_json()))) == progress

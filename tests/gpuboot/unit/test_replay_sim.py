@@ -3,15 +3,15 @@ import random
 
 import pytest
 
-import gpuboot.placement
-from gpuboot.model import NodeState
-from gpuboot.placement import JobRequest, TaskRequest
+import gpuboot.core.placement
+from gpuboot.core.model import NodeState
+from gpuboot.core.placement import JobRequest, TaskRequest
 from gpuboot.replay import policies
 from gpuboot.replay.metrics import lower_bound_gpu_seconds, percentile
 from gpuboot.replay.policies import AllocateTime, AlwaysOn, Gpuboot, QueueTime
 from gpuboot.replay.sim import SimConfig, Simulation
 from gpuboot.replay.trace import FleetNode, TraceJob
-from gpuboot.resources import Resources
+from gpuboot.core.resources import Resources
 
 GIB = 2**30
 
@@ -116,12 +116,12 @@ def test_a_job_bigger_than_any_node_is_never_placed_and_boots_nothing():
 
 
 def test_replay_uses_the_products_place_function():
-    assert policies.place is gpuboot.placement.place
+    assert policies.place is gpuboot.core.placement.place
     calls = []
 
     def counting_place(request, nodes, cost):
         calls.append((request.job_id, cost.boot_seconds, cost.idle_seconds))
-        return gpuboot.placement.place(request, nodes, cost=cost)
+        return gpuboot.core.placement.place(request, nodes, cost=cost)
 
     result = run(Gpuboot(place=counting_place), SEED_FLEET, SEED_JOBS)
     assert calls == [("j1", 30, 600), ("j2", 30, 600)]     # with the simulation's own delays
@@ -144,8 +144,8 @@ def test_one_node_per_class_of_twins_gives_place_the_same_plan_as_every_node():
         request = JobRequest(f"j{trial}", (TaskRequest("t", Resources({
             "nvidia.com/gpu": rng.choice([1, 1, 2, 4, 8, 16]), "cpu": 1000 * rng.choice([1, 4, 12, 40]),
             "memory": GIB * rng.choice([4, 64, 200])})),), 1)
-        full = gpuboot.placement.place(request, sim.views())
-        reduced = gpuboot.placement.place(request, sim.views(per_class=1))
+        full = gpuboot.core.placement.place(request, sim.views())
+        reduced = gpuboot.core.placement.place(request, sim.views(per_class=1))
         assert len(sim.views(per_class=1)) < len(sim.views())
         assert (reduced.outcome, reduced.assignments, reduced.nodes_to_start) == \
             (full.outcome, full.assignments, full.nodes_to_start)
@@ -159,7 +159,7 @@ def test_nearest_rank_percentile():
 
 
 def test_the_fleets_spare_is_kept_past_the_idle_time_then_stopped():
-    """gpuboot's scale-down (gpuboot.idle.IdleRule): the lone node is the fleet's spare, looked at
+    """gpuboot's scale-down (gpuboot.core.idle.IdleRule): the lone node is the fleet's spare, looked at
     again every scale-down run (300 s) and stopped at idle + spare; the baselines stop it at idle."""
     fleet, jobs = [node("a", 2, 16)], [job("j", 0, 3600, gpus=1)]
     kept = run(Gpuboot(spare_seconds=1000), fleet, jobs, end=20_000)

@@ -3,7 +3,7 @@ from fractions import Fraction
 
 import pytest
 
-from gpuboot.resources import GPU, QuantityError, Resources, parse_quantity
+from gpuboot.core.resources import GPU, QuantityError, Resources, parse_quantity
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -1,5 +1,5 @@
-"""The run note's text (gpuboot.runnote.run_note): pure, no database."""
-from gpuboot.runnote import NOTE_LIMIT, run_note
+"""The run note's text (gpuboot.ui.run_note.run_note): pure, no database."""
+from gpuboot.ui.run_note import NOTE_LIMIT, run_note
 
 
 def test_each_step_gets_a_line_in_order_and_failures_are_named():

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpuboot.model import Reservation
-from gpuboot.resources import GPU, Resources
-from gpuboot.idle import (ANNOTATION_CORDONED_BY, ANNOTATION_IDLE_SINCE, CORDONED_BY, FENCE_JOB, IdleVerdict,
+from gpuboot.core.model import Reservation
+from gpuboot.core.resources import GPU, Resources
+from gpuboot.core.idle import (ANNOTATION_CORDONED_BY, ANNOTATION_IDLE_SINCE, CORDONED_BY, FENCE_JOB, IdleVerdict,
                           duration, fence_entries, plan_scaledown, recheck, rfc3339)
-from gpuboot.scaledown import _as_bool, _as_seconds
+from gpuboot.operators.scaledown import _as_bool, _as_seconds
 from tests.gpuboot.unit.builders import instance, node, pod
 
 NOW = 1_700_000_000.0

@@ -1,5 +1,5 @@
 """Every failure without retry of a step reaches the run's note: its first line is the step's
-summary (`failed: ...`, XCom "summary", which gpuboot.runnote gathers), whichever layer raised
+summary (`failed: ...`, XCom "summary", which gpuboot.ui.run_note gathers), whichever layer raised
 it. The steps' adapters are replaced by a scripted JobBoot (`ScriptedBoot`); what is under test
 is how the steps end."""
 from __future__ import annotations
@@ -9,12 +9,12 @@ import time
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
-from gpuboot.boot import CapacityBusy, CapacityUnavailable
-from gpuboot.booking import LedgerContended
-from gpuboot.jobspec import JobSpec
-from gpuboot.placement import Outcome, Plan
-from gpuboot.steps.place import PlaceGpuJobOperator
-from gpuboot.steps.start import StartGpuNodesOperator
+from gpuboot.lifecycle.boot import CapacityBusy, CapacityUnavailable
+from gpuboot.lifecycle.booking import LedgerContended
+from gpuboot.core.jobspec import JobSpec
+from gpuboot.core.placement import Outcome, Plan
+from gpuboot.operators.place import PlaceGpuJobOperator
+from gpuboot.operators.start import StartGpuNodesOperator
 
 from .builders import TaskInstance, step_context
 

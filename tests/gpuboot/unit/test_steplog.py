@@ -1,14 +1,14 @@
-"""The lines a person reads in each step's log (gpuboot.steplog): times, durations, the boot's
+"""The lines a person reads in each step's log (gpuboot.core.steplog): times, durations, the boot's
 phases from the readiness verdicts, the evidence block."""
 from __future__ import annotations
 
 import datetime as dt
 
-from gpuboot.placement import Assignment, Outcome, Plan
-from gpuboot.model import NodeState
-from gpuboot.readiness import BootBaseline, ReadinessTracker, Verdict
-from gpuboot.resources import Resources
-from gpuboot.steplog import BootClock, boot_summary, evidence_block, place_summary, seconds, start_summary, utc
+from gpuboot.core.placement import Assignment, Outcome, Plan
+from gpuboot.core.model import NodeState
+from gpuboot.core.readiness import BootBaseline, ReadinessTracker, Verdict
+from gpuboot.core.resources import Resources
+from gpuboot.core.steplog import BootClock, boot_summary, evidence_block, place_summary, seconds, start_summary, utc
 
 T0 = 1796117211.17          # 2026-12-01 ... the epoch float the issue found in a log
 
@@ -83,7 +83,7 @@ def test_place_and_start_summaries():
 
 
 def test_the_triggerer_logs_an_event_as_its_summary_not_its_payload():
-    from gpuboot.triggers import ShortEvent
+    from gpuboot.triggers.events import ShortEvent
 
     payload = {"status": "ready", "summary": "booted gpu-1 in 17.2 s", "echo": {"plan": {"memory": 8589934592}}}
     event = ShortEvent(payload)

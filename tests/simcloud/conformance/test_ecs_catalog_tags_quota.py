@@ -65,7 +65,7 @@ def test_describe_price_legacy(ecs_server):
 
 
 def test_describe_price_per_zone_and_system_disk_both_sdks(ecs_server):
-    """What gpuboot asks (gpuboot.ecs.EcsHook.describe_price): a type in a zone, per hour."""
+    """What gpuboot asks (gpuboot.hooks.ecs.EcsHook.describe_price): a type in a zone, per hour."""
     client = client_for(ecs_server)
     body = client.describe_price(ecs.DescribePriceRequest(
         region_id=REGION, resource_type="instance", instance_type="ecs.gn6i-c4g1.xlarge", zone_id="cn-hangzhou-h",

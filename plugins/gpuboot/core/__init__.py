@@ -1,0 +1,1 @@
+"""The pure core: values, decisions and ports. No I/O library, no Airflow."""

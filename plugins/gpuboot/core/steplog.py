@@ -1,0 +1,178 @@
+"""What each step tells a person: one summary line, readable UTC times, the readiness evidence as
+a short aligned block, and the phases of a boot. Pure (no I/O): the steps log these lines and push
+them as XCom "summary" (Airflow 3.3's Task SDK gives a task no way to set its own note).
+
+A boot's phases come from what the readiness trigger saw (`BootClock`, fed every verdict):
+
+    start requested -> instance up (first status written by the new boot) -> kubelet Ready
+    -> GPUs registered (the count covers the request after the kubelet's reset) -> settled (fired)
+
+Times are when the trigger observed each change, so a phase that was replayed from the watch at
+once (the trigger started after it happened) shows as 0 s and the earlier phase carries the time.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+PHASES = (("up", "instance up"), ("ready", "kubelet Ready"), ("registered", "GPUs registered"),
+          ("fired", "settled"))
+
+
+def utc(epoch: float | None) -> str:
+    """Epoch seconds as `2026-12-01 16:40:03Z` (None: "-")."""
+    if epoch is None:
+        return "-"
+    return dt.datetime.fromtimestamp(float(epoch), dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def seconds(value: float | None) -> str:
+    """A duration a person reads at a glance: `0.4 s`, `17.2 s`, `2 min 05 s`."""
+    if value is None:
+        return "-"
+    value = max(0.0, float(value))
+    if value < 120:
+        return f"{value:.1f} s"
+    minutes, rest = divmod(int(round(value)), 60)
+    return f"{minutes} min {rest:02d} s"
+
+
+class BootClock:
+    """When each phase of one node's boot was first observed (see the module doc)."""
+
+    def __init__(self, start_requested_at: float | None, marks: Mapping[str, float] | None = None) -> None:
+        self.start_requested_at = start_requested_at
+        self.marks: dict[str, float] = dict(marks or {})
+
+    def observe(self, verdict, now: float) -> None:
+        """Note the phases a readiness Verdict (ready, reason, evidence) at time `now` shows reached."""
+        evidence = verdict.evidence or {}
+        if evidence.get("fresh"):
+            self.marks.setdefault("up", now)
+            if evidence.get("ready") == "True":
+                self.marks.setdefault("ready", now)
+        holding = verdict.ready or verdict.reason.startswith(("settling", "fallback"))
+        if holding and evidence.get("held_seconds") is not None:   # the rule holds: only the window is left
+            self.marks.setdefault("registered", now - float(evidence["held_seconds"]))
+        if verdict.ready:
+            self.marks.setdefault("fired", now)
+
+    def to_json(self) -> dict:
+        return {"start_requested_at": self.start_requested_at, "marks": dict(self.marks)}
+
+    @classmethod
+    def from_json(cls, data: Mapping | None) -> "BootClock":
+        data = data or {}
+        return cls(data.get("start_requested_at"), data.get("marks"))
+
+    def phases(self) -> list[tuple[str, float]]:
+        """(label, seconds) of each phase seen, in order, each from the end of the one before."""
+        out, last = [], self.start_requested_at
+        for key, label in PHASES:
+            at = self.marks.get(key)
+            if at is None:
+                continue
+            if last is not None:
+                out.append((label, max(0.0, at - last)))
+            last = at if last is None else max(last, at)
+        return out
+
+
+def boot_summary(node: str, clock: BootClock, fired_at: float | None = None) -> str:
+    """`booted gpu-t4x2-1 in 17.2 s (instance up 3.1 s, kubelet Ready 4.0 s, GPUs registered 5.1 s,
+    settled 5.0 s)`, or, for a node that was up when the job chose it, how long the check took."""
+    fired = clock.marks.get("fired", fired_at)
+    if clock.start_requested_at is None:
+        return f"{node} was already up: GPU-ready" + (f" at {utc(fired)}" if fired is not None else "")
+    total = None if fired is None else fired - clock.start_requested_at
+    # the fast path fires as the GPUs register: no settle phase to tell (the fallback has one)
+    phases = ", ".join(f"{label} {seconds(s)}" for label, s in clock.phases() if not (label == "settled" and s < 0.05))
+    return f"booted {node} in {seconds(total)}" + (f" ({phases})" if phases else "")
+
+
+def evidence_block(evidence: Mapping[str, Any], indent: str = "  ") -> str:
+    """The readiness evidence as a few aligned lines: what a person checks, in their units."""
+    if not evidence:
+        return f"{indent}nothing was read"
+    rows: list[tuple[str, str]] = []
+    ready = evidence.get("ready", "?")
+    since = evidence.get("ready_since")
+    rows.append(("Ready", f"{ready}" + (f" since {since.replace('T', ' ')}" if since else "")))
+    needed = int(evidence.get("gpus_needed") or 0)
+    counts = dict(evidence.get("allocatable") or {})
+    if needed or evidence.get("gpus_allocatable") is not None:
+        counts.setdefault("nvidia.com/gpu", evidence.get("gpus_allocatable"))
+    reset = set(evidence.get("reset_seen") or ())
+    for resource, count in counts.items():
+        want = needed if resource == "nvidia.com/gpu" else None
+        detail = f"{count if count is not None else 'none'} allocatable"
+        if want:
+            detail += f", {want} needed"
+        if evidence.get("start_requested_at") is not None:
+            detail += ", reset after the start seen" if resource in reset else ", reset not seen yet"
+        rows.append((resource, detail))
+    before, now = evidence.get("boot_id_before"), evidence.get("boot_id")
+    if before or now:
+        changed = "changed" if evidence.get("boot_id_changed") else "unchanged"
+        rows.append(("bootID", f"{_short(before)} -> {_short(now)} ({changed})" if before else _short(now)))
+    if evidence.get("start_requested_at") is not None:
+        rows.append(("start requested", utc(evidence["start_requested_at"])))
+    if evidence.get("fresh_by"):
+        rows.append(("this boot's", str(evidence["fresh_by"])))
+    if evidence.get("heartbeat_age_seconds") is not None:
+        rows.append(("heartbeat", f"{seconds(evidence['heartbeat_age_seconds'])} ago"))
+    if evidence.get("taints") or evidence.get("unschedulable"):
+        blocked = [*(evidence.get("taints") or ()), *(["cordoned"] if evidence.get("unschedulable") else [])]
+        rows.append(("blocked by", ", ".join(blocked)))
+    if evidence.get("held_seconds") is not None:
+        window = evidence.get("settle_seconds")
+        rows.append(("held", f"{seconds(evidence['held_seconds'])}" + (f" of {seconds(window)}" if window else "")
+                     + (f" ({evidence['path']})" if evidence.get("path") else "")))
+    if evidence.get("warning"):
+        rows.append(("warning", str(evidence["warning"])))
+    return table(rows, indent)
+
+
+def table(rows: Iterable[tuple[str, str]], indent: str = "  ") -> str:
+    rows = list(rows)
+    width = max((len(k) for k, _ in rows), default=0)
+    return "\n".join(f"{indent}{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _short(boot_id: str | None) -> str:
+    return "-" if not boot_id else (boot_id if len(boot_id) <= 12 else boot_id[:8] + "…")
+
+
+def _where(assignments) -> str:
+    return ", ".join(f"{a.task} on {a.node} ({a.state.value})" for a in assignments) or "nothing"
+
+
+def place_summary(name: str, plan, elapsed: float) -> str:
+    """`placed demo-train in 0.4 s: demo-train on gpu-t4x2-1 (stopped) with cpu=2 memory=8Gi
+    nvidia.com/gpu=2; to start: gpu-t4x2-1` (a FITS Plan of gpuboot.core.placement)."""
+    first = plan.assignments[0].requests if plan.assignments else None
+    per_task = f" with {first}" if first is not None else ""
+    start = f"; to start: {', '.join(plan.nodes_to_start)}" if plan.nodes_to_start else "; nothing to start"
+    return f"placed {name} in {seconds(elapsed)}: {_where(plan.assignments)}{per_task}{start}"
+
+
+def start_summary(boots: Iterable[Mapping], started: Iterable[str], elapsed: float) -> str:
+    """`start requested for gpu-t4x2-1 at 2026-12-01 16:40:03Z (i-0abc) in 0.3 s; gpu-run already up`."""
+    boots = list(boots)
+    asked = [b for b in boots if b.get("start_requested_at") is not None]
+    up = [b["node"] for b in boots if b.get("start_requested_at") is None]
+    parts = [f"start requested for {b['node']} at {utc(b['start_requested_at'])}" for b in asked]
+    if not boots:
+        parts = ["nothing to start"]
+    line = "; ".join(parts + ([f"already up: {', '.join(up)}"] if up else []))
+    started = list(started)
+    return line + f" ({len(started)} StartInstances accepted in this try, {seconds(elapsed)})"
+
+
+def launch_summary(task: str, node: str, pod: str | None, phase: str | None, elapsed: float,
+                   exit_code: int | None = None) -> str:
+    """`ran demo-train on gpu-t4x2-1: pod demo-train-x1 Succeeded (exit code 0) in 12.3 s`."""
+    how = f"pod {pod} {phase or 'finished'}" if pod else "pod not created"
+    code = f" (exit code {exit_code})" if exit_code is not None else ""
+    return f"ran {task} on {node}: {how}{code} in {seconds(elapsed)}"

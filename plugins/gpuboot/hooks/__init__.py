@@ -1,0 +1,1 @@
+"""Adapters: ECS and Kubernetes through their client libraries, behind Airflow hooks."""

@@ -1,0 +1,1 @@
+"""Booking, the ledger, batching, boot fall-back and prices: hooks + core, no Airflow."""

@@ -1,0 +1,304 @@
+"""Group commit for bursts: one placer reads the cluster and commits every waiting first placement.
+
+Why. Each placement needs one full cluster read (Nodes, every active Pod, ECS): at 1,000 nodes
+that is about a CPU-second of client and API-server work and a few hundred MB of parsed pods.
+200 place steps at once, each reading for itself, cost 200 reads however well conflicts are
+retried (`gpuboot.lifecycle.booking`, "Bursts"): more than two cores can do in the 40 s the burst goal
+allows, and more memory than the workers have. A burst's placements are independent, so one
+read can serve them all.
+
+How. A first placement (the job holds nothing and has no record: the place step's normal case)
+does not read the cluster. It queues its request (`Queued`: resources and constraints only, never
+the command or env; a `ticket` names this wait) in one of the queue's shards (`RequestQueue`, its
+own ConfigMaps, so a burst queueing does not contend on the ledger) and polls the ledger (GETs,
+which never conflict). A waiter that sees no live lease takes it (one compare-and-swap on the
+ledger) and leads: after GATHER_SECONDS, so the rest of the burst queues behind it, one survey,
+then every queued request is placed in queue order against that survey plus every live
+reservation plus the requests placed before it in the batch, and one ledger write adds all their
+reservations and `Decided` answers (fits, busy or never, with the plan: its whole candidate table
+for a batch of one, a few rows each in a burst, ANSWER_ROWS in all for every live answer, so
+however many batches follow each other the answers stay within that budget plus their chosen
+rows) and renews the lease.
+Each waiter reads its answer (its reservations are already there). A leader keeps leading while
+requests arrive (for LEAD_SECONDS at most once its own job is answered, then it hands the lease
+over, so no place step leads forever), re-placing against its survey as `gpuboot.lifecycle.booking` does
+after a conflict, and reads again when the survey is too old or a tombstone it would need was
+pruned. A "busy" or "never" answer comes only from a survey younger than VERDICT_MAX_AGE_SECONDS
+with no release since (nothing it counts as reserved was freed meanwhile): a burst on a full
+fleet is told "busy" from one read, not one read per job.
+
+Why it is safe. Promises stay serialised by the ledger alone: the batch write is a
+compare-and-swap against the ledger state L the plans were computed from, exactly like a single
+placement's, and the queue is only a hint of who waits (an answer exists only in the ledger; a
+request lost or read twice delays a job, never books it twice: a ticket already answered is never
+placed again). When the write conflicts, the plans are kept only if the ledger moved by removing
+reservations (no reservation added, no mark added or removed, none of the batch's tickets answered
+by another leader): capacity then only grew, and everything removed was counted as reserved when
+the plans were made, which is what the tombstone rule of `gpuboot.lifecycle.booking` asks. Any other change
+places the batch again. A batch write only adds reservations, never removes one (its pod may be
+about to be bound, and a placer that saw neither would promise the node twice: rule (d) of
+`gpuboot.lifecycle.booking`); so a queued request of a job that holds a placement made meanwhile is answered
+"busy", not placed again. A gang is placed whole by `place` or not at all.
+
+Nothing is lost. A leader that dies stops renewing its lease; after LEASE_SECONDS a waiter
+takes over the queue. A waiter that dies leaves its request, which expires after QUEUED_SECONDS
+or is placed; its reservations then expire with their TTL like any crashed run's. A waiter that
+is not answered within `contended_seconds` (or cannot even queue within QUEUE_BUDGET_SECONDS)
+withdraws its request, takes an answer given meanwhile, or else places itself on the single path
+(`Booker.book`, whose `LedgerContended` makes the place step defer): a batch that cannot keep up
+costs at worst what no batching costs. An answer given after the withdrawal is found by the next
+try as reservations the job holds, which the single path replaces. Re-placements
+(fail-over, retries of a started job, releases) keep the single-placement path: they need the
+job's record, marks and the abandoned-node rule of `gpuboot.lifecycle.booking`.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+import uuid
+from collections.abc import Sequence
+
+from gpuboot.lifecycle.booking import Basis, Booker, Booking, Survey, outdated_marks, reservation_ttl, survey
+from gpuboot.core.jobspec import JobSpec
+from gpuboot.lifecycle.ledger import Batch, Decided, LedgerConflict, LedgerState, Queued, RequestQueue, backoff
+from gpuboot.core.model import Reservation, Unavailable
+from gpuboot.core.placement import JobRequest, Outcome, Plan, Verdict, place
+
+LEASE_SECONDS = 15         # a leader renews its lease with every batch it commits (half the contention budget:
+                            # a dead leader costs its waiters half their wait, not all of it)
+QUEUED_SECONDS = 60         # a queued request nobody decided by then is dropped (a live waiter queues again)
+DECIDED_SECONDS = 120       # how long an answer waits in the ledger for its waiter
+POLL_SECONDS = (0.3, 0.9)   # a waiter's reads of its queue shard while its request is queued (jittered)
+QUEUE_BUDGET_SECONDS = 10  # a request that cannot be queued by then is placed on its own (booking.Booker.book)
+LEASE_CHECK_SECONDS = 5     # and of the ledger (is anyone leading?) at least this often
+QUEUE_BACKOFF_CAP_SECONDS = 4.0   # the longest pause between two tries to queue (full jitter)
+GATHER_SECONDS = 0.5        # a new leader waits this long before its survey, so a burst queues up behind it
+VERDICT_MAX_AGE_SECONDS = 5
+ANSWER_ROWS = 400           # candidate-table rows all live answers carry together (~200 KiB): the ledger's answer budget
+LEAD_SECONDS = 20           # a place step leads this long at most once its own job is decided, then hands over  # "busy" or "never" only from a survey this recent (the job then waits a while)
+
+
+def book_first(booker: Booker, spec: JobSpec, job_id: str) -> Booking:
+    """The place step's transaction: through a batch when this is the job's first placement (it
+    holds nothing and has no record), else `booker.book` (a re-run of place after a start, say,
+    needs the record and the abandoned-node rule)."""
+    state = booker.ledger.snapshot()
+    now = booker.clock()
+    if state.record(job_id, now) is not None or state.held(job_id, now):
+        return booker.book(spec, job_id)
+    return BatchPlacer(booker, spec).book(spec.to_job_request(job_id), reservation_ttl(spec), state)
+
+
+class BatchPlacer:
+    """The group-commit path for a first placement (see the module doc), on `booker`'s clients,
+    clock and contention budget."""
+
+    def __init__(self, booker: Booker, spec: JobSpec) -> None:
+        self.booker, self.spec = booker, spec
+        self.ledger, self.log = booker.ledger, booker.log
+        self.queue = RequestQueue(booker.ledger.kube, booker.ledger.namespace, booker.ledger.name, booker.clock)
+
+    # ------------------------------------------------------------------ the waiter
+    def book(self, request: JobRequest, ttl: float, state: LedgerState) -> Booking:
+        """Queue `request`, lead a batch when nobody does, and return the batch's answer."""
+        b = self.booker
+        job_id = request.job_id
+        ticket = f"{job_id}:{uuid.uuid4().hex[:12]}"
+        give_up = b.monotonic() + b.contended_seconds
+        queue_by = b.monotonic() + QUEUE_BUDGET_SECONDS
+        entry = Queued(job_id, ticket, request.to_json(), ttl, b.clock() + QUEUED_SECONDS)
+        attempt = 0
+        while True:         # queue it: a compare-and-swap on one shard, which few others write
+            try:
+                self.queue.add(entry)
+                break
+            except LedgerConflict:
+                if b.monotonic() >= queue_by:
+                    self.log.info("could not queue job %s for a batch in %.0f s; placing it on its own", job_id,
+                                  QUEUE_BUDGET_SECONDS)
+                    return b.book(self.spec, job_id)
+                attempt += 1
+                b.sleep(backoff(attempt, base=0.05, cap=1.0, rng=b.rng))
+        checked = -LEASE_CHECK_SECONDS
+        while True:
+            # its shard says whether it still waits (a small read); the ledger, every few seconds or once
+            # the entry is gone, says the answer and whether anyone leads
+            gone = not self.queue.holds(entry.ticket)
+            if gone or b.monotonic() - checked >= LEASE_CHECK_SECONDS:
+                checked = b.monotonic()
+                state = self.ledger.snapshot()
+                now = b.clock()
+                answer = state.batch.answer(ticket)
+                if answer is not None:
+                    return self._answered(answer, state)
+                if state.batch.led_by(now) is None and self._take_lease(state, ticket):
+                    self.lead(ticket)
+                    continue
+            now = b.clock()
+            if b.monotonic() >= give_up:
+                return self._withdraw(ticket, job_id)
+            if gone or now >= entry.expires_at - QUEUED_SECONDS / 2:      # keep the entry there while waiting
+                entry = dataclasses.replace(entry, expires_at=now + QUEUED_SECONDS)
+                with contextlib.suppress(LedgerConflict):
+                    self.queue.add(entry)
+            b.sleep((b.rng or random).uniform(*POLL_SECONDS))
+
+    def _take_lease(self, state: LedgerState, me: str) -> bool:
+        """Become the leader, if nobody is (one compare-and-swap; losing it means another did)."""
+        now = self.booker.clock()
+        batch = dataclasses.replace(state.batch.live(now), leader=me, lease_until=now + LEASE_SECONDS)
+        try:
+            self.ledger._write(list(state.reservations), state.unavailable, state, state.jobs, batch=batch)
+            return True
+        except LedgerConflict:
+            return False
+
+    def _answered(self, answer: Decided, state: LedgerState) -> Booking:
+        plan = Plan.from_json(answer.plan)
+        if plan.outcome == Outcome.FITS:
+            self.log.info("placed in a batch led by %s: %s", answer.by,
+                          "; ".join(f"{a.task} -> {a.node}" for a in plan.assignments))
+        return Booking(plan, plan.outcome == Outcome.FITS, state, None, state.record(plan.job_id, self.booker.clock()))
+
+    def _withdraw(self, ticket: str, job_id: str) -> Booking:
+        """Give up the wait: take the request out of the queue, then take an answer given meanwhile."""
+        self.queue.drop([ticket], attempts=20)
+        state = self.ledger.snapshot()
+        answer = state.batch.answer(ticket)
+        if answer is not None:
+            return self._answered(answer, state)
+        self.log.info("no batch answered job %s within %.0f s; placing it on its own", job_id,
+                      self.booker.contended_seconds)
+        return self.booker.book(self.spec, job_id)      # LedgerContended from there: the step defers
+
+    # ------------------------------------------------------------------ the leader
+    def lead(self, me: str) -> None:
+        """Decide every queued request, batch after batch, until the queue is empty (module doc)."""
+        b = self.booker
+        basis: Basis | None = None
+        began = b.monotonic()
+        b.sleep(GATHER_SECONDS)         # let the rest of a burst queue behind the one read
+        while True:
+            state = self.ledger.snapshot()
+            now = b.clock()
+            if state.batch.led_by(now) != me:
+                return                  # the lease went to someone else (ours expired): they lead
+            queue = latest_per_job(self.queue.waiting(d.ticket for d in state.batch.decided))
+            if not queue or (b.monotonic() - began > LEAD_SECONDS and state.batch.answer(me) is not None):
+                return self._step_down(me)      # done, or led long enough: a waiter takes the lease over
+            released = basis.reusable(state, "", b.monotonic()) if basis is not None else None
+            if released is None:
+                b.full_reads += 1
+                read_at = b.monotonic()
+                basis = Basis(state.seq, survey(b.kube, b.ecs, state.others("", now), now, b.boot_grace_seconds),
+                              read_at, frozenset(state.live_unavailable(now)))
+                released = []
+            # boot-failure marks whose evidence is gone go, as on the single path (booking.outdated_marks)
+            outdated = outdated_marks([m for m in state.live_unavailable(now) if m in basis.marks],
+                                      basis.survey.nodes, basis.survey.views)
+            plans, added = self.decide(queue, basis.survey, [*state.others("", now), *released],
+                                       [m for m in state.live_unavailable(now) if m not in outdated], now)
+            if (released or b.monotonic() - basis.at > VERDICT_MAX_AGE_SECONDS) and any(
+                    p.outcome != Outcome.FITS for p in plans):
+                basis = None            # a verdict of busy or never rests on a recent read, no release pending
+                continue
+            for attempt in range(1, 1 << 30):
+                try:
+                    self._commit(state, me, queue, plans, added, outdated)
+                    break
+                except LedgerConflict:
+                    newer = self.ledger.snapshot()
+                    if not still_valid(state, newer, queue, b.clock()):
+                        break           # place the batch again against the newer ledger
+                    state = newer
+                    b.sleep(backoff(attempt, base=0.02, cap=0.5, rng=b.rng))
+
+    def decide(self, queue: Sequence[Queued], seen: Survey, reserved: list[Reservation],
+               unavailable: list[Unavailable], now: float) -> tuple[list[Plan], list[Reservation]]:
+        """Place each queued request in turn against `seen` plus `reserved` plus the ones before it."""
+        plans, added = [], []
+        holders = {r.job_id for r in reserved}
+        for entry in queue:
+            request = JobRequest.from_json(entry.request)
+            if entry.job_id in holders:     # placed meanwhile (its wait gave up and placed itself)
+                plans.append(Plan(entry.job_id, Outcome.BUSY, "the job holds a placement made meanwhile; "
+                                  "placing it again on its own"))
+                continue
+            views = seen.recounted([*reserved, *added], now).views
+            plan = place(request, views, unavailable)
+            plans.append(plan)
+            if plan.outcome == Outcome.FITS:
+                added += [Reservation(job_id=entry.job_id, task=a.task, node=a.node, resources=a.requests,
+                                      expires_at=now + entry.ttl) for a in plan.assignments]
+        return plans, added
+
+    def _commit(self, state: LedgerState, me: str, queue: Sequence[Queued], plans: Sequence[Plan],
+                added: list[Reservation], outdated: Sequence[Unavailable] = ()) -> None:
+        """Every reservation and answer of the batch in one write, the lease renewed, the `outdated`
+        marks dropped."""
+        now = self.booker.clock()
+        live = state.batch.live(now)
+        rows = answer_rows(live, len(queue))
+        answers = tuple(Decided(q.job_id, q.ticket, compact(p, rows).to_json(), me.split(":")[0],
+                                now + DECIDED_SECONDS) for q, p in zip(queue, plans))
+        batch = Batch(live.decided + answers, me, now + LEASE_SECONDS)
+        # never removes a reservation: its pod may still be bound (the tombstone rule of gpuboot.lifecycle.booking)
+        self.ledger._write([*state.reservations, *added], [m for m in state.unavailable if m not in set(outdated)], state,
+                           state.jobs, batch=batch)
+        for mark in outdated:
+            self.log.info("dropped the mark on %s (%s): the node is Ready or booted again since", mark.what,
+                          mark.reason)
+        self.queue.drop(q.ticket for q in queue)
+        for q, p in zip(queue, plans):
+            self.log.info("batch: job %s: %s%s", q.job_id, p.outcome.value,
+                          "".join(f"; {a.task} -> {a.node}" for a in p.assignments))
+        self.log.info("batch: decided %d queued placement(s) (%d fit) in one write", len(queue),
+                      sum(p.outcome == Outcome.FITS for p in plans))
+
+    def _step_down(self, me: str) -> None:
+        """Give the lease up (a waiter whose request came after the last read takes it over)."""
+        def change(s: LedgerState):
+            live = s.batch.live(self.booker.clock())
+            if live.leader != me:
+                return None
+            return list(s.reservations), list(s.unavailable), list(s.jobs), dataclasses.replace(
+                live, leader=None, lease_until=0.0)
+
+        self.ledger.update(change, "step down as the batch leader")
+
+
+def still_valid(old: LedgerState, new: LedgerState, queue: Sequence[Queued], now: float) -> bool:
+    """Plans made against `old` hold against `new` when the ledger only lost reservations: no
+    reservation added, the marks unchanged, none of the batch's requests answered by another
+    leader meanwhile (the module doc's safety argument)."""
+    before = {(r.job_id, r.task, r.node, r.resources) for r in old.reservations if r.expires_at > now}
+    after = {(r.job_id, r.task, r.node, r.resources) for r in new.reservations if r.expires_at > now}
+    return (after <= before and set(old.live_unavailable(now)) == set(new.live_unavailable(now))
+            and not any(new.batch.answer(q.ticket) for q in queue))
+
+
+def latest_per_job(queue: Sequence[Queued]) -> list[Queued]:
+    """One request per job, its newest (an older ticket of the same job is a wait that gave up)."""
+    newest = {q.job_id: q for q in queue}      # queue order is oldest first
+    return [q for q in queue if newest[q.job_id] is q]
+
+
+def answer_rows(live: Batch, n: int) -> int:
+    """Candidate rows each of `n` new answers may carry: what the live answers of earlier batches
+    (they stay DECIDED_SECONDS) leave of ANSWER_ROWS, shared. One job alone gets its table, a burst
+    a few rows each, and batch after batch in a row only their chosen rows, so the answers in the
+    ledger never pass the budget plus their chosen rows, however long the burst."""
+    held = sum(len(d.plan.get("candidates", ())) for d in live.decided)
+    return max(0, ANSWER_ROWS - held) // max(1, n)
+
+
+def compact(plan: Plan, rows: int) -> Plan:
+    """The plan as its waiter reads it from the ledger: at most `rows` rows of its candidate table,
+    the chosen ones first (the rest are counted as omitted), so that a burst's answers stay small."""
+    chosen = [c for c in plan.candidates if c.verdict == Verdict.CHOSEN]
+    kept = (chosen + [c for c in plan.candidates if c.verdict != Verdict.CHOSEN])[:max(rows, len(chosen))]
+    order = {id(c): i for i, c in enumerate(plan.candidates)}
+    kept.sort(key=lambda c: order[id(c)])
+    return dataclasses.replace(plan, candidates=tuple(kept),
+                               candidates_omitted=plan.candidates_omitted + len(plan.candidates) - len(kept))

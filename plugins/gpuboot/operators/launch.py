@@ -1,0 +1,195 @@
+"""The `launch` step: the job's pods, one per rank of the plan, launched and failed as one gang."""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from gpuboot.core.gang import CONTAINER, LABEL_ATTEMPT, MASTER_PORT, RankFailure, adoptable, gang_pods, rank_failure
+from gpuboot.hooks.kube import Conflict, KubeClient
+from gpuboot.triggers.gang import GangTrigger
+from gpuboot.core.model import LABEL_JOB
+from gpuboot.core.placement import Plan
+from gpuboot.core.steplog import launch_summary
+from gpuboot.operators.base import GpuJobStep, summarize
+
+GONE_SECONDS = 60.0          # how long an earlier attempt's pods may take to go before they are force-deleted
+
+
+class GpuPodOperator(GpuJobStep, BaseOperator):
+    """Every task of the plan as one gang of pods (rank = the assignment's position), each pinned
+    to its planned node (gpuboot.core.gang.node_selector) with the job's requests as requests and
+    limits and the rank environment (WORLD_SIZE, RANK, NODE_RANK, MASTER_ADDR = rank 0's pod
+    IP, MASTER_PORT, GPUBOOT_TASK_INDEX; see gpuboot.core.gang for why the pod IP). A one-task job is
+    a gang of one.
+
+    One fate: when a rank fails (non-zero exit, refused at admission, its node lost, its pod
+    deleted) the other ranks are deleted and the step fails with the rank, its exit code and its
+    last log lines; the Airflow retry deletes what is left of that attempt and launches the
+    whole gang again. A retry after a crashed worker instead adopts the gang when all its pods
+    are still live (or done): no second pod per rank. The failed rank's pod is kept until
+    then, for `kubectl logs` and audits; pods of a finished gang are kept as records (they hold
+    no capacity once terminated).
+
+    Deferrable by default: once the pods are created the wait is a GangTrigger in the
+    triggerer (no worker slot held), which streams every rank's log into the task log,
+    prefixed `[rank N]`. `deferrable=False` runs the same trigger in the worker."""
+
+    # "Rendered Templates" shows `launched`, what the gang runs (computed right after rendering,
+    # env names only: values may be secret), stored again at the end with the pods' real names.
+    template_fields = ("job", "plan", "launched")
+    overwrite_rtif_after_execution = True
+
+    def __init__(self, *, job: Mapping | Any = None, plan: Mapping | Any = None,
+                 kubernetes_conn_id: str = "kubernetes_default", deferrable: bool = True,
+                 poll_seconds: float = 2.0, startup_timeout_seconds: float = 300.0, log_tail_lines: int = 20,
+                 **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.job, self.plan, self.kubernetes_conn_id = job, plan, kubernetes_conn_id
+        self.deferrable, self.poll_seconds = deferrable, poll_seconds
+        self.startup_timeout_seconds, self.log_tail_lines = startup_timeout_seconds, log_tail_lines
+        self.launched: dict = {}
+
+    def render_template_fields(self, context, jinja_env=None) -> None:
+        super().render_template_fields(context, jinja_env)
+        if self.job and self.plan:
+            self.launched = what_runs(self.spec(), Plan.from_json(self.plan), int(context["ti"].try_number))
+
+    def execute(self, context):
+        spec, plan = self.spec(), Plan.from_json(self.plan)
+        if spec is None or not plan.assignments:
+            raise AirflowFailException("launch needs the job (XCom 'job' of place) and a plan with assignments")
+        kube = self.kube()
+        existing = kube.list_pods(f"{LABEL_JOB}={plan.job_id}")
+        adopted = adoptable(existing, len(plan.assignments))
+        if adopted is not None:
+            attempt, names = adopted
+            self.log.info("adopting the gang of attempt %d, still live: %s", attempt, ", ".join(names))
+        else:
+            self._clear(kube, existing)
+            attempt = int(context["ti"].try_number)
+            names = self._create(kube, spec, plan, attempt)
+        self.launched = {**what_runs(spec, plan, attempt), "pods": names}
+        trigger = GangTrigger(spec.namespace, plan.job_id, attempt, names, self.kubernetes_conn_id, self.poll_seconds,
+                              started_at=time.time())
+        if self.deferrable:
+            self.defer(trigger=trigger, method_name="execute_complete")
+        return self.execute_complete(context, asyncio.run(_first_event(trigger)))
+
+    def execute_complete(self, context, event: Mapping):
+        names, namespace = list(event["pods"]), event["namespace"]
+        elapsed = time.time() - float(event.get("started_at") or time.time())
+        nodes = ", ".join(self.launched.get("nodes") or []) or "?"
+        spec = self.spec()
+        what = (spec.name if len(names) == 1 else f"{spec.name} (gang of {len(names)})") if spec else "gang"
+        if event["status"] == "succeeded":
+            self.log.info("gang %s: all %d rank(s) succeeded: %s", event["job_id"], len(names), ", ".join(names))
+            summarize(self, context, launch_summary(what, nodes, ", ".join(names), "Succeeded", elapsed))
+            return names
+        failure = RankFailure.from_json(event["failure"])
+        summarize(self, context, launch_summary(what, nodes, failure.pod,
+                                                f"Failed (rank {failure.rank})", elapsed, failure.exit_code))
+        kube = self.kube()
+        others = [n for n in names if n != failure.pod]
+        for name in others:
+            kube.delete_pod(namespace, name)
+        raise AirflowException(self._failure_message(kube, namespace, failure, names, others))
+
+    def _failure_message(self, kube: KubeClient, namespace: str, failure: RankFailure, names: list[str],
+                         others: list[str]) -> str:
+        tail = kube.pod_log_tail(namespace, failure.pod, self.log_tail_lines, CONTAINER)
+        deleted = f"; the other rank(s) deleted: {', '.join(others)}" if others else ""
+        lines = "\n".join(f"  {line}" for line in tail) or "  (no log: the container never started)"
+        return (f"gang of {len(names)}: {failure.describe()}{deleted}. "
+                f"Last {len(tail)} log line(s) of rank {failure.rank}:\n{lines}")
+
+    def _create(self, kube: KubeClient, spec, plan: Plan, attempt: int) -> list[str]:
+        """Rank 0 first; the others once its pod IP (their MASTER_ADDR) is known. A gang of one
+        has no one to tell: its pod is created and left to the trigger."""
+        first = gang_pods(spec, plan, attempt, None, ranks=[0])[0]
+        self._create_pod(kube, first)
+        name = first["metadata"]["name"]
+        if len(plan.assignments) == 1:
+            return [name]
+        ip = self._wait_for_ip(kube, spec.namespace, name, plan.assignments[0].node)
+        rest = gang_pods(spec, plan, attempt, ip, ranks=range(1, len(plan.assignments)))
+        for pod in rest:
+            self._create_pod(kube, pod)
+        self.log.info("gang of %d launched (attempt %d): MASTER_ADDR=%s MASTER_PORT=%d (rank 0's pod IP)",
+                      len(plan.assignments), attempt, ip, MASTER_PORT)
+        return [name] + [p["metadata"]["name"] for p in rest]
+
+    def _create_pod(self, kube: KubeClient, pod: dict) -> None:
+        meta, spec = pod["metadata"], pod["spec"]
+        try:
+            kube.create_pod(meta["namespace"], pod)
+        except Conflict:   # created by this very try before a hiccup: the same pod
+            self.log.info("pod %s already exists", meta["name"])
+        container = spec["containers"][0]
+        self.log.info("rank %s: pod %s on node %s with %s", meta["labels"]["gpuboot.io/rank"], meta["name"],
+                      spec["nodeSelector"]["kubernetes.io/hostname"],
+                      " ".join(f"{k}={v}" for k, v in container["resources"]["requests"].items()))
+
+    def _wait_for_ip(self, kube: KubeClient, namespace: str, name: str, node: str) -> str:
+        """Rank 0's pod IP, watched for (it comes at the kubelet's first status write, within
+        milliseconds of admission; a poll would add its interval to every gang's start)."""
+        for pod in kube.pod_states(namespace, name, self.startup_timeout_seconds):
+            ip = ((pod or {}).get("status") or {}).get("podIP")
+            if ip:
+                return ip
+            failure = rank_failure(0, pod)
+            if failure is not None:
+                raise AirflowException(self._failure_message(kube, namespace, failure, [name], []))
+        kube.delete_pod(namespace, name)
+        raise AirflowException(f"rank 0 (pod {name}) got no pod IP on node {node} within "
+                               f"{self.startup_timeout_seconds:g}s (startup_timeout_seconds); deleted it")
+
+    def _clear(self, kube: KubeClient, pods: list[dict]) -> None:
+        """Delete every pod of earlier attempts and wait until they are gone, so the new gang
+        never runs beside a leftover (nor finds its GPUs still held by one). A pod on a lost
+        node stays Terminating: it is force-deleted after GONE_SECONDS."""
+        if not pods:
+            return
+        by_ns = {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pods}
+        self.log.info("deleting %d pod(s) left by earlier attempt(s) %s: %s", len(by_ns),
+                      sorted({(p["metadata"].get("labels") or {}).get(LABEL_ATTEMPT, "?") for p in pods}),
+                      ", ".join(sorted(n for _, n in by_ns)))
+        for grace, wait in ((None, GONE_SECONDS), (0, 30.0)):
+            for namespace, name in by_ns:
+                kube.delete_pod(namespace, name, grace_seconds=grace)
+            deadline = time.monotonic() + wait
+            while by_ns and time.monotonic() < deadline:
+                by_ns = {(ns, n) for ns, n in by_ns if kube.read_pod(ns, n) is not None}
+                if by_ns:
+                    time.sleep(min(self.poll_seconds, 1.0))
+            if not by_ns:
+                return
+        raise AirflowException(f"pods of an earlier attempt are still there: {sorted(n for _, n in by_ns)}")
+
+
+def what_runs(spec, plan: Plan, attempt: int) -> dict:
+    """What the gang runs, for "Rendered Templates": image, command, args, the env's names
+    (never its values), nodes and pods by rank, resources per pod, namespace."""
+    pods = gang_pods(spec, plan, attempt, master_addr=None)
+    container = pods[0]["spec"]["containers"][0] if pods else {}
+    return {
+        "namespace": spec.namespace,
+        "nodes": [p["spec"]["nodeSelector"]["kubernetes.io/hostname"] for p in pods],
+        "pods": [p["metadata"]["name"] for p in pods],
+        "image": spec.image,
+        "command": list(spec.command),
+        "args": list(spec.args),
+        "env": sorted({e["name"] for e in container.get("env") or []}),
+        "resources": dict((container.get("resources") or {}).get("requests") or {}),
+    }
+
+
+async def _first_event(trigger: GangTrigger) -> dict:
+    """The trigger's one event, run here (deferrable=False)."""
+    async for event in trigger.run():
+        return event.payload
+    raise AirflowException("the gang trigger ended without a verdict")

@@ -1,0 +1,36 @@
+"""The `release` step (a teardown): end the job's reservations and stop what it left unused."""
+from __future__ import annotations
+
+from airflow.sdk import BaseOperator, TriggerRule
+
+from gpuboot.core.model import LABEL_JOB
+from gpuboot.operators.base import GpuJobStep, context_job_id, summarize
+
+
+class ReleaseReservationOperator(GpuJobStep, BaseOperator):
+    """End the job's reservations whatever happened upstream (idempotent). A node the job
+    started (its ledger record) where none of its pods ran is stopped again unless another job
+    claims it: a run that failed before its launch leaves no instance running."""
+
+    template_fields = ("job_id",)
+
+    def __init__(self, *, job_id: str | None = None, kubernetes_conn_id: str = "kubernetes_default",
+                 ecs_conn_id: str = "alibaba_ecs_default", ledger_namespace: str = "default", **kwargs) -> None:
+        kwargs.setdefault("trigger_rule", TriggerRule.ALL_DONE)
+        super().__init__(**kwargs)
+        self.job_id, self.kubernetes_conn_id, self.ledger_namespace = job_id, kubernetes_conn_id, ledger_namespace
+        self.ecs_conn_id = ecs_conn_id
+
+    def execute(self, context):
+        job_id = self.job_id or context_job_id(self, context)
+        used = {(p.get("spec") or {}).get("nodeName") for p in self.kube().list_pods(f"{LABEL_JOB}={job_id}")}
+        boot = self.job_boot(job_id)
+        released = boot.finish(used=used - {None})
+        if released:
+            line = (f"released {len(released)} reservation(s) of job {job_id}: "
+                    + "; ".join(f"{r.task} on {r.node} ({r.resources})" for r in released))
+        else:
+            line = f"job {job_id} held no reservation"
+        ran = sorted(used - {None})
+        summarize(self, context, line + (f"; its pods ran on {', '.join(ran)}" if ran else "; no pod of it ran"))
+        return [r.task for r in released]

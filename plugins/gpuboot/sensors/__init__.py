@@ -1,0 +1,1 @@
+"""The GPU-readiness sensor (wait_gpu_ready)."""

@@ -1,0 +1,324 @@
+"""GpuReadySensor: the `wait_gpu_ready` step, deferrable by default.
+
+Deferred, it hands one node at a time to NodeGpuReadyTrigger (a watch in the
+triggerer, no worker slot held); in poke mode it applies the same ReadinessTracker to
+Node reads.
+
+Every try starts from the ledger, not from its XCom inputs (`JobBoot.ensure_up`): where
+the job is reserved now (an earlier try may have failed over, a cleared `place` may have
+re-placed it), what it started (so nothing is started twice and a boot's clock is not
+restarted) and which nodes already failed for it (never waited on again).
+
+Boot timeout. A node being booted that is not GPU-ready within the boot timeout (counted
+from the job's first start request) is given up inside this task
+(gpuboot.lifecycle.boot.JobBoot.fail_over): it fails for this job, is marked unavailable for others
+(until it is Ready or boots again, or the mark expires), the job's reservation is moved to
+another node in the same ledger commit, the instance is stopped again if this job started it
+and no other job claims it, the new node is started, and the wait starts over for it, up to
+`max_boot_attempts` boots. A node that was already up when the job chose it is not held to
+the boot timeout (there is no boot) and is never marked for others. When what is left is
+busy, the sensor waits and re-places exactly like the start step (gpuboot.operators.capacity_wait.WaitsForCapacity).
+Why here and not by retrying upstream tasks: Airflow cannot re-run `place`/`start` from a
+downstream failure, while one task that logs "timed out on X (evidence), stopped X,
+re-placed on Y, started Y" keeps the audit trail in one place. The plan the job ends on is
+pushed as XCom "plan" for `launch`. When the attempts are used up (or the sensor was wired
+without the job), the task fails with the evidence and a hint of where to look, after the
+same release and stop.
+
+Trigger logs. Airflow 3.3 writes a trigger's log to `<task try log>.trigger.<triggerer job
+id>.log`, opened anew for each trigger, so a second deferral in the same try (after a
+fail-over) overwrites the first one's file. The trigger therefore returns its watch history
+in its event, and the sensor writes it into the task log: every deferral's history is kept.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowFailException
+
+from gpuboot.lifecycle.boot import (ALREADY_UP_GRACE_SECONDS, DEFAULT_UNAVAILABLE_TTL_SECONDS, BringUp,
+                          JobBoot, wait_deadline)
+from gpuboot.lifecycle.booking import LAUNCH_MARGIN_SECONDS, stamp
+from gpuboot.hooks.kube import Gone, KubeClient
+from gpuboot.core.placement import Plan
+from gpuboot.core.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline, ReadinessTracker
+from gpuboot.core.steplog import BootClock, boot_summary, evidence_block, utc
+from gpuboot.operators.base import GpuJobStep, refusal, summarize, summarizes_failure
+from gpuboot.triggers.gpu_ready import NodeGpuReadyTrigger, holding_in_fallback
+from gpuboot.operators.capacity_wait import WaitsForCapacity
+
+
+def describe_evidence(evidence: Mapping[str, Any]) -> str:
+    """One line for the task log: Ready? GPUs? bootID? heartbeat age?"""
+    keys = ("ready", "gpus_allocatable", "boot_id", "boot_id_changed", "heartbeat_age_seconds", "held_seconds")
+    shown = [f"{k}={evidence[k]}" for k in keys if k in evidence]
+    shown += [f"{k}={utc(v) if k.endswith('_at') and isinstance(v, (int, float)) else v}"
+              for k, v in sorted(evidence.items()) if k not in keys]
+    return ", ".join(shown) or "nothing"
+
+
+def where_to_look(node: str, evidence: Mapping[str, Any]) -> str:
+    """A hint, for a node that did not pass the readiness rule, of where its failure shows."""
+    if not evidence:
+        return f"hint: node {node} could not be read: check that the Node object exists and the API server is reachable"
+    if evidence.get("ready") != "True" or evidence.get("fresh") is False:
+        return (f"hint: the kubelet on {node} never reported Ready for this boot: check the instance's console "
+                f"output (ECS GetInstanceConsoleOutput) and the kubelet log on it (journalctl -u kubelet)")
+    if evidence.get("unschedulable"):
+        return f"hint: node {node} is cordoned (spec.unschedulable): see who cordoned it (kubectl describe node {node})"
+    needed, have = int(evidence.get("gpus_needed") or 0), int(evidence.get("gpus_allocatable") or 0)
+    if needed and have < needed:
+        return (f"hint: the NVIDIA device plugin never registered the GPUs on {node}: check its DaemonSet pod on "
+                f"that node (kubectl -n kube-system get pods -o wide --field-selector spec.nodeName={node}) and its log")
+    return f"hint: node {node} passed the rule only briefly: its Ready condition or GPU count kept changing"
+
+
+@dataclass(frozen=True)
+class WaitProgress:
+    """Where a deferred wait stands: which node of the plan it watches, the settle window, the
+    evidence of nodes already cleared, and the plan, baselines and failures it carries. It
+    travels in the trigger's echo (dag.test() hands the resumed task only the event)."""
+
+    index: int
+    settle: float
+    seen: dict
+    plan: dict | None
+    boots: list
+    tried: list
+
+    def to_json(self) -> dict:
+        return {"index": self.index, "settle": self.settle, "seen": dict(self.seen), "plan": self.plan,
+                "boots": list(self.boots), "tried": list(self.tried)}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "WaitProgress":
+        return cls(index=int(d["index"]), settle=float(d["settle"]), seen=dict(d.get("seen") or {}),
+                   plan=d.get("plan"), boots=list(d.get("boots") or []), tried=list(d.get("tried") or []))
+
+
+class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
+    """Wait until every node of the plan passes the GPU-readiness rule.
+
+    `boots` is the start step's list of baselines (XCom key "boots"), `plan` the start
+    step's plan (XCom key "plan"); settle window and boot timeout come from the job (XCom
+    key "job" of the place step) unless given. Returns the plan's task names, now cleared
+    to launch (the gang `launch` creates); the per-node evidence goes to XCom key
+    "evidence" and the plan the job ended on to key "plan"."""
+
+    template_fields = ("boots", "job", "plan")
+    ui_color = "#e8f5e9"
+
+    def __init__(self, *, boots: Sequence[Mapping] | Any, job: Mapping | Any = None, plan: Mapping | Any = None,
+                 settle_seconds: float | None = None, boot_timeout_seconds: float | None = None,
+                 kubernetes_conn_id: str = "kubernetes_default", ecs_conn_id: str = "alibaba_ecs_default",
+                 ledger_namespace: str = "default", max_boot_attempts: int = 2,
+                 unavailable_ttl_seconds: float = DEFAULT_UNAVAILABLE_TTL_SECONDS, deferrable: bool = True,
+                 poke_interval: float = 2.0, busy_poll_seconds: float = 30.0,
+                 fallback_seconds: float = DEFAULT_FALLBACK_SECONDS, **kwargs) -> None:
+        if not deferrable and kwargs.get("mode") == "reschedule":
+            raise ValueError("mode='reschedule' would restart the settle window on every poke; "
+                             "use deferrable=True or mode='poke'")
+        if max_boot_attempts < 1:
+            raise ValueError(f"max_boot_attempts must be >= 1, got {max_boot_attempts}")
+        super().__init__(poke_interval=poke_interval, **kwargs)
+        self.boots, self.job, self.plan = boots, job, plan
+        self.settle_seconds, self.boot_timeout_seconds = settle_seconds, boot_timeout_seconds
+        self.kubernetes_conn_id, self.ecs_conn_id, self.deferrable = kubernetes_conn_id, ecs_conn_id, deferrable
+        self.ledger_namespace, self.max_boot_attempts = ledger_namespace, max_boot_attempts
+        self.unavailable_ttl_seconds, self.fallback_seconds = unavailable_ttl_seconds, fallback_seconds
+        self.busy_poll_seconds = busy_poll_seconds
+        self._trackers: dict[str, ReadinessTracker] = {}
+        self._clocks: dict[str, BootClock] = {}          # poke mode: each node's boot phases, for the summary
+        self._extended = False                         # poke mode: the deadline was stretched for a fallback window
+        self._versions: dict[str, str | None] = {}     # poke mode: the resourceVersion each node was read at
+        self._latest: dict[str, dict] = {}
+        self._deadline: float | None = None
+        self._state: dict = {}
+
+    def _timing(self) -> tuple[float, float]:
+        spec = self.spec()
+        settle = self.settle_seconds if self.settle_seconds is not None else (spec.settle_seconds if spec else 5)
+        timeout = (self.boot_timeout_seconds if self.boot_timeout_seconds is not None
+                   else (spec.boot_timeout_seconds if spec else 900))
+        return float(settle), float(timeout)
+
+    @summarizes_failure
+    def execute(self, context):
+        settle, timeout = self._timing()
+        state = {"plan": dict(self.plan) if self.plan else None, "boots": [dict(b) for b in self.boots or ()],
+                 "tried": []}
+        boot = self._boot(state)
+        if boot is not None and boot.spec is not None:
+            boot.hold(timeout + LAUNCH_MARGIN_SECONDS)
+            result = self.bring_up_or_wait(boot, lambda: boot.ensure_up(Plan.from_json(state["plan"]),
+                                                                        boot.failures(), state["boots"] or None),
+                                           None, "resume_after_capacity")
+            state = self._state_of(context, result)
+        if not state["boots"]:
+            self.log.info("no node to wait for")
+            return self._cleared(context, {}, state)
+        if not self.deferrable:
+            self.timeout = timeout * self.max_boot_attempts + 60     # our own deadlines fail first, with evidence
+            self._state = state
+            self._deadline = self._poke_deadline(state)
+            return super().execute(context)
+        return self._defer_for(0, settle, {}, state)
+
+    def _boot(self, state: Mapping) -> JobBoot | None:
+        if not state.get("plan"):
+            return None
+        return self.job_boot(state["plan"]["job_id"], max_attempts=self.max_boot_attempts,
+                             unavailable_ttl_seconds=self.unavailable_ttl_seconds)
+
+    @staticmethod
+    def _state_of(context, result: BringUp) -> dict:
+        context["ti"].xcom_push(key="plan", value=result.plan.to_json())
+        return {"plan": result.plan.to_json(), "boots": result.boots, "tried": result.tried}
+
+    def _hold_until(self, state: Mapping, moment: float) -> None:
+        """Renew the job's reservations to cover waiting until `moment` and the launch after it."""
+        if state.get("plan"):
+            self.ledger().renew(
+                state["plan"]["job_id"], moment + LAUNCH_MARGIN_SECONDS)
+
+    def _poke_deadline(self, state: Mapping) -> float:
+        settle, timeout = self._timing()
+        now = time.time()
+        return max(wait_deadline(b, timeout, settle, now) for b in state["boots"])
+
+    def _defer_for(self, index: int, settle: float, seen: dict, state: dict):
+        baseline = state["boots"][index]
+        deadline = wait_deadline(baseline, self._timing()[1], settle, time.time())
+        self._hold_until(state, deadline)
+        self.log.info("waiting for node %s (%d/%d) until %s%s", baseline["node"], index + 1, len(state["boots"]),
+                      stamp(deadline), "" if baseline.get("start_requested_at") is not None else
+                      " (it was up when the job chose it: no boot timeout)")
+        self.defer(trigger=NodeGpuReadyTrigger(baseline=dict(baseline), deadline=deadline, settle_seconds=settle,
+                                               kubernetes_conn_id=self.kubernetes_conn_id,
+                                               fallback_seconds=self.fallback_seconds,
+                                               echo=WaitProgress(index, settle, seen, state["plan"], state["boots"],
+                                                                 state["tried"]).to_json()),
+                   method_name="execute_complete")
+
+    @summarizes_failure
+    def execute_complete(self, context, event: Mapping):
+        """Back from the trigger; where we were (node, plan, attempts) comes back in event["echo"]."""
+        node, progress = event.get("node"), WaitProgress.from_json(event["echo"])
+        index, settle, seen = progress.index, progress.settle, progress.seen
+        state = {"plan": progress.plan or self.plan, "boots": progress.boots or self.boots, "tried": progress.tried}
+        history = event.get("history") or []
+        if history:
+            self.log.info("watch of node %s in the triggerer (%d change(s)):\n  %s", node, len(history),
+                          "\n  ".join(history))
+        if event.get("status") != "ready":
+            result = self._fail_over(context, state, node, event.get("reason"), event.get("evidence") or {})
+            return self._watch(context, result, settle)
+        summary = event.get("summary") or f"node {node} is GPU-ready"
+        self.log.info("%s; evidence:\n%s", summary, evidence_block(event.get("evidence") or {}))
+        seen = {**seen, node: {**(event.get("evidence") or {}), "summary": summary}}
+        if index + 1 < len(state["boots"]):
+            self._defer_for(index + 1, settle, seen, state)
+        self._hold_until(state, time.time())
+        return self._cleared(context, seen, state)
+
+    @summarizes_failure
+    def resume_after_capacity(self, context, event: Mapping):
+        """Back from waiting for busy capacity (holding nothing): place again and watch the new nodes."""
+        settle, _ = self._timing()
+        boot = self._boot({"plan": self.plan})
+        return self._watch(context, self.capacity_resumed(boot, event["echo"], "resume_after_capacity"), settle)
+
+    def _watch(self, context, result: BringUp, settle: float):
+        state = self._state_of(context, result)
+        if not result.boots:
+            return self._cleared(context, {}, state)
+        return self._defer_for(0, settle, {}, state)
+
+    def _fail_over(self, context, state: dict, node: str, reason: str | None, evidence: Mapping) -> BringUp:
+        """Node `node` timed out: re-place the job elsewhere (see the module doc), wait for busy
+        capacity like the start step, or fail with the evidence and where to look."""
+        baseline = next((b for b in state.get("boots") or () if b["node"] == node), {})
+        booted = baseline.get("start_requested_at") is not None
+        what = (f"node {node} not GPU-ready before the boot timeout: {reason}; "
+                if booted else f"node {node}, up when the job chose it, did not pass the readiness rule in "
+                               f"{ALREADY_UP_GRACE_SECONDS}s: {reason}; ")
+        what += f"last seen: {describe_evidence(evidence)}\n{where_to_look(node, evidence)}"
+        self.log.warning("%s", what)
+        boot = self._boot(state)
+        if boot is None:
+            raise refusal(self, context, what)
+        _, timeout = self._timing()
+        why = f"not GPU-ready within {timeout:g}s ({reason})" if booted else f"not GPU-ready although up ({reason})"
+        plan = Plan.from_json(state["plan"])
+        try:
+            return self.bring_up_or_wait(
+                boot, lambda: boot.fail_over(plan, {node: why}, state["tried"], {node: {**baseline, **evidence}}),
+                None, "resume_after_capacity")
+        except AirflowFailException as exc:   # nothing left to move to: the run fails, holding nothing
+            raise refusal(self, context, f"{what}\n{exc}") from None
+
+    def _cleared(self, context, evidence: dict, state: dict) -> list[str]:
+        context["ti"].xcom_push(key="evidence", value=evidence)
+        lines = [e.get("summary") or f"{n} GPU-ready" for n, e in evidence.items()]
+        summarize(self, context, "; ".join(lines) or "no node to wait for")
+        if state.get("plan"):
+            context["ti"].xcom_push(key="plan", value=state["plan"])
+        return [a["task"] for a in (state.get("plan") or {}).get("assignments", [])]
+
+    @summarizes_failure
+    def poke(self, context):
+        settle, timeout = self._timing()
+        kube = KubeClient(self.kubernetes_conn_id)
+        verdicts = {b["node"]: self._poke_node(kube, b, settle) for b in self._state["boots"]}
+        now = time.time()
+        waiting = {n: v for n, v in verdicts.items() if not v.ready}
+        if not waiting:
+            cleared = self._cleared(context, {n: {**v.evidence, "summary": boot_summary(n, self._clocks[n])}
+                                              for n, v in verdicts.items()}, self._state)
+            return PokeReturnValue(is_done=True, xcom_value=cleared)
+        for node, verdict in waiting.items():
+            self.log.info("node %s not ready yet: %s", node, verdict.reason)
+        holding = [self._trackers[n].next_check_in(now) for n, v in waiting.items()
+                   if holding_in_fallback(self._trackers[n], v, now)]
+        if (self._deadline is not None and now >= self._deadline and len(holding) == len(waiting)
+                and not self._extended):      # as the trigger does: let a fallback window finish, once
+            self._deadline, self._extended = now + max(holding), True
+        if self._deadline is not None and now >= self._deadline:
+            node, verdict = next(iter(waiting.items()))
+            result = self._fail_over(context, self._state, node, verdict.reason, verdict.evidence)
+            self._state = self._state_of(context, result)
+            self._trackers, self._versions, self._extended, self._clocks = {}, {}, False, {}
+            self._deadline = self._poke_deadline(self._state) if result.boots else None
+        return False
+
+    def _poke_node(self, kube: KubeClient, boot: Mapping, settle: float):
+        """Judge one node: every write since the last poke is replayed (a short watch from the last
+        resourceVersion, the baseline's at first), so polls see the kubelet's reset like the trigger."""
+        name = boot["node"]
+        baseline = BootBaseline.from_json(boot)
+        if name not in self._trackers:
+            self._versions[name] = (baseline.resource_version_before
+                                    if baseline.start_requested_at is not None else None)
+            self._trackers[name] = ReadinessTracker(baseline, settle, self.fallback_seconds,
+                                                    continuous=self._versions[name] is not None)
+        tracker, version = self._trackers[name], self._versions[name]
+        try:
+            states = [kube.get_node(name)] if version is None else kube.node_writes_since(name, version)
+        except Gone:
+            tracker.lost_continuity("the watch expired (410 Gone) and the Node was re-read")
+            states = [kube.get_node(name)]
+        if states:
+            self._latest[name] = states[-1]
+            self._versions[name] = states[-1]["metadata"].get("resourceVersion") or version
+        elif name not in self._latest:   # nothing written since the start yet: judge the Node as it is
+            self._latest[name] = kube.get_node(name)
+        verdict = None
+        clock = self._clocks.setdefault(name, BootClock(baseline.start_requested_at))
+        for state in states or [self._latest[name]]:
+            verdict = tracker.observe(state if state is None or state.get("status") else {}, time.time())
+            clock.observe(verdict, time.time())
+        return verdict
