@@ -26,12 +26,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
 from enum import Enum
 
 from gpuboot.core.inventory import build_inventory, is_workload_pod, parse_provider_id, parse_time
 from gpuboot.core.model import LABEL_HOSTNAME, NodeState, NodeView, Reservation
 from gpuboot.core.resources import Resources
+from gpuboot.core.timefmt import duration, rfc3339
 
 ANNOTATION_IDLE_SINCE = "gpuboot.io/idle-since"
 ANNOTATION_CORDONED_BY = "gpuboot.io/cordoned-by"
@@ -135,20 +135,6 @@ class ScaledownPlan:
 
 
 # --- small helpers -------------------------------------------------------------------
-
-def rfc3339(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def duration(seconds: float) -> str:
-    """90 -> '90s', 600 -> '10m', 4500 -> '1h15m': short, for log lines."""
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
 
 def _pod_node(pod: Mapping, node_by_hostname: Mapping[str, str]) -> str | None:
     """The node a pod runs on, or is pinned to by nodeSelector hostname while still Pending."""

@@ -18,6 +18,7 @@ from gpuboot.core.model import (LABEL_GPU_COUNT, LABEL_GPU_MODEL, LABEL_HOSTNAME
                     LABEL_PRICE, NOT_READY_TAINTS, LABEL_TASK, LABEL_ZONE, TAG_MANAGED, TERMINATED_PHASES, FrozenDict, NodeState,
                     NodeView, Reservation)
 from gpuboot.core.resources import CPU, GPU, MEMORY, QuantityError, Resources
+from gpuboot.core.timefmt import duration
 
 _PROVIDER_ID = re.compile(r"(?:alicloud://)?(?P<region>[a-z0-9-]+)\.(?P<instance>i-[A-Za-z0-9]+)")
 
@@ -263,8 +264,8 @@ def _running_state(node: Mapping, allocatable: Resources, expected_gpus: int, st
         return NodeState.UNAVAILABLE, f"instance Running but {why}; start time unknown"
     age = now - started
     if age <= grace:
-        return NodeState.BOOTING, f"booting for {age:.0f}s: {why}"
-    return NodeState.UNAVAILABLE, f"instance Running for {age:.0f}s (> {grace:.0f}s boot grace) but {why}"
+        return NodeState.BOOTING, f"booting for {duration(age)}: {why}"
+    return NodeState.UNAVAILABLE, f"instance Running for {duration(age)} (> {duration(grace)} boot grace) but {why}"
 
 
 def _reservation_usage(reservations: Iterable[Reservation], backed: set[tuple[str, str, str]],

@@ -65,7 +65,7 @@ from enum import Enum
 from gpuboot.core.inventory import gpu_model_alternatives, gpu_model_matches
 from gpuboot.core.model import NOT_READY_TAINTS, STATE_RANK, FrozenDict, NodeState, NodeView, Unavailable, blocked_nodes
 from gpuboot.core.resources import CPU, GPU, MEMORY, Resources, format_quantity
-from gpuboot.core.steplog import utc
+from gpuboot.core.timefmt import utc
 
 # taints a stopped or booting node carries only because it is down; they go away at boot
 _CORDON_TAINT = "node.kubernetes.io/unschedulable"

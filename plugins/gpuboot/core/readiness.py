@@ -45,12 +45,13 @@ covers every extended resource the job asks for (`needs`).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpuboot.core.inventory import node_condition, parse_time
 from gpuboot.core.model import NOT_READY_TAINTS
 from gpuboot.core.resources import GPU, QuantityError, parse_quantity
+from gpuboot.core.timefmt import duration
 
 DEFAULT_FALLBACK_SECONDS = 60.0
 FAST_PATH = "reset seen"      # evidence["path"] when every needed resource's zero after the start was seen
@@ -93,10 +94,101 @@ class BootBaseline:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Reason:
+    """One finding of the rule: a stable `code` for programs (and tests), a `message` for people."""
+
+    code: str
+    message: str
+
+
+# The codes: why a node is not ready yet ...
+NODE_NOT_FOUND = "NodeNotFound"
+STATUS_BEFORE_START = "StatusBeforeStart"     # nothing shows the status was written by the new boot
+NODE_NOT_READY = "NodeNotReady"
+CORDONED = "Cordoned"
+NOT_READY_TAINT = "NotReadyTaint"
+NOT_REGISTERED = "NotRegistered"               # an extended resource's allocatable is below the need
+RESET_NOT_SEEN = "ResetNotSeen"                # watching, and the kubelet's zero has not come yet
+SETTLING = "Settling"                          # all holds; the settle window is not over
+FALLBACK = "Fallback"                          # all holds but the reset was missed; the longer window runs
+# ... and why it is.
+READY = "Ready"
+READY_BY_FALLBACK = "ReadyByFallback"
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """The rule's answer for one Node state: ready or not, every finding, and the evidence read."""
+
     ready: bool
-    reason: str
+    reasons: tuple[Reason, ...]
     evidence: dict = field(default_factory=dict)
+
+    @property
+    def code(self) -> str:
+        """The first finding's code: what blocks the node first (or how it passed)."""
+        return self.reasons[0].code
+
+    @property
+    def reason(self) -> str:
+        """The findings in one line, as the task log shows them."""
+        if len(self.reasons) == 1 and self.reasons[0].code not in _BLOCKING:
+            return self.reasons[0].message
+        return "waiting: " + "; ".join(r.message for r in self.reasons)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the rule's predicates read: one Node state, against the baseline and what was seen before."""
+
+    baseline: BootBaseline
+    ready_status: str
+    ready_detail: str | None
+    fresh_by: str | None          # what shows this status is the new boot's (None: nothing does)
+    unschedulable: bool
+    taints: list[str]
+    counts: dict[str, int | None]
+    unreset: list[str]            # needed resources whose zero after the start was not seen
+    continuous: bool
+
+
+def written_by_this_boot(o: Observation) -> Iterable[Reason]:
+    if o.fresh_by is None:
+        yield Reason(STATUS_BEFORE_START, "status predates the start (bootID unchanged, no Ready transition or "
+                                          "heartbeat since)")
+
+
+def node_ready(o: Observation) -> Iterable[Reason]:
+    if o.ready_status != "True":
+        yield Reason(NODE_NOT_READY, f"NodeReady is {o.ready_status}" + (f" ({o.ready_detail})" if o.ready_detail else ""))
+
+
+def schedulable(o: Observation) -> Iterable[Reason]:
+    if o.unschedulable:
+        yield Reason(CORDONED, "node is cordoned (spec.unschedulable)")
+
+
+def untainted(o: Observation) -> Iterable[Reason]:
+    if o.taints:
+        yield Reason(NOT_READY_TAINT, f"node still tainted {', '.join(o.taints)}")
+
+
+def resources_registered(o: Observation) -> Iterable[Reason]:
+    for resource, needed in o.baseline.needs.items():
+        if (o.counts[resource] or 0) < needed:
+            yield Reason(NOT_REGISTERED, f"allocatable {resource} is {o.counts[resource] or 0}, {needed} needed")
+
+
+def reset_seen(o: Observation) -> Iterable[Reason]:
+    """Only while every write is seen: then the count shown before the zero is the stale one."""
+    if o.unreset and o.continuous:
+        yield Reason(RESET_NOT_SEEN, f"the kubelet has not reset {', '.join(o.unreset)} since the start yet "
+                                     "(the count shown is the one from before the stop)")
+
+
+# The rule, in the order its findings are reported: every predicate must find nothing.
+RULE = (written_by_this_boot, node_ready, schedulable, untainted, resources_registered, reset_seen)
+_BLOCKING = {STATUS_BEFORE_START, NODE_NOT_READY, CORDONED, NOT_READY_TAINT, NOT_REGISTERED, RESET_NOT_SEEN}
 
 
 def is_extended_resource(name: str) -> bool:
@@ -157,18 +249,18 @@ class ReadinessTracker:
         """Writes to the Node may have been missed (e.g. a re-list after 410 Gone)."""
         self.continuous, self.gap = False, why
 
-    def _fresh(self, boot_id: str | None, transition: float | None, heartbeat: float | None) -> tuple[bool, str]:
-        """Was this status written by the boot we asked for?"""
+    def _fresh_by(self, boot_id: str | None, transition: float | None, heartbeat: float | None) -> str | None:
+        """What shows this status was written by the boot we asked for (None: nothing does)."""
         b = self.baseline
         if b.start_requested_at is None:
-            return True, "node was not started by this run"
+            return "node was not started by this run"
         if boot_id and b.boot_id_before and boot_id != b.boot_id_before:
-            return True, "bootID changed"
+            return "bootID changed"
         if transition is not None and transition > b.start_requested_at:
-            return True, "Ready transition after the start"
+            return "Ready transition after the start"
         if heartbeat is not None and heartbeat > b.start_requested_at:
-            return True, "heartbeat after the start"
-        return False, "status predates the start (bootID unchanged, no Ready transition or heartbeat since)"
+            return "heartbeat after the start"
+        return None
 
     def _note_resets(self, boot_id: str | None, counts: Mapping[str, int | None]) -> None:
         """Record the kubelet's zeroing of each needed resource; a second new boot needs its own."""
@@ -183,45 +275,32 @@ class ReadinessTracker:
                 self._reset_seen.clear()
         self._reset_seen.update(r for r, count in counts.items() if not count)
 
-    def observe(self, node: Mapping | None, now: float) -> Verdict:
+    def observe(self, node: Mapping | None, now: float) -> Readiness:
         """Judge the latest Node object at time `now` (epoch seconds); any break resets the settle clock."""
         b = self.baseline
         needs = b.needs
         if not node:
             self._held_since = None
-            return Verdict(False, f"node {b.node} not found", {"node": b.node, "held_seconds": 0.0})
+            return Readiness(False, (Reason(NODE_NOT_FOUND, f"node {b.node} not found"),),
+                             {"node": b.node, "held_seconds": 0.0})
         status = node.get("status") or {}
         ready_condition = node_condition(node)
-        ready_status = ready_condition.get("status", "Unknown")
         transition = parse_time(ready_condition.get("lastTransitionTime"))
         heartbeat = parse_time(ready_condition.get("lastHeartbeatTime"))
         boot_id = (status.get("nodeInfo") or {}).get("bootID") or None
         counts = {r: allocatable(node, r) for r in needs}
-        unschedulable = bool((node.get("spec") or {}).get("unschedulable"))
-        taints = _blocking_taints(node)
-        fresh, fresh_by = self._fresh(boot_id, transition, heartbeat)
         self._note_resets(boot_id, counts)
-        unreset = [r for r in needs if b.start_requested_at is not None and r not in self._reset_seen]
-
-        problems = []
-        if not fresh:
-            problems.append(fresh_by)
-        if ready_status != "True":
-            detail = ready_condition.get("reason") or ready_condition.get("message")
-            problems.append(f"NodeReady is {ready_status}" + (f" ({detail})" if detail else ""))
-        if unschedulable:
-            problems.append("node is cordoned (spec.unschedulable)")
-        if taints:
-            problems.append(f"node still tainted {', '.join(taints)}")
-        for resource, needed in needs.items():
-            if (counts[resource] or 0) < needed:
-                problems.append(f"allocatable {resource} is {counts[resource] or 0}, {needed} needed")
-        if unreset and self.continuous:
-            problems.append(f"the kubelet has not reset {', '.join(unreset)} since the start yet "
-                            "(the count shown is the one from before the stop)")
-
-        fallback = bool(unreset)
         started = b.start_requested_at is not None
+        seen = Observation(
+            baseline=b, ready_status=ready_condition.get("status", "Unknown"),
+            ready_detail=ready_condition.get("reason") or ready_condition.get("message"),
+            fresh_by=self._fresh_by(boot_id, transition, heartbeat),
+            unschedulable=bool((node.get("spec") or {}).get("unschedulable")), taints=_blocking_taints(node),
+            counts=counts, unreset=[r for r in needs if started and r not in self._reset_seen],
+            continuous=self.continuous)
+        problems = tuple(reason for predicate in RULE for reason in predicate(seen))
+
+        fallback = bool(seen.unreset)
         window = self.fallback_seconds if fallback else FAST_PATH_SECONDS if started else self.settle_seconds
         if problems or window != self._window:
             self._held_since = None
@@ -230,10 +309,11 @@ class ReadinessTracker:
             self._held_since, self._held_boot_id = now, boot_id   # a new boot restarts the clock
         held = 0.0 if self._held_since is None else max(0.0, now - self._held_since)
 
+        fresh_by = seen.fresh_by
         gpus = counts.get(GPU, allocatable(node, GPU))
         evidence = {
             "node": b.node,
-            "ready": ready_status,
+            "ready": seen.ready_status,
             "ready_since": ready_condition.get("lastTransitionTime"),
             "gpus_allocatable": gpus,
             "gpus_needed": b.gpus_needed,
@@ -244,10 +324,10 @@ class ReadinessTracker:
             "boot_id_changed": bool(boot_id and b.boot_id_before and boot_id != b.boot_id_before),
             "heartbeat_age_seconds": None if heartbeat is None else round(now - heartbeat, 3),
             "start_requested_at": b.start_requested_at,
-            "fresh": fresh,
-            "fresh_by": fresh_by if fresh else None,
-            "unschedulable": unschedulable,
-            "taints": taints,
+            "fresh": fresh_by is not None,
+            "fresh_by": fresh_by,
+            "unschedulable": seen.unschedulable,
+            "taints": seen.taints,
             "continuous": self.continuous,
             "path": ("waiting for the reset" if fallback and self.continuous else "fallback" if fallback
                      else FAST_PATH if started else "not started by this run"),
@@ -255,22 +335,23 @@ class ReadinessTracker:
             "settle_seconds": window,
         }
         if problems:
-            return Verdict(False, "waiting: " + "; ".join(problems), evidence)
+            return Readiness(False, problems, evidence)
         counted = ", ".join(f"{counts[r]} {r}" for r in needs)
         what = f"Ready, {counted} allocatable" if needs else "Ready (CPU-only: no GPU count needed)"
         if fallback:
-            evidence["warning"] = (f"the kubelet's reset of {', '.join(unreset)} after this boot was not observed "
-                                   f"({self.gap}); the count is trusted only after holding {window:g}s")
+            evidence["warning"] = (f"the kubelet's reset of {', '.join(seen.unreset)} after this boot was not "
+                                   f"observed ({self.gap}); the count is trusted only after holding {duration(window)}")
         if held < window:
-            kind = "fallback, reset not observed" if fallback else "settling"
-            return Verdict(False, f"{kind}: {what}, held {held:.1f}s of {window:g}s", evidence)
+            code, kind = (FALLBACK, "fallback, reset not observed") if fallback else (SETTLING, "settling")
+            return Readiness(False, (Reason(code, f"{kind}: {what}, held {duration(held)} of {duration(window)}"),),
+                             evidence)
         if fallback:
-            return Verdict(True, f"ready (fallback: {evidence['warning']}): {fresh_by}, {what}, "
-                                 f"held {held:.1f}s", evidence)
+            return Readiness(True, (Reason(READY_BY_FALLBACK, f"ready (fallback: {evidence['warning']}): {fresh_by}, "
+                                                              f"{what}, held {duration(held)}"),), evidence)
         if started:
             how = f"{fresh_by}, reset after the start seen (fast path)" if needs else fresh_by
-            return Verdict(True, f"ready: {how}, {what}", evidence)
-        return Verdict(True, f"ready: {fresh_by}, {what}, held {held:.1f}s", evidence)
+            return Readiness(True, (Reason(READY, f"ready: {how}, {what}"),), evidence)
+        return Readiness(True, (Reason(READY, f"ready: {fresh_by}, {what}, held {duration(held)}"),), evidence)
 
     def next_check_in(self, now: float) -> float | None:
         """Seconds until the settle (or fallback) window could complete; None while waiting for a Node change."""

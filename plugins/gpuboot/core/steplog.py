@@ -12,30 +12,15 @@ once (the trigger started after it happened) shows as 0 s and the earlier phase 
 """
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpuboot.core.inventory import parse_time
+from gpuboot.core.timefmt import duration, utc
+
+HOLDING = ("Settling", "Fallback")   # readiness codes of a node whose state holds, waiting out a window
 PHASES = (("up", "instance up"), ("ready", "kubelet Ready"), ("registered", "GPUs registered"),
           ("fired", "settled"))
-
-
-def utc(epoch: float | None) -> str:
-    """Epoch seconds as `2026-12-01 16:40:03Z` (None: "-")."""
-    if epoch is None:
-        return "-"
-    return dt.datetime.fromtimestamp(float(epoch), dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def seconds(value: float | None) -> str:
-    """A duration a person reads at a glance: `0.4 s`, `17.2 s`, `2 min 05 s`."""
-    if value is None:
-        return "-"
-    value = max(0.0, float(value))
-    if value < 120:
-        return f"{value:.1f} s"
-    minutes, rest = divmod(int(round(value)), 60)
-    return f"{minutes} min {rest:02d} s"
 
 
 class BootClock:
@@ -46,13 +31,13 @@ class BootClock:
         self.marks: dict[str, float] = dict(marks or {})
 
     def observe(self, verdict, now: float) -> None:
-        """Note the phases a readiness Verdict (ready, reason, evidence) at time `now` shows reached."""
+        """Note the phases a `Readiness` (gpuboot.core.readiness) at time `now` shows reached."""
         evidence = verdict.evidence or {}
         if evidence.get("fresh"):
             self.marks.setdefault("up", now)
             if evidence.get("ready") == "True":
                 self.marks.setdefault("ready", now)
-        holding = verdict.ready or verdict.reason.startswith(("settling", "fallback"))
+        holding = verdict.ready or verdict.code in HOLDING
         if holding and evidence.get("held_seconds") is not None:   # the rule holds: only the window is left
             self.marks.setdefault("registered", now - float(evidence["held_seconds"]))
         if verdict.ready:
@@ -87,8 +72,8 @@ def boot_summary(node: str, clock: BootClock, fired_at: float | None = None) -> 
         return f"{node} was already up: GPU-ready" + (f" at {utc(fired)}" if fired is not None else "")
     total = None if fired is None else fired - clock.start_requested_at
     # the fast path fires as the GPUs register: no settle phase to tell (the fallback has one)
-    phases = ", ".join(f"{label} {seconds(s)}" for label, s in clock.phases() if not (label == "settled" and s < 0.05))
-    return f"booted {node} in {seconds(total)}" + (f" ({phases})" if phases else "")
+    phases = ", ".join(f"{label} {duration(s)}" for label, s in clock.phases() if not (label == "settled" and s < 0.05))
+    return f"booted {node} in {duration(total)}" + (f" ({phases})" if phases else "")
 
 
 def evidence_block(evidence: Mapping[str, Any], indent: str = "  ") -> str:
@@ -98,7 +83,7 @@ def evidence_block(evidence: Mapping[str, Any], indent: str = "  ") -> str:
     rows: list[tuple[str, str]] = []
     ready = evidence.get("ready", "?")
     since = evidence.get("ready_since")
-    rows.append(("Ready", f"{ready}" + (f" since {since.replace('T', ' ')}" if since else "")))
+    rows.append(("Ready", f"{ready}" + (f" since {utc(parse_time(since))}" if since else "")))
     needed = int(evidence.get("gpus_needed") or 0)
     counts = dict(evidence.get("allocatable") or {})
     if needed or evidence.get("gpus_allocatable") is not None:
@@ -121,13 +106,13 @@ def evidence_block(evidence: Mapping[str, Any], indent: str = "  ") -> str:
     if evidence.get("fresh_by"):
         rows.append(("this boot's", str(evidence["fresh_by"])))
     if evidence.get("heartbeat_age_seconds") is not None:
-        rows.append(("heartbeat", f"{seconds(evidence['heartbeat_age_seconds'])} ago"))
+        rows.append(("heartbeat", f"{duration(evidence['heartbeat_age_seconds'])} ago"))
     if evidence.get("taints") or evidence.get("unschedulable"):
         blocked = [*(evidence.get("taints") or ()), *(["cordoned"] if evidence.get("unschedulable") else [])]
         rows.append(("blocked by", ", ".join(blocked)))
     if evidence.get("held_seconds") is not None:
         window = evidence.get("settle_seconds")
-        rows.append(("held", f"{seconds(evidence['held_seconds'])}" + (f" of {seconds(window)}" if window else "")
+        rows.append(("held", f"{duration(evidence['held_seconds'])}" + (f" of {duration(window)}" if window else "")
                      + (f" ({evidence['path']})" if evidence.get("path") else "")))
     if evidence.get("warning"):
         rows.append(("warning", str(evidence["warning"])))
@@ -154,7 +139,7 @@ def place_summary(name: str, plan, elapsed: float) -> str:
     first = plan.assignments[0].requests if plan.assignments else None
     per_task = f" with {first}" if first is not None else ""
     start = f"; to start: {', '.join(plan.nodes_to_start)}" if plan.nodes_to_start else "; nothing to start"
-    return f"placed {name} in {seconds(elapsed)}: {_where(plan.assignments)}{per_task}{start}"
+    return f"placed {name} in {duration(elapsed)}: {_where(plan.assignments)}{per_task}{start}"
 
 
 def start_summary(boots: Iterable[Mapping], started: Iterable[str], elapsed: float) -> str:
@@ -167,7 +152,7 @@ def start_summary(boots: Iterable[Mapping], started: Iterable[str], elapsed: flo
         parts = ["nothing to start"]
     line = "; ".join(parts + ([f"already up: {', '.join(up)}"] if up else []))
     started = list(started)
-    return line + f" ({len(started)} StartInstances accepted in this try, {seconds(elapsed)})"
+    return line + f" ({len(started)} StartInstances accepted in this try, {duration(elapsed)})"
 
 
 def launch_summary(task: str, node: str, pod: str | None, phase: str | None, elapsed: float,
@@ -175,4 +160,4 @@ def launch_summary(task: str, node: str, pod: str | None, phase: str | None, ela
     """`ran demo-train on gpu-t4x2-1: pod demo-train-x1 Succeeded (exit code 0) in 12.3 s`."""
     how = f"pod {pod} {phase or 'finished'}" if pod else "pod not created"
     code = f" (exit code {exit_code})" if exit_code is not None else ""
-    return f"ran {task} on {node}: {how}{code} in {seconds(elapsed)}"
+    return f"ran {task} on {node}: {how}{code} in {duration(elapsed)}"

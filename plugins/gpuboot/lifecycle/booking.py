@@ -50,7 +50,6 @@ The job's own verdicts (`JobRecord.failed`) keep that job off the node for its w
 """
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import random
 import time
@@ -66,6 +65,7 @@ from gpuboot.core.ports import ClusterReads, Ecs
 from gpuboot.lifecycle.pricing import PRICES, PriceCache
 from gpuboot.core.model import Unavailable
 from gpuboot.core.idle import find_work
+from gpuboot.core.timefmt import utc
 
 LAUNCH_MARGIN_SECONDS = 900     # reservation lifetime beyond the boot timeout (launch + scheduling)
 STARTING_WAIT_SECONDS = 300     # ECS refuses to stop a Pending/Starting instance: wait this long for Running
@@ -264,9 +264,9 @@ class Booker:
                 self.log.info("dropped the mark on %s (%s): the node is Ready or booted again since", mark.what,
                               mark.reason)
             for mark in marks:
-                self.log.info("marked %s unavailable until %s: %s", mark.what, stamp(mark.expires_at), mark.reason)
+                self.log.info("marked %s unavailable until %s: %s", mark.what, utc(mark.expires_at), mark.reason)
             if fits:
-                self.log.info("reserved until %s: %s", stamp(now + ttl),
+                self.log.info("reserved until %s: %s", utc(now + ttl),
                               "; ".join(f"{r.task} -> {r.node} ({r.resources})" for r in reservations))
             else:
                 self.log.info("released the reservations of job %s: it no longer fits (%s)", job_id, plan.outcome.value)
@@ -313,8 +313,3 @@ class Booker:
                                  started.instance_id, outcome.error)
         if fences:
             self.ledger.drop_unavailable(fences)
-
-
-def stamp(epoch: float) -> str:
-    """Epoch seconds as a readable UTC time (ISO 8601)."""
-    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).isoformat(timespec="seconds")

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from gpuboot.lifecycle.booking import LAUNCH_MARGIN_SECONDS, Booker, reservation_ttl, stamp
+from gpuboot.lifecycle.booking import LAUNCH_MARGIN_SECONDS, Booker, reservation_ttl
 from gpuboot.core.inventory import parse_time
 from gpuboot.core.model import NodeState
 from gpuboot.core.jobspec import JobSpec
@@ -43,6 +43,7 @@ from gpuboot.core.placement import Assignment, Outcome, Plan
 from gpuboot.core.ports import ClusterReads, Ecs, EcsError, InstanceOutcome
 from gpuboot.core.model import Unavailable
 from gpuboot.core.readiness import BootBaseline, extended_needs
+from gpuboot.core.timefmt import utc
 
 DEFAULT_UNAVAILABLE_TTL_SECONDS = 600
 ALREADY_UP_GRACE_SECONDS = 60   # how long a node that was up when chosen may take to pass the rule (plus settle)
@@ -243,7 +244,7 @@ class JobBoot:
                                     resource_version_before=version)
             boots.append(baseline.to_json())
             self.log.info("node %s (%s, %s): start requested at %s%s, bootID before %s, needs %d GPU(s)",
-                          node, iid, assigned[0].state.value, stamp(since) if since is not None else "- (not started)",
+                          node, iid, assigned[0].state.value, utc(since) if since is not None else "- (not started)",
                           " by this job" if mine else "", baseline.boot_id_before, baseline.gpus_needed)
         return boots
 

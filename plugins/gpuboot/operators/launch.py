@@ -15,6 +15,7 @@ from gpuboot.triggers.gang import GangTrigger
 from gpuboot.core.model import LABEL_JOB
 from gpuboot.core.placement import Plan
 from gpuboot.core.steplog import launch_summary
+from gpuboot.core.timefmt import duration
 from gpuboot.operators.base import GpuJobStep, summarize
 
 GONE_SECONDS = 60.0          # how long an earlier attempt's pods may take to go before they are force-deleted
@@ -146,7 +147,7 @@ class GpuPodOperator(GpuJobStep, BaseOperator):
                 raise AirflowException(self._failure_message(kube, namespace, failure, [name], []))
         kube.delete_pod(namespace, name)
         raise AirflowException(f"rank 0 (pod {name}) got no pod IP on node {node} within "
-                               f"{self.startup_timeout_seconds:g}s (startup_timeout_seconds); deleted it")
+                               f"{duration(self.startup_timeout_seconds)} (startup_timeout_seconds); deleted it")
 
     def _clear(self, kube: KubeClient, pods: list[dict]) -> None:
         """Delete every pod of earlier attempts and wait until they are gone, so the new gang

@@ -42,9 +42,10 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from gpuboot.hooks.ecs import EcsHook
 from gpuboot.core.idle import (ANNOTATION_CORDONED_BY, ANNOTATION_IDLE_SINCE, CORDONED_BY, DEFAULT_SPARE_SECONDS, FENCE_JOB,
-                          MAX_IDLE_SECONDS, STOPPED_MODE, NodeDecision, ScaledownPlan, duration, fence_entries,
+                          MAX_IDLE_SECONDS, STOPPED_MODE, NodeDecision, ScaledownPlan, fence_entries,
                           plan_scaledown, recheck)
 from gpuboot.core.inventory import parse_provider_id
+from gpuboot.core.timefmt import duration
 from gpuboot.hooks.kube import Conflict, KubeClient
 from gpuboot.lifecycle.ledger import LedgerConflict, ReservationLedger
 from gpuboot.operators.base import GpuJobStep

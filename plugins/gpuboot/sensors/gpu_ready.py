@@ -1,8 +1,8 @@
 """GpuReadySensor: the `wait_gpu_ready` step, deferrable by default.
 
 Deferred, it hands one node at a time to NodeGpuReadyTrigger (a watch in the
-triggerer, no worker slot held); in poke mode it applies the same ReadinessTracker to
-Node reads.
+triggerer, no worker slot held); in poke mode it feeds the same GpuWait (the rule, the boot's
+phases, the deadline and its one stretch) from Node reads.
 
 Every try starts from the ledger, not from its XCom inputs (`JobBoot.ensure_up`): where
 the job is reserved now (an earlier try may have failed over, a cleared `place` may have
@@ -42,13 +42,15 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from gpuboot.lifecycle.boot import (ALREADY_UP_GRACE_SECONDS, DEFAULT_UNAVAILABLE_TTL_SECONDS, BringUp,
                           JobBoot, wait_deadline)
-from gpuboot.lifecycle.booking import LAUNCH_MARGIN_SECONDS, stamp
+from gpuboot.lifecycle.booking import LAUNCH_MARGIN_SECONDS
 from gpuboot.hooks.kube import Gone, KubeClient
 from gpuboot.core.placement import Plan
-from gpuboot.core.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline, ReadinessTracker
-from gpuboot.core.steplog import BootClock, boot_summary, evidence_block, utc
+from gpuboot.core.gpu_wait import GpuWait
+from gpuboot.core.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline
+from gpuboot.core.steplog import boot_summary, evidence_block
+from gpuboot.core.timefmt import duration, utc, utc_relative
 from gpuboot.operators.base import GpuJobStep, refusal, summarize, summarizes_failure
-from gpuboot.triggers.gpu_ready import NodeGpuReadyTrigger, holding_in_fallback
+from gpuboot.triggers.gpu_ready import NodeGpuReadyTrigger
 from gpuboot.operators.capacity_wait import WaitsForCapacity
 
 
@@ -131,12 +133,9 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         self.ledger_namespace, self.max_boot_attempts = ledger_namespace, max_boot_attempts
         self.unavailable_ttl_seconds, self.fallback_seconds = unavailable_ttl_seconds, fallback_seconds
         self.busy_poll_seconds = busy_poll_seconds
-        self._trackers: dict[str, ReadinessTracker] = {}
-        self._clocks: dict[str, BootClock] = {}          # poke mode: each node's boot phases, for the summary
-        self._extended = False                         # poke mode: the deadline was stretched for a fallback window
+        self._waits: dict[str, GpuWait] = {}           # poke mode: each node's wait, as the trigger keeps it
         self._versions: dict[str, str | None] = {}     # poke mode: the resourceVersion each node was read at
         self._latest: dict[str, dict] = {}
-        self._deadline: float | None = None
         self._state: dict = {}
 
     def _timing(self) -> tuple[float, float]:
@@ -164,7 +163,6 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         if not self.deferrable:
             self.timeout = timeout * self.max_boot_attempts + 60     # our own deadlines fail first, with evidence
             self._state = state
-            self._deadline = self._poke_deadline(state)
             return super().execute(context)
         return self._defer_for(0, settle, {}, state)
 
@@ -185,17 +183,12 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
             self.ledger().renew(
                 state["plan"]["job_id"], moment + LAUNCH_MARGIN_SECONDS)
 
-    def _poke_deadline(self, state: Mapping) -> float:
-        settle, timeout = self._timing()
-        now = time.time()
-        return max(wait_deadline(b, timeout, settle, now) for b in state["boots"])
-
     def _defer_for(self, index: int, settle: float, seen: dict, state: dict):
         baseline = state["boots"][index]
         deadline = wait_deadline(baseline, self._timing()[1], settle, time.time())
         self._hold_until(state, deadline)
         self.log.info("waiting for node %s (%d/%d) until %s%s", baseline["node"], index + 1, len(state["boots"]),
-                      stamp(deadline), "" if baseline.get("start_requested_at") is not None else
+                      utc_relative(deadline, time.time()), "" if baseline.get("start_requested_at") is not None else
                       " (it was up when the job chose it: no boot timeout)")
         self.defer(trigger=NodeGpuReadyTrigger(baseline=dict(baseline), deadline=deadline, settle_seconds=settle,
                                                kubernetes_conn_id=self.kubernetes_conn_id,
@@ -252,7 +245,7 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         if boot is None:
             raise refusal(self, context, what)
         _, timeout = self._timing()
-        why = f"not GPU-ready within {timeout:g}s ({reason})" if booted else f"not GPU-ready although up ({reason})"
+        why = f"not GPU-ready within {duration(timeout)} ({reason})" if booted else f"not GPU-ready although up ({reason})"
         plan = Plan.from_json(state["plan"])
         try:
             return self.bring_up_or_wait(
@@ -271,54 +264,49 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
 
     @summarizes_failure
     def poke(self, context):
-        settle, timeout = self._timing()
+        settle, _ = self._timing()
         kube = KubeClient(self.kubernetes_conn_id)
-        verdicts = {b["node"]: self._poke_node(kube, b, settle) for b in self._state["boots"]}
         now = time.time()
-        waiting = {n: v for n, v in verdicts.items() if not v.ready}
+        readiness = {b["node"]: self._poke_node(kube, b, settle, now) for b in self._state["boots"]}
+        waiting = {n: r for n, r in readiness.items() if not r.ready}
         if not waiting:
-            cleared = self._cleared(context, {n: {**v.evidence, "summary": boot_summary(n, self._clocks[n])}
-                                              for n, v in verdicts.items()}, self._state)
+            cleared = self._cleared(context, {n: {**r.evidence, "summary": boot_summary(n, self._waits[n].clock)}
+                                              for n, r in readiness.items()}, self._state)
             return PokeReturnValue(is_done=True, xcom_value=cleared)
-        for node, verdict in waiting.items():
-            self.log.info("node %s not ready yet: %s", node, verdict.reason)
-        holding = [self._trackers[n].next_check_in(now) for n, v in waiting.items()
-                   if holding_in_fallback(self._trackers[n], v, now)]
-        if (self._deadline is not None and now >= self._deadline and len(holding) == len(waiting)
-                and not self._extended):      # as the trigger does: let a fallback window finish, once
-            self._deadline, self._extended = now + max(holding), True
-        if self._deadline is not None and now >= self._deadline:
-            node, verdict = next(iter(waiting.items()))
-            result = self._fail_over(context, self._state, node, verdict.reason, verdict.evidence)
+        for node, r in waiting.items():
+            self.log.info("node %s not ready yet: %s", node, r.reason)
+        expired = next((n for n in waiting if self._waits[n].expired(now)), None)
+        if expired is not None:
+            r = waiting[expired]
+            result = self._fail_over(context, self._state, expired, r.reason, r.evidence)
             self._state = self._state_of(context, result)
-            self._trackers, self._versions, self._extended, self._clocks = {}, {}, False, {}
-            self._deadline = self._poke_deadline(self._state) if result.boots else None
+            self._waits, self._versions = {}, {}
         return False
 
-    def _poke_node(self, kube: KubeClient, boot: Mapping, settle: float):
-        """Judge one node: every write since the last poke is replayed (a short watch from the last
-        resourceVersion, the baseline's at first), so polls see the kubelet's reset like the trigger."""
+    def _poke_node(self, kube: KubeClient, boot: Mapping, settle: float, now: float):
+        """Judge one node with the trigger's own GpuWait: every write since the last poke is replayed
+        (a short watch from the last resourceVersion, the baseline's at first), so polls see the
+        kubelet's reset like the trigger."""
         name = boot["node"]
-        baseline = BootBaseline.from_json(boot)
-        if name not in self._trackers:
+        if name not in self._waits:
+            baseline = BootBaseline.from_json(boot)
             self._versions[name] = (baseline.resource_version_before
                                     if baseline.start_requested_at is not None else None)
-            self._trackers[name] = ReadinessTracker(baseline, settle, self.fallback_seconds,
-                                                    continuous=self._versions[name] is not None)
-        tracker, version = self._trackers[name], self._versions[name]
+            self._waits[name] = GpuWait.of(baseline, wait_deadline(boot, self._timing()[1], settle, now),
+                                           settle_seconds=settle, fallback_seconds=self.fallback_seconds,
+                                           continuous=self._versions[name] is not None)
+        wait, version = self._waits[name], self._versions[name]
         try:
             states = [kube.get_node(name)] if version is None else kube.node_writes_since(name, version)
         except Gone:
-            tracker.lost_continuity("the watch expired (410 Gone) and the Node was re-read")
+            wait.lost_continuity("the watch expired (410 Gone) and the Node was re-read")
             states = [kube.get_node(name)]
         if states:
             self._latest[name] = states[-1]
             self._versions[name] = states[-1]["metadata"].get("resourceVersion") or version
         elif name not in self._latest:   # nothing written since the start yet: judge the Node as it is
             self._latest[name] = kube.get_node(name)
-        verdict = None
-        clock = self._clocks.setdefault(name, BootClock(baseline.start_requested_at))
+        readiness = None
         for state in states or [self._latest[name]]:
-            verdict = tracker.observe(state if state is None or state.get("status") else {}, time.time())
-            clock.observe(verdict, time.time())
-        return verdict
+            readiness = wait.observe(state if state is None or state.get("status") else {}, time.time())
+        return readiness

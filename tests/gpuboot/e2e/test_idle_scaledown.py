@@ -72,7 +72,7 @@ def test_scheduled_run_records_idle_since(cloud, scaledown_dag, capfd):
     summary = run(scaledown_dag, cloud, capfd, {"idle_minutes": 1})
 
     assert summary["dry_run"] is False and summary["stopped"] == []
-    assert summary["decisions"][RUNNING] == {"verdict": "idle", "reason": "idle for 0s < 60s"}
+    assert summary["decisions"][RUNNING] == {"verdict": "idle", "reason": "idle for 0.0 s < 60.0 s"}
     assert idle_since(cloud) is not None
 
 

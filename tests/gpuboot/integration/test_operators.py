@@ -222,7 +222,7 @@ def test_a_gang_whose_rank_0_gets_no_pod_ip_fails_at_the_startup_timeout_and_del
     assert plan["outcome"] == "fits", plan["message"]
     plan["assignments"][0] = {**plan["assignments"][0], "hostname": "no-such-host"}
     launch = GpuPodOperator(task_id="launch", job=pushed["job"], plan=plan, startup_timeout_seconds=2)
-    with pytest.raises(AirflowException, match=r"rank 0 \(pod .*\) got no pod IP .* within 2s .*deleted it"):
+    with pytest.raises(AirflowException, match=r"rank 0 \(pod .*\) got no pod IP .* within 2.0 s .*deleted it"):
         launch.execute(context("launch"))
     assert KubeClient().list_pods("gpuboot.io/job=no-ip") == []
 

@@ -241,7 +241,7 @@ def test_a_node_not_ready_in_time_is_stopped_again_and_the_job_moves(cloud, capf
     assert held("job") == ["gpu2-stop"]
     wait_until(lambda: status(cloud, "gpu-stop") == "Stopped", timeout=10)
     (mark,) = ledger().live_unavailable()
-    assert mark.node == "gpu-stop" and "not GPU-ready within 10s" in mark.reason
+    assert mark.node == "gpu-stop" and "not GPU-ready within 10.0 s" in mark.reason
     text = logged(capfd)
     assert "gpu-stop not GPU-ready before the boot timeout" in text
     assert "stopped again (StopCharging): this job started it and no other job claims it" in text

@@ -137,7 +137,7 @@ def test_the_fleets_last_spare_is_kept_until_its_spare_time(cloud):
 def test_idle_managed_node_is_stopped_the_others_are_kept(cloud, capfd):
     first = ScaleDown().execute({})
     assert first["stopped"] == []
-    assert first["decisions"]["idle-1"] == {"verdict": "idle", "reason": "idle for 0s < 10m"}
+    assert first["decisions"]["idle-1"] == {"verdict": "idle", "reason": "idle for 0.0 s < 10 min"}
     assert ANNOTATION_IDLE_SINCE in annotations("idle-1")
 
     cloud.set_faults(k8s_conflict_burst=2)      # the ledger fence retries through 409s
@@ -166,7 +166,7 @@ def test_idle_managed_node_is_stopped_the_others_are_kept(cloud, capfd):
     log = capfd.readouterr().out
     assert "busy: 1 pod (default/train)" in log
     assert "reserved by job job-r" in log
-    assert "idle for 11m >= 10m" in log
+    assert "idle for 11 min >= 10 min" in log
     assert "unmanaged, never touched: cpu-1, plain-1" in log
     assert "test-secret-not-for-logs" not in log
 

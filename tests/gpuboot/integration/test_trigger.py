@@ -18,7 +18,7 @@ import pytest
 
 from gpuboot.hooks.ecs import EcsHook
 from gpuboot.hooks.kube import AsyncKubeClient, Gone, KubeClient
-from gpuboot.core.readiness import Verdict
+from gpuboot.core.readiness import READY, Readiness, Reason
 from gpuboot.triggers.gpu_ready import NodeGpuReadyTrigger
 
 from .conftest import FLEET, SETTLE_SECONDS as SETTLE, expose_connections, wait_until
@@ -45,9 +45,10 @@ class WeakTracker:
     def lost_continuity(self, why: str) -> None:
         pass
 
-    def observe(self, node: dict, now: float) -> Verdict:
+    def observe(self, node: dict, now: float) -> Readiness:
         ok = is_ready(node) and int(gpus(node) or 0) > 0
-        return Verdict(ok, "weak rule", {"ready": is_ready(node), "gpus_allocatable": gpus(node)})
+        return Readiness(ok, (Reason(READY if ok else "Weak", "weak rule"),),
+                         {"ready": is_ready(node), "gpus_allocatable": gpus(node)})
 
     def next_check_in(self, now: float) -> None:
         return None

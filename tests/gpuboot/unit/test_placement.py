@@ -366,7 +366,7 @@ def test_among_equal_running_nodes_the_oldest_work_takes_the_task_and_an_empty_n
     assert set(chosen(place(job(*(task(f"t{i}") for i in range(3))), nodes)).values()) == {"d-mid"}
     fits = [c.node for c in plan.candidates if c.verdict in (Verdict.CHOSEN, Verdict.FITS)]
     assert fits == ["c-old", "d-mid", "b-young", "a-empty"]       # the table in the order of the decision
-    assert plan.candidates[0].reason.endswith("; work since 1970-01-01 00:16:40Z")
+    assert plan.candidates[0].reason.endswith("; work since 1970-01-01 00:16:40 UTC")
     assert json.loads(json.dumps(plan.to_json()))["candidates"][0]["score"][-2:] == [0, 1000.0]
 
 

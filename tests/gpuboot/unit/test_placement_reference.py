@@ -18,7 +18,7 @@ from gpuboot.core import placement as P
 from gpuboot.core.model import FrozenDict, NodeState, NodeView, Unavailable
 from gpuboot.core.placement import Candidate, JobRequest, Outcome, TaskRequest, Verdict, place
 from gpuboot.core.resources import CPU, GPU, MEMORY, Resources
-from gpuboot.core.steplog import utc
+from gpuboot.core.timefmt import utc
 
 GI = 2**30
 MODELS = ["Tesla-T4", "NVIDIA-A10", "Tesla-V100-SXM2-16GB", "Tesla-V100-SXM2-32GB", "NVIDIA V100", None]

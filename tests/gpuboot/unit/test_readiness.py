@@ -261,18 +261,31 @@ def test_extended_needs_are_the_device_plugin_resources_besides_whole_gpus():
 
 
 def test_holding_in_fallback_is_what_may_stretch_a_boot_deadline():
-    from gpuboot.triggers.gpu_ready import holding_in_fallback
+    from gpuboot.core.gpu_wait import GpuWait
 
     t = tracker(settle=1.0, fallback=60, continuous=False)
+    wait = GpuWait(t.baseline, t, deadline=T0 + 4)
     n = gpu_node(1, heartbeat=T0 + 3, transition=T0 + 3)
-    v = t.observe(n, T0 + 3)
-    assert holding_in_fallback(t, v, T0 + 4)                     # all in order but the missed reset
-    v = t.observe(gpu_node(1, ready="False", heartbeat=T0 + 5, transition=T0 + 5), T0 + 5)
-    assert not holding_in_fallback(t, v, T0 + 5)                 # a real problem: no stretching
+    wait.observe(n, T0 + 3)
+    assert wait.holding_in_fallback(T0 + 4)                      # all in order but the missed reset
+    assert not wait.expired(T0 + 4) and wait.stretched_by == 59  # so the deadline runs on to the window's end
+    assert wait.deadline == T0 + 63 and wait.expired(T0 + 63)    # once: then it expires
+    wait.observe(gpu_node(1, ready="False", heartbeat=T0 + 5, transition=T0 + 5), T0 + 5)
+    assert not wait.holding_in_fallback(T0 + 5)                  # a real problem: no stretching
     t2 = tracker(settle=1.0)
     reset(t2, T0 + 1)
-    v = t2.observe(n, T0 + 2)
-    assert not holding_in_fallback(t2, v, T0 + 2)                # the fast path never needs it
+    wait2 = GpuWait(t2.baseline, t2, deadline=T0 + 2)
+    wait2.observe(n, T0 + 2)
+    assert not wait2.holding_in_fallback(T0 + 2)                 # the fast path never needs it
+    assert wait2.expired(T0 + 2) and wait2.stretched_by is None
+
+
+def test_every_finding_has_a_code_and_the_first_blocking_one_leads():
+    t = tracker(settle=1.0)
+    r = t.observe(gpu_node(0, ready="False", boot_id="boot-1", heartbeat=T0 - 50, transition=T0 - 50), T0 + 1)
+    assert not r.ready and r.code == "StatusBeforeStart"
+    assert [x.code for x in r.reasons] == ["StatusBeforeStart", "NodeNotReady", "NotRegistered"]
+    assert r.reason.startswith("waiting: status predates the start") and "NodeReady is False" in r.reason
 
 
 def test_the_state_a_resumed_step_carries_round_trips_as_json():

@@ -6,9 +6,10 @@ import datetime as dt
 
 from gpuboot.core.placement import Assignment, Outcome, Plan
 from gpuboot.core.model import NodeState
-from gpuboot.core.readiness import BootBaseline, ReadinessTracker, Verdict
+from gpuboot.core.readiness import READY, BootBaseline, Readiness, ReadinessTracker, Reason
 from gpuboot.core.resources import Resources
-from gpuboot.core.steplog import BootClock, boot_summary, evidence_block, place_summary, seconds, start_summary, utc
+from gpuboot.core.steplog import BootClock, boot_summary, evidence_block, place_summary, start_summary
+from gpuboot.core.timefmt import utc
 
 T0 = 1796117211.17          # 2026-12-01 ... the epoch float the issue found in a log
 
@@ -25,8 +26,7 @@ def node(boot_id: str, ready: str, gpus: str, at: str = "2026-12-01T16:00:00Z") 
 
 
 def test_times_and_durations_read_at_a_glance():
-    assert utc(T0) == "2026-12-01 09:26:51Z" and utc(None) == "-"
-    assert seconds(17.24) == "17.2 s" and seconds(125) == "2 min 05 s" and seconds(-1) == "0.0 s"
+    assert utc(T0) == "2026-12-01 09:26:51 UTC" and utc(None) == "-"
 
 
 def test_a_boot_is_told_by_its_phases_as_the_tracker_saw_them():
@@ -53,8 +53,8 @@ def test_a_boot_is_told_by_its_phases_as_the_tracker_saw_them():
 
 def test_a_node_already_up_says_so():
     clock = BootClock(None)
-    clock.observe(Verdict(True, "ready", {"fresh": True, "ready": "True", "held_seconds": 5.0}), T0)
-    assert boot_summary("gpu-run", clock) == "gpu-run was already up: GPU-ready at 2026-12-01 09:26:51Z"
+    clock.observe(Readiness(True, (Reason(READY, "ready"),), {"fresh": True, "ready": "True", "held_seconds": 5.0}), T0)
+    assert boot_summary("gpu-run", clock) == "gpu-run was already up: GPU-ready at 2026-12-01 09:26:51 UTC"
 
 
 def test_the_evidence_is_a_short_aligned_block_in_human_units():
@@ -65,9 +65,9 @@ def test_the_evidence_is_a_short_aligned_block_in_human_units():
     block = evidence_block(evidence)
     lines = block.splitlines()
     assert len(lines) <= 10 and len({line.index(line.split()[-1]) for line in lines}) >= 1
-    assert "  Ready            True since 2026-12-01 16:00:00Z" in lines
+    assert "  Ready            True since 2026-12-01 16:00:00 UTC" in lines
     assert "  nvidia.com/gpu   1 allocatable, 1 needed, reset after the start seen" in lines
-    assert "  start requested  2026-12-01 09:26:51Z" in lines
+    assert "  start requested  2026-12-01 09:26:51 UTC" in lines
     assert str(T0) not in block and "8589934592" not in block and "{" not in block
 
 
@@ -78,7 +78,7 @@ def test_place_and_start_summaries():
     assert place_summary("train", plan, 0.42) == ("placed train in 0.4 s: train on gpu-1 (stopped) with cpu=2 "
                                                   "memory=8Gi nvidia.com/gpu=2; to start: gpu-1")
     assert start_summary([{"node": "gpu-1", "start_requested_at": T0}, {"node": "gpu-run"}], ["i-1"], 0.3) == (
-        "start requested for gpu-1 at 2026-12-01 09:26:51Z; already up: gpu-run "
+        "start requested for gpu-1 at 2026-12-01 09:26:51 UTC; already up: gpu-run "
         "(1 StartInstances accepted in this try, 0.3 s)")
 
 
