@@ -29,6 +29,13 @@ test-conformance: install
 test-e2e: install
 	$(PY) -m pytest tests/gpuboot/e2e
 
+# Lint: ruff (rules and import order: pyproject.toml), mypy on the pure core, the layer contracts.
+.PHONY: lint
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
+
 lock:
 	$(UV) pip compile --quiet -p 3.11 requirements.txt requirements-test.txt -o constraints.txt
 

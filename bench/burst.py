@@ -54,17 +54,16 @@ def _place(n: int, go, ready, results) -> None:
     """One place step (in a forked process): book until committed or the queue timeout."""
     try:
         _book(n, go, ready, results)
-    except BaseException as exc:    # noqa: BLE001 - every process reports, whatever happened
+    except BaseException as exc:
         results.put({"n": n, "outcome": None, "error": f"{type(exc).__name__}: {exc}", "reads": 0, "conflicts": 0,
                      "deferrals": 0, "began": time.time(), "ended": time.time()})
 
 
 def _book(n: int, go, ready, results) -> None:
-    import gpuboot.lifecycle.batching as batching
-    import gpuboot.lifecycle.booking as booking
-    from gpuboot.hooks.ecs import EcsError, EcsHook
     from gpuboot.core.jobspec import JobSpec
+    from gpuboot.hooks.ecs import EcsError, EcsHook
     from gpuboot.hooks.kube import KubeClient
+    from gpuboot.lifecycle import batching, booking
     from gpuboot.lifecycle.ledger import LedgerConflict, ReservationLedger
 
     reads, conflicts = [0], [0]
@@ -107,7 +106,7 @@ def _book(n: int, go, ready, results) -> None:
                 break
             deferrals += 1
             time.sleep(rng.uniform(*DEFER_SECONDS))
-        except Exception as exc:    # noqa: BLE001 - reported, counted as failed
+        except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             break
     results.put({"n": n, "outcome": outcome, "error": error, "reads": reads[0], "conflicts": conflicts[0],
@@ -123,9 +122,8 @@ def _ledger_size(kube) -> int:
 
 def burst(jobs: int, kube) -> dict:
     """`jobs` place transactions released at once, each in its own (forked) process."""
-    from gpuboot.lifecycle.ledger import CONFIGMAP
-
     from gpuboot.hooks.ecs import EcsHook
+    from gpuboot.lifecycle.ledger import CONFIGMAP
 
     kube.core, EcsHook().get_conn()     # the clients' modules imported before the fork, as in a prefork worker
     ctx = mp.get_context("fork")
@@ -142,10 +140,8 @@ def burst(jobs: int, kube) -> dict:
 
     def watch_size():
         while not stop.wait(0.5):
-            try:
+            with contextlib.suppress(Exception):
                 peak[0] = max(peak[0], _ledger_size(kube))
-            except Exception:   # noqa: BLE001 - a missed sample is not a result
-                pass
 
     watcher = threading.Thread(target=watch_size, daemon=True)
     watcher.start()

@@ -87,7 +87,7 @@ class Watcher:
                     (self._node if kind == "nodes" else self._pod)(obj, now)
                     if self._stop.is_set():
                         return
-            except Exception as exc:   # noqa: BLE001 - a loaded API server: watch again
+            except Exception as exc:
                 if getattr(exc, "status", None) == 410:
                     version = None       # compacted: a fresh list replays the current states
                 self.errors.append(f"{kind}: {type(exc).__name__}: {str(exc)[:200]}")
@@ -208,8 +208,8 @@ def run(workdir: Path, quick: bool = False, runs: int = 5, tuned: bool = True) -
         "steps_s": {step: stats([r["steps_s"][step] for r in rows]) for step in rows[0]["steps_s"]} if rows else {},
         "per_run": rows,
         "tuned": tuned, "airflow_settings": extra_env,
-        "notes": ["registered and pod stamps: watches in the bench process; the others: the Airflow logs' "
-                  "timestamps (triggerer and worker on the same machine)."],
+        "notes": [("registered and pod stamps: watches in the bench process; the others: the Airflow logs' "
+                  "timestamps (triggerer and worker on the same machine).")],
     }
 
 

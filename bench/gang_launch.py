@@ -29,13 +29,12 @@ JOB = {"name": "bench-gang", "image": "python:3.11-slim", "command": ["python", 
 
 def run(workdir: Path, quick: bool = False, repeats: int = 10) -> dict:
     from airflow.sdk.exceptions import TaskDeferred
-    from simcloud.testing import small_fleet, wait_until
-
-    from tests.gpuboot.unit.builders import step_context
 
     from gpuboot.operators.launch import GpuPodOperator
     from gpuboot.operators.place import PlaceGpuJobOperator
     from gpuboot.operators.release import ReleaseReservationOperator
+    from simcloud.testing import small_fleet, wait_until
+    from tests.gpuboot.unit.builders import step_context
 
     repeats = 2 if quick else repeats
     fleet = small_fleet([{"name": f"t4-{i}", "instance_type": T4, "status": "Running"} for i in range(RANKS)],

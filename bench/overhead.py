@@ -63,7 +63,7 @@ def _migrate_db() -> None:
     env = {**__import__("os").environ, "AIRFLOW_HOME": airflow.configuration.AIRFLOW_HOME,
            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": conf.get("database", "sql_alchemy_conn")}
     done = subprocess.run([str(Path(sys.executable).with_name("airflow")), "db", "migrate"], env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"airflow db migrate failed: {done.stderr[-2000:]}")
 
@@ -149,8 +149,8 @@ def run(workdir: Path, quick: bool = False, repeats: int = 3) -> dict:
     return {"repeats": repeats, "timings": TIMINGS, "settle_seconds": JOB["settle_seconds"], "rows": rows,
             "boot_runs_s": [round(x, 2) for x in boot], "plain_runs_s": [round(x, 2) for x in plain],
             "gpu_job_task_seconds": phases, "gpu_job_task_seconds_median": per_task,
-            "notes": [f"medians of {repeats} runs each, alternating, same cloud and process (dag.test(), after one "
-                      "unmeasured warm-up run); both include dag.test()'s own per-run DAG sync.",
+            "notes": [(f"medians of {repeats} runs each, alternating, same cloud and process (dag.test(), after one "
+                      "unmeasured warm-up run); both include dag.test()'s own per-run DAG sync."),
                       "gpu_job task durations (median s): " + ", ".join(f"{k} {v:g}" for k, v in per_task.items()),
-                      f"the boot case takes the readiness fast path: the trigger sees the kubelet's reset, so the "
-                      f"job's settle window ({JOB['settle_seconds']} s) is not held."]}
+                      (f"the boot case takes the readiness fast path: the trigger sees the kubelet's reset, so the "
+                      f"job's settle window ({JOB['settle_seconds']} s) is not held.")]}

@@ -52,7 +52,7 @@ def measure(size: int, workdir: Path, repeat: int) -> dict:
     from gpuboot.hooks.ecs import EcsHook
     from gpuboot.hooks.kube import KubeClient
 
-    with local_cloud(fleet(size), workdir / f"cloud-{size}", ready_timeout=600) as cloud:
+    with local_cloud(fleet(size), workdir / f"cloud-{size}", ready_timeout=600):
         kube, ecs = KubeClient(), EcsHook()
         kube.core, ecs.get_conn()   # client set-up is not part of a read
         t_nodes, nodes = timed(kube.list_nodes)

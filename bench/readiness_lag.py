@@ -108,8 +108,8 @@ async def _poller(baseline: dict, interval: float, phase: float, deadline: float
                   replay: bool = True) -> tuple[float, str] | None:
     """Judge the Node every `interval` s; `replay`: feed every write since the last read (as the
     poke-mode sensor does), else only the Node as it is at each read (the zero is then often missed)."""
-    from gpuboot.hooks.kube import AsyncKubeClient, Gone
     from gpuboot.core.readiness import BootBaseline, ReadinessTracker
+    from gpuboot.hooks.kube import AsyncKubeClient, Gone
 
     kube = AsyncKubeClient()
     version = baseline["resource_version_before"]
@@ -128,7 +128,7 @@ async def _poller(baseline: dict, interval: float, phase: float, deadline: float
                 except Gone:
                     tracker.lost_continuity("410 Gone")
                     states = [await kube.get_node(baseline["node"])]
-        except (OSError, asyncio.TimeoutError, aiohttp.ClientError):   # a loaded machine: try at the next tick
+        except (TimeoutError, OSError, aiohttp.ClientError):   # a loaded machine: try at the next tick
             tick += interval
             continue
         if states:
@@ -147,8 +147,8 @@ async def _poller(baseline: dict, interval: float, phase: float, deadline: float
 
 
 async def _boot(name: str, delay: float, registrations: Registrations, rng: random.Random) -> dict:
-    from gpuboot.hooks.ecs import EcsHook
     from gpuboot.core.inventory import parse_provider_id
+    from gpuboot.hooks.ecs import EcsHook
     from gpuboot.hooks.kube import AsyncKubeClient
 
     await asyncio.sleep(delay)
@@ -222,17 +222,17 @@ def run(workdir: Path, quick: bool = False, boots: int = 50, seed: int = 1) -> d
         "scenarios": scenarios,
         "notes": [
             "Registration time: a separate watch on all Nodes, first real GPU count after the boot's zero.",
-            "Paths: 'reset seen' = the fast path (every needed count seen at 0 after the start, then covering the "
+            ("Paths: 'reset seen' = the fast path (every needed count seen at 0 after the start, then covering the "
             f"request: no window); 'fallback' = the zero was not seen, the count held for the fallback window "
-            f"({FALLBACK:g} s here, 60 s by default).",
-            "Pollers replay the Node's writes since their last read (a 1 s watch from it), like the poke-mode "
+            f"({FALLBACK:g} s here, 60 s by default)."),
+            ("Pollers replay the Node's writes since their last read (a 1 s watch from it), like the poke-mode "
             f"GpuReadySensor, into the same ReadinessTracker; '{READ_ONLY}' reads the Node only (no replay, as "
-            "after a re-list); all detectors run in one process.",
+            "after a re-list); all detectors run in one process."),
             f"kubelet heartbeat every {TIMINGS['heartbeat_seconds']:g} s (kubelet default nodeStatusUpdateFrequency).",
-            "window only (old rule) = the trigger with the rule before the reset was required (fresh status, "
+            ("window only (old rule) = the trigger with the rule before the reset was required (fresh status, "
             "Ready and the count held for the settle window), kept as a control: it fires early when the reset "
-            "comes later than the window.",
-            "early = fired before the real count was registered (the pod would fail admission); missed = "
-            "never fired within 120 s.",
+            "comes later than the window."),
+            ("early = fired before the real count was registered (the pod would fail admission); missed = "
+            "never fired within 120 s."),
         ],
     }

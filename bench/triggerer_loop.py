@@ -153,7 +153,8 @@ def probe_in_fresh_process(specs: list[dict], threshold: float = 0.1, timeout: f
     and with `warm` gpuboot's warm-up done too, as the plugin does when a triggerer starts."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "plugins"), str(REPO)]))
     done = subprocess.run([sys.executable, "-m", "bench.triggerer_loop"], input=json.dumps(
-        {"specs": specs, "threshold": threshold, "debug": debug, "warm": warm}), capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+        {"specs": specs, "threshold": threshold, "debug": debug, "warm": warm}), capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO,
+        check=False)
     if done.returncode != 0:
         raise RuntimeError(f"loop probe failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith('{"events"')))
@@ -245,6 +246,7 @@ def run(workdir: Path, quick: bool = False, triggers: int = 100) -> dict:
 
 if __name__ == "__main__":
     import airflow.triggers.base  # noqa: F401  (a triggerer has Airflow loaded before any trigger runs)
+
     import gpuboot.triggers.gpu_ready  # noqa: F401  (and the trigger's module, imported by its class path)
 
     request = json.loads(sys.stdin.read())

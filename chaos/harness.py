@@ -14,7 +14,6 @@ from chaos.runner import DagRunner, RunResult
 from gpuboot.core.model import LABEL_JOB
 
 
-
 @contextlib.contextmanager
 def cloud_connections(connections_file: Path) -> Iterator[None]:
     """The cloud's Airflow connections as AIRFLOW_CONN_* (what the hooks read), for the block."""
@@ -86,7 +85,7 @@ class ConflictBursts:
                 break
             self.cloud.set_faults(k8s_conflict_burst=0)
 
-    def __enter__(self) -> "ConflictBursts":
+    def __enter__(self) -> ConflictBursts:
         self._thread.start()
         return self
 

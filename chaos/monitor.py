@@ -31,8 +31,8 @@ from typing import Any
 
 from gpuboot.core.inventory import build_inventory
 from gpuboot.core.model import LABEL_GPU_COUNT, Reservation
-from gpuboot.lifecycle.ledger import CONFIGMAP, DATA_KEY
 from gpuboot.core.resources import GPU, QuantityError, Resources
+from gpuboot.lifecycle.ledger import CONFIGMAP, DATA_KEY
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class Monitor:
         self._local = threading.local()
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def __enter__(self) -> "Monitor":
+    def __enter__(self) -> Monitor:
         self.start()
         return self
 
@@ -245,7 +245,7 @@ class Monitor:
                     rv = None
                     continue
                 self._error(stream, exc)
-            except Exception as exc:  # noqa: BLE001 - keep watching through API hiccups
+            except Exception as exc:
                 self._error(stream, exc)
 
     def _error(self, stream: _Stream, exc: Exception) -> None:
@@ -274,7 +274,7 @@ class Monitor:
                 if self._heap and stream.mark < self._heap[0][0]:
                     try:
                         self._catch_up(stream)
-                    except Exception as exc:  # noqa: BLE001
+                    except Exception as exc:
                         self._error(stream, exc)
 
     # -- merge and check ---------------------------------------------------------------------

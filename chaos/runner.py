@@ -33,7 +33,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class TaskInstanceStandIn:
     def __init__(self, call: StepCall):
         self.dag_id, self.task_id, self.run_id = call.dag_id, call.task_id, call.run_id
         self.map_index, self.try_number = call.map_index, call.try_number
-        self.start_date = dt.datetime.now(dt.timezone.utc)
+        self.start_date = dt.datetime.now(dt.UTC)
         self.pushed: dict[str, Any] = {}
 
     def xcom_push(self, key: str, value: Any) -> None:
@@ -111,7 +111,7 @@ def run_step(call: StepCall) -> StepResult:
         return StepResult("skipped", pushed=ti.pushed, error=str(exc))
     except AirflowFailException as exc:
         return StepResult("failed", pushed=ti.pushed, error=f"{type(exc).__name__}: {exc}", retryable=False)
-    except Exception as exc:  # noqa: BLE001 - any other error fails the try, as in Airflow
+    except Exception as exc:
         log.debug("try failed:\n%s", traceback.format_exc())
         return StepResult("failed", pushed=ti.pushed, error=f"{type(exc).__name__}: {exc}")
 
@@ -142,7 +142,7 @@ class ProcessWorkers:
     already imported (cheap, like a prefork worker pool). A process that dies fails the try.
     Create it after the environment (AIRFLOW_CONN_*) is set: the forkserver inherits it."""
 
-    PRELOAD = ["chaos.runner", "gpuboot.operators.place", "gpuboot.operators.start", "gpuboot.sensors.gpu_ready",
+    PRELOAD: ClassVar[list[str]] = ["chaos.runner", "gpuboot.operators.place", "gpuboot.operators.start", "gpuboot.sensors.gpu_ready",
                "gpuboot.operators.launch", "gpuboot.operators.release", "gpuboot.triggers.gpu_ready"]
 
     def __init__(self, log_path: str | None = None) -> None:
@@ -319,8 +319,8 @@ class DagRunner:
         return self._classpath(type(task)), self._resolve(raw, result)
 
     @staticmethod
-    def _classpath(cls) -> str:
-        return f"{cls.__module__}:{cls.__qualname__}"
+    def _classpath(kind: type) -> str:
+        return f"{kind.__module__}:{kind.__qualname__}"
 
     # -- tasks ----------------------------------------------------------------------------------
     def _run_mapped(self, task, params: dict, result: RunResult) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos.harness import (ConflictBursts, api_client_factory, cloud_connections, job_dag, job_pods, run_all)
+from chaos.harness import ConflictBursts, api_client_factory, cloud_connections, job_dag, job_pods, run_all
 from chaos.monitor import Monitor, MonitorReport
 from chaos.runner import DagRunner, InlineWorkers, ProcessWorkers, RunResult, StepCall, Triggerer
 from gpuboot.core.model import LABEL_JOB
@@ -143,7 +143,7 @@ class WorkerKiller:
             if sent:
                 process.kill()
                 log.warning("chaos: SIGKILLed the worker of %s %s (pid %s)", call.run_id, call.task_id, process.pid)
-        except Exception as exc:  # noqa: BLE001 - a missed moment only re-arms the killer
+        except Exception as exc:
             log.info("chaos: kill of %s %s skipped (%s)", call.run_id, call.task_id, exc)
         finally:
             if not sent and not process.is_alive():
@@ -167,7 +167,7 @@ class KilledStep:
     tries: list[tuple[int, str]]            # (try number, how it ended), in order
 
     @classmethod
-    def of(cls, run: RunResult, killed: StepCall) -> "KilledStep":
+    def of(cls, run: RunResult, killed: StepCall) -> KilledStep:
         ended = [(a.try_number, a.status) for a in run.history
                  if a.task_id == killed.task_id and a.map_index == killed.map_index and a.status != "deferred"]
         return cls(run.run_id, killed.task_id, killed.map_index, killed.try_number, run.state, ended)
@@ -243,8 +243,8 @@ def scale_down(cloud: SimCloud, before: dict[str, str], idle_seconds: float = 2,
     and running; returns the number of passes."""
     from airflow.sdk import DAG
 
-    from gpuboot.lifecycle.ledger import ReservationLedger
     from gpuboot.hooks.kube import KubeClient
+    from gpuboot.lifecycle.ledger import ReservationLedger
     from gpuboot.operators.scaledown import IdleScaleDownOperator
 
     with DAG(dag_id="gpuboot_idle_scaledown", schedule=None) as dag:

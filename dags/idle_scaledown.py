@@ -37,7 +37,7 @@ across re-deploys.
 with DAG(
     dag_id="gpuboot_idle_scaledown",
     schedule=dt.timedelta(minutes=5),
-    start_date=dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc),
+    start_date=dt.datetime(2025, 1, 1, tzinfo=dt.UTC),
     catchup=False,
     max_active_runs=1,
     is_paused_upon_creation=False,      # powering idle nodes off is the point: run from the start

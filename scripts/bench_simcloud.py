@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from simcloud.testing import SimCloud, small_fleet  # noqa: E402
+from simcloud.testing import SimCloud, small_fleet
 
 
 def bench_fleet(nodes: int, pods_per_node: int) -> dict:
@@ -67,8 +67,8 @@ def main() -> int:
             rss_idle = rss_mib(cloud.process.pid)
             figures = {"nodes": args.nodes, "pods": args.nodes * args.pods_per_node, "runs": args.runs,
                        "startup_seconds": round(startup, 2)}
-            for what, call in (("list_nodes", lambda **kw: v1.list_node(**kw)),
-                               ("list_pods_all_namespaces", lambda **kw: v1.list_pod_for_all_namespaces(**kw))):
+            for what, call in (("list_nodes", v1.list_node),
+                               ("list_pods_all_namespaces", v1.list_pod_for_all_namespaces)):
                 seconds, result = timed(call, args.runs)
                 raw_seconds, raw = timed(lambda: call(_preload_content=False).data, args.runs)
                 figures[what] = {"items": len(result.items), "median_seconds": round(seconds, 3),

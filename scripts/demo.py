@@ -58,11 +58,11 @@ JOB = {
     "command": [
         "python",
         "-c",
-        "import time\n"
+        ("import time\n"
         "for epoch in range(1, 11):\n"
         "    print(f'epoch {epoch}/10 loss={2.0 / epoch:.3f} gpus=2', flush=True)\n"
         "    time.sleep(1)\n"
-        "print('training done, checkpoint saved', flush=True)\n",
+        "print('training done, checkpoint saved', flush=True)\n"),
     ],
     "gpus": 2,
     "cpu": "2",

@@ -100,7 +100,7 @@ class RankFailure:
         return {"rank": self.rank, "pod": self.pod, "reason": self.reason, "exit_code": self.exit_code}
 
     @classmethod
-    def from_json(cls, d: Mapping) -> "RankFailure":
+    def from_json(cls, d: Mapping) -> RankFailure:
         return cls(int(d["rank"]), str(d["pod"]), str(d["reason"]), d.get("exit_code"))
 
 
@@ -142,7 +142,7 @@ def rank_failure(rank: int, pod: Mapping | None, nodes: Mapping[str, Mapping | N
     if pod["metadata"].get("deletionTimestamp"):
         return RankFailure(rank, name, "its pod is being deleted (evicted or removed)")
     node = (pod.get("spec") or {}).get("nodeName")
-    if phase == "Running" and nodes is not None and node in nodes and not _node_ready(nodes[node]):
+    if phase == "Running" and nodes is not None and node is not None and node in nodes and not _node_ready(nodes[node]):
         return RankFailure(rank, name, f"its node {node} is not Ready (node lost)")
     return None
 
@@ -178,4 +178,4 @@ def adoptable(pods: Sequence[Mapping], world_size: int) -> tuple[int, list[str]]
         return None
     if any(rank_failure(rank, pod) is not None for rank, pod in by_rank.items()):
         return None
-    return int(attempts.pop()), [by_rank[r]["metadata"]["name"] for r in range(world_size)]
+    return int(str(attempts.pop())), [by_rank[r]["metadata"]["name"] for r in range(world_size)]

@@ -141,7 +141,7 @@ def _pod_node(pod: Mapping, node_by_hostname: Mapping[str, str]) -> str | None:
     spec = pod.get("spec") or {}
     if spec.get("nodeName"):
         return spec["nodeName"]
-    return node_by_hostname.get((spec.get("nodeSelector") or {}).get(LABEL_HOSTNAME))
+    return node_by_hostname.get((spec.get("nodeSelector") or {}).get(LABEL_HOSTNAME) or "")
 
 
 def _hostnames(nodes: Iterable[Mapping]) -> dict[str, str]:
@@ -166,8 +166,8 @@ def find_work(nodes: Iterable[Mapping], pods: Iterable[Mapping], reservations: I
     work: dict[str, tuple[IdleVerdict, str]] = {}
     for r in sorted(reservations, key=lambda r: r.expires_at):
         if r.expires_at > now and r.job_id != FENCE_JOB:
-            work.setdefault(r.node, (IdleVerdict.RESERVED, f"reserved by job {r.job_id} (task {r.task}) "
-                                                       f"until {rfc3339(r.expires_at)}"))
+            work.setdefault(r.node, (IdleVerdict.RESERVED, (f"reserved by job {r.job_id} (task {r.task}) "
+                                                       f"until {rfc3339(r.expires_at)}")))
     for node, names in pods_on.items():
         shown = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
         work[node] = (IdleVerdict.BUSY, f"busy: {len(names)} pod{'s' if len(names) != 1 else ''} ({shown})")
@@ -185,7 +185,7 @@ def plan_scaledown(nodes: Sequence[dict], pods: Sequence[dict], instances: Seque
     the ledger (expired ones are ignored), `now` in epoch seconds; `idle_seconds` and
     `spare_seconds` make the `IdleRule`."""
     rule = IdleRule(idle_seconds, spare_seconds)
-    by_id = {i.get("InstanceId"): i for i in instances}
+    by_id = {i["InstanceId"]: i for i in instances if i.get("InstanceId")}
     # The inventory owns the "managed" rule (label or tag) and what is free where (pods and reservations).
     views = {v.name: v for v in build_inventory(list(nodes), list(pods), list(instances), {}, list(reservations),
                                                 now)}
@@ -207,7 +207,7 @@ def _keep_spare(decisions: list[NodeDecision], views: Mapping[str, NodeView], ru
     sees the free GPUs of the running and booting nodes this plan does not stop, so of several idle
     nodes the last ones to be judged stay as the spare (one decision at a time, as the replay's
     idle checks come)."""
-    stops = sorted((d for d in decisions if d.verdict == IdleVerdict.STOP), key=lambda d: (-d.idle_for, d.node))
+    stops = sorted((d for d in decisions if d.verdict == IdleVerdict.STOP), key=lambda d: (-(d.idle_for or 0.0), d.node))
     if not stops or not rule.spare_seconds:
         return tuple(decisions)
     up = {name: max(0, v.free.gpus) for name, v in views.items() if v.state in (NodeState.READY, NodeState.BOOTING)}
@@ -215,7 +215,7 @@ def _keep_spare(decisions: list[NodeDecision], views: Mapping[str, NodeView], ru
     judged = {}
     for d in stops:
         own = up.get(d.node, 0)
-        verdict, reason = rule.verdict(d.idle_for, views[d.node].allocatable.gpus, free_up - own)
+        verdict, reason = rule.verdict(d.idle_for or 0.0, views[d.node].allocatable.gpus, free_up - own)
         if verdict == IdleVerdict.STOP:
             free_up -= own
             judged[d.node] = replace(d, reason=reason)
@@ -233,7 +233,7 @@ def _decide(node: Mapping, by_id: Mapping[str, dict], work: tuple[IdleVerdict, s
     before = annotations.get(ANNOTATION_IDLE_SINCE)
     parsed = parse_provider_id(spec.get("providerID"))
     instance = by_id.get(parsed[1]) if parsed else None
-    decision = dict(node=meta["name"], instance_id=parsed[1] if parsed else None, idle_since_before=before)
+    decision = {"node": meta["name"], "instance_id": parsed[1] if parsed else None, "idle_since_before": before}
 
     def decide(verdict: IdleVerdict, reason: str, idle_since: str | None = None, uncordon: bool = False):
         if uncordon:

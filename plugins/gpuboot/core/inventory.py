@@ -10,13 +10,28 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import replace
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timezone
+from dataclasses import replace
+from datetime import UTC, datetime
 
-from gpuboot.core.model import (LABEL_GPU_COUNT, LABEL_GPU_MODEL, LABEL_HOSTNAME, LABEL_INSTANCE_TYPE, LABEL_JOB, LABEL_MANAGED,
-                    LABEL_PRICE, NOT_READY_TAINTS, LABEL_TASK, LABEL_ZONE, TAG_MANAGED, TERMINATED_PHASES, FrozenDict, NodeState,
-                    NodeView, Reservation)
+from gpuboot.core.model import (
+    LABEL_GPU_COUNT,
+    LABEL_GPU_MODEL,
+    LABEL_HOSTNAME,
+    LABEL_INSTANCE_TYPE,
+    LABEL_JOB,
+    LABEL_MANAGED,
+    LABEL_PRICE,
+    LABEL_TASK,
+    LABEL_ZONE,
+    NOT_READY_TAINTS,
+    TAG_MANAGED,
+    TERMINATED_PHASES,
+    FrozenDict,
+    NodeState,
+    NodeView,
+    Reservation,
+)
 from gpuboot.core.resources import CPU, GPU, MEMORY, QuantityError, Resources
 from gpuboot.core.timefmt import duration
 
@@ -39,7 +54,7 @@ def parse_time(value) -> float | None:
         except ValueError:
             return None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()
 
 
@@ -194,7 +209,7 @@ def _pod_started(pod: Mapping, now: float) -> float:
 
 def _tags(instance: Mapping) -> dict[str, str]:
     tags = (instance.get("Tags") or {}).get("Tag") or ()
-    return {t.get("TagKey"): t.get("TagValue") for t in tags if isinstance(t, Mapping)}
+    return {t["TagKey"]: t.get("TagValue") or "" for t in tags if isinstance(t, Mapping) and t.get("TagKey")}
 
 
 def _price(labels: Mapping, annotations: Mapping, itype: Mapping, zone: str | None = None) -> float | None:
@@ -304,12 +319,13 @@ def with_reservations(views: Iterable[NodeView], backed: set[tuple[str, str, str
     shared: dict[Resources, Resources] = {}     # reserved twins share their vectors and tokens too (build_inventory)
     twins: dict[tuple, object] = {}
     for v in views:
+        view = v
         if v.name in reserved or v.name in holders:
             more = [h for h in holders.get(v.name, ()) if h not in v.holders]
             allocated = v.allocated + reserved.get(v.name, Resources())
-            v = replace(v, allocated=shared.setdefault(allocated, allocated), holders=(*v.holders, *more))
-            _share_twin(v, twins)
-        out.append(v)
+            view = replace(v, allocated=shared.setdefault(allocated, allocated), holders=(*v.holders, *more))
+            _share_twin(view, twins)
+        out.append(view)
     return out
 
 
@@ -365,7 +381,7 @@ def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],
         parsed = parse_provider_id(spec.get("providerID"))
         instance = by_instance.get(parsed[1]) if parsed else None
         instance = instance or {}
-        itype = instance_types.get(instance.get("InstanceType") or labels.get(LABEL_INSTANCE_TYPE)) or {}
+        itype = instance_types.get(instance.get("InstanceType") or labels.get(LABEL_INSTANCE_TYPE) or "") or {}
         expected_gpus = _expected_gpus(labels, instance, itype)
 
         if parsed is None:
@@ -377,8 +393,8 @@ def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],
         else:
             status = instance.get("Status")
             if status == "Running":
-                started = parse_time(instance.get("StartTime"))
-                state, reason = _running_state(node, allocatable, expected_gpus, started, now, boot_grace_seconds)
+                start_time = parse_time(instance.get("StartTime"))
+                state, reason = _running_state(node, allocatable, expected_gpus, start_time, now, boot_grace_seconds)
             elif status in ("Pending", "Starting"):
                 state, reason = NodeState.BOOTING, f"instance {status}"
             elif status == "Stopped":

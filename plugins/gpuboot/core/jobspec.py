@@ -119,7 +119,7 @@ class JobSpec:
         object.__setattr__(self, "gpu_model", gpu_model_alternatives(self.gpu_model))
 
     @classmethod
-    def from_dict(cls, data: Mapping, source: str = "job spec") -> "JobSpec":
+    def from_dict(cls, data: Mapping, source: str = "job spec") -> JobSpec:
         """Validate `data` (YAML spec, DAG params, XCom) into a JobSpec; JobSpecError names the bad field."""
         return _Validator(source).spec(data)
 
@@ -195,7 +195,7 @@ class _Validator:
         for key in _REQUIRED:
             if key not in raw:
                 self.fail(key, "is required", f"Set {key}, e.g. {_EXAMPLES[key]}")
-        values = {
+        values: dict[str, Any] = {
             "name": self.dns_label("name", raw["name"]),
             "image": self.image(raw["image"]),
             "command": self.argv("command", raw["command"], required=True),
@@ -315,9 +315,7 @@ class _Validator:
                       "variables)", "Pass large data in a file (a ConfigMap, a volume, the image) and give its path")
 
     def integer(self, key: str, value, low: int, high: int | None) -> int:
-        if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
-            value = int(value)
-        elif isinstance(value, float) and value.is_integer():
+        if (isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value)) or (isinstance(value, float) and value.is_integer()):
             value = int(value)
         bounds = f"between {low} and {high}" if high is not None else f"an integer >= {low}"
         if isinstance(value, bool) or not isinstance(value, int):
@@ -465,7 +463,7 @@ def field_errors(data: Mapping, source: str = "job form") -> dict[str, str]:
     valid spec. JobSpec.from_dict stops at the first mistake, so this asks it again with each field it
     named set aside (its default, or a valid stand-in for a required field), so that a form can show
     every message next to its field from the one validator the place step uses."""
-    data, errors = dict(data), {}
+    data, errors = dict(data), dict[str, str]()
     for _ in range(len(_DEFAULTS) + len(data) + 1):
         try:
             JobSpec.from_dict(data, source)
@@ -517,8 +515,8 @@ def params_schema() -> dict[str, dict]:
     min_boot = min_boot_seconds()
     spec = {
         "name": (None, {"type": "string", "pattern": DNS_LABEL, "title": "Job name"},
-                 "Lower-case letters, digits and '-', starting and ending with a letter or digit, at most 63 "
-                 "characters (a Kubernetes name), e.g. train-resnet"),
+                 ("Lower-case letters, digits and '-', starting and ending with a letter or digit, at most 63 "
+                 "characters (a Kubernetes name), e.g. train-resnet")),
         "image": (None, {"type": "string", "minLength": 1, "pattern": r"^\S+$", "title": "Container image"},
                   "One image reference, no spaces, e.g. pytorch/pytorch:2.3.0-cuda12.1"),
         "command": (None, {"type": ["array", "string"], "items": string_list["items"],
@@ -549,13 +547,13 @@ def params_schema() -> dict[str, dict]:
                                  "title": "Node selector"},
                           'Optional: node labels the pods require, as JSON, e.g. {"pool": "training"}'),
         "tolerations": (None, {"type": ["null", "array"], "items": {"type": "object"}, "title": "Tolerations"},
-                        'Optional: taints the pods tolerate, as a JSON list, e.g. '
-                        '[{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]'),
+                        ('Optional: taints the pods tolerate, as a JSON list, e.g. '
+                        '[{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]')),
         "queue_timeout_seconds": (3600, {**seconds, "title": "Queue timeout (s)"},
                                   "Seconds to wait for busy capacity, 1 or more"),
         "boot_timeout_seconds": (900, {**seconds, "exclusiveMinimum": min_boot - 1, "title": "Boot timeout (s)"},
-                                 f"Seconds a started node may take to have its GPUs ready: at least "
-                                 f"{min_boot} plus settle_seconds"),
+                                 (f"Seconds a started node may take to have its GPUs ready: at least "
+                                 f"{min_boot} plus settle_seconds")),
         "settle_seconds": (5, {"type": ["null", "integer"], "exclusiveMinimum": -1, "exclusiveMaximum": MAX_SETTLE_SECONDS + 1,
                                "title": "Settle (s)"},
                            f"Seconds readiness must hold before the pod is committed, 0 to {MAX_SETTLE_SECONDS}"),

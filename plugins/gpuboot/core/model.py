@@ -35,7 +35,7 @@ class FrozenDict(dict):
 
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _readonly
 
-    def __hash__(self) -> int:
+    def __hash__(self) -> int:  # type: ignore[override]  # dict sets __hash__ = None; this one is frozen
         return hash(frozenset(self.items()))
 
     def __reduce__(self):
@@ -68,7 +68,7 @@ class Reservation:
                 "resources": self.resources.to_json(), "expires_at": self.expires_at}
 
     @classmethod
-    def from_json(cls, data: Mapping) -> "Reservation":
+    def from_json(cls, data: Mapping) -> Reservation:
         return cls(job_id=data["job_id"], task=data["task"], node=data["node"],
                    resources=Resources.from_json(data["resources"]), expires_at=float(data["expires_at"]))
 
@@ -150,7 +150,7 @@ class Unavailable:
                                   ("node", self.node), ("boot_id", self.boot_id)) if v is not None}
 
     @classmethod
-    def from_json(cls, d: Mapping) -> "Unavailable":
+    def from_json(cls, d: Mapping) -> Unavailable:
         return cls(reason=str(d["reason"]), expires_at=float(d["expires_at"]), instance_type=d.get("instance_type"),
                    zone=d.get("zone"), node=d.get("node"), boot_id=d.get("boot_id"))
 

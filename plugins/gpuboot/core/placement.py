@@ -101,7 +101,7 @@ class CostModel:
         hours = (self.boot_seconds + self.idle_seconds) / HOUR if start else 0.0
         hours += self.run_hours if run_hours is None else run_hours
         priced = node.price_per_hour is not None
-        rate = float(node.price_per_hour) if priced else float(node.allocatable.gpus)
+        rate = node.price_per_hour if node.price_per_hour is not None else float(node.allocatable.gpus)
         return priced, rate * hours / slots + (self.wait_usd_per_hour * wait / HOUR if priced else 0.0)
 
 
@@ -128,9 +128,10 @@ class TaskRequest:
                 "avoid_gpu_nodes": self.avoid_gpu_nodes}
 
     @classmethod
-    def from_json(cls, d: Mapping) -> "TaskRequest":
+    def from_json(cls, d: Mapping) -> TaskRequest:
         return cls(d["name"], Resources.from_json(d["requests"]), d.get("node_selector") or {},
-                   tuple(d.get("tolerations") or ()), d.get("gpu_model"), bool(d.get("avoid_gpu_nodes")))
+                   tuple(d.get("tolerations") or ()), tuple(gpu_model_alternatives(d.get("gpu_model"))),
+                   bool(d.get("avoid_gpu_nodes")))
 
     def shape(self) -> tuple:
         """Tasks with equal shapes are interchangeable for placement."""
@@ -164,7 +165,7 @@ class JobRequest:
                 "expected_run_seconds": self.expected_run_seconds}
 
     @classmethod
-    def from_json(cls, d: Mapping) -> "JobRequest":
+    def from_json(cls, d: Mapping) -> JobRequest:
         return cls(d["job_id"], tuple(TaskRequest.from_json(t) for t in d["tasks"]), int(d["min_available"]),
                    d.get("expected_run_seconds"))
 
@@ -262,7 +263,7 @@ class Plan:
         }
 
     @classmethod
-    def from_json(cls, d: Mapping) -> "Plan":
+    def from_json(cls, d: Mapping) -> Plan:
         return cls(
             job_id=d["job_id"],
             outcome=Outcome(d["outcome"]),
@@ -527,7 +528,9 @@ def _judge(group: _Group, nodes: Sequence[NodeView], tokens: list, firsts: dict,
                 c = _BUSY
             else:
                 c = len(group.classes)
-                group.classes.append((_score(node, node.free, need, count, cost, run_hours), []))
+                score = _score(node, node.free, need, count, cost, run_hours)
+                assert score is not None, "need fits in node.free: one copy at least"
+                group.classes.append((score, []))
             by_value[inputs] = c
         verdict_of[token] = c
     verdicts = group.verdicts = list(map(verdict_of.__getitem__, tokens))
@@ -537,6 +540,7 @@ def _judge(group: _Group, nodes: Sequence[NodeView], tokens: list, firsts: dict,
     for c, n in sorted(collections.Counter(verdicts).items()):
         by_verdict[c], at = order[at:at + n], at + n
     # exclusions of the node's own, in node order: then the shared ones, merged in node order
+    own: Sequence[int]
     if task.node_selector:
         own = range(len(nodes))
     else:
@@ -680,13 +684,12 @@ def _candidates(groups: list[_Group], nodes: Sequence[NodeView],
         total += len(nodes)
     room = max(0, _TABLE_LIMIT - len(chosen))
     others: list[Candidate] = []
-    for _, _, verdict, members, group in sorted(buckets, key=lambda b: b[:2]):
+    for _, _, verdict, bucket, group in sorted(buckets, key=lambda b: b[:2]):
         take = room - len(others)
         if take <= 0:
             break
-        if verdict is Verdict.FITS:
-            members = _best_fits(group, placed.get(group.tasks[0].name), take)
-        others.extend(_row(group, nodes, i, verdict) for i in members[:take])
+        shown = _best_fits(group, placed.get(group.tasks[0].name), take) if verdict is Verdict.FITS else bucket
+        others.extend(_row(group, nodes, i, verdict) for i in shown[:take])
     rows = sorted(chosen + others, key=_row_order)
     return rows, total - len(rows)
 

@@ -86,7 +86,7 @@ class BootBaseline:
                 "extended_needed": dict(self.extended_needed)}
 
     @classmethod
-    def from_json(cls, data: Mapping) -> "BootBaseline":
+    def from_json(cls, data: Mapping) -> BootBaseline:
         return cls(node=data["node"], start_requested_at=data.get("start_requested_at"),
                    boot_id_before=data.get("boot_id_before"), gpus_needed=int(data.get("gpus_needed", 0)),
                    resource_version_before=data.get("resource_version_before"),

@@ -19,8 +19,8 @@ CPU = "cpu"
 MEMORY = "memory"
 EPHEMERAL_STORAGE = "ephemeral-storage"
 
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"m": Fraction(1, 1000), "": 1, "k": 10**3, "M": 10**6, "G": 10**9,
+_BINARY: dict[str, int] = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL: dict[str, Fraction | int] = {"m": Fraction(1, 1000), "": 1, "k": 10**3, "M": 10**6, "G": 10**9,
             "T": 10**12, "P": 10**15, "E": 10**18}
 # <signedNumber><suffix> from k8s.io/apimachinery/pkg/api/resource/quantity.go
 _NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
@@ -113,7 +113,9 @@ class Resources(Mapping[str, int]):
     `Resources.parse({"cpu": "500m", "memory": "1Gi"})` takes Kubernetes quantities.
     """
 
-    __slots__ = ("_items", "_hash")
+    __slots__ = ("_hash", "_items")
+    _hash: int | None
+    _items: dict[str, int]
 
     def __init__(self, amounts: Mapping[str, int] | None = None):
         items = {}
@@ -130,7 +132,7 @@ class Resources(Mapping[str, int]):
         self._hash = None
 
     @classmethod
-    def _of(cls, items: dict[str, int]) -> "Resources":
+    def _of(cls, items: dict[str, int]) -> Resources:
         """Fast path for amounts already checked (arithmetic on Resources)."""
         out = cls.__new__(cls)
         out._items = {name: amount for name, amount in items.items() if amount}
@@ -138,7 +140,7 @@ class Resources(Mapping[str, int]):
         return out
 
     @classmethod
-    def parse(cls, mapping: Mapping[str, str | int | float] | None, field: str = "resources") -> "Resources":
+    def parse(cls, mapping: Mapping[str, str | int | float] | None, field: str = "resources") -> Resources:
         """Parse Kubernetes quantities (`{"cpu": "500m"}`); negative amounts are an error."""
         if mapping is None:
             return cls()
@@ -158,7 +160,7 @@ class Resources(Mapping[str, int]):
     def __getitem__(self, name: str) -> int:
         return self._items[name]
 
-    def get(self, name: str, default: int = 0) -> int:  # missing resources are 0
+    def get(self, name: str, default: int = 0) -> int:  # type: ignore[override]  # missing resources are 0
         return self._items.get(name, default)
 
     def __iter__(self) -> Iterator[str]:
@@ -183,7 +185,7 @@ class Resources(Mapping[str, int]):
         return f"Resources({self.to_json()!r})"
 
     # Arithmetic -------------------------------------------------------------
-    def _combine(self, other: Mapping[str, int], sign: int) -> "Resources":
+    def _combine(self, other: Mapping[str, int], sign: int) -> Resources:
         if not isinstance(other, Resources):
             other = Resources(other)
         out = dict(self._items)
@@ -191,12 +193,12 @@ class Resources(Mapping[str, int]):
             out[name] = out.get(name, 0) + sign * amount
         return Resources._of(out)
 
-    def __add__(self, other: Mapping[str, int]) -> "Resources":
+    def __add__(self, other: Mapping[str, int]) -> Resources:
         if not isinstance(other, Mapping):
             return NotImplemented
         return self._combine(other, 1)
 
-    def __sub__(self, other: Mapping[str, int]) -> "Resources":
+    def __sub__(self, other: Mapping[str, int]) -> Resources:
         if not isinstance(other, Mapping):
             return NotImplemented
         return self._combine(other, -1)
@@ -204,10 +206,7 @@ class Resources(Mapping[str, int]):
     def fits_in(self, capacity: Mapping[str, int]) -> bool:
         """True when every resource requested is <= capacity's (a missing resource is 0)."""
         have = capacity._items if isinstance(capacity, Resources) else capacity
-        for name, amount in self._items.items():   # a plain loop: placement asks this of every node
-            if amount > have.get(name, 0):
-                return False
-        return True
+        return all(amount <= have.get(name, 0) for name, amount in self._items.items())
 
     def copies_in(self, capacity: Mapping[str, int], limit: int) -> int:
         """How many copies of this vector fit in `capacity` at once (at most `limit`)."""
@@ -243,7 +242,7 @@ class Resources(Mapping[str, int]):
         return {name: self._items[name] for name in sorted(self._items, key=_order)}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, int]) -> "Resources":
+    def from_json(cls, data: Mapping[str, int]) -> Resources:
         return cls(data)
 
 

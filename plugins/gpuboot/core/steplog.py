@@ -47,7 +47,7 @@ class BootClock:
         return {"start_requested_at": self.start_requested_at, "marks": dict(self.marks)}
 
     @classmethod
-    def from_json(cls, data: Mapping | None) -> "BootClock":
+    def from_json(cls, data: Mapping | None) -> BootClock:
         data = data or {}
         return cls(data.get("start_requested_at"), data.get("marks"))
 

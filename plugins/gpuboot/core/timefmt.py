@@ -16,7 +16,7 @@ def utc(epoch: float | None) -> str:
     """Epoch seconds as `2026-12-01 09:26:51 UTC` (None: "-")."""
     if epoch is None:
         return "-"
-    return dt.datetime.fromtimestamp(float(epoch), dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return dt.datetime.fromtimestamp(float(epoch), dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def duration(seconds: float | None) -> str:
@@ -53,4 +53,4 @@ def utc_relative(epoch: float | None, now: float) -> str:
 
 def rfc3339(epoch: float) -> str:
     """`2026-12-01T09:26:51Z`, the form Kubernetes writes times in (annotations gpuboot sets)."""
-    return dt.datetime.fromtimestamp(float(epoch), dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.fromtimestamp(float(epoch), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

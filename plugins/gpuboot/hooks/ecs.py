@@ -20,8 +20,7 @@ from typing import Any, TypeVar
 from airflow.sdk import BaseHook
 
 # What crosses the port to the lifecycle (gpuboot.core.ports), re-exported: this adapter makes them.
-from gpuboot.core.ports import (RUNNING_OR_COMING, STOPPED_OR_GOING, EcsError, InstanceOutcome,  # noqa: F401
-                           classify_code)
+from gpuboot.core.ports import RUNNING_OR_COMING, STOPPED_OR_GOING, EcsError, InstanceOutcome, classify_code
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -69,7 +68,7 @@ def with_retries(action: str, call: Callable[[], T], policy: RetryPolicy,
     for attempt in range(1, policy.attempts + 1):
         try:
             return call()
-        except Exception as exc:  # noqa: BLE001 - every SDK failure is classified below
+        except Exception as exc:
             err = to_ecs_error(exc)
         delay = policy.delay(attempt)
         out_of_budget = attempt == policy.attempts or time.monotonic() - started + delay > policy.max_total_seconds
@@ -213,7 +212,7 @@ def credential_settings(conn_id: str, login: str | None, password: str | None, e
     credential = CredentialClient()
     try:
         credential.get_credential()
-    except Exception as exc:  # noqa: BLE001 - whatever the chain raised, reported without secrets
+    except Exception as exc:
         detail = _redact(f"{type(exc).__name__}: {exc}", _chain_secrets())[:800]
         raise EcsError("permanent", "InvalidCredentials",
                        f"connection {conn_id!r}: the default credentials chain found no credentials ({detail})"

@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar
 
 ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 WATCH_SECONDS = 60      # a watch is re-opened at least this often (cheap; survives idle proxies)
@@ -306,7 +306,7 @@ class NodeEvents:
     `_NodePump.join` for when a reader can share and why it then misses nothing). The readers
     get the same dicts: read them, never change them."""
 
-    def __init__(self, client: "AsyncKubeClient", name: str, resource_version: str | None, log=None,
+    def __init__(self, client: AsyncKubeClient, name: str, resource_version: str | None, log=None,
                  watch_seconds: int = WATCH_SECONDS, backoff: tuple[float, float] = (1.0, 30.0)) -> None:
         self.client, self.name, self.resource_version = client, name, resource_version
         self.log = log or logging.getLogger(__name__)
@@ -315,7 +315,7 @@ class NodeEvents:
         self._after: int | None = None    # skip events up to this version (a shared pump may be behind it)
         self._pump: _NodePump | None = None
 
-    async def __aenter__(self) -> "NodeEvents":
+    async def __aenter__(self) -> NodeEvents:
         self._pump = _NodePump.join(self)
         return self
 
@@ -355,7 +355,7 @@ class _NodePump:
     then live, exactly the events after r: what a watch of its own from r would give."""
 
     HISTORY = 1_000
-    _shared: dict[tuple, "_NodePump"] = {}
+    _shared: ClassVar[dict[tuple, _NodePump]] = {}
 
     def __init__(self, first: NodeEvents, key: tuple | None) -> None:
         self.key, self.name, self.client = key, first.name, first.client
@@ -367,7 +367,7 @@ class _NodePump:
         self.task = asyncio.create_task(self._run())
 
     @classmethod
-    def join(cls, reader: NodeEvents) -> "_NodePump":
+    def join(cls, reader: NodeEvents) -> _NodePump:
         """Share the pump of this Node when it can serve `reader`: the reader resumes from a version
         (not a fresh list), both versions are numbers, and the pump's history is complete from at or
         before it. Otherwise the reader gets a pump of its own (shared with later readers). A reader
@@ -431,7 +431,7 @@ class _NodePump:
                 self.resource_version, relist = None, True
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - API hiccups must not end the stream
+            except Exception as exc:
                 self._warn("watching node %s failed (%s: %s); retrying from resourceVersion %s in %.0fs",
                            self.name, type(exc).__name__, str(exc)[:200], self.resource_version, delay)
                 await asyncio.sleep(delay)
@@ -458,9 +458,9 @@ def import_async_clients():
     the provider's hooks (with the `kubernetes` client) and kubernetes_asyncio, 7 s on a 2-core
     machine. Done once per process: here by the first trigger's preparation, or ahead of any
     trigger by gpuboot.ui.warmup when the triggerer starts."""
-    from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
-    import kubernetes_asyncio.client  # noqa: F401
+    import kubernetes_asyncio.client
     import kubernetes_asyncio.watch  # noqa: F401
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
 
     return AsyncKubernetesHook
 

@@ -59,11 +59,11 @@ import random
 import uuid
 from collections.abc import Sequence
 
-from gpuboot.lifecycle.booking import Basis, Booker, Booking, Survey, outdated_marks, reservation_ttl, survey
 from gpuboot.core.jobspec import JobSpec
-from gpuboot.lifecycle.ledger import Batch, Decided, LedgerConflict, LedgerState, Queued, RequestQueue, backoff
 from gpuboot.core.model import Reservation, Unavailable
 from gpuboot.core.placement import JobRequest, Outcome, Plan, Verdict, place
+from gpuboot.lifecycle.booking import Basis, Booker, Booking, Survey, outdated_marks, reservation_ttl, survey
+from gpuboot.lifecycle.ledger import Batch, Decided, LedgerConflict, LedgerState, Queued, RequestQueue, backoff
 
 LEASE_SECONDS = 15         # a leader renews its lease with every batch it commits (half the contention budget:
                             # a dead leader costs its waiters half their wait, not all of it)
@@ -240,7 +240,7 @@ class BatchPlacer:
         now = self.booker.clock()
         live = state.batch.live(now)
         rows = answer_rows(live, len(queue))
-        answers = tuple(Decided(q.job_id, q.ticket, compact(p, rows).to_json(), me.split(":")[0],
+        answers = tuple(Decided(q.job_id, q.ticket, compact(p, rows).to_json(), me.split(":", maxsplit=1)[0],
                                 now + DECIDED_SECONDS) for q, p in zip(queue, plans))
         batch = Batch(live.decided + answers, me, now + LEASE_SECONDS)
         # never removes a reservation: its pod may still be bound (the tombstone rule of gpuboot.lifecycle.booking)

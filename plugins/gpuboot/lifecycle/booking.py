@@ -56,16 +56,15 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from gpuboot.core.idle import find_work
 from gpuboot.core.inventory import backed_tasks, build_inventory, parse_provider_id, with_reservations
-from gpuboot.core.model import NodeState, NodeView, Reservation
 from gpuboot.core.jobspec import JobSpec
-from gpuboot.lifecycle.ledger import JobRecord, LedgerConflict, LedgerState, ReservationLedger, backoff
+from gpuboot.core.model import NodeState, NodeView, Reservation, Unavailable
 from gpuboot.core.placement import Outcome, Plan, place
 from gpuboot.core.ports import ClusterReads, Ecs
-from gpuboot.lifecycle.pricing import PRICES, PriceCache
-from gpuboot.core.model import Unavailable
-from gpuboot.core.idle import find_work
 from gpuboot.core.timefmt import utc
+from gpuboot.lifecycle.ledger import JobRecord, LedgerConflict, LedgerState, ReservationLedger, backoff
+from gpuboot.lifecycle.pricing import PRICES, PriceCache
 
 LAUNCH_MARGIN_SECONDS = 900     # reservation lifetime beyond the boot timeout (launch + scheduling)
 STARTING_WAIT_SECONDS = 300     # ECS refuses to stop a Pending/Starting instance: wait this long for Running
@@ -96,7 +95,7 @@ class Survey:
     bare: tuple[NodeView, ...] = ()
     backed: frozenset = frozenset()
 
-    def recounted(self, reservations: list[Reservation], now: float) -> "Survey":
+    def recounted(self, reservations: list[Reservation], now: float) -> Survey:
         return Survey(self.nodes, self.pods, with_reservations(self.bare, self.backed, reservations, now),
                       self.bare, self.backed)
 

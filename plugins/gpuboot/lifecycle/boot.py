@@ -34,16 +34,15 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from gpuboot.lifecycle.booking import LAUNCH_MARGIN_SECONDS, Booker, reservation_ttl
 from gpuboot.core.inventory import parse_time
-from gpuboot.core.model import NodeState
 from gpuboot.core.jobspec import JobSpec
-from gpuboot.lifecycle.ledger import JobRecord, ReservationLedger, StartedNode
+from gpuboot.core.model import NodeState, Unavailable
 from gpuboot.core.placement import Assignment, Outcome, Plan
 from gpuboot.core.ports import ClusterReads, Ecs, EcsError, InstanceOutcome
-from gpuboot.core.model import Unavailable
 from gpuboot.core.readiness import BootBaseline, extended_needs
 from gpuboot.core.timefmt import utc
+from gpuboot.lifecycle.booking import LAUNCH_MARGIN_SECONDS, Booker, reservation_ttl
+from gpuboot.lifecycle.ledger import JobRecord, ReservationLedger, StartedNode
 
 DEFAULT_UNAVAILABLE_TTL_SECONDS = 600
 ALREADY_UP_GRACE_SECONDS = 60   # how long a node that was up when chosen may take to pass the rule (plus settle)

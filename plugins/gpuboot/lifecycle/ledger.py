@@ -46,11 +46,9 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from gpuboot.core.model import Reservation
-from gpuboot.hooks.kube import Conflict, KubeClient
-from gpuboot.core.model import Unavailable
+from gpuboot.core.model import Reservation, Unavailable
 from gpuboot.core.resources import Resources
-
+from gpuboot.hooks.kube import Conflict, KubeClient
 
 CONFIGMAP = "gpuboot-reservations"
 DATA_KEY = "reservations.json"
@@ -110,7 +108,7 @@ class Tombstone:
                 "resources": self.resources.to_json(), "seq": self.seq, "expires_at": self.expires_at}
 
     @classmethod
-    def from_json(cls, d: dict) -> "Tombstone":
+    def from_json(cls, d: dict) -> Tombstone:
         return cls(d["job_id"], d["task"], d["node"], Resources.from_json(d["resources"]), int(d["seq"]),
                    float(d["expires_at"]))
 
@@ -131,7 +129,7 @@ class StartedNode:
                 "boot_id_before": self.boot_id_before, "resource_version_before": self.resource_version_before}
 
     @classmethod
-    def from_json(cls, d: dict) -> "StartedNode":
+    def from_json(cls, d: dict) -> StartedNode:
         return cls(node=d["node"], instance_id=d["instance_id"], at=float(d["at"]),
                    boot_id_before=d.get("boot_id_before"), resource_version_before=d.get("resource_version_before"))
 
@@ -152,13 +150,13 @@ class JobRecord:
     def failed_nodes(self) -> dict[str, str]:
         return dict(self.failed)
 
-    def with_started(self, entries: Iterable[StartedNode]) -> "JobRecord":
+    def with_started(self, entries: Iterable[StartedNode]) -> JobRecord:
         """The first start of a node is the one kept (its time and bootID are the baseline)."""
         known = {s.node for s in self.started}
         added = tuple(s for s in entries if s.node not in known)
         return replace(self, started=self.started + added)
 
-    def with_failed(self, bad: dict[str, str]) -> "JobRecord":
+    def with_failed(self, bad: dict[str, str]) -> JobRecord:
         merged = {**self.failed_nodes, **bad}
         return replace(self, failed=tuple(sorted(merged.items())))
 
@@ -167,7 +165,7 @@ class JobRecord:
                 "started": [s.to_json() for s in self.started], "failed": [list(f) for f in self.failed]}
 
     @classmethod
-    def from_json(cls, d: dict) -> "JobRecord":
+    def from_json(cls, d: dict) -> JobRecord:
         return cls(job_id=d["job_id"], expires_at=float(d["expires_at"]),
                    started=tuple(StartedNode.from_json(s) for s in d.get("started") or ()),
                    failed=tuple((str(n), str(w)) for n, w in d.get("failed") or ()))
@@ -190,7 +188,7 @@ class Queued:
                 "expires_at": self.expires_at}
 
     @classmethod
-    def from_json(cls, d: dict) -> "Queued":
+    def from_json(cls, d: dict) -> Queued:
         return cls(d["job_id"], d["ticket"], d["request"], float(d["ttl"]), float(d["expires_at"]))
 
 
@@ -210,7 +208,7 @@ class Decided:
                 "expires_at": self.expires_at}
 
     @classmethod
-    def from_json(cls, d: dict) -> "Decided":
+    def from_json(cls, d: dict) -> Decided:
         return cls(d["job_id"], d["ticket"], d["plan"], d["by"], float(d["expires_at"]))
 
 
@@ -224,7 +222,7 @@ class Batch:
     leader: str | None = None
     lease_until: float = 0.0
 
-    def live(self, now: float) -> "Batch":
+    def live(self, now: float) -> Batch:
         """Without what expired (compaction)."""
         leader = self.led_by(now)
         return Batch(tuple(d for d in self.decided if d.expires_at > now), leader, self.lease_until if leader else 0.0)
@@ -239,7 +237,7 @@ class Batch:
         return {"decided": [d.to_json() for d in self.decided], "leader": self.leader, "lease_until": self.lease_until}
 
     @classmethod
-    def from_json(cls, d: dict) -> "Batch":
+    def from_json(cls, d: dict) -> Batch:
         return cls(tuple(Decided.from_json(x) for x in d.get("decided", ())), d.get("leader"),
                    float(d.get("lease_until") or 0.0))
 

@@ -16,10 +16,10 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from gpuboot.lifecycle.boot import JobBoot
-from gpuboot.hooks.ecs import EcsHook
 from gpuboot.core.jobspec import JobSpec, JobSpecError, params_schema
+from gpuboot.hooks.ecs import EcsHook
 from gpuboot.hooks.kube import KubeClient
+from gpuboot.lifecycle.boot import JobBoot
 from gpuboot.lifecycle.ledger import ReservationLedger
 
 

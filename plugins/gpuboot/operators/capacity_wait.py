@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from gpuboot.lifecycle.boot import BringUp, CapacityBusy, CapacityUnavailable, JobBoot
-from gpuboot.lifecycle.booking import LedgerContended
 from gpuboot.core.placement import Outcome
+from gpuboot.lifecycle.booking import LedgerContended
+from gpuboot.lifecycle.boot import BringUp, CapacityBusy, CapacityUnavailable, JobBoot
 from gpuboot.triggers.wake_up import WakeUpTrigger
 
 
@@ -34,7 +34,7 @@ class CapacityWait:
         return {"deadline": self.deadline, "tried": list(self.tried)}
 
     @classmethod
-    def from_json(cls, d: Mapping) -> "CapacityWait":
+    def from_json(cls, d: Mapping) -> CapacityWait:
         return cls(deadline=float(d["deadline"]), tried=list(d.get("tried") or []))
 
 

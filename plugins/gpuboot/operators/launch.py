@@ -10,13 +10,13 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from gpuboot.core.gang import CONTAINER, LABEL_ATTEMPT, MASTER_PORT, RankFailure, adoptable, gang_pods, rank_failure
-from gpuboot.hooks.kube import Conflict, KubeClient
-from gpuboot.triggers.gang import GangTrigger
 from gpuboot.core.model import LABEL_JOB
 from gpuboot.core.placement import Plan
 from gpuboot.core.steplog import launch_summary
 from gpuboot.core.timefmt import duration
+from gpuboot.hooks.kube import Conflict, KubeClient
 from gpuboot.operators.base import GpuJobStep, summarize
+from gpuboot.triggers.gang import GangTrigger
 
 GONE_SECONDS = 60.0          # how long an earlier attempt's pods may take to go before they are force-deleted
 

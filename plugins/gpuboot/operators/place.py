@@ -12,13 +12,13 @@ from collections.abc import Mapping
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from gpuboot.lifecycle.batching import book_first
-from gpuboot.lifecycle.booking import CONTENDED_SECONDS, Booker, LedgerContended
 from gpuboot.core.jobspec import JobSpec
-from gpuboot.hooks.kube import JOB_POD_RIGHTS
 from gpuboot.core.placement import Outcome, Plan
 from gpuboot.core.ports import EcsError
 from gpuboot.core.steplog import place_summary
+from gpuboot.hooks.kube import JOB_POD_RIGHTS
+from gpuboot.lifecycle.batching import book_first
+from gpuboot.lifecycle.booking import CONTENDED_SECONDS, Booker, LedgerContended
 from gpuboot.operators.base import GpuJobStep, context_job_id, push, refusal, resolve_job, summarize, summarizes_failure
 from gpuboot.operators.capacity_wait import CapacityWait, defer_for_contention
 from gpuboot.triggers.wake_up import WakeUpTrigger

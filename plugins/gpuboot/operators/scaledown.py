@@ -40,16 +40,27 @@ from collections.abc import Mapping, Sequence
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from gpuboot.hooks.ecs import EcsHook
-from gpuboot.core.idle import (ANNOTATION_CORDONED_BY, ANNOTATION_IDLE_SINCE, CORDONED_BY, DEFAULT_SPARE_SECONDS, FENCE_JOB,
-                          MAX_IDLE_SECONDS, STOPPED_MODE, NodeDecision, ScaledownPlan, fence_entries,
-                          plan_scaledown, recheck)
+from gpuboot.core.idle import (
+    ANNOTATION_CORDONED_BY,
+    ANNOTATION_IDLE_SINCE,
+    CORDONED_BY,
+    DEFAULT_SPARE_SECONDS,
+    FENCE_JOB,
+    MAX_IDLE_SECONDS,
+    STOPPED_MODE,
+    NodeDecision,
+    ScaledownPlan,
+    fence_entries,
+    plan_scaledown,
+    recheck,
+)
 from gpuboot.core.inventory import parse_provider_id
+from gpuboot.core.model import Reservation
 from gpuboot.core.timefmt import duration
+from gpuboot.hooks.ecs import EcsHook
 from gpuboot.hooks.kube import Conflict, KubeClient
 from gpuboot.lifecycle.ledger import LedgerConflict, ReservationLedger
 from gpuboot.operators.base import GpuJobStep
-from gpuboot.core.model import Reservation
 
 # --- the operator ------------------------------------------------------------------------
 
@@ -69,7 +80,7 @@ def _as_seconds(value, field: str, zero: bool = False) -> float:
         seconds = float(value)
     except (TypeError, ValueError):
         seconds = float("nan")
-    if not (0 <= seconds if zero else 0 < seconds) or not seconds <= MAX_IDLE_SECONDS:
+    if not (seconds >= 0 if zero else seconds > 0) or not seconds <= MAX_IDLE_SECONDS:
         raise ValueError(f"{field}: {value!r} must be a number of seconds in {'[' if zero else '('}0, "
                          f"{MAX_IDLE_SECONDS}]; e.g. 600" + (", or 0 for none" if zero else ""))
     return seconds

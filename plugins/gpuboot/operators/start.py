@@ -7,10 +7,10 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from gpuboot.lifecycle.boot import DEFAULT_UNAVAILABLE_TTL_SECONDS, JobBoot
-from gpuboot.lifecycle.booking import LAUNCH_MARGIN_SECONDS, reservation_ttl
 from gpuboot.core.placement import Plan
 from gpuboot.core.steplog import start_summary
+from gpuboot.lifecycle.booking import LAUNCH_MARGIN_SECONDS, reservation_ttl
+from gpuboot.lifecycle.boot import DEFAULT_UNAVAILABLE_TTL_SECONDS, JobBoot
 from gpuboot.operators.base import GpuJobStep, push, summarize, summarizes_failure
 from gpuboot.operators.capacity_wait import WaitsForCapacity
 

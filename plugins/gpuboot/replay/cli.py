@@ -105,14 +105,14 @@ def run(args) -> dict:
         "notes": [
             "Each pod is one job of one task; arrival = creation_time, run = deletion_time - scheduled_time.",
             "Pods sharing a GPU (gpu_milli < 1000) are replayed as 1 whole GPU: gpuboot allocates whole GPUs.",
-            "A pod's gpu_spec (the GPU models it accepts, e.g. V100M16|V100M32) is honoured: it runs only on a "
-            "node of one of them (jobs.gpu_spec counts such pods).",
-            "Boot-on-demand policies start with every node stopped; billed time is clipped to the window; "
-            "jobs not started by the window end count as never placed; waits are over the jobs that started.",
+            ("A pod's gpu_spec (the GPU models it accepts, e.g. V100M16|V100M32) is honoured: it runs only on a "
+            "node of one of them (jobs.gpu_spec counts such pods)."),
+            ("Boot-on-demand policies start with every node stopped; billed time is clipped to the window; "
+            "jobs not started by the window end count as never placed; waits are over the jobs that started."),
             "A boot is wasted when none of the jobs it was started for ran on that node while it was up.",
-            "billed_cost: each node's price (gpuboot.replay.prices) for every second it was powered on (booting, "
+            ("billed_cost: each node's price (gpuboot.replay.prices) for every second it was powered on (booting, "
             "running, idle, stopping). lower_bound_cost: each job, from arrival for its run, pays its largest share "
-            "(GPUs, CPU or memory) of the cheapest node that holds it (perfect packing, no boot, no idle time).",
+            "(GPUs, CPU or memory) of the cheapest node that holds it (perfect packing, no boot, no idle time)."),
         ],
         "policies": results,
     }

@@ -84,8 +84,8 @@ def plot_sweep(path: Path, result: dict) -> Path:
         lines.setdefault((point["policy"], point["boot_delay"]), []).append(point)
     styles = ("-", "--", ":", "-.")
     boots = sorted({b for _, b in lines})
-    for (policy, boot), group in sorted(lines.items()):
-        group = [p for p in sorted(group, key=lambda p: p["idle_timeout"]) if p["wait_mean_seconds"] is not None]
+    for (policy, boot), points in sorted(lines.items()):
+        group = [p for p in sorted(points, key=lambda p: p["idle_timeout"]) if p["wait_mean_seconds"] is not None]
         xs, ys = [p["wait_mean_seconds"] for p in group], [p["billed_cost"] for p in group]
         line, = axis.plot(xs, ys, styles[boots.index(boot) % len(styles)], marker="o",
                           label=f"{policy}, boot {boot:g} s")

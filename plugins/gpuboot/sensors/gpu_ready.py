@@ -33,25 +33,30 @@ in its event, and the sensor writes it into the task log: every deferral's histo
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException
 
-from gpuboot.lifecycle.boot import (ALREADY_UP_GRACE_SECONDS, DEFAULT_UNAVAILABLE_TTL_SECONDS, BringUp,
-                          JobBoot, wait_deadline)
-from gpuboot.lifecycle.booking import LAUNCH_MARGIN_SECONDS
-from gpuboot.hooks.kube import Gone, KubeClient
-from gpuboot.core.placement import Plan
 from gpuboot.core.gpu_wait import GpuWait
+from gpuboot.core.placement import Plan
 from gpuboot.core.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline
 from gpuboot.core.steplog import boot_summary, evidence_block
 from gpuboot.core.timefmt import duration, utc, utc_relative
+from gpuboot.hooks.kube import Gone, KubeClient
+from gpuboot.lifecycle.booking import LAUNCH_MARGIN_SECONDS
+from gpuboot.lifecycle.boot import (
+    ALREADY_UP_GRACE_SECONDS,
+    DEFAULT_UNAVAILABLE_TTL_SECONDS,
+    BringUp,
+    JobBoot,
+    wait_deadline,
+)
 from gpuboot.operators.base import GpuJobStep, refusal, summarize, summarizes_failure
-from gpuboot.triggers.gpu_ready import NodeGpuReadyTrigger
 from gpuboot.operators.capacity_wait import WaitsForCapacity
+from gpuboot.triggers.gpu_ready import NodeGpuReadyTrigger
 
 
 def describe_evidence(evidence: Mapping[str, Any]) -> str:
@@ -97,7 +102,7 @@ class WaitProgress:
                 "boots": list(self.boots), "tried": list(self.tried)}
 
     @classmethod
-    def from_json(cls, d: Mapping) -> "WaitProgress":
+    def from_json(cls, d: Mapping) -> WaitProgress:
         return cls(index=int(d["index"]), settle=float(d["settle"]), seen=dict(d.get("seen") or {}),
                    plan=d.get("plan"), boots=list(d.get("boots") or []), tried=list(d.get("tried") or []))
 

@@ -29,7 +29,7 @@ import yaml
 from gpuboot.core.jobspec import JobSpec, check_known_fields
 
 SPEC_SUFFIXES = (".yaml", ".yml")
-DEFAULT_START_DATE = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
+DEFAULT_START_DATE = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 DAG_KEYS = {
     "schedule": "cron expression or preset, e.g. '0 2 * * *' or '@daily'",
     "start_date": "date the schedule starts from, e.g. 2025-01-01 (default)",
@@ -149,7 +149,7 @@ def _start_date(source: str, value: Any) -> dt.datetime:
         value = dt.datetime(value.year, value.month, value.day)
     if not isinstance(value, dt.datetime):
         raise SpecFileError(source, "start_date", "not a date", "Write an ISO date, e.g. 2025-01-01")
-    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
 
 
 def _tags(source: str, value: Any) -> tuple[str, ...]:
@@ -169,7 +169,7 @@ def _description(source: str, value: Any) -> str | None:
 def _doc_md(spec: SpecFile) -> str:
     fields = spec.job.to_dict()
     if fields.get("env"):  # names only: values may be tokens
-        fields["env"] = {name: "(set)" for name in fields["env"]}
+        fields["env"] = dict.fromkeys(fields["env"], "(set)")
     job = yaml.safe_dump(fields, sort_keys=False)
     return (
         f"### Recurring GPU job `{spec.job.name}`\n\n"

@@ -16,14 +16,14 @@ import asyncio
 import contextlib
 import math
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from gpuboot.core.gang import CONTAINER, LABEL_ATTEMPT, LABEL_RANK, judge
-from gpuboot.hooks.kube import AsyncKubeClient, Gone
 from gpuboot.core.model import LABEL_JOB, TERMINATED_PHASES
+from gpuboot.hooks.kube import AsyncKubeClient, Gone
 
 DRAIN_SECONDS = 10.0     # how long the verdict waits for the log streams to deliver their last lines
 REOPEN_SECONDS = 1.0     # a running rank's log stream that ended is opened again no sooner than this
@@ -33,7 +33,7 @@ def stamp_ns(stamp: str) -> int:
     """Nanoseconds since the epoch of a kubelet log timestamp (RFC3339Nano, trailing zeros trimmed)."""
     stamp = stamp.rstrip("Z")
     whole, _, fraction = stamp.partition(".")
-    seconds = datetime.fromisoformat(whole).replace(tzinfo=timezone.utc).timestamp()
+    seconds = datetime.fromisoformat(whole).replace(tzinfo=UTC).timestamp()
     return int(seconds) * 1_000_000_000 + int((fraction or "0").ljust(9, "0")[:9])
 
 
@@ -86,7 +86,7 @@ class GangTrigger(BaseTrigger):
                     delay = self.poll_seconds
                 except asyncio.CancelledError:
                     raise
-                except Exception as exc:  # noqa: BLE001 - an API hiccup must not end the watch
+                except Exception as exc:
                     self.log.warning("reading the gang's pods failed (%s: %s); retrying in %.0fs",
                                      type(exc).__name__, str(exc)[:200], delay)
                     await asyncio.sleep(delay)
@@ -126,7 +126,7 @@ class GangTrigger(BaseTrigger):
                             return
                 except (asyncio.CancelledError, TimeoutError, Gone):
                     raise
-                except Exception as exc:  # noqa: BLE001 - a watch refused or dropped: wait out the poll instead
+                except Exception as exc:
                     self.log.warning("watching the gang's pods failed (%s: %s); reading them again in %.0fs",
                                      type(exc).__name__, str(exc)[:200], self.poll_seconds)
                     await asyncio.sleep(self.poll_seconds)
@@ -157,7 +157,7 @@ class GangTrigger(BaseTrigger):
                     self.log.info("[rank %d] %s", rank, text)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - not started yet (400 ContainerCreating), or a dropped stream
+            except Exception:
                 pass
             seen = phases.get(rank)
             if seen in TERMINATED_PHASES:
@@ -173,7 +173,7 @@ class GangTrigger(BaseTrigger):
 async def _node_or_none(kube: AsyncKubeClient, name: str) -> dict | None:
     try:
         return await kube.get_node(name)
-    except Exception as exc:  # noqa: BLE001 - a deleted Node is a lost one
+    except Exception as exc:
         if getattr(exc, "status", None) == 404:
             return None
         raise

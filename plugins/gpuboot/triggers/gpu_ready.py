@@ -14,10 +14,10 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger
 
-from gpuboot.hooks.kube import AsyncKubeClient
 from gpuboot.core.gpu_wait import GpuWait
 from gpuboot.core.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline, ReadinessTracker
 from gpuboot.core.steplog import boot_summary
+from gpuboot.hooks.kube import AsyncKubeClient
 from gpuboot.triggers.events import ShortEvent
 
 

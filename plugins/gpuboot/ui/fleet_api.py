@@ -24,8 +24,8 @@ from typing import Any
 from fastapi import Body, Depends, FastAPI, HTTPException
 from fastapi.responses import HTMLResponse
 
-from gpuboot.ui.fleet_view import fleet_view, observe_gpus, run_view
 from gpuboot.core.jobspec import field_errors, form_fields
+from gpuboot.ui.fleet_view import fleet_view, observe_gpus, run_view
 
 CACHE_SECONDS = float(os.environ.get("GPUBOOT_FLEET_CACHE_SECONDS", "3"))
 PAGE = Path(__file__).with_name("fleet.html")
@@ -56,9 +56,9 @@ class FleetCache:
 
     def _read(self) -> dict:
         # imported here: every Airflow component loads the plugin, only the API server serves the page
-        from gpuboot.lifecycle.booking import survey
         from gpuboot.hooks.ecs import EcsHook
         from gpuboot.hooks.kube import KubeClient
+        from gpuboot.lifecycle.booking import survey
         from gpuboot.lifecycle.ledger import ReservationLedger
 
         kube_conn, ecs_conn, namespace = _settings()
@@ -142,7 +142,7 @@ def create_app() -> FastAPI:
         return {"dag_id": JOB_DAG_ID, "fields": form_fields()}
 
     @app.post("/api/jobs/check", dependencies=[_read_access()])
-    def job_check(conf: dict[str, Any] = Body(embed=True)) -> dict:
+    def job_check(conf: dict[str, Any] = Body(embed=True)) -> dict:  # noqa: B008 (FastAPI's declaration)
         return {"errors": field_errors(conf, "job form")}
 
     return app

@@ -10,7 +10,8 @@ triggerer, as it starts.
 """
 from airflow.plugins_manager import AirflowPlugin
 
-from gpuboot.ui import run_note as runnote, warmup
+from gpuboot.ui import run_note as runnote
+from gpuboot.ui import warmup
 
 URL_PREFIX = "/gpuboot"
 
