@@ -22,11 +22,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuboot.core.jobspec import JobSpec
-from gpuboot.core.model import LABEL_HOSTNAME, LABEL_JOB, LABEL_TASK
+from gpuboot.core.model import LABEL_ATTEMPT, LABEL_HOSTNAME, LABEL_JOB, LABEL_RANK, LABEL_TASK
 from gpuboot.core.placement import Assignment, Plan
 
-LABEL_RANK = "gpuboot.io/rank"
-LABEL_ATTEMPT = "gpuboot.io/attempt"
 MASTER_PORT = 29500           # torchrun's default
 CONTAINER = "base"            # the container's name (the pod operator's, so `kubectl logs` habits hold)
 TASK_INDEX_ENV = "GPUBOOT_TASK_INDEX"

@@ -29,12 +29,17 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from gpuboot.core.inventory import build_inventory, is_workload_pod, parse_provider_id, parse_time
-from gpuboot.core.model import LABEL_HOSTNAME, NodeState, NodeView, Reservation
+from gpuboot.core.model import (
+    ANNOTATION_CORDONED_BY,
+    ANNOTATION_IDLE_SINCE,
+    LABEL_HOSTNAME,
+    NodeState,
+    NodeView,
+    Reservation,
+)
 from gpuboot.core.resources import Resources
 from gpuboot.core.timefmt import duration, rfc3339
 
-ANNOTATION_IDLE_SINCE = "gpuboot.io/idle-since"
-ANNOTATION_CORDONED_BY = "gpuboot.io/cordoned-by"
 CORDONED_BY = "idle-scaledown"
 FENCE_JOB = "gpuboot-idle-scaledown"
 STOPPED_MODE = "StopCharging"

@@ -87,7 +87,7 @@ def book_first(booker: Booker, spec: JobSpec, job_id: str) -> Booking:
     now = booker.clock()
     if state.record(job_id, now) is not None or state.held(job_id, now):
         return booker.book(spec, job_id)
-    return BatchPlacer(booker, spec).book(spec.to_job_request(job_id), reservation_ttl(spec), state)
+    return BatchPlacer(booker, spec).wait_for_batch(spec.to_job_request(job_id), reservation_ttl(spec), state)
 
 
 class BatchPlacer:
@@ -100,7 +100,7 @@ class BatchPlacer:
         self.queue = RequestQueue(booker.ledger.kube, booker.ledger.namespace, booker.ledger.name, booker.clock)
 
     # ------------------------------------------------------------------ the waiter
-    def book(self, request: JobRequest, ttl: float, state: LedgerState) -> Booking:
+    def wait_for_batch(self, request: JobRequest, ttl: float, state: LedgerState) -> Booking:
         """Queue `request`, lead a batch when nobody does, and return the batch's answer."""
         b = self.booker
         job_id = request.job_id

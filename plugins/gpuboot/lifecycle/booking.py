@@ -63,7 +63,7 @@ from gpuboot.core.model import NodeState, NodeView, Reservation, Unavailable
 from gpuboot.core.placement import Outcome, Plan, place
 from gpuboot.core.ports import ClusterReads, Ecs
 from gpuboot.core.timefmt import utc
-from gpuboot.lifecycle.ledger import JobRecord, LedgerConflict, LedgerState, ReservationLedger, backoff
+from gpuboot.lifecycle.ledger import JobRecord, LedgerConflict, LedgerState, ReservationLedger, StartedNode, backoff
 from gpuboot.lifecycle.pricing import PRICES, PriceCache
 
 LAUNCH_MARGIN_SECONDS = 900     # reservation lifetime beyond the boot timeout (launch + scheduling)
@@ -157,6 +157,15 @@ def outdated_marks(marks: Sequence[Unavailable], nodes: Sequence[dict], views: S
 
 
 @dataclass(frozen=True)
+class Change:
+    """What one commit writes for the job: reservations, stop fences, and its record."""
+
+    reservations: list[Reservation]
+    fences: list[Unavailable]
+    record: JobRecord | None
+
+
+@dataclass(frozen=True)
 class Booking:
     """A committed placement (or, with `release_unplaced`, a committed release) and what it was based on."""
 
@@ -204,75 +213,109 @@ class Booker:
         attempt = 0
         while True:
             attempt += 1
-            state = self.ledger.snapshot()
-            now = self.clock()
-            record = state.record(job_id, now)
-            if failed:
-                record = (record or JobRecord(job_id, now)).with_failed(dict(failed))
-            others = state.others(job_id, now)
-            released = basis.reusable(state, job_id, self.monotonic()) if basis is not None else None
-            if released is None:
-                self.full_reads += 1
-                began = self.monotonic()    # its age counts from before the first list
-                basis = Basis(state.seq, survey(self.kube, self.ecs, others, now, self.boot_grace_seconds),
-                              began, frozenset(state.live_unavailable(now)))
-                seen = basis.survey
-            else:
-                seen = basis.survey.recounted([*others, *released], now)
+            state, now = self.ledger.snapshot(), self.clock()
+            record = self._job_record(state, job_id, now, failed)                  # 1. what the job holds
+            basis, seen = self._survey(basis, state, job_id, now)                  # 2. the cluster
             fresh = basis.seq == state.seq      # read after this very ledger state: the unconditional case
-            outdated = outdated_marks([m for m in state.live_unavailable(now) if m in basis.marks],
-                                      seen.nodes, seen.views)
-            own = [Unavailable(reason=f"failed for this job: {w}", expires_at=float("inf"), node=n)
-                   for n, w in sorted((record.failed_nodes if record else {}).items())]
-            unavailable = [*(m for m in state.live_unavailable(now) if m not in outdated), *marks, *own]
-            plan = (place(request, seen.views, unavailable) if place_job
-                    else Plan(job_id, Outcome.BUSY, f"not placed: {why}"))
+            outdated, plan = self._place(request, job_id, why, state, basis, seen, marks, record, now)   # 3.
             fits = plan.outcome == Outcome.FITS
             if place_job and not fits and not fresh:
                 basis = None        # a verdict of "busy" (or never) rests on the cluster as it is now
                 continue
             if not fits and not release_unplaced:
                 return Booking(plan, False, state, seen, record)
-            reservations = [Reservation(job_id=job_id, task=a.task, node=a.node, resources=a.requests,
-                                        expires_at=now + ttl) for a in plan.assignments] if fits else []
             to_stop, claimed = self._abandoned(record, plan if fits else None, seen, state, job_id, now, keep_running)
             if to_stop and not fresh:
                 basis = None        # stopping a node needs pods listed after this ledger state (module doc)
                 continue
-            marked = {m.node for m in marks if m.node}
-            fences = [Unavailable(reason=f"{FENCE_REASON}: abandoned by job {job_id}", expires_at=now + STOP_FENCE_SECONDS,
-                                  node=s.node) for s in to_stop if s.node not in marked]
-            if record is not None:
-                gone = {s.node for s in to_stop}
-                record = JobRecord(job_id, max(record.expires_at, now + ttl),
-                                   tuple(s for s in record.started if s.node not in gone), record.failed)
-            try:
-                self.ledger.commit(job_id, reservations, state.version, [*marks, *fences], record=record,
-                                   drop_unavailable=outdated, state=state)
+            change = self._change(job_id, plan if fits else None, ttl, now, marks, to_stop, record)   # 4.
+            try:                                                                   # 5. compare-and-swap
+                self.ledger.commit(job_id, change.reservations, state.version, [*marks, *change.fences],
+                                   record=change.record, drop_unavailable=outdated, state=state)
             except LedgerConflict as exc:
-                if (self.monotonic() >= give_up
-                        or (self.max_commit_attempts is not None and attempt >= self.max_commit_attempts)):
-                    raise LedgerContended(f"ledger stayed contended for {attempt} attempts "
-                                          f"({self.contended_seconds:g} s at most); nothing held, retry later") from None
-                pause = backoff(attempt, base=0.05, cap=2.0, rng=self.rng)
-                self.log.info("ledger changed while placing (%s); re-placing in %.2fs (attempt %d)", exc, pause,
-                              attempt)
-                self.sleep(pause)
+                self._back_off(exc, attempt, give_up)
                 continue
-            for mark in outdated:
-                self.log.info("dropped the mark on %s (%s): the node is Ready or booted again since", mark.what,
-                              mark.reason)
-            for mark in marks:
-                self.log.info("marked %s unavailable until %s: %s", mark.what, utc(mark.expires_at), mark.reason)
-            if fits:
-                self.log.info("reserved until %s: %s", utc(now + ttl),
-                              "; ".join(f"{r.task} -> {r.node} ({r.resources})" for r in reservations))
-            else:
-                self.log.info("released the reservations of job %s: it no longer fits (%s)", job_id, plan.outcome.value)
-            for node, claim in claimed.items():
-                self.log.info("node %s: started by this job, not stopping it, another job claims it: %s", node, claim)
-            self._stop(to_stop, fences)
-            return Booking(plan, True, state, seen, record)
+            self._report(job_id, plan, change, outdated, marks, claimed, now + ttl,   # 6. say what was done
+                         None if place_job else why)
+            self._stop(to_stop, change.fences)                                      # 7. stop what it left
+            return Booking(plan, True, state, seen, change.record)
+
+    def _job_record(self, state: LedgerState, job_id: str, now: float,
+                    failed: Mapping[str, str] | None) -> JobRecord | None:
+        """The job's record in the ledger, with this call's own failed nodes added."""
+        record = state.record(job_id, now)
+        if failed:
+            record = (record or JobRecord(job_id, now)).with_failed(dict(failed))
+        return record
+
+    def _survey(self, basis: Basis | None, state: LedgerState, job_id: str, now: float) -> tuple[Basis, Survey]:
+        """The cluster as placement sees it: the survey already read, recounted with the releases
+        since (module doc, "Bursts"), or a full read when there is none or it is too old."""
+        others = state.others(job_id, now)
+        released = basis.reusable(state, job_id, self.monotonic()) if basis is not None else None
+        if basis is None or released is None:
+            self.full_reads += 1
+            began = self.monotonic()    # its age counts from before the first list
+            basis = Basis(state.seq, survey(self.kube, self.ecs, others, now, self.boot_grace_seconds),
+                          began, frozenset(state.live_unavailable(now)))
+            return basis, basis.survey
+        return basis, basis.survey.recounted([*others, *released], now)
+
+    @staticmethod
+    def _place(request, job_id: str, why: str, state: LedgerState, basis: Basis, seen: Survey,
+               marks: Sequence[Unavailable], record: JobRecord | None, now: float) -> tuple[list[Unavailable], Plan]:
+        """The marks whose evidence is gone, and the plan: the pure core's placement against the live
+        marks, this call's and the job's own failures (or, releasing only, an empty plan)."""
+        outdated = outdated_marks([m for m in state.live_unavailable(now) if m in basis.marks], seen.nodes, seen.views)
+        own = [Unavailable(reason=f"failed for this job: {w}", expires_at=float("inf"), node=n)
+               for n, w in sorted((record.failed_nodes if record else {}).items())]
+        unavailable = [*(m for m in state.live_unavailable(now) if m not in outdated), *marks, *own]
+        plan = place(request, seen.views, unavailable) if request is not None else \
+            Plan(job_id, Outcome.BUSY, f"not placed: {why}")
+        return outdated, plan
+
+    @staticmethod
+    def _change(job_id: str, plan: Plan | None, ttl: float, now: float, marks: Sequence[Unavailable],
+                to_stop: Sequence[StartedNode], record: JobRecord | None) -> Change:
+        """What the commit writes: the plan's reservations, a stop fence on each node to stop, and the
+        job's record without the nodes it leaves."""
+        reservations = [Reservation(job_id=job_id, task=a.task, node=a.node, resources=a.requests,
+                                    expires_at=now + ttl) for a in plan.assignments] if plan else []
+        marked = {m.node for m in marks if m.node}
+        fences = [Unavailable(reason=f"{FENCE_REASON}: abandoned by job {job_id}", expires_at=now + STOP_FENCE_SECONDS,
+                              node=s.node) for s in to_stop if s.node not in marked]
+        if record is not None:
+            gone = {s.node for s in to_stop}
+            record = JobRecord(job_id, max(record.expires_at, now + ttl),
+                               tuple(s for s in record.started if s.node not in gone), record.failed)
+        return Change(reservations, fences, record)
+
+    def _back_off(self, conflict: LedgerConflict, attempt: int, give_up: float) -> None:
+        """Wait a jittered while before placing again, or give up (LedgerContended, nothing written)."""
+        if self.monotonic() >= give_up or (self.max_commit_attempts is not None and attempt >= self.max_commit_attempts):
+            raise LedgerContended(f"ledger stayed contended for {attempt} attempts "
+                                  f"({self.contended_seconds:g} s at most); nothing held, retry later") from None
+        pause = backoff(attempt, base=0.05, cap=2.0, rng=self.rng)
+        self.log.info("ledger changed while placing (%s); re-placing in %.2fs (attempt %d)", conflict, pause, attempt)
+        self.sleep(pause)
+
+    def _report(self, job_id: str, plan: Plan, change: Change, outdated: Sequence[Unavailable],
+                marks: Sequence[Unavailable], claimed: Mapping[str, str], expires_at: float,
+                released_because: str | None) -> None:
+        for mark in outdated:
+            self.log.info("dropped the mark on %s (%s): the node is Ready or booted again since", mark.what,
+                          mark.reason)
+        for mark in marks:
+            self.log.info("marked %s unavailable until %s: %s", mark.what, utc(mark.expires_at), mark.reason)
+        if plan.outcome == Outcome.FITS:
+            self.log.info("reserved until %s: %s", utc(expires_at),
+                          "; ".join(f"{r.task} -> {r.node} ({r.resources})" for r in change.reservations))
+        elif released_because is not None:
+            self.log.info("released the reservations of job %s: %s", job_id, released_because)
+        else:
+            self.log.info("released the reservations of job %s: it no longer fits (%s)", job_id, plan.outcome.value)
+        for node, claim in claimed.items():
+            self.log.info("node %s: started by this job, not stopping it, another job claims it: %s", node, claim)
 
     def _abandoned(self, record: JobRecord | None, plan: Plan | None, seen: Survey, state: LedgerState, job_id: str,
                    now: float, keep_running: Collection[str]):

@@ -84,7 +84,7 @@ class BringUp:
     """The plan the job ends up on, its boot baselines (JSON) and the instances this call started."""
 
     plan: Plan
-    boots: list[dict]
+    baselines: list[dict]
     started: list[str]
     tried: list[str] = field(default_factory=list)
 
@@ -131,14 +131,14 @@ class JobBoot:
         record = self.record()
         return [f"node {n}: {why}" for n, why in (record.failed if record else ())]
 
-    def ensure_up(self, plan: Plan, tried: Sequence[str] = (), boots: list[dict] | None = None) -> BringUp:
+    def ensure_up(self, plan: Plan, tried: Sequence[str] = (), baselines: list[dict] | None = None) -> BringUp:
         """Every try of start and of the sensor: where the ledger has the job, brought up
-        (idempotent: nothing started twice, baselines from the record). With `boots` (the
+        (idempotent: nothing started twice, baselines from the record). With `baselines` (the
         sensor, given the start step's baselines), a plan the ledger still holds as it is needs
         no ECS call: those baselines were made from the same record."""
         current = self.current_plan(plan)
-        if current is plan and boots is not None:
-            return BringUp(slim(plan), boots, [], list(tried))
+        if current is plan and baselines is not None:
+            return BringUp(slim(plan), baselines, [], list(tried))
         return self.bring_up(current, tried)
 
     # -- where the job is ---------------------------------------------------------------

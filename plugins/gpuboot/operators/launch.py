@@ -10,7 +10,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from gpuboot.core.gang import CONTAINER, LABEL_ATTEMPT, MASTER_PORT, RankFailure, adoptable, gang_pods, rank_failure
-from gpuboot.core.model import LABEL_JOB
+from gpuboot.core.model import LABEL_HOSTNAME, LABEL_JOB, LABEL_RANK
 from gpuboot.core.placement import Plan
 from gpuboot.core.steplog import launch_summary
 from gpuboot.core.timefmt import duration
@@ -131,8 +131,8 @@ class GpuPodOperator(GpuJobStep, BaseOperator):
         except Conflict:   # created by this very try before a hiccup: the same pod
             self.log.info("pod %s already exists", meta["name"])
         container = spec["containers"][0]
-        self.log.info("rank %s: pod %s on node %s with %s", meta["labels"]["gpuboot.io/rank"], meta["name"],
-                      spec["nodeSelector"]["kubernetes.io/hostname"],
+        self.log.info("rank %s: pod %s on node %s with %s", meta["labels"][LABEL_RANK], meta["name"],
+                      spec["nodeSelector"][LABEL_HOSTNAME],
                       " ".join(f"{k}={v}" for k, v in container["resources"]["requests"].items()))
 
     def _wait_for_ip(self, kube: KubeClient, namespace: str, name: str, node: str) -> str:
@@ -179,7 +179,7 @@ def what_runs(spec, plan: Plan, attempt: int) -> dict:
     container = pods[0]["spec"]["containers"][0] if pods else {}
     return {
         "namespace": spec.namespace,
-        "nodes": [p["spec"]["nodeSelector"]["kubernetes.io/hostname"] for p in pods],
+        "nodes": [p["spec"]["nodeSelector"][LABEL_HOSTNAME] for p in pods],
         "pods": [p["metadata"]["name"] for p in pods],
         "image": spec.image,
         "command": list(spec.command),

@@ -27,7 +27,7 @@ class StartGpuNodesOperator(GpuJobStep, WaitsForCapacity, BaseOperator):
     holding nothing) and re-places every `busy_poll_seconds` until the job's queue timeout.
     Re-placing needs the job (`job`, the place step's XCom "job"); without it a capacity
     error fails the task. The plan the job ends up on is pushed as XCom "plan" (with
-    "boots" and "started"); the sensor and the launch take it from there. Before anything
+    "baselines" and "started"); the sensor and the launch take it from there. Before anything
     else the step renews the job's reservations for its longest wait plus the launch, and
     every instance it starts is recorded in the job's ledger entry first (gpuboot.lifecycle.boot).
     """
@@ -73,9 +73,9 @@ class StartGpuNodesOperator(GpuJobStep, WaitsForCapacity, BaseOperator):
         boot.hold(self.stopping_timeout_seconds + (reservation_ttl(boot.spec) if boot.spec else LAUNCH_MARGIN_SECONDS))
 
     def _pushed(self, context, result) -> dict:
-        out = {"boots": result.boots, "started": result.started, "plan": result.plan.to_json()}
+        out = {"baselines": result.baselines, "started": result.started, "plan": result.plan.to_json()}
         for key, value in out.items():
             push(context, key, value)
-        summarize(self, context, start_summary(result.boots, result.started,
+        summarize(self, context, start_summary(result.baselines, result.started,
                                                time.monotonic() - getattr(self, "_began", time.monotonic())))
         return out

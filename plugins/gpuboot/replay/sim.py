@@ -11,16 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuboot.core.idle import IdleRule, IdleVerdict
-from gpuboot.core.model import NodeState, NodeView
+from gpuboot.core.model import LABEL_GPU_MODEL, LABEL_HOSTNAME, LABEL_MANAGED, NodeState, NodeView
 from gpuboot.core.resources import Resources
 
 from .clock import EventClock, Kind
 from .metrics import BootEpisode, Recorder
 from .trace import FleetNode, TraceJob
-
-GPU_MODEL_LABEL = "aliyun.accelerator/nvidia_name"
-MANAGED_LABEL = "gpuboot.io/managed"
-HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
 @dataclass(frozen=True)
@@ -93,7 +89,7 @@ class SimNode:
             self._view = NodeView(
                 name=self.name, hostname=self.name, state=self.state, reason="replay",
                 allocatable=self.capacity, allocated=self.allocated,
-                labels={GPU_MODEL_LABEL: spec.gpu_model, MANAGED_LABEL: "true", HOSTNAME_LABEL: self.name},
+                labels={LABEL_GPU_MODEL: spec.gpu_model, LABEL_MANAGED: "true", LABEL_HOSTNAME: self.name},
                 taints=(), instance_id=f"i-{self.name}", instance_type=spec.instance_type, zone=None,
                 gpu_model=spec.gpu_model, price_per_hour=self.price, managed=True,
                 busy_since=self.busy_since)

@@ -40,6 +40,7 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException
 
+from gpuboot._aliases import moved
 from gpuboot.core.gpu_wait import GpuWait
 from gpuboot.core.placement import Plan
 from gpuboot.core.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline
@@ -85,54 +86,75 @@ def where_to_look(node: str, evidence: Mapping[str, Any]) -> str:
 
 
 @dataclass(frozen=True)
+class WaitState:
+    """What the sensor waits on: the plan (JSON), the boot baselines of its nodes, and what was
+    tried. Made from a `BringUp` (lifecycle) and carried through every deferral."""
+
+    plan: dict | None
+    baselines: list
+    tried: list
+
+    @classmethod
+    def of(cls, result: BringUp) -> WaitState:
+        return cls(result.plan.to_json(), list(result.baselines), list(result.tried))
+
+    def to_json(self) -> dict:
+        return {"plan": self.plan, "baselines": list(self.baselines), "tried": list(self.tried)}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> WaitState:
+        return cls(d.get("plan"), list(d.get("baselines") or []), list(d.get("tried") or []))
+
+
+@dataclass(frozen=True)
 class WaitProgress:
     """Where a deferred wait stands: which node of the plan it watches, the settle window, the
-    evidence of nodes already cleared, and the plan, baselines and failures it carries. It
-    travels in the trigger's echo (dag.test() hands the resumed task only the event)."""
+    evidence of nodes already cleared, and the WaitState. It travels in the trigger's echo
+    (dag.test() hands the resumed task only the event)."""
 
     index: int
     settle: float
     seen: dict
-    plan: dict | None
-    boots: list
-    tried: list
+    state: WaitState
 
     def to_json(self) -> dict:
-        return {"index": self.index, "settle": self.settle, "seen": dict(self.seen), "plan": self.plan,
-                "boots": list(self.boots), "tried": list(self.tried)}
+        return {"index": self.index, "settle": self.settle, "seen": dict(self.seen), "state": self.state.to_json()}
 
     @classmethod
     def from_json(cls, d: Mapping) -> WaitProgress:
         return cls(index=int(d["index"]), settle=float(d["settle"]), seen=dict(d.get("seen") or {}),
-                   plan=d.get("plan"), boots=list(d.get("boots") or []), tried=list(d.get("tried") or []))
+                   state=WaitState.from_json(d.get("state") or d))   # `d`: an echo of 0.1 had the fields flat
 
 
 class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
     """Wait until every node of the plan passes the GPU-readiness rule.
 
-    `boots` is the start step's list of baselines (XCom key "boots"), `plan` the start
+    `baselines` is the start step's list of boot baselines (XCom key "baselines"), `plan` the start
     step's plan (XCom key "plan"); settle window and boot timeout come from the job (XCom
     key "job" of the place step) unless given. Returns the plan's task names, now cleared
     to launch (the gang `launch` creates); the per-node evidence goes to XCom key
     "evidence" and the plan the job ended on to key "plan"."""
 
-    template_fields = ("boots", "job", "plan")
+    template_fields = ("baselines", "job", "plan")
     ui_color = "#e8f5e9"
 
-    def __init__(self, *, boots: Sequence[Mapping] | Any, job: Mapping | Any = None, plan: Mapping | Any = None,
+    def __init__(self, *, baselines: Sequence[Mapping] | Any = None, job: Mapping | Any = None, plan: Mapping | Any = None,
                  settle_seconds: float | None = None, boot_timeout_seconds: float | None = None,
                  kubernetes_conn_id: str = "kubernetes_default", ecs_conn_id: str = "alibaba_ecs_default",
                  ledger_namespace: str = "default", max_boot_attempts: int = 2,
                  unavailable_ttl_seconds: float = DEFAULT_UNAVAILABLE_TTL_SECONDS, deferrable: bool = True,
                  poke_interval: float = 2.0, busy_poll_seconds: float = 30.0,
                  fallback_seconds: float = DEFAULT_FALLBACK_SECONDS, **kwargs) -> None:
+        if "boots" in kwargs:       # its name in gpuboot 0.1
+            moved("GpuReadySensor(boots=...)", "GpuReadySensor(baselines=...)")
+            baselines = kwargs.pop("boots")
         if not deferrable and kwargs.get("mode") == "reschedule":
             raise ValueError("mode='reschedule' would restart the settle window on every poke; "
                              "use deferrable=True or mode='poke'")
         if max_boot_attempts < 1:
             raise ValueError(f"max_boot_attempts must be >= 1, got {max_boot_attempts}")
         super().__init__(poke_interval=poke_interval, **kwargs)
-        self.boots, self.job, self.plan = boots, job, plan
+        self.baselines, self.job, self.plan = baselines, job, plan
         self.settle_seconds, self.boot_timeout_seconds = settle_seconds, boot_timeout_seconds
         self.kubernetes_conn_id, self.ecs_conn_id, self.deferrable = kubernetes_conn_id, ecs_conn_id, deferrable
         self.ledger_namespace, self.max_boot_attempts = ledger_namespace, max_boot_attempts
@@ -141,7 +163,7 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         self._waits: dict[str, GpuWait] = {}           # poke mode: each node's wait, as the trigger keeps it
         self._versions: dict[str, str | None] = {}     # poke mode: the resourceVersion each node was read at
         self._latest: dict[str, dict] = {}
-        self._state: dict = {}
+        self._state = WaitState(None, [], [])
 
     def _timing(self) -> tuple[float, float]:
         spec = self.spec()
@@ -153,16 +175,15 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
     @summarizes_failure
     def execute(self, context):
         settle, timeout = self._timing()
-        state = {"plan": dict(self.plan) if self.plan else None, "boots": [dict(b) for b in self.boots or ()],
-                 "tried": []}
+        state = WaitState(dict(self.plan) if self.plan else None, [dict(b) for b in self.baselines or ()], [])
         boot = self._boot(state)
         if boot is not None and boot.spec is not None:
             boot.hold(timeout + LAUNCH_MARGIN_SECONDS)
-            result = self.bring_up_or_wait(boot, lambda: boot.ensure_up(Plan.from_json(state["plan"]),
-                                                                        boot.failures(), state["boots"] or None),
+            result = self.bring_up_or_wait(boot, lambda: boot.ensure_up(Plan.from_json(state.plan),
+                                                                        boot.failures(), state.baselines or None),
                                            None, "resume_after_capacity")
             state = self._state_of(context, result)
-        if not state["boots"]:
+        if not state.baselines:
             self.log.info("no node to wait for")
             return self._cleared(context, {}, state)
         if not self.deferrable:
@@ -171,35 +192,35 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
             return super().execute(context)
         return self._defer_for(0, settle, {}, state)
 
-    def _boot(self, state: Mapping) -> JobBoot | None:
-        if not state.get("plan"):
+    def _boot(self, state: WaitState) -> JobBoot | None:
+        if not state.plan:
             return None
-        return self.job_boot(state["plan"]["job_id"], max_attempts=self.max_boot_attempts,
+        return self.job_boot(state.plan["job_id"], max_attempts=self.max_boot_attempts,
                              unavailable_ttl_seconds=self.unavailable_ttl_seconds)
 
     @staticmethod
-    def _state_of(context, result: BringUp) -> dict:
-        context["ti"].xcom_push(key="plan", value=result.plan.to_json())
-        return {"plan": result.plan.to_json(), "boots": result.boots, "tried": result.tried}
+    def _state_of(context, result: BringUp) -> WaitState:
+        state = WaitState.of(result)
+        context["ti"].xcom_push(key="plan", value=state.plan)
+        return state
 
-    def _hold_until(self, state: Mapping, moment: float) -> None:
+    def _hold_until(self, state: WaitState, moment: float) -> None:
         """Renew the job's reservations to cover waiting until `moment` and the launch after it."""
-        if state.get("plan"):
+        if state.plan:
             self.ledger().renew(
-                state["plan"]["job_id"], moment + LAUNCH_MARGIN_SECONDS)
+                state.plan["job_id"], moment + LAUNCH_MARGIN_SECONDS)
 
-    def _defer_for(self, index: int, settle: float, seen: dict, state: dict):
-        baseline = state["boots"][index]
+    def _defer_for(self, index: int, settle: float, seen: dict, state: WaitState):
+        baseline = state.baselines[index]
         deadline = wait_deadline(baseline, self._timing()[1], settle, time.time())
         self._hold_until(state, deadline)
-        self.log.info("waiting for node %s (%d/%d) until %s%s", baseline["node"], index + 1, len(state["boots"]),
+        self.log.info("waiting for node %s (%d/%d) until %s%s", baseline["node"], index + 1, len(state.baselines),
                       utc_relative(deadline, time.time()), "" if baseline.get("start_requested_at") is not None else
                       " (it was up when the job chose it: no boot timeout)")
         self.defer(trigger=NodeGpuReadyTrigger(baseline=dict(baseline), deadline=deadline, settle_seconds=settle,
                                                kubernetes_conn_id=self.kubernetes_conn_id,
                                                fallback_seconds=self.fallback_seconds,
-                                               echo=WaitProgress(index, settle, seen, state["plan"], state["boots"],
-                                                                 state["tried"]).to_json()),
+                                               echo=WaitProgress(index, settle, seen, state).to_json()),
                    method_name="execute_complete")
 
     @summarizes_failure
@@ -207,7 +228,8 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         """Back from the trigger; where we were (node, plan, attempts) comes back in event["echo"]."""
         node, progress = event.get("node"), WaitProgress.from_json(event["echo"])
         index, settle, seen = progress.index, progress.settle, progress.seen
-        state = {"plan": progress.plan or self.plan, "boots": progress.boots or self.boots, "tried": progress.tried}
+        state = WaitState(progress.state.plan or self.plan, progress.state.baselines or list(self.baselines or ()),
+                          progress.state.tried)
         history = event.get("history") or []
         if history:
             self.log.info("watch of node %s in the triggerer (%d change(s)):\n  %s", node, len(history),
@@ -218,7 +240,7 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         summary = event.get("summary") or f"node {node} is GPU-ready"
         self.log.info("%s; evidence:\n%s", summary, evidence_block(event.get("evidence") or {}))
         seen = {**seen, node: {**(event.get("evidence") or {}), "summary": summary}}
-        if index + 1 < len(state["boots"]):
+        if index + 1 < len(state.baselines):
             self._defer_for(index + 1, settle, seen, state)
         self._hold_until(state, time.time())
         return self._cleared(context, seen, state)
@@ -227,19 +249,19 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
     def resume_after_capacity(self, context, event: Mapping):
         """Back from waiting for busy capacity (holding nothing): place again and watch the new nodes."""
         settle, _ = self._timing()
-        boot = self._boot({"plan": self.plan})
+        boot = self._boot(WaitState(self.plan, [], []))
         return self._watch(context, self.capacity_resumed(boot, event["echo"], "resume_after_capacity"), settle)
 
     def _watch(self, context, result: BringUp, settle: float):
         state = self._state_of(context, result)
-        if not result.boots:
+        if not result.baselines:
             return self._cleared(context, {}, state)
         return self._defer_for(0, settle, {}, state)
 
-    def _fail_over(self, context, state: dict, node: str, reason: str | None, evidence: Mapping) -> BringUp:
+    def _fail_over(self, context, state: WaitState, node: str, reason: str | None, evidence: Mapping) -> BringUp:
         """Node `node` timed out: re-place the job elsewhere (see the module doc), wait for busy
         capacity like the start step, or fail with the evidence and where to look."""
-        baseline = next((b for b in state.get("boots") or () if b["node"] == node), {})
+        baseline = next((b for b in state.baselines or () if b["node"] == node), {})
         booted = baseline.get("start_requested_at") is not None
         what = (f"node {node} not GPU-ready before the boot timeout: {reason}; "
                 if booted else f"node {node}, up when the job chose it, did not pass the readiness rule in "
@@ -251,28 +273,28 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
             raise refusal(self, context, what)
         _, timeout = self._timing()
         why = f"not GPU-ready within {duration(timeout)} ({reason})" if booted else f"not GPU-ready although up ({reason})"
-        plan = Plan.from_json(state["plan"])
+        plan = Plan.from_json(state.plan)
         try:
             return self.bring_up_or_wait(
-                boot, lambda: boot.fail_over(plan, {node: why}, state["tried"], {node: {**baseline, **evidence}}),
+                boot, lambda: boot.fail_over(plan, {node: why}, state.tried, {node: {**baseline, **evidence}}),
                 None, "resume_after_capacity")
         except AirflowFailException as exc:   # nothing left to move to: the run fails, holding nothing
             raise refusal(self, context, f"{what}\n{exc}") from None
 
-    def _cleared(self, context, evidence: dict, state: dict) -> list[str]:
+    def _cleared(self, context, evidence: dict, state: WaitState) -> list[str]:
         context["ti"].xcom_push(key="evidence", value=evidence)
         lines = [e.get("summary") or f"{n} GPU-ready" for n, e in evidence.items()]
         summarize(self, context, "; ".join(lines) or "no node to wait for")
-        if state.get("plan"):
-            context["ti"].xcom_push(key="plan", value=state["plan"])
-        return [a["task"] for a in (state.get("plan") or {}).get("assignments", [])]
+        if state.plan:
+            context["ti"].xcom_push(key="plan", value=state.plan)
+        return [a["task"] for a in (state.plan or {}).get("assignments", [])]
 
     @summarizes_failure
     def poke(self, context):
         settle, _ = self._timing()
         kube = KubeClient(self.kubernetes_conn_id)
         now = time.time()
-        readiness = {b["node"]: self._poke_node(kube, b, settle, now) for b in self._state["boots"]}
+        readiness = {b["node"]: self._poke_node(kube, b, settle, now) for b in self._state.baselines}
         waiting = {n: r for n, r in readiness.items() if not r.ready}
         if not waiting:
             cleared = self._cleared(context, {n: {**r.evidence, "summary": boot_summary(n, self._waits[n].clock)}

@@ -47,7 +47,7 @@ def gpu_job_group(job: Mapping | None = None, *, group_id: str = "gpu_job",
         start = StartGpuNodesOperator(task_id="start", plan=place.output, job=spec,
                                       kubernetes_conn_id=kubernetes_conn_id, ecs_conn_id=ecs_conn_id,
                                       ledger_namespace=ledger_namespace, busy_poll_seconds=busy_poll_seconds)
-        wait = GpuReadySensor(task_id="wait_gpu_ready", boots=start.output["boots"], job=spec,
+        wait = GpuReadySensor(task_id="wait_gpu_ready", baselines=start.output["baselines"], job=spec,
                               plan=start.output["plan"], kubernetes_conn_id=kubernetes_conn_id,
                               ecs_conn_id=ecs_conn_id, ledger_namespace=ledger_namespace, deferrable=deferrable,
                               poke_interval=poke_interval)

@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from gpuboot.core.inventory import node_condition, parse_time
-from gpuboot.core.model import NodeState, NodeView, Reservation, Unavailable
+from gpuboot.core.model import ANNOTATION_IDLE_SINCE, NodeState, NodeView, Reservation, Unavailable
 from gpuboot.core.placement import Plan
 
-ANNOTATION_IDLE_SINCE = "gpuboot.io/idle-since"   # written by the idle scale-down (gpuboot.core.idle)
 BOOT_STEPS = ("start requested", "Running", "Ready", "GPUs registered")
 
 

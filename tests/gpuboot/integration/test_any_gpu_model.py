@@ -47,7 +47,7 @@ def test_a_job_accepting_two_models_boots_and_runs_on_the_second_when_the_first_
     assert [a["node"] for a in plan["assignments"]] == ["a10-stopped"] and plan["nodes_to_start"] == ["a10-stopped"]
 
     started = StartGpuNodesOperator(task_id="start", plan=plan).execute(context("start"))
-    sensor = GpuReadySensor(task_id="wait", boots=started["boots"], job=job, plan=plan)
+    sensor = GpuReadySensor(task_id="wait", baselines=started["baselines"], job=job, plan=plan)
     with pytest.raises(TaskDeferred) as deferred:
         sensor.execute(context("wait"))
     assert sensor.execute_complete(context("wait"), run_deferred(deferred.value)) == ["any-model"]

@@ -112,7 +112,7 @@ def test_sensor_arguments_that_cannot_work_are_refused_at_dag_parse_time(kwargs)
     from gpuboot.sensors.gpu_ready import GpuReadySensor
 
     with pytest.raises(ValueError, match="max_boot_attempts|reschedule"):
-        GpuReadySensor(task_id="wait", boots=[], **kwargs)
+        GpuReadySensor(task_id="wait", baselines=[], **kwargs)
 
 
 def test_a_namespace_without_gpuboots_role_fails_place_naming_the_rights_before_anything_is_reserved(

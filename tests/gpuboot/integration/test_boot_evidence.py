@@ -27,9 +27,9 @@ def test_a_node_already_up_is_not_held_to_the_boot_timeout_nor_marked(cloud, cap
     plan, pushed = place(JOB, job_id="job")
     assert [a["node"] for a in plan["assignments"]] == ["gpu-run"] and plan["nodes_to_start"] == []
     out, _ = start(plan, pushed["job"])
-    assert out["boots"][0]["start_requested_at"] is None
+    assert out["baselines"][0]["start_requested_at"] is None
     ctx = context("wait")
-    sensor = GpuReadySensor(task_id="wait", boots=out["boots"], job=pushed["job"], plan=out["plan"],
+    sensor = GpuReadySensor(task_id="wait", baselines=out["baselines"], job=pushed["job"], plan=out["plan"],
                             boot_timeout_seconds=1)
     with pytest.raises(TaskDeferred) as deferred:
         sensor.execute(ctx)
@@ -66,7 +66,7 @@ def boot_timed_out(cloud):
     plan, pushed = place(SETTLED, job_id="job")
     out, _ = start(plan, pushed["job"])
     ctx = context("wait")
-    sensor = GpuReadySensor(task_id="wait", boots=out["boots"], job=pushed["job"], plan=out["plan"],
+    sensor = GpuReadySensor(task_id="wait", baselines=out["baselines"], job=pushed["job"], plan=out["plan"],
                             busy_poll_seconds=0.5)
     with pytest.raises(TaskDeferred) as first:
         sensor.execute(ctx)
@@ -97,7 +97,7 @@ def test_a_failover_that_finds_the_rest_busy_waits_like_start_then_runs(cloud, c
     # the failed boot's watch (first deferral) is in the task log, and where to look
     assert "watch of node gpu-stop in the triggerer" in text
     assert "kubelet on gpu-stop never reported Ready for this boot" in text
-    assert re.search(r"start requested at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00 by this job", text)
+    assert re.search(r"start requested at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC by this job", text)
 
 
 def test_a_failover_on_a_contended_ledger_defers_and_runs_again_instead_of_failing(cloud, capfd, monkeypatch):

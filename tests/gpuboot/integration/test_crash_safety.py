@@ -81,7 +81,7 @@ def test_killed_start_wait_and_launch_retry_to_one_start_one_pod_and_a_clean_led
     assert starts_of(cloud, "gpu2-stop") == 1
 
     # wait: the worker dies while the wait is deferred; the retry waits again from scratch
-    wait_kwargs = {"boots": started["boots"], "job": job, "plan": started["plan"]}
+    wait_kwargs = {"baselines": started["baselines"], "job": job, "plan": started["plan"]}
     first = Step(tmp_path, "wait", wait_kwargs, pause_at="deferred")
     wait_until(first.paused, timeout=60)
     first.kill()

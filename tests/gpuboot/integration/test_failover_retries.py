@@ -40,8 +40,8 @@ def fail_over_then_defer(cloud):
     cloud.set_faults(never_ready=["gpu-stop"], device_plugin_never=["gpu2-stop"])
     plan, pushed = place(JOB, job_id="job")
     out, _ = start(plan, pushed["job"])
-    assert [b["node"] for b in out["boots"]] == ["gpu-stop"]
-    sensor = GpuReadySensor(task_id="wait", boots=out["boots"], job=pushed["job"], plan=out["plan"])
+    assert [b["node"] for b in out["baselines"]] == ["gpu-stop"]
+    sensor = GpuReadySensor(task_id="wait", baselines=out["baselines"], job=pushed["job"], plan=out["plan"])
     ctx = context("wait")
     with pytest.raises(TaskDeferred) as first:
         sensor.execute(ctx)
@@ -71,8 +71,8 @@ def test_a_step_cleared_mid_failover_resumes_from_the_ledger_and_leaves_nothing_
         assert held("job") == ["gpu2-stop"]
     if cleared == "start":
         out, _ = start(plan, pushed["job"])     # the place step's plan (gpu-stop): the ledger says gpu2-stop
-        assert [b["node"] for b in out["boots"]] == ["gpu2-stop"] and out["started"] == []
-    sensor = GpuReadySensor(task_id="wait", boots=out["boots"], job=pushed["job"], plan=out["plan"])
+        assert [b["node"] for b in out["baselines"]] == ["gpu2-stop"] and out["started"] == []
+    sensor = GpuReadySensor(task_id="wait", baselines=out["baselines"], job=pushed["job"], plan=out["plan"])
     ctx = context("wait")
     with pytest.raises(TaskDeferred) as retry:
         sensor.execute(ctx)

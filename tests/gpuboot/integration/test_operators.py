@@ -125,13 +125,13 @@ def test_start_wait_launch_release_on_a_stopped_node(cloud):
     started = StartGpuNodesOperator(task_id="start", plan=plan).execute(ctx)
     assert started["started"] == [iid]
     assert ctx["ti"].pushed["summary"].startswith("start requested for gpu2-stop at 20")   # a UTC time, not epoch
-    (boot,) = started["boots"]
+    (boot,) = started["baselines"]
     assert boot["node"] == "gpu2-stop" and boot["boot_id_before"] == boot_before and boot["gpus_needed"] == 2
     assert EcsHook().statuses([iid])[iid] in ("Starting", "Running")
     again = StartGpuNodesOperator(task_id="start", plan=plan).execute(context("start"))
     assert again["started"] == []                    # a retry does not start it twice
 
-    sensor = GpuReadySensor(task_id="wait", boots=started["boots"], job=pushed["job"], plan=plan)
+    sensor = GpuReadySensor(task_id="wait", baselines=started["baselines"], job=pushed["job"], plan=plan)
     with pytest.raises(TaskDeferred) as deferred:
         sensor.execute(context("wait"))
     assert isinstance(deferred.value.trigger, NodeGpuReadyTrigger)
@@ -168,7 +168,7 @@ def test_poke_mode_applies_the_same_rule_and_times_out_with_evidence(cloud):
     plan, pushed = place(job, job_id="stuck")
     assert plan["nodes_to_start"] == ["gpu-stop"]
     started = StartGpuNodesOperator(task_id="start", plan=plan).execute(context("start"))
-    sensor = GpuReadySensor(task_id="wait", boots=started["boots"], job=pushed["job"], deferrable=False,
+    sensor = GpuReadySensor(task_id="wait", baselines=started["baselines"], job=pushed["job"], deferrable=False,
                             poke_interval=0.2)
     with pytest.raises(AirflowFailException, match="not GPU-ready") as err:
         sensor.execute(context("wait"))
@@ -180,7 +180,7 @@ def test_a_deferred_wait_that_times_out_fails_with_what_it_saw(cloud):
     place(JOB, job_id="hog")
     plan, pushed = place({**JOB, "boot_timeout_seconds": 3}, job_id="never")   # >= 1s boot + 2s settle
     started = StartGpuNodesOperator(task_id="start", plan=plan).execute(context("start"))
-    sensor = GpuReadySensor(task_id="wait", boots=started["boots"], job=pushed["job"])
+    sensor = GpuReadySensor(task_id="wait", baselines=started["baselines"], job=pushed["job"])
     with pytest.raises(TaskDeferred) as deferred:
         sensor.execute(context("wait"))
     event = run_deferred(deferred.value)

@@ -79,7 +79,7 @@ def test_no_stock_marks_the_offering_and_moves_the_job_within_the_same_try(cloud
 
     assert [a["node"] for a in out["plan"]["assignments"]] == ["gpu2-stop"]
     assert xcom["plan"] == out["plan"] and out["started"] == [cloud.instance_id("gpu2-stop")]
-    assert [b["node"] for b in out["boots"]] == ["gpu2-stop"]
+    assert [b["node"] for b in out["baselines"]] == ["gpu2-stop"]
     assert held("job") == ["gpu2-stop"]                        # the old reservation went with the move
     (mark,) = ledger().live_unavailable()
     assert (mark.instance_type, mark.zone) == (T4, ZONE) and "NoStock" in mark.reason
@@ -229,10 +229,10 @@ def test_a_node_not_ready_in_time_is_stopped_again_and_the_job_moves(cloud, capf
     cloud.set_faults(**{fault: ["gpu-stop"]})
     plan, pushed = place(FAST_BOOT, job_id="job")
     out, _ = start(plan, pushed["job"])
-    assert [b["node"] for b in out["boots"]] == ["gpu-stop"]
+    assert [b["node"] for b in out["baselines"]] == ["gpu-stop"]
 
     ctx = context("wait")
-    sensor = GpuReadySensor(task_id="wait", boots=out["boots"], job=pushed["job"], plan=out["plan"])
+    sensor = GpuReadySensor(task_id="wait", baselines=out["baselines"], job=pushed["job"], plan=out["plan"])
     assert run_sensor(sensor, ctx) == ["train"]
 
     moved = ctx["ti"].pushed["plan"]
@@ -253,7 +253,7 @@ def test_poke_mode_fails_over_the_same_way(cloud):
     plan, pushed = place(FAST_BOOT, job_id="job")
     out, _ = start(plan, pushed["job"])
     ctx = context("wait")
-    sensor = GpuReadySensor(task_id="wait", boots=out["boots"], job=pushed["job"], plan=out["plan"],
+    sensor = GpuReadySensor(task_id="wait", baselines=out["baselines"], job=pushed["job"], plan=out["plan"],
                             deferrable=False, poke_interval=0.2)
     assert sensor.execute(ctx) == ["train"]
     assert [a["node"] for a in ctx["ti"].pushed["plan"]["assignments"]] == ["gpu2-stop"]
@@ -266,7 +266,7 @@ def test_boot_attempts_are_bounded_and_the_last_failure_leaves_nothing_behind(cl
     cloud.set_faults(never_ready=["gpu-stop", "gpu2-stop"])
     plan, pushed = place(FAST_BOOT, job_id="job")
     out, _ = start(plan, pushed["job"])
-    sensor = GpuReadySensor(task_id="wait", boots=out["boots"], job=pushed["job"], plan=out["plan"])
+    sensor = GpuReadySensor(task_id="wait", baselines=out["baselines"], job=pushed["job"], plan=out["plan"])
     with pytest.raises(AirflowFailException) as err:
         run_sensor(sensor, context("wait"))
     text = str(err.value)
@@ -286,7 +286,7 @@ def test_a_node_another_job_claims_is_not_stopped(cloud, capfd):
     plan_b, _ = place({**FAST_BOOT, "name": "b"}, job_id="b")
     assert plan_a["nodes_to_start"] == plan_b["nodes_to_start"] == ["gpu2-stop"]
     out, _ = start(plan_a, pushed_a["job"])
-    sensor = GpuReadySensor(task_id="wait", boots=out["boots"], job=pushed_a["job"], plan=out["plan"],
+    sensor = GpuReadySensor(task_id="wait", baselines=out["baselines"], job=pushed_a["job"], plan=out["plan"],
                             max_boot_attempts=1)
     with pytest.raises(AirflowFailException, match="gave up"):
         run_sensor(sensor, context("wait"))
@@ -302,7 +302,7 @@ def test_a_short_user_ttl_does_not_let_another_job_onto_gpus_a_waiting_run_holds
     job_a = {**JOB, "gpus": 2, "reservation_ttl_seconds": 1, "boot_timeout_seconds": 120}
     plan, pushed = place(job_a, job_id="a")
     out, _ = start(plan, pushed["job"])
-    sensor = GpuReadySensor(task_id="wait", boots=out["boots"], job=pushed["job"], plan=out["plan"])
+    sensor = GpuReadySensor(task_id="wait", baselines=out["baselines"], job=pushed["job"], plan=out["plan"])
     with pytest.raises(TaskDeferred) as deferred:
         sensor.execute(context("wait"))
     deadline = deferred.value.trigger.deadline
@@ -329,4 +329,4 @@ def test_each_step_renews_what_the_job_holds_and_never_shortens_it(cloud):
     (after_start,) = [r for r in ledger().live() if r.job_id == "short"]
     assert after_start.expires_at > before.expires_at + 500    # the start step covers its stopping wait
     record = ledger().snapshot().record("short", time.time())
-    assert record.expires_at >= after_start.expires_at and record.started_on(out["boots"][0]["node"])
+    assert record.expires_at >= after_start.expires_at and record.started_on(out["baselines"][0]["node"])

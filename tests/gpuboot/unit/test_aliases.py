@@ -63,3 +63,11 @@ def test_the_old_entry_points_load_in_a_fresh_interpreter():
     env = dict(os.environ, PYTHONPATH=str(Path(gpuboot.__file__).parents[1]))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
     assert out.split() == ["gpuboot.ui.plugin", "gpuboot", "gpuboot"]
+
+
+def test_the_sensors_old_argument_name_still_works():
+    from gpuboot.sensors.gpu_ready import GpuReadySensor
+
+    with pytest.warns(DeprecationWarning, match="baselines"):
+        sensor = GpuReadySensor(task_id="w", boots=[{"node": "n"}])
+    assert sensor.baselines == [{"node": "n"}]

@@ -138,7 +138,7 @@ def test_a_batch_write_that_meets_a_release_keeps_its_plans_without_reading_agai
         return original(*args, **kwargs)
 
     placer._commit = commit_after_a_release
-    booking = placer.book(spec().to_job_request("job"), reservation_ttl(spec()), c.ledger().snapshot())
+    booking = placer.wait_for_batch(spec().to_job_request("job"), reservation_ttl(spec()), c.ledger().snapshot())
     assert booking.plan.outcome == Outcome.FITS and b.full_reads == 1 and releases
     assert held(c) == {"job": ["gpu-stop"]}     # placed while gpu-run still counted as reserved
 

@@ -68,7 +68,7 @@ def test_no_stock_marks_the_offering_and_re_places_onto_another_node_within_the_
     up = boot.bring_up(plan)
 
     assert nodes(up.plan) == ["gpu2-stop"] and up.started == [STOP2]
-    assert [b["node"] for b in up.boots] == ["gpu2-stop"]
+    assert [b["node"] for b in up.baselines] == ["gpu2-stop"]
     assert c.ecs.calls_to("start") == [(STOP,), (STOP2,)]
     assert c.ecs.status(STOP) == "Stopped" and c.ecs.status(STOP2) == "Starting"
     (mark,) = marks(c)
@@ -136,7 +136,7 @@ def test_a_start_retry_starts_nothing_twice_and_keeps_the_first_start_as_the_bas
     c.clock.advance(30)
     again = job(c).ensure_up(up.plan)                               # a retry of the start step
     assert again.started == [] and c.ecs.calls_to("start")[-1] == (STOP,)
-    assert again.boots[0]["start_requested_at"] == up.boots[0]["start_requested_at"] == c.clock() - 30
+    assert again.baselines[0]["start_requested_at"] == up.baselines[0]["start_requested_at"] == c.clock() - 30
 
 
 # -- boot timeout ------------------------------------------------------------------------------
@@ -147,7 +147,7 @@ def test_a_node_not_gpu_ready_by_its_boot_timeout_is_stopped_again_and_the_job_m
     c.clock.advance(SPEC.boot_timeout_seconds)
     c.cluster.conflict_next_writes(conflicts)              # other writers win the fail-over's first commits
     why = "not GPU-ready within 300s"
-    evidence = {"gpu-stop": {**up.boots[0], "boot_id": "boot-2", "ready": "False"}}
+    evidence = {"gpu-stop": {**up.baselines[0], "boot_id": "boot-2", "ready": "False"}}
 
     moved = boot.fail_over(up.plan, {"gpu-stop": why}, up.tried, evidence)
 
@@ -182,8 +182,8 @@ def test_a_node_that_was_up_when_chosen_fails_only_for_this_job():
     c = cloud()
     boot = job(c)
     up = boot.bring_up(boot.rebook())
-    assert nodes(up.plan) == ["gpu-run"] and up.started == [] and up.boots[0]["start_requested_at"] is None
-    moved = boot.fail_over(up.plan, {"gpu-run": "GPUs not registered"}, up.tried, {"gpu-run": up.boots[0]})
+    assert nodes(up.plan) == ["gpu-run"] and up.started == [] and up.baselines[0]["start_requested_at"] is None
+    moved = boot.fail_over(up.plan, {"gpu-run": "GPUs not registered"}, up.tried, {"gpu-run": up.baselines[0]})
     assert nodes(moved.plan) == ["gpu-stop"] and marks(c) == []
     assert c.ecs.calls_to("stop") == [] and c.ecs.status(RUN) == "Running"     # not this job's to stop
 

@@ -291,11 +291,15 @@ def test_every_finding_has_a_code_and_the_first_blocking_one_leads():
 def test_the_state_a_resumed_step_carries_round_trips_as_json():
     import json
 
-    from gpuboot.sensors.gpu_ready import WaitProgress
     from gpuboot.operators.capacity_wait import CapacityWait
+    from gpuboot.sensors.gpu_ready import WaitProgress, WaitState
 
-    progress = WaitProgress(1, 2.0, {"a": {"ready": "True"}}, {"job_id": "j"}, [{"node": "a"}, {"node": "b"}], ["x"])
+    state = WaitState({"job_id": "j"}, [{"node": "a"}, {"node": "b"}], ["x"])
+    progress = WaitProgress(1, 2.0, {"a": {"ready": "True"}}, state)
     assert WaitProgress.from_json(json.loads(json.dumps(progress.to_json()))) == progress
+    flat = {"index": 1, "settle": 2.0, "seen": {"a": {"ready": "True"}}, "plan": {"job_id": "j"},
+            "baselines": [{"node": "a"}, {"node": "b"}], "tried": ["x"]}      # an echo written by 0.1
+    assert WaitProgress.from_json(flat) == progress
     wait = CapacityWait(1_800_000_000.5, ["offering t in z: NoStock"])
     assert CapacityWait.from_json(json.loads(json.dumps(wait.to_json()))) == wait
     assert CapacityWait.from_json({"deadline": 5}).tried == []          # the place step's timer carries no list
