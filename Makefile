@@ -127,3 +127,4 @@ test-distributed-burst: install
 .PHONY: chaos
 chaos: install
 	$(PY) -m chaos $(CHAOS_ARGS)
+include controlplane/controlplane.mk
