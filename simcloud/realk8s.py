@@ -128,10 +128,12 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _die_with_parent() -> None:
-    """preexec_fn: the child gets SIGTERM when the thread that started it exits (Linux prctl)."""
+    """preexec_fn: the child is killed when the thread that started it exits (Linux prctl). SIGKILL, not
+    SIGTERM: all components get it at once, and a SIGTERMed kube-apiserver whose etcd is gone takes
+    a minute or more to exit."""
     with contextlib.suppress(Exception):   # best effort: not on Linux
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM, 0, 0, 0)   # PR_SET_PDEATHSIG
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)   # PR_SET_PDEATHSIG
 
 
 def _tail(path: Path, lines: int = 40, offset: int = 0) -> str:
@@ -220,6 +222,9 @@ class RealControlPlane:
         lets an open watch hold a SIGTERMed kube-apiserver for --request-timeout (60 s); "2s" (ours)
         ends open watches and exits in about a second. None keeps upstream's default.
     extra_args: {component: [flags...]} appended to that component's command line.
+    die_with_parent: the components are SIGKILLed by the kernel when the thread that called start()
+        (or restart()) exits, so a crashed test run leaves nothing behind; call start() from a thread
+        that outlives the plane (the main thread), or pass False and rely on stop() alone.
     """
 
     def __init__(self, workdir: str | os.PathLike, binary: str | os.PathLike | None = None, *,
