@@ -4,6 +4,7 @@
 #   make controlplane          build it unless the cache already has it; writes its path to
 #                              .tools/controlplane-bin
 #   make -s controlplane-path  print that path (builds nothing)
+#   make controlplane-prune    delete the cached binaries of other inputs (133 MB each)
 #   make test-real-k8s         tests/real_k8s against it
 #
 # The binary, the module cache and the build cache live outside the clone, under
@@ -31,7 +32,7 @@ CONTROLPLANE_BIN := $(GPUBOOT_CACHE)/controlplane/$(CONTROLPLANE_HASH)/controlpl
 CONTROLPLANE_BIN_FILE := .tools/controlplane-bin
 CONTROLPLANE_GOENV := CGO_ENABLED=0 GOFLAGS=-modcacherw GOMODCACHE=$(GPUBOOT_CACHE)/go/mod GOCACHE=$(GPUBOOT_CACHE)/go/build
 
-.PHONY: controlplane controlplane-path test-real-k8s
+.PHONY: controlplane controlplane-path controlplane-prune test-real-k8s
 
 controlplane: $(CONTROLPLANE_BIN)
 	@mkdir -p $(dir $(CONTROLPLANE_BIN_FILE))
@@ -40,6 +41,12 @@ controlplane: $(CONTROLPLANE_BIN)
 
 controlplane-path:
 	@echo '$(CONTROLPLANE_BIN)'
+
+# Every input change leaves its binary in the cache (another clone may still use it): this removes
+# all but the current one. The module and build caches stay (go clean -cache / -modcache for those).
+controlplane-prune:
+	@for d in $(GPUBOOT_CACHE)/controlplane/*/; do \
+	  [ "$$d" = "$(dir $(CONTROLPLANE_BIN))" ] || { echo "removing $$d"; rm -rf "$$d"; }; done
 
 # No prerequisites on purpose: the path already names the inputs' content, so a file
 # time (a fresh clone's, a touch) never triggers a build; a change of content does.
