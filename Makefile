@@ -141,3 +141,5 @@ chaos: install
 .PHONY: docs
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --config-file mkdocs.yml
+
+include controlplane/controlplane.mk

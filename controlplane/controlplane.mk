@@ -1,0 +1,71 @@
+# The real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler,
+# kube-controller-manager) as one Go binary built from controlplane/ (see main.go).
+#
+#   make controlplane          build it unless the cache already has it; writes its path to
+#                              .tools/controlplane-bin
+#   make -s controlplane-path  print that path (builds nothing)
+#   make controlplane-prune    delete the cached binaries of other inputs (133 MB each)
+#   make test-real-k8s         tests/real_k8s against it
+#
+# The binary, the module cache and the build cache live outside the clone, under
+# GPUBOOT_CACHE, so another clone on the same machine (CI) reuses them. The binary's
+# folder is named by a hash of what decides its content (go.mod, go.sum, the *.go files
+# and the build flags below), never by file times: a fresh clone finds it and builds
+# nothing. A cold build takes minutes and a few GB of memory on 2 cores.
+
+GPUBOOT_CACHE ?= $(HOME)/.cache/gpuboot
+GO ?= $(shell command -v go 2>/dev/null || { [ -x /usr/local/go/bin/go ] && echo /usr/local/go/bin/go; } || echo go)
+
+CONTROLPLANE_DIR := controlplane
+CONTROLPLANE_INPUTS := $(CONTROLPLANE_DIR)/go.mod $(CONTROLPLANE_DIR)/go.sum $(sort $(wildcard $(CONTROLPLANE_DIR)/*.go))
+# The Kubernetes release the binary reports (/version, kubectl version), read from go.mod.
+CONTROLPLANE_K8S_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2; exit }' $(CONTROLPLANE_DIR)/go.mod)
+CONTROLPLANE_K8S_MINOR := $(word 2,$(subst ., ,$(CONTROLPLANE_K8S_VERSION)))
+CONTROLPLANE_VERSION_LDFLAGS := $(foreach pkg,k8s.io/component-base/version k8s.io/client-go/pkg/version,\
+  -X $(pkg).gitVersion=$(CONTROLPLANE_K8S_VERSION) -X $(pkg).gitMajor=1 -X $(pkg).gitMinor=$(CONTROLPLANE_K8S_MINOR) \
+  -X $(pkg).gitTreeState=clean -X $(pkg).buildDate=1970-01-01T00:00:00Z)
+CONTROLPLANE_GOFLAGS := -trimpath -ldflags '-s -w $(strip $(CONTROLPLANE_VERSION_LDFLAGS))'
+# Content hash of the inputs (names and bytes) and of the build flags.
+CONTROLPLANE_HASH := $(shell { for f in $(CONTROLPLANE_INPUTS); do echo "== $$f"; cat "$$f"; done; \
+  echo "== flags $(CONTROLPLANE_GOFLAGS)"; } | sha256sum | cut -c1-16)
+CONTROLPLANE_BIN := $(GPUBOOT_CACHE)/controlplane/$(CONTROLPLANE_HASH)/controlplane
+CONTROLPLANE_BIN_FILE := .tools/controlplane-bin
+CONTROLPLANE_GOENV := CGO_ENABLED=0 GOFLAGS=-modcacherw GOMODCACHE=$(GPUBOOT_CACHE)/go/mod GOCACHE=$(GPUBOOT_CACHE)/go/build
+
+.PHONY: controlplane controlplane-path controlplane-prune test-real-k8s
+
+controlplane: $(CONTROLPLANE_BIN)
+	@mkdir -p $(dir $(CONTROLPLANE_BIN_FILE))
+	@echo '$(CONTROLPLANE_BIN)' > $(CONTROLPLANE_BIN_FILE)
+	@echo "controlplane: $(CONTROLPLANE_BIN)"
+
+controlplane-path:
+	@echo '$(CONTROLPLANE_BIN)'
+
+# Every input change leaves its binary in the cache (another clone may still use it): this removes
+# all but the current one. The module and build caches stay (go clean -cache / -modcache for those).
+controlplane-prune:
+	@for d in $(GPUBOOT_CACHE)/controlplane/*/; do \
+	  [ "$$d" = "$(dir $(CONTROLPLANE_BIN))" ] || { echo "removing $$d"; rm -rf "$$d"; }; done
+
+# No prerequisites on purpose: the path already names the inputs' content, so a file
+# time (a fresh clone's, a touch) never triggers a build; a change of content does.
+# Modules are downloaded first so that a module the proxy refuses is named with the
+# proxy's error; the build goes to a temporary file renamed into place, so an
+# interrupted or concurrent build never leaves a partial binary at the final path.
+$(CONTROLPLANE_BIN):
+	@command -v $(GO) >/dev/null 2>&1 || { echo "controlplane: the Go toolchain ('$(GO)') was not found;" \
+	  "install Go >= 1.26 or run make GO=/path/to/go controlplane" >&2; exit 1; }
+	@echo "controlplane: building $@ with $$($(GO) version) (cold: several minutes, up to ~3 GB of memory)"
+	@cd $(CONTROLPLANE_DIR) && out=$$($(CONTROLPLANE_GOENV) $(GO) mod download -json 2>&1) || { \
+	  echo "controlplane: downloading the Go modules failed (GOPROXY=$$($(GO) env GOPROXY)):" >&2; \
+	  printf '%s\n' "$$out" | awk '/"Path":/ { path = $$2 } /"Version":/ { version = $$2 } \
+	    /"Error":/ { print "  module " path " " version " " substr($$0, index($$0, $$2)); n++ } \
+	    /^go: / { print "  " $$0; n++ } END { exit n == 0 }' >&2 || printf '%s\n' "$$out" >&2; exit 1; }
+	@mkdir -p $(@D)
+	cd $(CONTROLPLANE_DIR) && $(CONTROLPLANE_GOENV) $(GO) build $(CONTROLPLANE_GOFLAGS) -o $@.tmp.$$$$ . \
+	  && mv -f $@.tmp.$$$$ $@ || { rm -f $@.tmp.$$$$; echo "controlplane: go build failed (above)" >&2; exit 1; }
+
+# The launcher's tests (tests/real_k8s) against the real binaries.
+test-real-k8s: install controlplane
+	GPUBOOT_REAL_K8S=1 GPUBOOT_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) $(PY) -m pytest tests/real_k8s
