@@ -56,7 +56,7 @@ CROSSINGS = {
                                       "knows no Airflow"),
     "a hook decides placement": ("hooks/kube.py", "from gpuboot.core.placement import place",
                                  "never its decisions"),
-    "the product imports the local cloud": ("ui/plugin.py", "import simcloud.testing",
+    "the product imports the local cloud": ("ui/plugin.py", "import simcloud.harness",
                                             "never imports the local cloud"),
 }
 

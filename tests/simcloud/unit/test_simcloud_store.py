@@ -1,7 +1,7 @@
 """The store: versions, conflicts, graceful pod deletion, watch history, events."""
 import pytest
 
-from simcloud.store import ApiError, Store
+from simcloud.kube.store import ApiError, Store
 
 POD = {"metadata": {"name": "p", "namespace": "default"}, "spec": {"containers": [{"name": "c", "image": "img:1"}]}}
 

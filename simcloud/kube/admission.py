@@ -66,7 +66,7 @@ def extended_requests(pod: dict) -> dict[str, int]:
 
 def invalid(kind: str, name: str, causes: list[tuple[str, str, str]]):
     """Build the 422 Invalid ApiError: causes are (field, reason, message)."""
-    from simcloud.store import ApiError   # store imports us; import late to avoid a cycle
+    from simcloud.kube.store import ApiError   # store imports us; import late to avoid a cycle
     text = ", ".join(f"{f}: {m}" for f, _, m in causes)
     return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {text}', {
         "name": name, "kind": kind,

@@ -6,7 +6,7 @@ Two stages, in the real server's order:
   not a string, `spec.taints: "notalist"`, `tolerations: "x"`) cannot become a Go struct:
   a create or update body is then 400 BadRequest ("cannot be handled as a Pod: json: cannot
   unmarshal ..."), a patch whose result does not decode is 422 Invalid on the field `patch`.
-  Types come from the `kubernetes` client's models (`k8s_fields.json`, see simcloud.openapi).
+  Types come from the `kubernetes` client's models (`fields.json`, see simcloud.kube.openapi).
 * `validate`: pkg/apis/core/validation and rbac validation for the fields the product and
   kubectl send: names per kind, label keys and values, nodeSelector, tolerations, taints,
   resource names and quantities (extended resources integral, requests equal to limits),
@@ -22,14 +22,14 @@ import json
 import re
 from typing import TYPE_CHECKING
 
-from simcloud.admission import invalid, parse_quantity
+from simcloud.kube.admission import invalid, parse_quantity
 
 if TYPE_CHECKING:
-    from simcloud.store import ApiError, ResourceInfo
+    from simcloud.kube.store import ApiError, ResourceInfo
 
 
 def _api_error(code: int, reason: str, message: str, details: dict | None = None) -> "ApiError":
-    from simcloud.store import ApiError   # the store calls this module: import late to avoid a cycle
+    from simcloud.kube.store import ApiError   # the store calls this module: import late to avoid a cycle
     return ApiError(code, reason, message, details)
 
 # --------------------------------------------------------------------------- decoding
@@ -71,7 +71,7 @@ def _json_type(value) -> str:
 
 def decode_errors(info: ResourceInfo, obj: dict) -> list[str]:
     """Go decoder messages for every field of `obj` whose JSON type its kind's schema refuses."""
-    from simcloud.openapi import model_name
+    from simcloud.kube.openapi import model_name
     errors: list[str] = []
     name = model_name(info)
     _check(name, obj, re.sub(r"^(CoreV1|RbacV1|V1)", "", name), "", errors)
@@ -102,7 +102,7 @@ def _check(kind: str, value, struct: str, path: str, errors: list[str], quantity
         return
     if kind == "object":
         return
-    from simcloud.openapi import _models
+    from simcloud.kube.openapi import _models
     fields = _models().get(kind)
     if fields is None:
         return

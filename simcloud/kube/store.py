@@ -8,7 +8,7 @@ written more than `history_seconds` ago is compacted, as the apiserver's periodi
 compaction (5 min) does, so a watch from it is 410 Gone whatever the resource. Each resource keeps its keys sorted, so a list page
 (`limit` + continue after the last key) costs O(log n + page), not a scan of everything.
 
-Creates and API updates are defaulted and validated (simcloud.admission, simcloud.validation:
+Creates and API updates are defaulted and validated (simcloud.kube.admission, simcloud.kube.validation:
 422 with causes) before they are stored, and take `dry_run` (validated, nothing stored);
 in-process controllers write through `mutate`, which trusts them.
 
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Iterable, NamedTuple
 
-from simcloud import admission, validation
-from simcloud.patching import PatchError, apply_patch
-from simcloud.selectors import SelectorError, parse_field_selector, parse_label_selector
+from simcloud.kube import admission, validation
+from simcloud.kube.patching import PatchError, apply_patch
+from simcloud.kube.selectors import SelectorError, parse_field_selector, parse_label_selector
 
 HISTORY_LIMIT = 10_000
 HISTORY_SECONDS = 300.0     # kube-apiserver --etcd-compaction-interval default
@@ -93,7 +93,7 @@ RESOURCES: dict[str, ResourceInfo] = {r.name: r for r in (
     _r("rolebindings", "RoleBinding", True, group="rbac.authorization.k8s.io"),
     _r("clusterroles", "ClusterRole", False, group="rbac.authorization.k8s.io"),
     _r("clusterrolebindings", "ClusterRoleBinding", False, group="rbac.authorization.k8s.io"),
-    # create-only reviews: answered by simcloud.auth, never stored
+    # create-only reviews: answered by simcloud.kube.auth, never stored
     _r("selfsubjectaccessreviews", "SelfSubjectAccessReview", False, group="authorization.k8s.io"),
     _r("selfsubjectrulesreviews", "SelfSubjectRulesReview", False, group="authorization.k8s.io"),
 )}
