@@ -34,7 +34,7 @@ def admin_routes(faults: Faults, state: Callable[[], dict], compact: Callable[[]
     from aiohttp import web   # server side only: keeps the fault CLI quick to start
 
     from simcloud.kube.auth import MASTERS, service_account_user
-    from simcloud.kube.store import ApiError
+    from simcloud.kube.errors import ApiError
 
     async def get_faults(_request: web.Request) -> web.Response:
         return web.json_response(faults.to_dict())

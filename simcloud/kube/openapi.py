@@ -24,7 +24,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from simcloud.kube.store import RESOURCES, ResourceInfo
+from simcloud.kube.resources import RESOURCES, ResourceInfo
 
 FIELDS_FILE = Path(__file__).with_name("fields.json")
 

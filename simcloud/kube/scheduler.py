@@ -16,7 +16,8 @@ from collections import Counter
 from decimal import Decimal
 
 from simcloud.kube.admission import parse_quantity
-from simcloud.kube.store import ApiError, Store, now_rfc3339
+from simcloud.kube.errors import ApiError
+from simcloud.kube.store import Store, now_rfc3339
 
 log = logging.getLogger("simcloud.kube.scheduler")
 

@@ -44,7 +44,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import AsyncIterator
 
-from simcloud.kube.store import ApiError
+from simcloud.kube.errors import ApiError
 
 RUN_SECONDS_ANNOTATION = "simcloud.io/run-seconds"
 EXIT_START_ERROR = 128      # containerd's exit code for a container whose task never started

@@ -66,7 +66,8 @@ from simcloud.machines.containers import EXIT_START_ERROR, CannotRun, Container,
 from simcloud.ecs.model import EcsCloud, Instance
 from simcloud.fleet import PLACEHOLDER_ANNOTATION, NodeSpec, new_boot_id
 from simcloud.kube.node_lifecycle import LEASE_NAMESPACE, UNREACHABLE, set_lifecycle_taint, set_unknown
-from simcloud.kube.store import ApiError, Store
+from simcloud.kube.errors import ApiError
+from simcloud.kube.store import Store
 
 log = logging.getLogger(__name__)
 

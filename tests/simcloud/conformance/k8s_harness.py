@@ -25,7 +25,8 @@ from simcloud.kube.auth import Auth
 from simcloud.config import Faults
 from simcloud.kube.api import make_k8s_app
 from simcloud.kube.scheduler import Scheduler
-from simcloud.kube.store import ApiError, Store
+from simcloud.kube.errors import ApiError
+from simcloud.kube.store import Store
 from simcloud.tls import serving_context
 from simcloud.workdir import kubeconfig_text
 from simcloud.harness import wait_until  # noqa: F401 - re-exported for the K8S tests

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from simcloud.machines.containers import CannotRun, ContainerRunner
-from simcloud.kube.store import ApiError
+from simcloud.kube.errors import ApiError
 from simcloud.harness import process_alive
 
 

@@ -3,7 +3,7 @@ import json
 
 from simcloud.kube.openapi import (FIELDS_FILE, drop_unknown_fields, dump_fields, generate_fields, v2_document,
                                    v3_document, v3_root)
-from simcloud.kube.store import RESOURCES
+from simcloud.kube.resources import RESOURCES
 
 
 def test_every_served_kind_has_a_schema_and_known_fields_pass():

@@ -1,7 +1,8 @@
 """simcloud.kube.validation's pure rules: the typed decode's messages, names, labels and quantities."""
 import pytest
 
-from simcloud.kube.store import RESOURCES, ApiError
+from simcloud.kube.errors import ApiError
+from simcloud.kube.resources import RESOURCES
 from simcloud.kube.validation import decode_errors, is_extended, label_value_errors, qualified_name_errors, validate
 
 
