@@ -74,7 +74,8 @@ class Cloud:
         self._populate()
         self.auth = Auth(self.store)
         self.k8s_app = make_k8s_app(self.store, self.runner, self.faults, self.auth,
-                                    bookmark_seconds=timings.watch_bookmark_seconds)
+                                    bookmark_seconds=timings.watch_bookmark_seconds,
+                                    unadmitted_prefixes=(ADMIN_PREFIX,))
         self.k8s_app.router.add_routes(admin_routes(self.faults, self.state, self.store.compact, self.auth))
         self.ecs_app = make_ecs_app(self.cloud, {fleet.access_key_id: fleet.access_key_secret}, self.faults,
                                     rng=random.Random(self.rng.random()))

@@ -22,7 +22,6 @@ import msgspec
 from aiohttp import web
 
 from simcloud.kube import openapi, protobuf, validation
-from simcloud.admin import ADMIN_PREFIX
 from simcloud.kube.auth import Auth, request_attributes, token_request
 from simcloud.config import Faults
 from simcloud.kube.errors import ApiError
@@ -568,9 +567,11 @@ class K8sApi:
 
 # --------------------------------------------------------------------------- app
 def make_k8s_app(store: Store, log_source: LogSource, faults: Faults, auth: Auth, *,
-                 debug: bool = False, bookmark_seconds: float | None = None) -> web.Application:
-    """The Kubernetes API server app; every request authenticated and authorized by `auth`
-    (the admin routes under /_simcloud excepted); `debug=True` logs every request."""
+                 debug: bool = False, bookmark_seconds: float | None = None,
+                 unadmitted_prefixes: tuple[str, ...] = ()) -> web.Application:
+    """The Kubernetes API server app; every request authenticated and authorized by `auth`, except
+    paths under `unadmitted_prefixes` (routes the caller adds that check their caller themselves:
+    the server's admin routes under /_simcloud); `debug=True` logs every request."""
     api = K8sApi(store, log_source, faults, auth, bookmark_seconds)
 
     def admit(request: web.Request) -> None:
@@ -586,7 +587,7 @@ def make_k8s_app(store: Store, log_source: LogSource, faults: Faults, auth: Auth
             await asyncio.sleep(faults.k8s_latency_ms / 1000)
         started = time.monotonic()
         try:
-            if not request.path.startswith(ADMIN_PREFIX):
+            if not request.path.startswith(unadmitted_prefixes):
                 admit(request)
             response = await handler(request)
         except ApiError as err:
