@@ -56,9 +56,9 @@ from pathlib import Path
 
 import yaml
 
-from simcloud.kube.admission import is_extended_resource
 from simcloud.config import Faults, Timings
 from simcloud.ecs.model import Instance, InstanceType
+from simcloud.kube.admission import is_extended_resource
 
 KUBELET_VERSION = "v1.30.1-aliyun.1"
 OS_IMAGE = "Alibaba Cloud Linux 3.2104 U10 (OpenAnolis Edition)"

@@ -34,20 +34,20 @@ from pathlib import Path
 
 from aiohttp import web
 
-from simcloud.kube import admission
-from simcloud.config import Faults
 from simcloud.admin import ADMIN_PREFIX, admin_routes
-from simcloud.kube.auth import ADMIN_USER, Auth
-from simcloud.machines.containers import ContainerRunner, rfc3339
+from simcloud.config import Faults
 from simcloud.ecs.api import make_ecs_app
 from simcloud.ecs.model import EcsCloud
 from simcloud.fleet import (BENCH_NAMESPACE, Fleet, ecs_instance, new_boot_id, node_object,
                             placeholder_pod)
+from simcloud.kube import admission
 from simcloud.kube.api import make_k8s_app
-from simcloud.machines.kubelet import Kubelets
+from simcloud.kube.auth import ADMIN_USER, Auth
 from simcloud.kube.node_lifecycle import NodeLifecycleController
 from simcloud.kube.scheduler import Scheduler
 from simcloud.kube.store import Store
+from simcloud.machines.containers import ContainerRunner, rfc3339
+from simcloud.machines.kubelet import Kubelets
 from simcloud.tls import serving_context
 from simcloud.workdir import kubeconfig_text, kubernetes_connection, write_file as _write
 

@@ -19,12 +19,12 @@ from urllib.parse import parse_qsl
 
 from aiohttp import web
 
-from simcloud.ecs import catalog, signing, tags
 from simcloud.config import Faults
+from simcloud.ecs import catalog, signing, tags
 from simcloud.ecs.model import STATUSES, EcsCloud, EcsError, Instance, InstanceType, Outcome
-from simcloud.ecs.quota import THROTTLED, ApiQuota
 from simcloud.ecs.params import (Params, as_bool, check_region, json_list, missing, one_of, page, repeat_list,
                                  require, tag_filter)
+from simcloud.ecs.quota import THROTTLED, ApiQuota
 
 log = logging.getLogger(__name__)
 

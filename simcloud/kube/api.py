@@ -21,13 +21,13 @@ from typing import AsyncIterator, Protocol
 import msgspec
 from aiohttp import web
 
+from simcloud.config import Faults
 from simcloud.kube import openapi, protobuf, validation
 from simcloud.kube.auth import Auth, request_attributes, token_request
-from simcloud.config import Faults
 from simcloud.kube.errors import ApiError
 from simcloud.kube.resources import RESOURCES, ResourceInfo
-from simcloud.kube.store import Store, WatchEvent, conflict, not_found, now_rfc3339
 from simcloud.kube.selectors import SelectorError, parse_field_selector, parse_label_selector
+from simcloud.kube.store import Store, WatchEvent, conflict, not_found, now_rfc3339
 from simcloud.kube.tables import make_table
 
 log = logging.getLogger("simcloud.k8s")

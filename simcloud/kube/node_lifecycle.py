@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from simcloud.config import Timings
-from simcloud.kube.scheduler import tolerates
 from simcloud.kube.errors import ApiError
+from simcloud.kube.scheduler import tolerates
 from simcloud.kube.store import Store, now_rfc3339
 
 log = logging.getLogger("simcloud.kube.node_lifecycle")

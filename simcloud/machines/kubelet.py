@@ -60,14 +60,14 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from simcloud.kube.admission import extended_requests, parse_quantity as parse_count
 from simcloud.config import Faults, Timings
-from simcloud.machines.containers import EXIT_START_ERROR, CannotRun, Container, ContainerRunner, rfc3339
 from simcloud.ecs.model import EcsCloud, Instance
 from simcloud.fleet import PLACEHOLDER_ANNOTATION, NodeSpec, new_boot_id
-from simcloud.kube.node_lifecycle import LEASE_NAMESPACE, UNREACHABLE, set_lifecycle_taint, set_unknown
+from simcloud.kube.admission import extended_requests, parse_quantity as parse_count
 from simcloud.kube.errors import ApiError
+from simcloud.kube.node_lifecycle import LEASE_NAMESPACE, UNREACHABLE, set_lifecycle_taint, set_unknown
 from simcloud.kube.store import Store
+from simcloud.machines.containers import EXIT_START_ERROR, CannotRun, Container, ContainerRunner, rfc3339
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from simcloud.machines.containers import CannotRun, ContainerRunner
-from simcloud.kube.errors import ApiError
 from simcloud.harness import process_alive
+from simcloud.kube.errors import ApiError
+from simcloud.machines.containers import CannotRun, ContainerRunner
 
 
 def pod(*containers: dict, name: str = "p", annotations: dict | None = None) -> dict:
