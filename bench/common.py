@@ -70,7 +70,7 @@ class Sampler:
 def local_cloud(fleet: dict, workdir: Path, ready_timeout: float = 120.0) -> Iterator:
     """simcloud running `fleet` with gpuboot's manifests applied (its job namespace, RBAC), and its
     Airflow connections exported as AIRFLOW_CONN_* for the hooks."""
-    from simcloud.testing import GPUBOOT_MANIFESTS, SimCloud
+    from simcloud.harness import GPUBOOT_MANIFESTS, SimCloud
 
     saved = dict(os.environ)
     os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")

@@ -161,7 +161,7 @@ def _breakdown(home: Path, run_id: str, watcher: Watcher, pod_before: set[str]) 
 
 def run(workdir: Path, quick: bool = False, runs: int = 5, tuned: bool = True) -> dict:
     from scripts.demo import DemoError  # noqa: F401  (the stack's API client lives there)
-    from simcloud.testing import SimCloud, small_fleet, wait_until
+    from simcloud.harness import SimCloud, small_fleet, wait_until
     from tests.gpuboot.distributed.processes import Processes
     from tests.gpuboot.distributed.stack import REPO, start_airflow, start_postgres, start_redis
 
@@ -227,7 +227,7 @@ def _stop_node(cloud, node: str) -> None:
     """Stop the node the run booted, so the next run boots one too (running nodes are preferred)."""
     from alibabacloud_ecs20140526 import models as ecs_models
 
-    from simcloud.testing import wait_until
+    from simcloud.harness import wait_until
 
     iid = cloud.instance_id(node)
     cloud.ecs_client().stop_instances(ecs_models.StopInstancesRequest(

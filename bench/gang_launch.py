@@ -33,7 +33,7 @@ def run(workdir: Path, quick: bool = False, repeats: int = 10) -> dict:
     from gpuboot.operators.launch import GpuPodOperator
     from gpuboot.operators.place import PlaceGpuJobOperator
     from gpuboot.operators.release import ReleaseReservationOperator
-    from simcloud.testing import small_fleet, wait_until
+    from simcloud.harness import small_fleet, wait_until
     from tests.gpuboot.unit.builders import step_context
 
     repeats = 2 if quick else repeats

@@ -97,7 +97,7 @@ def _task_seconds(dag_run) -> dict[str, float]:
 
 def _stop(cloud, node: str) -> None:
     from gpuboot.hooks.ecs import EcsHook
-    from simcloud.testing import wait_until
+    from simcloud.harness import wait_until
 
     ecs, instance_id = EcsHook(), cloud.instance_id(node)
     ecs.stop_instances([instance_id])
@@ -106,7 +106,7 @@ def _stop(cloud, node: str) -> None:
 
 
 def run(workdir: Path, quick: bool = False, repeats: int = 3) -> dict:
-    from simcloud.testing import small_fleet
+    from simcloud.harness import small_fleet
 
     repeats = 1 if quick else repeats
     _migrate_db()

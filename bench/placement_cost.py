@@ -28,7 +28,7 @@ TYPES = ["ecs.gn6i-c4g1.xlarge", "ecs.gn6i-c24g1.12xlarge", "ecs.gn7i-c32g1.16xl
 
 
 def fleet(size: int) -> dict:
-    from simcloud.testing import small_fleet
+    from simcloud.harness import small_fleet
 
     nodes = []
     for i, itype in enumerate(TYPES):

@@ -187,7 +187,7 @@ async def _run(count: int, stagger: float, seed: int) -> list[dict]:
 
 
 def _scenario(workdir: Path, count: int, seed: int, faults: dict) -> dict:
-    from simcloud.testing import small_fleet
+    from simcloud.harness import small_fleet
 
     fleet = small_fleet([{"name": "gpu", "instance_type": T4, "status": "Stopped", "count": count}],
                         timings=TIMINGS, faults=faults)

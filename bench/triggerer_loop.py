@@ -206,7 +206,7 @@ def run(workdir: Path, quick: bool = False, triggers: int = 100) -> dict:
     """`triggers` readiness triggers waiting at once on one loop (10 per booting node), three times:
     in a triggerer warmed by gpuboot.ui.warmup (as the plugin starts one), in a cold one (the first
     trigger imports the clients), and cold in asyncio's debug mode, as the test runs it (see `probe`)."""
-    from simcloud.testing import small_fleet, wait_until
+    from simcloud.harness import small_fleet, wait_until
 
     triggers = 20 if quick else triggers
     per_node = 10

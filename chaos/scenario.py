@@ -28,7 +28,7 @@ from chaos.monitor import Monitor, MonitorReport
 from chaos.runner import DagRunner, InlineWorkers, ProcessWorkers, RunResult, StepCall, Triggerer
 from gpuboot.core.model import LABEL_JOB
 from gpuboot.operators.base import job_id_for
-from simcloud.testing import SimCloud, small_fleet, wait_until
+from simcloud.harness import SimCloud, small_fleet, wait_until
 
 log = logging.getLogger(__name__)
 

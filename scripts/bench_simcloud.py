@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from simcloud.testing import SimCloud, small_fleet
+from simcloud.harness import SimCloud, small_fleet
 
 
 def bench_fleet(nodes: int, pods_per_node: int) -> dict:

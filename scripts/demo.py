@@ -45,8 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "plugins"), str(REPO)]
 
 from gpuboot.core.idle import DEFAULT_SPARE_SECONDS  # noqa: E402
-from simcloud.testing import SimCloud, interrupts_held  # noqa: E402  (needs the repo on sys.path)
-from simcloud.testing import wait_until as testing_wait_until  # noqa: E402
+from simcloud.harness import SimCloud, interrupts_held  # noqa: E402  (needs the repo on sys.path)
+from simcloud.harness import wait_until as testing_wait_until  # noqa: E402
 
 DAG_ID = "gpu_job"
 SCALEDOWN_DAG_ID = "gpuboot_idle_scaledown"
@@ -97,7 +97,7 @@ def say(message: str) -> None:
 
 
 def wait_until(what: str, predicate: Callable[[], Any], timeout: float, interval: float = 1.0) -> Any:
-    """simcloud.testing.wait_until, failing with a DemoError that names what we waited for."""
+    """simcloud.harness.wait_until, failing with a DemoError that names what we waited for."""
     try:
         return testing_wait_until(predicate, timeout, interval)
     except TimeoutError:

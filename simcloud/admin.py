@@ -23,7 +23,7 @@ from simcloud.config import Faults
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from simcloud.auth import Auth
+    from simcloud.kube.auth import Auth
 
 log = logging.getLogger(__name__)
 ADMIN_PREFIX = "/_simcloud"
@@ -33,8 +33,8 @@ def admin_routes(faults: Faults, state: Callable[[], dict], compact: Callable[[]
                  auth: "Auth") -> list[web.RouteDef]:
     from aiohttp import web   # server side only: keeps the fault CLI quick to start
 
-    from simcloud.auth import MASTERS, service_account_user
-    from simcloud.store import ApiError
+    from simcloud.kube.auth import MASTERS, service_account_user
+    from simcloud.kube.errors import ApiError
 
     async def get_faults(_request: web.Request) -> web.Response:
         return web.json_response(faults.to_dict())
@@ -134,7 +134,7 @@ def serviceaccount_token(workdir: Path, namespace: str, name: str) -> str:
 def write_serviceaccount_files(workdir: Path, namespace: str, name: str, kubeconfig: Path,
                                connections: Path | None = None, context_namespace: str = "default") -> str:
     """A kubeconfig (and optionally an Airflow connections.json) acting as the ServiceAccount; returns its token."""
-    from simcloud.auth import service_account_user
+    from simcloud.kube.auth import service_account_user
     from simcloud.workdir import write_identity
     token = serviceaccount_token(workdir, namespace, name)
     write_identity(workdir, service_account_user(namespace, name).name, token, kubeconfig, connections,

@@ -14,7 +14,7 @@ class Timings:
     """Seconds each emulated step takes (fleet file key `timings`).
 
     The defaults of the cluster's own clocks are Kubernetes 1.32's, so a fleet that sets
-    nothing is as slow as a real cluster; `simcloud.testing.small_fleet` and the demo fleet
+    nothing is as slow as a real cluster; `simcloud.harness.small_fleet` and the demo fleet
     shorten them.
     """
 
@@ -68,7 +68,7 @@ class Faults:
     # extended resources (old bootID), the new bootID with Ready=False, Ready=True, the real count.
     boot_order: dict[str, str] = field(default_factory=dict)
     # Per action ("*": every action without its own entry): calls allowed per quota window; more are
-    # refused with Throttling.User until the window ends (simcloud.ecs_quota). Empty: no limit.
+    # refused with Throttling.User until the window ends (simcloud.ecs.quota). Empty: no limit.
     ecs_api_quota: dict[str, float] = field(default_factory=dict)
     ecs_api_quota_window_seconds: float = 60.0
     k8s_latency_ms: int = 0               # added to every Kubernetes API request

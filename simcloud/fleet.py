@@ -12,7 +12,7 @@ A fleet is YAML (or the same structure as a dict)::
       ecs.gn6i-c4g1.xlarge: {cpu: 4, memory_gib: 15, gpu: 1, gpu_spec: NVIDIA T4, price_per_hour: 1.2}
       # optional per type: family (default "ecs.gn6i"), gpu_memory_mib (default from the GPU model),
       # price_per_hour: what DescribePrice answers (USD, pay-as-you-go, every zone); none = PriceNotFound.
-      # The demo's and the tests' prices are indicative (simcloud/testing.py INSTANCE_TYPES says where
+      # The demo's and the tests' prices are indicative (simcloud/harness.py INSTANCE_TYPES says where
       # they come from, looked up 2026-12-01), not Alibaba Cloud's list.
     nodes:
       - name: gpu-t4-1                 # Node name == kubernetes.io/hostname == ECS HostName
@@ -32,7 +32,7 @@ zone, region, the beta/failure-domain twins, and for GPU nodes
 `aliyun.accelerator/nvidia_name|nvidia_count|nvidia_mem`), `spec.providerID =
 "<region>.<instance-id>"`, capacity/allocatable (allocatable below capacity by a
 kube-reserved share), nodeInfo and addresses. Conditions and taints are the
-kubelet's business (simcloud.kubelet), not the fleet's.
+kubelet's business (simcloud.machines.kubelet), not the fleet's.
 
 Device plugins (`NodeSpec.device_resources`, registered in this order after every boot):
 the NVIDIA plugin's `nvidia.com/gpu` on GPU types; on a node labelled for ACK's GPU sharing
@@ -56,9 +56,9 @@ from pathlib import Path
 
 import yaml
 
-from simcloud.admission import is_extended_resource
 from simcloud.config import Faults, Timings
-from simcloud.ecs_model import Instance, InstanceType
+from simcloud.ecs.model import Instance, InstanceType
+from simcloud.kube.admission import is_extended_resource
 
 KUBELET_VERSION = "v1.30.1-aliyun.1"
 OS_IMAGE = "Alibaba Cloud Linux 3.2104 U10 (OpenAnolis Edition)"
@@ -371,7 +371,7 @@ def node_labels(node: NodeSpec, region: str) -> dict[str, str]:
 
 
 def node_object(node: NodeSpec, region: str, boot_id: str) -> dict:
-    """The Node as registered by its kubelet; conditions and taints are added by simcloud.kubelet."""
+    """The Node as registered by its kubelet; conditions and taints are added by simcloud.machines.kubelet."""
     cap, alloc = capacity(node.instance_type)
     for resource, count in node.device_resources().items():     # as last registered before the stop
         cap[resource] = alloc[resource] = str(count)

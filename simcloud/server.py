@@ -34,20 +34,20 @@ from pathlib import Path
 
 from aiohttp import web
 
-from simcloud import admission
-from simcloud.config import Faults
 from simcloud.admin import ADMIN_PREFIX, admin_routes
-from simcloud.auth import ADMIN_USER, Auth
-from simcloud.containers import ContainerRunner, rfc3339
-from simcloud.ecs_api import make_ecs_app
-from simcloud.ecs_model import EcsCloud
+from simcloud.config import Faults
+from simcloud.ecs.api import make_ecs_app
+from simcloud.ecs.model import EcsCloud
 from simcloud.fleet import (BENCH_NAMESPACE, Fleet, ecs_instance, new_boot_id, node_object,
                             placeholder_pod)
-from simcloud.k8s_api import make_k8s_app
-from simcloud.kubelet import Kubelets
-from simcloud.node_lifecycle import NodeLifecycleController
-from simcloud.scheduler import Scheduler
-from simcloud.store import Store
+from simcloud.kube import admission
+from simcloud.kube.api import make_k8s_app
+from simcloud.kube.auth import ADMIN_USER, Auth
+from simcloud.kube.node_lifecycle import NodeLifecycleController
+from simcloud.kube.scheduler import Scheduler
+from simcloud.kube.store import Store
+from simcloud.machines.containers import ContainerRunner, rfc3339
+from simcloud.machines.kubelet import Kubelets
 from simcloud.tls import serving_context
 from simcloud.workdir import kubeconfig_text, kubernetes_connection, write_file as _write
 
@@ -74,7 +74,8 @@ class Cloud:
         self._populate()
         self.auth = Auth(self.store)
         self.k8s_app = make_k8s_app(self.store, self.runner, self.faults, self.auth,
-                                    bookmark_seconds=timings.watch_bookmark_seconds)
+                                    bookmark_seconds=timings.watch_bookmark_seconds,
+                                    unadmitted_prefixes=(ADMIN_PREFIX,))
         self.k8s_app.router.add_routes(admin_routes(self.faults, self.state, self.store.compact, self.auth))
         self.ecs_app = make_ecs_app(self.cloud, {fleet.access_key_id: fleet.access_key_secret}, self.faults,
                                     rng=random.Random(self.rng.random()))

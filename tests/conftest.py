@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from simcloud.testing import SimCloud, small_fleet, wait_until  # noqa: F401  (re-exported for tests)
+from simcloud.harness import SimCloud, small_fleet, wait_until  # noqa: F401  (re-exported for tests)
 
 # The local cloud boots a node in seconds, not the minute an ECS GPU instance needs: let the
 # tests' jobs use boot timeouts that short (tests of the default minimum unset it).

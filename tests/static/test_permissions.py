@@ -218,7 +218,7 @@ def test_the_rights_the_place_step_reviews_are_the_job_role(rbac):
 
 def test_built_in_rights_are_granted_by_the_local_cloud_to_every_identity():
     """What BUILT_IN leaves out of deploy/ must be there without it, in the local cloud as in a cluster."""
-    from simcloud import auth
+    from simcloud.kube import auth
 
     basic = next(r for r in auth.BOOTSTRAP_ROLES if r["metadata"]["name"] == "system:basic-user")
     bound_to = {(s["kind"], s["name"]) for b in auth.BOOTSTRAP_BINDINGS if b["roleRef"]["name"] == "system:basic-user"

@@ -12,7 +12,7 @@ import os
 import httpx
 from playwright.sync_api import expect
 
-from simcloud.testing import wait_until
+from simcloud.harness import wait_until
 from tests.shared import two_gpu_training_job
 from tests.ui.harness import login, screenshot
 

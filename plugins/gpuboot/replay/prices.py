@@ -9,7 +9,7 @@ price per vCPU and per GiB of memory,
 Source and date (looked up 2026-12-01): no authoritative list price was found (ECS prices
 vary by region and change; `DescribePrice` is the authority, which is why the product asks
 it). The coefficients are fitted to the local cloud's indicative per-type figures
-(simcloud/testing.py INSTANCE_TYPES, same date): ecs.g7.xlarge 0.2 (4 vCPU, 16 GiB) gives
+(simcloud/harness.py INSTANCE_TYPES, same date): ecs.g7.xlarge 0.2 (4 vCPU, 16 GiB) gives
 PER_VCPU and PER_GIB; gn6i (T4) 1.2, gn7i (A10) 2.1 and gn6v (V100) 2.6 for their 1-GPU
 types give the per-GPU figures, which also reproduce their multi-GPU types within 10 %.
 The per-vCPU and per-GiB figures are of the order of ECI's published unit prices
@@ -33,7 +33,7 @@ PER_GPU: Mapping[str, float] = {   # USD per GPU-hour, by the trace's model colu
     "G2": 1.0,
     "G3": 1.7,
 }
-SOURCE = ("indicative USD/h, fitted 2026-12-01 to simcloud/testing.py's ECS figures "
+SOURCE = ("indicative USD/h, fitted 2026-12-01 to simcloud/harness.py's ECS figures "
           "(see gpuboot/replay/prices.py)")
 
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from simcloud.testing import wait_until
+from simcloud.harness import wait_until
 
 
 class ServiceDied(RuntimeError):

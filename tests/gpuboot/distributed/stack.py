@@ -25,7 +25,7 @@ from pathlib import Path
 from cryptography.fernet import Fernet
 
 from scripts.demo import AirflowApi, conn_env, free_port
-from simcloud.testing import wait_until
+from simcloud.harness import wait_until
 from tests.gpuboot.distributed.processes import Processes
 
 REPO = Path(__file__).resolve().parents[3]

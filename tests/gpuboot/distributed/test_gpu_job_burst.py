@@ -21,7 +21,7 @@ import pytest
 from chaos.harness import api_client_factory
 from chaos.monitor import Monitor
 from scripts.demo import SCALEDOWN_DAG_ID, instance_statuses, scale_down
-from simcloud.testing import small_fleet, wait_until
+from simcloud.harness import small_fleet, wait_until
 from tests.gpuboot.distributed.test_gpu_job_distributed import DAG_ID, distributed, short  # noqa: F401
 from tests.shared import live_reservations
 

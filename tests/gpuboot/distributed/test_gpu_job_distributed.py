@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simcloud.testing import SimCloud, small_fleet, wait_until
+from simcloud.harness import SimCloud, small_fleet, wait_until
 from tests.gpuboot.distributed.processes import Processes
 from tests.gpuboot.distributed.stack import REPO, start_airflow, start_postgres, start_redis
 from tests.shared import live_reservations, two_gpu_training_job

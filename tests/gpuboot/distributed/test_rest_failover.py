@@ -15,7 +15,7 @@ from gpuboot.hooks.kube import KubeClient
 from gpuboot.lifecycle.ledger import ReservationLedger
 from gpuboot.core.resources import Resources
 from scripts.demo import conn_env
-from simcloud.testing import wait_until
+from simcloud.harness import wait_until
 from tests.gpuboot.distributed.test_gpu_job_distributed import DAG_ID, distributed, follow, short  # noqa: F401 (fixture)
 from tests.shared import live_reservations
 

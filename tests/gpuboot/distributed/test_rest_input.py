@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from simcloud.testing import wait_until
+from simcloud.harness import wait_until
 from tests.gpuboot.distributed.test_gpu_job_distributed import (DAG_ID, JOB, TWO_GPU_NODE, distributed,  # noqa: F401
                                                         short)
 from tests.shared import live_reservations

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from simcloud.testing import small_fleet, wait_until
+from simcloud.harness import small_fleet, wait_until
 from tests.gpuboot.distributed.test_gpu_job_burst import AIRFLOW_ENV as BURST_ENV
 from tests.gpuboot.distributed.test_gpu_job_distributed import DAG_ID, TIMINGS, distributed, short  # noqa: F401
 

@@ -52,7 +52,7 @@ def airflow_db():
 @pytest.fixture
 def cloud(tmp_path):
     """The local cloud with the e2e fleet (fast emulated timings), fresh for each test."""
-    from simcloud.testing import SimCloud, small_fleet
+    from simcloud.harness import SimCloud, small_fleet
 
     with SimCloud.start(small_fleet(FLEET_NODES), tmp_path / "cloud") as sim:
         yield sim

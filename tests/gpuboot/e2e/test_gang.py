@@ -22,7 +22,7 @@ FLEET_NODES = [
 @pytest.fixture
 def cloud(tmp_path):
     """Two stopped 1-GPU nodes: a 2-rank gang of 1-GPU tasks needs both."""
-    from simcloud.testing import SimCloud, small_fleet
+    from simcloud.harness import SimCloud, small_fleet
 
     with SimCloud.start(small_fleet(FLEET_NODES), tmp_path / "cloud") as sim:
         yield sim

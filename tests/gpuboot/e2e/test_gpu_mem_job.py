@@ -27,7 +27,7 @@ JOB = {"name": "mem-infer", "image": "python:3.11-slim",
 @pytest.fixture
 def cloud(tmp_path):
     """The local cloud with a stopped GPU-sharing node; gpu-mem registers 1.5 s after the whole GPUs."""
-    from simcloud.testing import SimCloud, small_fleet
+    from simcloud.harness import SimCloud, small_fleet
 
     with SimCloud.start(small_fleet(NODES, timings={"device_plugin_seconds": 1.5}), tmp_path / "cloud") as sim:
         yield sim

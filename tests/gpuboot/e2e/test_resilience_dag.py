@@ -23,7 +23,7 @@ JOB = {"name": "resilient", "image": "python:3.11-slim", "command": ["python", "
 @pytest.fixture
 def cloud(tmp_path):
     """Overrides the e2e fleet: three stopped GPU nodes, t4-a the first choice for a 1-GPU job."""
-    from simcloud.testing import SimCloud, small_fleet
+    from simcloud.harness import SimCloud, small_fleet
 
     with SimCloud.start(small_fleet(FLEET_NODES), tmp_path / "cloud") as sim:
         yield sim
@@ -74,7 +74,7 @@ def test_no_stock_on_the_first_choice_moves_the_job_within_the_start_step(cloud,
 
 def test_a_node_that_never_becomes_ready_is_stopped_again_and_the_job_runs_elsewhere(cloud, connections,
                                                                                        gpu_job_dag, capfd):
-    from simcloud.testing import wait_until
+    from simcloud.harness import wait_until
 
     cloud.set_faults(never_ready=["t4-a"])
     dag_run = gpu_job_dag.test(conn_file_path=str(connections), run_conf=JOB)

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from simcloud.testing import GPUBOOT_MANIFESTS, SimCloud, small_fleet, wait_until  # noqa: F401  (re-exported)
+from simcloud.harness import GPUBOOT_MANIFESTS, SimCloud, small_fleet, wait_until  # noqa: F401  (re-exported)
 
 T4 = "ecs.gn6i-c4g1.xlarge"
 T4X2 = "ecs.gn6i-c24g1.12xlarge"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from simcloud.testing import process_alive, wait_until
+from simcloud.harness import process_alive, wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -115,7 +115,7 @@ def test_an_interrupt_while_standalone_is_being_started_still_stops_it(tmp_path,
 
 def test_an_interrupt_while_the_local_cloud_is_being_started_still_stops_it(tmp_path, monkeypatch):
     """The same race for the local cloud the demo starts first (SimCloud.start)."""
-    import simcloud.testing as testing
+    import simcloud.harness as testing
 
     with interrupted_inside_popen(monkeypatch, testing) as started:
         with pytest.raises(KeyboardInterrupt):

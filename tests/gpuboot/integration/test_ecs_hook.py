@@ -29,7 +29,7 @@ def test_describe_instances_all_and_by_id_in_api_form(hook):
 
 
 def test_describe_instances_pages_and_batches_past_100_ids(hook, ecs_server):
-    from simcloud.ecs_model import Instance
+    from simcloud.ecs.model import Instance
     from tests.simcloud.conformance.ecs_harness import CPU_TYPE
 
     def add_many():

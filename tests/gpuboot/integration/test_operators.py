@@ -24,7 +24,7 @@ from gpuboot.operators.release import ReleaseReservationOperator
 from gpuboot.operators.start import StartGpuNodesOperator
 from gpuboot.sensors.gpu_ready import GpuReadySensor
 from gpuboot.triggers.gpu_ready import NodeGpuReadyTrigger
-from simcloud.testing import wait_until
+from simcloud.harness import wait_until
 
 from .conftest import SETTLE_SECONDS
 

@@ -19,7 +19,7 @@ from gpuboot.core.resources import Resources
 from gpuboot.operators.place import PlaceGpuJobOperator
 from gpuboot.core.idle import ANNOTATION_CORDONED_BY, ANNOTATION_IDLE_SINCE, CORDONED_BY
 from gpuboot.operators.scaledown import IdleScaleDownOperator
-from simcloud.testing import small_fleet
+from simcloud.harness import small_fleet
 
 from .conftest import expose_connections, wait_until
 

@@ -22,7 +22,7 @@ from gpuboot.core.readiness import READY, Readiness, Reason
 from gpuboot.triggers.gpu_ready import NodeGpuReadyTrigger
 
 from .conftest import FLEET, SETTLE_SECONDS as SETTLE, expose_connections, wait_until
-from simcloud.testing import SimCloud, small_fleet
+from simcloud.harness import SimCloud, small_fleet
 
 NODE = "gpu-stop"
 

@@ -23,7 +23,7 @@ import pytest
 
 from chaos.harness import ConflictBursts, api_client_factory, cloud_connections
 from chaos.monitor import Monitor
-from simcloud.testing import SimCloud, small_fleet, wait_until
+from simcloud.harness import SimCloud, small_fleet, wait_until
 
 T4, T4X2, V100X4 = "ecs.gn6i-c4g1.xlarge", "ecs.gn6i-c24g1.12xlarge", "ecs.gn6v-c8g1.8xlarge"
 FLEET = small_fleet([

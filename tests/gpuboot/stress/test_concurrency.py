@@ -20,7 +20,7 @@ from chaos.harness import (ConflictBursts, api_client_factory, cloud_connections
                            job_dag, job_pods, run_all)
 from chaos.monitor import Monitor
 from chaos.runner import DagRunner
-from simcloud.testing import SimCloud, small_fleet
+from simcloud.harness import SimCloud, small_fleet
 
 T4, T4X2, V100X4 = "ecs.gn6i-c4g1.xlarge", "ecs.gn6i-c24g1.12xlarge", "ecs.gn6v-c8g1.8xlarge"
 # 10 GPUs: one running 1-GPU node, the other nine GPUs on stopped nodes of three sizes.

@@ -8,7 +8,7 @@ import pytest
 
 from chaos.harness import api_client_factory, cloud_connections
 from chaos.monitor import Monitor
-from simcloud.testing import SimCloud, small_fleet, wait_until
+from simcloud.harness import SimCloud, small_fleet, wait_until
 
 T4 = "ecs.gn6i-c4g1.xlarge"
 FLEET = small_fleet([{"name": "g-run", "instance_type": T4, "status": "Running"},

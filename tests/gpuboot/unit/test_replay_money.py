@@ -11,7 +11,7 @@ from .test_replay_sim import job, node, run
 def test_a_node_is_priced_per_gpu_of_its_model_plus_cpu_and_memory():
     # 2 T4, 104 vCPU, 512 GiB
     assert prices.node_price("T4", 2, 104_000, 512 * 1024) == pytest.approx(2 * 1.0 + 104 * 0.035 + 512 * 0.004)
-    # the fit reproduces the figures it was fitted to (simcloud/testing.py), e.g. gn6v-c8g1.8xlarge at 10.4
+    # the fit reproduces the figures it was fitted to (simcloud/harness.py), e.g. gn6v-c8g1.8xlarge at 10.4
     assert prices.node_price("V100M16", 4, 32_000, 128 * 1024) == pytest.approx(10.4, abs=0.05)
     with pytest.raises(ValueError, match="no per-GPU price for model 'H100'.*PER_GPU"):
         prices.node_price("H100", 8, 1000, 1024)

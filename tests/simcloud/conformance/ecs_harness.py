@@ -16,10 +16,10 @@ from typing import Callable, TypeVar
 import pytest
 from aiohttp import web
 
-from simcloud.testing import wait_until  # noqa: F401  (re-exported for the ECS tests)
+from simcloud.harness import wait_until  # noqa: F401  (re-exported for the ECS tests)
 from simcloud.config import Faults, Timings
-from simcloud.ecs_api import make_ecs_app
-from simcloud.ecs_model import EcsCloud, Instance, InstanceType
+from simcloud.ecs.api import make_ecs_app
+from simcloud.ecs.model import EcsCloud, Instance, InstanceType
 
 T = TypeVar("T")
 

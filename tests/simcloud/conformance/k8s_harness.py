@@ -21,14 +21,15 @@ from typing import Callable, TypeVar
 import pytest
 from aiohttp import web
 
-from simcloud.auth import Auth
+from simcloud.kube.auth import Auth
 from simcloud.config import Faults
-from simcloud.k8s_api import make_k8s_app
-from simcloud.scheduler import Scheduler
-from simcloud.store import ApiError, Store
+from simcloud.kube.api import make_k8s_app
+from simcloud.kube.scheduler import Scheduler
+from simcloud.kube.errors import ApiError
+from simcloud.kube.store import Store
 from simcloud.tls import serving_context
 from simcloud.workdir import kubeconfig_text
-from simcloud.testing import wait_until  # noqa: F401 - re-exported for the K8S tests
+from simcloud.harness import wait_until  # noqa: F401 - re-exported for the K8S tests
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[3]

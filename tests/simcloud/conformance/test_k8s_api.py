@@ -335,8 +335,8 @@ def test_latency_fault_and_deletecollection(k8s: K8sServer):
 
 
 def test_watch_bookmarks_carry_the_current_resource_version(k8s: K8sServer, monkeypatch):
-    import simcloud.k8s_api
-    monkeypatch.setattr(simcloud.k8s_api, "BOOKMARK_EVERY", 0.1)    # an idle watch gets a bookmark soon
+    import simcloud.kube.api
+    monkeypatch.setattr(simcloud.kube.api, "BOOKMARK_EVERY", 0.1)    # an idle watch gets a bookmark soon
     v1 = k8s.core_v1()
     v1.create_namespaced_config_map(NS, {"metadata": {"name": "cm"}})
     current = v1.list_namespaced_config_map(NS).metadata.resource_version

@@ -19,7 +19,7 @@ import kubernetes_asyncio
 import pytest
 from kubernetes.client.rest import ApiException
 
-from simcloud.testing import REPO_ROOT
+from simcloud.harness import REPO_ROOT
 from tests.conftest import kubectl_binaries
 from tests.simcloud.conformance.k8s_harness import KUBECTL_PARAMS, K8sServer, k8s, kubectl, pod_body  # noqa: F401
 

@@ -22,7 +22,7 @@ from kubernetes_asyncio import client as aclient
 from kubernetes_asyncio import config as aconfig
 from kubernetes_asyncio import watch as awatch
 
-from simcloud.testing import small_fleet, wait_until
+from simcloud.harness import small_fleet, wait_until
 from tests.conftest import kubectl_binaries
 
 WINDOW = 2.0

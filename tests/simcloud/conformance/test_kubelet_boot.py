@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from simcloud.testing import small_fleet, wait_until
+from simcloud.harness import small_fleet, wait_until
 from tests.simcloud.conformance.nodes import instance_status, snapshot, start_instance, watch_node
 
 GPU_NODE = "gpu-v100x4-1"

@@ -1,4 +1,4 @@
-"""simcloud.containers: what a container does, and its log as the kubelet serves it (no servers)."""
+"""simcloud.machines.containers: what a container does, and its log as the kubelet serves it (no servers)."""
 from __future__ import annotations
 
 import asyncio
@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from simcloud.containers import CannotRun, ContainerRunner
-from simcloud.store import ApiError
-from simcloud.testing import process_alive
+from simcloud.harness import process_alive
+from simcloud.kube.errors import ApiError
+from simcloud.machines.containers import CannotRun, ContainerRunner
 
 
 def pod(*containers: dict, name: str = "p", annotations: dict | None = None) -> dict:

@@ -11,8 +11,8 @@ from kubernetes_asyncio import config as aconfig
 from kubernetes_asyncio import watch as awatch
 
 from simcloud.fleet import FleetError, load_fleet
-from simcloud.kubelet import admission_message
-from simcloud.testing import SimCloud, pod_log, small_fleet, wait_until
+from simcloud.harness import SimCloud, pod_log, small_fleet, wait_until
+from simcloud.machines.kubelet import admission_message
 from tests.simcloud.conformance.nodes import instance_status, start_instance, stop_instance
 
 GPU, GPU_MEM, RDMA = "nvidia.com/gpu", "aliyun.com/gpu-mem", "rdma/hca"

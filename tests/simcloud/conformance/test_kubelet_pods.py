@@ -7,8 +7,8 @@ import subprocess
 import pytest
 from alibabacloud_ecs20140526 import models as ecs_models
 
-from simcloud.kubelet import admission_message
-from simcloud.testing import SimCloud, pod_log, process_alive, small_fleet, wait_until
+from simcloud.harness import SimCloud, pod_log, process_alive, small_fleet, wait_until
+from simcloud.machines.kubelet import admission_message
 from tests.conftest import kubectl_binaries
 
 FLEET = small_fleet([

@@ -7,7 +7,7 @@ import kubernetes
 import pytest
 from alibabacloud_ecs20140526 import models as ecs_models
 
-from simcloud.testing import small_fleet, wait_until
+from simcloud.harness import small_fleet, wait_until
 from tests.conftest import kubectl_binaries
 
 NS = "kube-node-lease"

@@ -17,7 +17,7 @@ import kubernetes
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from simcloud.testing import FAST_TIMINGS, pod_log, process_alive, small_fleet, wait_until
+from simcloud.harness import FAST_TIMINGS, pod_log, process_alive, small_fleet, wait_until
 from tests.conftest import kubectl_binaries
 from tests.simcloud.conformance.nodes import instance_status, snapshot, start_instance, stop_instance, watch_node
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from alibabacloud_ecs20140526 import models as ecs_models
 
-from simcloud.testing import REPO_ROOT, SimCloud, pod_log, process_alive, small_fleet, wait_until
+from simcloud.harness import REPO_ROOT, SimCloud, pod_log, process_alive, small_fleet, wait_until
 from simcloud.workdir import kubernetes_connection
 from tests.conftest import kubectl_binaries
 

@@ -1,8 +1,8 @@
-"""simcloud.auth's pure parts: the RequestInfo a path resolves to and the RBAC rule matching."""
+"""simcloud.kube.auth's pure parts: the RequestInfo a path resolves to and the RBAC rule matching."""
 from multidict import MultiDict
 
-from simcloud.auth import Attributes, User, forbidden_message, request_attributes, rule_allows
-from simcloud import protobuf
+from simcloud.kube.auth import Attributes, User, forbidden_message, request_attributes, rule_allows
+from simcloud.kube import protobuf
 
 USER = User("system:serviceaccount:ml:runner", ("system:serviceaccounts", "system:authenticated"))
 

@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from simcloud.config import Faults, Timings
-from simcloud.ecs_model import EcsCloud, EcsError, Instance, InstanceType
+from simcloud.ecs.model import EcsCloud, EcsError, Instance, InstanceType
 
 T4 = InstanceType("ecs.gn6i-c4g1.xlarge", cpu=4, memory_gib=15.0, gpu=1, gpu_spec="NVIDIA T4")
 

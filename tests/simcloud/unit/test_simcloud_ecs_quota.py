@@ -3,8 +3,8 @@ import pytest
 
 from simcloud.admin import parse_assignments
 from simcloud.config import Faults
-from simcloud.ecs_model import EcsError
-from simcloud.ecs_quota import ApiQuota
+from simcloud.ecs.model import EcsError
+from simcloud.ecs.quota import ApiQuota
 
 
 class Clock:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from simcloud.fleet import FleetError, instance_id_for, load_fleet, node_object
-from simcloud.testing import small_fleet
+from simcloud.harness import small_fleet
 
 DEMO = Path(__file__).resolve().parents[3] / "simcloud" / "fleets" / "demo.yaml"
 

@@ -1,7 +1,7 @@
 """The node-lifecycle controller on a fake clock: grace period, taints, removal after Ready, eviction."""
 from simcloud.config import Timings
-from simcloud.node_lifecycle import NOT_READY, UNREACHABLE, NodeLifecycleController, toleration_seconds
-from simcloud.store import Store
+from simcloud.kube.node_lifecycle import NOT_READY, UNREACHABLE, NodeLifecycleController, toleration_seconds
+from simcloud.kube.store import Store
 
 TIMINGS = Timings(node_monitor_period_seconds=5, node_monitor_grace_seconds=50)
 

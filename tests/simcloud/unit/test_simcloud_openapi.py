@@ -1,9 +1,9 @@
-"""simcloud.openapi: field knowledge of the served kinds, and the OpenAPI v3 documents kubectl reads."""
+"""simcloud.kube.openapi: field knowledge of the served kinds, and the OpenAPI v3 documents kubectl reads."""
 import json
 
-from simcloud.openapi import (FIELDS_FILE, drop_unknown_fields, dump_fields, generate_fields, v2_document,
-                             v3_document, v3_root)
-from simcloud.store import RESOURCES
+from simcloud.kube.openapi import (FIELDS_FILE, drop_unknown_fields, dump_fields, generate_fields, v2_document,
+                                   v3_document, v3_root)
+from simcloud.kube.resources import RESOURCES
 
 
 def test_every_served_kind_has_a_schema_and_known_fields_pass():
@@ -45,7 +45,7 @@ def test_v3_documents_offer_field_validation_on_each_kinds_patch():
 
 
 def test_the_shipped_field_table_matches_the_installed_kubernetes_client():
-    # regenerate with `python -m simcloud.openapi` after upgrading the `kubernetes` pin
+    # regenerate with `python -m simcloud.kube.openapi` after upgrading the `kubernetes` pin
     assert FIELDS_FILE.read_text() == dump_fields(generate_fields())
 
 

@@ -1,8 +1,8 @@
 """The three PATCH flavours: RFC 7386, RFC 6902 and Kubernetes strategic merge."""
 import pytest
 
-from simcloud.patching import (JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH, PatchError, apply_patch,
-                               json_patch, merge_patch, strategic_merge_patch)
+from simcloud.kube.patching import (JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH, PatchError, apply_patch,
+                                    json_patch, merge_patch, strategic_merge_patch)
 
 NODE = {
     "metadata": {"name": "n1", "labels": {"a": "1", "b": "2"}, "finalizers": ["x"]},

@@ -1,7 +1,7 @@
 """The scheduler's pure rules: pod requests, tolerations, node affinity, per-node fit."""
 from decimal import Decimal
 
-from simcloud.scheduler import filter_node, node_affinity_matches, pod_requests, tolerates, unschedulable_message
+from simcloud.kube.scheduler import filter_node, node_affinity_matches, pod_requests, tolerates, unschedulable_message
 
 NODE = {"metadata": {"name": "n1", "labels": {"gpu": "a10", "zone": "k", "cores": "32"}},
         "spec": {}, "status": {"allocatable": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1", "pods": "110"}}}

@@ -1,7 +1,7 @@
 """Label and field selectors behave like the Kubernetes API server's."""
 import pytest
 
-from simcloud.selectors import SelectorError, parse_field_selector, parse_label_selector
+from simcloud.kube.selectors import SelectorError, parse_field_selector, parse_label_selector
 
 LABELS = {"app": "train", "tier": "gpu", "gpus": "4"}
 

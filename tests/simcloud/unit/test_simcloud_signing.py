@@ -16,8 +16,8 @@ from alibabacloud_tea_openapi.utils import Utils
 from aliyunsdkcore.auth.composer import rpc_signature_composer
 from darabonba.request import DaraRequest
 
-from simcloud import signing
-from simcloud.signing import SignatureError
+from simcloud.ecs import signing
+from simcloud.ecs.signing import SignatureError
 
 AK, SECRET = "LTAI5tExample", "secret/+=example"
 CREDS = {AK: SECRET}

@@ -1,8 +1,9 @@
-"""simcloud.validation's pure rules: the typed decode's messages, names, labels and quantities."""
+"""simcloud.kube.validation's pure rules: the typed decode's messages, names, labels and quantities."""
 import pytest
 
-from simcloud.store import RESOURCES, ApiError
-from simcloud.validation import decode_errors, is_extended, label_value_errors, qualified_name_errors, validate
+from simcloud.kube.errors import ApiError
+from simcloud.kube.resources import RESOURCES
+from simcloud.kube.validation import decode_errors, is_extended, label_value_errors, qualified_name_errors, validate
 
 
 def test_decode_errors_name_the_go_field_and_type():

@@ -1,6 +1,6 @@
 """Test helpers: run `python -m simcloud serve` as a subprocess and talk to it with real clients.
 
-    from simcloud.testing import SimCloud, small_fleet, wait_until
+    from simcloud.harness import SimCloud, small_fleet, wait_until
 
     with SimCloud.start(small_fleet(), tmp_path) as cloud:
         v1 = cloud.core_v1()                       # kubernetes.client.CoreV1Api on cloud.kubeconfig

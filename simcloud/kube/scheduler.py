@@ -15,10 +15,11 @@ import logging
 from collections import Counter
 from decimal import Decimal
 
-from simcloud.admission import parse_quantity
-from simcloud.store import ApiError, Store, now_rfc3339
+from simcloud.kube.admission import parse_quantity
+from simcloud.kube.errors import ApiError
+from simcloud.kube.store import Store, now_rfc3339
 
-log = logging.getLogger("simcloud.scheduler")
+log = logging.getLogger("simcloud.kube.scheduler")
 
 SCHEDULER_NAME = "default-scheduler"
 _FILTERED_EFFECTS = ("NoSchedule", "NoExecute")

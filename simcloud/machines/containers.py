@@ -44,7 +44,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import AsyncIterator
 
-from simcloud.store import ApiError
+from simcloud.kube.errors import ApiError
 
 RUN_SECONDS_ANNOTATION = "simcloud.io/run-seconds"
 EXIT_START_ERROR = 128      # containerd's exit code for a container whose task never started
@@ -166,7 +166,7 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 class ContainerRunner:
-    """Starts containers as local processes and serves their logs (the k8s_api LogSource)."""
+    """Starts containers as local processes and serves their logs (the LogSource of simcloud.kube.api)."""
 
     def __init__(self, root: Path, k8s_host: str = "127.0.0.1", k8s_port: int = 0) -> None:
         global _libc

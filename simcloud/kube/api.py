@@ -1,9 +1,9 @@
 """The Kubernetes REST API of the local cloud, over the shared `Store`.
 
 Speaks the wire protocol real clients expect: every request authenticated and authorized
-first (simcloud.auth: 401/403), discovery (incl. OpenAPI v3 paths), CRUD with meta/v1
+first (simcloud.kube.auth: 401/403), discovery (incl. OpenAPI v3 paths), CRUD with meta/v1
 Status errors, field validation (unknown fields: Warn by default, Strict refuses), the
-typed decode and field rules of simcloud.validation (400/422), `dryRun=All`, list paging,
+typed decode and field rules of simcloud.kube.validation (400/422), `dryRun=All`, list paging,
 chunked watch streams, pod logs, binding, TokenRequest, access reviews, and server-side
 Tables for kubectl. `make_k8s_app(store, log_source, faults, auth)` returns the aiohttp app.
 """
@@ -21,13 +21,14 @@ from typing import AsyncIterator, Protocol
 import msgspec
 from aiohttp import web
 
-from simcloud import openapi, protobuf, validation
-from simcloud.admin import ADMIN_PREFIX
-from simcloud.auth import Auth, request_attributes, token_request
 from simcloud.config import Faults
-from simcloud.store import RESOURCES, ApiError, ResourceInfo, Store, WatchEvent, conflict, not_found, now_rfc3339
-from simcloud.selectors import SelectorError, parse_field_selector, parse_label_selector
-from simcloud.tables import make_table
+from simcloud.kube import openapi, protobuf, validation
+from simcloud.kube.auth import Auth, request_attributes, token_request
+from simcloud.kube.errors import ApiError
+from simcloud.kube.resources import RESOURCES, ResourceInfo
+from simcloud.kube.selectors import SelectorError, parse_field_selector, parse_label_selector
+from simcloud.kube.store import Store, WatchEvent, conflict, not_found, now_rfc3339
+from simcloud.kube.tables import make_table
 
 log = logging.getLogger("simcloud.k8s")
 
@@ -46,7 +47,7 @@ _SUBRESOURCE_GROUPS = {"token": {"group": "authentication.k8s.io", "version": "v
 _CREATE_ONLY = {"selfsubjectaccessreviews", "selfsubjectrulesreviews"}     # reviews: answered, never stored
 _RBAC_WRITES = {"roles", "clusterroles", "rolebindings", "clusterrolebindings"}
 TOKEN_SECONDS = 3600
-USER = web.RequestKey("user", object)     # the authenticated (or impersonated) simcloud.auth.User
+USER = web.RequestKey("user", object)     # the authenticated (or impersonated) simcloud.kube.auth.User
 
 
 class LogSource(Protocol):
@@ -566,9 +567,11 @@ class K8sApi:
 
 # --------------------------------------------------------------------------- app
 def make_k8s_app(store: Store, log_source: LogSource, faults: Faults, auth: Auth, *,
-                 debug: bool = False, bookmark_seconds: float | None = None) -> web.Application:
-    """The Kubernetes API server app; every request authenticated and authorized by `auth`
-    (the admin routes under /_simcloud excepted); `debug=True` logs every request."""
+                 debug: bool = False, bookmark_seconds: float | None = None,
+                 unadmitted_prefixes: tuple[str, ...] = ()) -> web.Application:
+    """The Kubernetes API server app; every request authenticated and authorized by `auth`, except
+    paths under `unadmitted_prefixes` (routes the caller adds that check their caller themselves:
+    the server's admin routes under /_simcloud); `debug=True` logs every request."""
     api = K8sApi(store, log_source, faults, auth, bookmark_seconds)
 
     def admit(request: web.Request) -> None:
@@ -584,7 +587,7 @@ def make_k8s_app(store: Store, log_source: LogSource, faults: Faults, auth: Auth
             await asyncio.sleep(faults.k8s_latency_ms / 1000)
         started = time.monotonic()
         try:
-            if not request.path.startswith(ADMIN_PREFIX):
+            if not request.path.startswith(unadmitted_prefixes):
                 admit(request)
             response = await handler(request)
         except ApiError as err:

@@ -7,7 +7,7 @@ instance through `EcsCloud.add_listener`:
 * Stopped or stopping: the kubelet is simply gone. It writes nothing more, renews no Lease,
   and its containers die with the machine; the pods keep their last status (Running) in
   the API. What the cluster makes of that is the node-lifecycle controller's business
-  (simcloud.node_lifecycle: Ready=True until the grace period, then Unknown and tainted,
+  (simcloud.kube.node_lifecycle: Ready=True until the grace period, then Unknown and tainted,
   pods evicted after their tolerations and left Terminating). With `shutdown_grace_seconds`
   > 0 (the kubelet's graceful node shutdown) it first kills the pods and fails them
   (reason Terminated, "Pod was terminated in response to imminent node shutdown.").
@@ -45,7 +45,7 @@ device manager: a pod asking for more of a device plugin's resource (nvidia.com/
 aliyun.com/gpu-mem, any declared one) than that plugin has registered and left free fails
 with UnexpectedAdmissionError, whatever the Node object says; an extended resource no plugin
 of the node serves is checked against the Node's allocatable, as the kubelet's predicate
-admission does (reason OutOf<resource>). Admitted pods' containers run through `simcloud.containers`; restartPolicy
+admission does (reason OutOf<resource>). Admitted pods' containers run through `simcloud.machines.containers`; restartPolicy
 Always/OnFailure restart containers with a short doubling back-off (pod_start_seconds,
 capped at 10 s). Deleting a pod kills its processes (SIGTERM, SIGKILL after the grace
 period) and then removes it; a pod that never ran is removed at once, and one whose node
@@ -60,13 +60,14 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from simcloud.admission import extended_requests, parse_quantity as parse_count
 from simcloud.config import Faults, Timings
-from simcloud.containers import EXIT_START_ERROR, CannotRun, Container, ContainerRunner, rfc3339
-from simcloud.ecs_model import EcsCloud, Instance
+from simcloud.ecs.model import EcsCloud, Instance
 from simcloud.fleet import PLACEHOLDER_ANNOTATION, NodeSpec, new_boot_id
-from simcloud.node_lifecycle import LEASE_NAMESPACE, UNREACHABLE, set_lifecycle_taint, set_unknown
-from simcloud.store import ApiError, Store
+from simcloud.kube.admission import extended_requests, parse_quantity as parse_count
+from simcloud.kube.errors import ApiError
+from simcloud.kube.node_lifecycle import LEASE_NAMESPACE, UNREACHABLE, set_lifecycle_taint, set_unknown
+from simcloud.kube.store import Store
+from simcloud.machines.containers import EXIT_START_ERROR, CannotRun, Container, ContainerRunner, rfc3339
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Parameters and paging of ECS RPC actions, as the real service reads and checks them.
 
-Shared by every action module (simcloud.ecs_api, ecs_catalog, ecs_tags) so each answers a
+Shared by every action module (simcloud.ecs.api, catalog, tags) so each answers a
 missing or malformed parameter with the same MissingParameter / InvalidParameter errors.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import binascii
 import json
 from typing import Mapping
 
-from simcloud.ecs_model import EcsCloud, EcsError
+from simcloud.ecs.model import EcsCloud, EcsError
 
 Params = Mapping[str, str]
 

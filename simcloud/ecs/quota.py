@@ -13,7 +13,7 @@ import time
 from typing import Callable
 
 from simcloud.config import Faults
-from simcloud.ecs_model import EcsError
+from simcloud.ecs.model import EcsError
 
 THROTTLED = ("Throttling.User", "Request was denied due to user flow control.", 400)
 

@@ -12,7 +12,7 @@ apply builds strategic merge patches from its compiled-in types, as with a 404),
 
 Field names and types come from the `kubernetes` client's models, which are generated
 from the upstream OpenAPI document: the same fields a real API server knows. They are
-kept in `k8s_fields.json` (regenerate: `python -m simcloud.openapi`; a unit test checks
+kept in `fields.json` (regenerate: `python -m simcloud.kube.openapi`; a unit test checks
 it matches the installed client) because importing the client would add two seconds
 and 80 MB to every simcloud start.
 """
@@ -24,9 +24,9 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from simcloud.store import RESOURCES, ResourceInfo
+from simcloud.kube.resources import RESOURCES, ResourceInfo
 
-FIELDS_FILE = Path(__file__).with_name("k8s_fields.json")
+FIELDS_FILE = Path(__file__).with_name("fields.json")
 
 FIELD_VALIDATION = ("Ignore", "Warn", "Strict")
 _CONTAINER = re.compile(r"(list)\[(.+)\]|dict\[str, (.+)\]")

@@ -3,8 +3,8 @@
 `POST /` (or `GET /`) with the parameters in the query (a form body is merged in,
 as the SDKs may send one). Each request is authenticated first (ACS3-HMAC-SHA256
 or V1 signatures, see `signing`), then counted against its per-API quota
-(`ecs_quota`), then the injected API faults are drawn, then the action runs (power and
-describe actions here, prices and stock in `ecs_catalog`, tags in `ecs_tags`). Errors are answered like the real service:
+(`quota`), then the injected API faults are drawn, then the action runs (power and
+describe actions here, prices and stock in `catalog`, tags in `tags`). Errors are answered like the real service:
 `{"RequestId","HostId","Code","Message","Recommend"}` with its HTTP status.
 """
 from __future__ import annotations
@@ -19,12 +19,12 @@ from urllib.parse import parse_qsl
 
 from aiohttp import web
 
-from simcloud import ecs_catalog, ecs_tags, signing
 from simcloud.config import Faults
-from simcloud.ecs_model import STATUSES, EcsCloud, EcsError, Instance, InstanceType, Outcome
-from simcloud.ecs_quota import THROTTLED, ApiQuota
-from simcloud.ecs_params import (Params, as_bool, check_region, json_list, missing, one_of, page, repeat_list,
+from simcloud.ecs import catalog, signing, tags
+from simcloud.ecs.model import STATUSES, EcsCloud, EcsError, Instance, InstanceType, Outcome
+from simcloud.ecs.params import (Params, as_bool, check_region, json_list, missing, one_of, page, repeat_list,
                                  require, tag_filter)
+from simcloud.ecs.quota import THROTTLED, ApiQuota
 
 log = logging.getLogger(__name__)
 
@@ -182,11 +182,11 @@ ACTIONS: dict[str, Callable[[Params, EcsCloud], dict]] = {
     "DescribeInstances": describe_instances,
     "DescribeInstanceStatus": describe_instance_status,
     "DescribeInstanceTypes": describe_instance_types,
-    "DescribePrice": ecs_catalog.describe_price,
-    "DescribeAvailableResource": ecs_catalog.describe_available_resource,
-    "TagResources": ecs_tags.tag_resources,
-    "UntagResources": ecs_tags.untag_resources,
-    "ListTagResources": ecs_tags.list_tag_resources,
+    "DescribePrice": catalog.describe_price,
+    "DescribeAvailableResource": catalog.describe_available_resource,
+    "TagResources": tags.tag_resources,
+    "UntagResources": tags.untag_resources,
+    "ListTagResources": tags.list_tag_resources,
 }
 
 

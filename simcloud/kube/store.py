@@ -8,7 +8,7 @@ written more than `history_seconds` ago is compacted, as the apiserver's periodi
 compaction (5 min) does, so a watch from it is 410 Gone whatever the resource. Each resource keeps its keys sorted, so a list page
 (`limit` + continue after the last key) costs O(log n + page), not a scan of everything.
 
-Creates and API updates are defaulted and validated (simcloud.admission, simcloud.validation:
+Creates and API updates are defaulted and validated (simcloud.kube.admission, simcloud.kube.validation:
 422 with causes) before they are stored, and take `dry_run` (validated, nothing stored);
 in-process controllers write through `mutate`, which trusts them.
 
@@ -29,74 +29,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Iterable, NamedTuple
 
-from simcloud import admission, validation
-from simcloud.patching import PatchError, apply_patch
-from simcloud.selectors import SelectorError, parse_field_selector, parse_label_selector
+from simcloud.kube import admission, validation
+from simcloud.kube.errors import ApiError, invalid
+from simcloud.kube.patching import PatchError, apply_patch
+from simcloud.kube.resources import RESOURCES, ResourceInfo
+from simcloud.kube.selectors import SelectorError, parse_field_selector, parse_label_selector
 
 HISTORY_LIMIT = 10_000
 HISTORY_SECONDS = 300.0     # kube-apiserver --etcd-compaction-interval default
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
-
-
-class ApiError(Exception):
-    """An API failure carried as the meta/v1 Status the real apiserver sends."""
-
-    def __init__(self, code: int, reason: str, message: str, details: dict | None = None):
-        super().__init__(message)
-        self.code, self.reason, self.message, self.details = code, reason, message, details
-
-    def status(self) -> dict:
-        body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "message": self.message, "reason": self.reason, "code": self.code}
-        if self.details is not None:
-            body["details"] = self.details
-        return body
-
-
-@dataclass(frozen=True)
-class ResourceInfo:
-    name: str                      # plural REST name
-    kind: str
-    namespaced: bool
-    group: str = ""
-    version: str = "v1"
-    short_names: tuple[str, ...] = ()
-    subresources: tuple[str, ...] = ()
-    singular: str = ""
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-
-def _r(name, kind, namespaced, short=(), sub=(), group=""):
-    return ResourceInfo(name, kind, namespaced, group, "v1", tuple(short), tuple(sub), kind.lower())
-
-
-RESOURCES: dict[str, ResourceInfo] = {r.name: r for r in (
-    _r("namespaces", "Namespace", False, ["ns"], ["status"]),
-    _r("nodes", "Node", False, ["no"], ["status"]),
-    _r("pods", "Pod", True, ["po"], ["status", "log", "binding"]),
-    _r("events", "Event", True, ["ev"]),
-    _r("configmaps", "ConfigMap", True, ["cm"]),
-    _r("secrets", "Secret", True),
-    _r("serviceaccounts", "ServiceAccount", True, ["sa"], ["token"]),
-    _r("services", "Service", True, ["svc"], ["status"]),
-    _r("endpoints", "Endpoints", True, ["ep"]),
-    _r("persistentvolumeclaims", "PersistentVolumeClaim", True, ["pvc"], ["status"]),
-    _r("persistentvolumes", "PersistentVolume", False, ["pv"], ["status"]),
-    _r("replicationcontrollers", "ReplicationController", True, ["rc"], ["status"]),
-    _r("resourcequotas", "ResourceQuota", True, ["quota"], ["status"]),
-    _r("limitranges", "LimitRange", True, ["limits"]),
-    _r("leases", "Lease", True, group="coordination.k8s.io"),
-    _r("roles", "Role", True, group="rbac.authorization.k8s.io"),
-    _r("rolebindings", "RoleBinding", True, group="rbac.authorization.k8s.io"),
-    _r("clusterroles", "ClusterRole", False, group="rbac.authorization.k8s.io"),
-    _r("clusterrolebindings", "ClusterRoleBinding", False, group="rbac.authorization.k8s.io"),
-    # create-only reviews: answered by simcloud.auth, never stored
-    _r("selfsubjectaccessreviews", "SelfSubjectAccessReview", False, group="authorization.k8s.io"),
-    _r("selfsubjectrulesreviews", "SelfSubjectRulesReview", False, group="authorization.k8s.io"),
-)}
 
 
 class Page(NamedTuple):
@@ -312,8 +253,8 @@ class Store:
             meta.pop("namespace", None)
         if not meta.get("name"):
             if not meta.get("generateName"):
-                raise admission.invalid(info.kind, "", [("metadata.name", "FieldValueRequired",
-                                                         "Required value: name or generateName is required")])
+                raise invalid(info.kind, "", [("metadata.name", "FieldValueRequired",
+                                               "Required value: name or generateName is required")])
             meta["name"] = meta["generateName"] + _random_suffix()
         validation.check_name(info, meta["name"])
         key = self._key(resource, meta.get("namespace"), meta["name"])

@@ -1,12 +1,14 @@
 """What the real API server does to an object before storing it: defaults and validation.
 
 Kept apart from the store so the store stays a plain versioned map. Validation
-failures raise `store.ApiError` 422 Invalid with field causes, as kubectl prints them.
+failures raise `errors.invalid`: 422 Invalid with field causes, as kubectl prints them.
 """
 from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
+
+from simcloud.kube.errors import invalid
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_MSG = ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start "
@@ -62,15 +64,6 @@ def extended_requests(pod: dict) -> dict[str, int]:
         for k, v in one(c).items():
             main[k] = max(main.get(k, 0), v)
     return {k: v for k, v in main.items() if v}
-
-
-def invalid(kind: str, name: str, causes: list[tuple[str, str, str]]):
-    """Build the 422 Invalid ApiError: causes are (field, reason, message)."""
-    from simcloud.store import ApiError   # store imports us; import late to avoid a cycle
-    text = ", ".join(f"{f}: {m}" for f, _, m in causes)
-    return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {text}', {
-        "name": name, "kind": kind,
-        "causes": [{"reason": r, "message": m, "field": f} for f, r, m in causes]})
 
 
 # --------------------------------------------------------------------------- pods

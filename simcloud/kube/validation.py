@@ -6,7 +6,7 @@ Two stages, in the real server's order:
   not a string, `spec.taints: "notalist"`, `tolerations: "x"`) cannot become a Go struct:
   a create or update body is then 400 BadRequest ("cannot be handled as a Pod: json: cannot
   unmarshal ..."), a patch whose result does not decode is 422 Invalid on the field `patch`.
-  Types come from the `kubernetes` client's models (`k8s_fields.json`, see simcloud.openapi).
+  Types come from the `kubernetes` client's models (`fields.json`, see simcloud.kube.openapi).
 * `validate`: pkg/apis/core/validation and rbac validation for the fields the product and
   kubectl send: names per kind, label keys and values, nodeSelector, tolerations, taints,
   resource names and quantities (extended resources integral, requests equal to limits),
@@ -20,17 +20,11 @@ from __future__ import annotations
 import base64
 import json
 import re
-from typing import TYPE_CHECKING
 
-from simcloud.admission import invalid, parse_quantity
-
-if TYPE_CHECKING:
-    from simcloud.store import ApiError, ResourceInfo
-
-
-def _api_error(code: int, reason: str, message: str, details: dict | None = None) -> "ApiError":
-    from simcloud.store import ApiError   # the store calls this module: import late to avoid a cycle
-    return ApiError(code, reason, message, details)
+from simcloud.kube.admission import parse_quantity
+from simcloud.kube.errors import ApiError, invalid
+from simcloud.kube.openapi import _models, model_name
+from simcloud.kube.resources import ResourceInfo
 
 # --------------------------------------------------------------------------- decoding
 _CONTAINER = re.compile(r"list\[(.+)\]|dict\[str, (.+)\]")
@@ -71,7 +65,6 @@ def _json_type(value) -> str:
 
 def decode_errors(info: ResourceInfo, obj: dict) -> list[str]:
     """Go decoder messages for every field of `obj` whose JSON type its kind's schema refuses."""
-    from simcloud.openapi import model_name
     errors: list[str] = []
     name = model_name(info)
     _check(name, obj, re.sub(r"^(CoreV1|RbacV1|V1)", "", name), "", errors)
@@ -102,7 +95,6 @@ def _check(kind: str, value, struct: str, path: str, errors: list[str], quantity
         return
     if kind == "object":
         return
-    from simcloud.openapi import _models
     fields = _models().get(kind)
     if fields is None:
         return
@@ -118,7 +110,7 @@ def _check(kind: str, value, struct: str, path: str, errors: list[str], quantity
 
 def undecodable_body(info: ResourceInfo, errors: list[str]) -> ApiError:
     """A create/update body that does not decode: the real 400."""
-    return _api_error(400, "BadRequest", f'{info.kind} in version "{info.version}" cannot be handled as a '
+    return ApiError(400, "BadRequest", f'{info.kind} in version "{info.version}" cannot be handled as a '
                                        f'{info.kind}: {errors[0]}')
 
 
@@ -126,7 +118,7 @@ def undecodable_patch(patched: dict, errors: list[str]) -> ApiError:
     """A patch whose result does not decode: the real 422 on the field `patch` (empty kind and name)."""
     value = json.dumps(patched, separators=(",", ":"))
     message = f"Invalid value: {json.dumps(value)}: {errors[0]}"
-    return _api_error(422, "Invalid", f' "" is invalid: patch: {message}',
+    return ApiError(422, "Invalid", f' "" is invalid: patch: {message}',
                     {"causes": [{"reason": "FieldValueInvalid", "message": message, "field": "patch"}]})
 
 
@@ -498,7 +490,7 @@ def dry_run(query) -> bool:
         return False
     if any(v != "All" for v in values):
         bad = ", ".join(f'"{v}"' for v in values)
-        raise _api_error(422, "Invalid", f'CreateOptions.meta.k8s.io "" is invalid: dryRun: Unsupported value: '
+        raise ApiError(422, "Invalid", f'CreateOptions.meta.k8s.io "" is invalid: dryRun: Unsupported value: '
                                        f'[]string{{{bad}}}: supported values: "All"', {
                            "group": "meta.k8s.io", "kind": "CreateOptions", "causes": [{
                                "reason": "FieldValueNotSupported", "field": "dryRun",

@@ -18,7 +18,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from simcloud.store import ApiError, Store
+from simcloud.kube.errors import ApiError, invalid
+from simcloud.kube.store import Store
 
 ADMIN_USER = "simcloud-admin"
 MASTERS = "system:masters"
@@ -415,7 +416,6 @@ class Auth:
         elif isinstance(non_res, dict) and non_res:
             attrs = Attributes(user, non_res.get("verb") or "", False, path=non_res.get("path") or "")
         else:
-            from simcloud.admission import invalid
             raise invalid("SelfSubjectAccessReview", "", [
                 ("spec.resourceAttributes", "FieldValueRequired",
                  "Required value: exactly one of nonResourceAttributes or resourceAttributes must be specified")])

@@ -8,8 +8,8 @@ fleet type is offered in every zone of the fleet.
 """
 from __future__ import annotations
 
-from simcloud.ecs_model import EcsCloud, EcsError, InstanceType
-from simcloud.ecs_params import Params, as_int, check_region, invalid, missing, one_of
+from simcloud.ecs.model import EcsCloud, EcsError, InstanceType
+from simcloud.ecs.params import Params, as_int, check_region, invalid, missing, one_of
 
 CURRENCY = "USD"
 RESOURCE_TYPES = ("instance", "disk", "diskperformance", "bandwidth", "ddh", "ElasticityAssurance",

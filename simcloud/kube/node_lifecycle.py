@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from simcloud.config import Timings
-from simcloud.scheduler import tolerates
-from simcloud.store import ApiError, Store, now_rfc3339
+from simcloud.kube.errors import ApiError
+from simcloud.kube.scheduler import tolerates
+from simcloud.kube.store import Store, now_rfc3339
 
-log = logging.getLogger("simcloud.node_lifecycle")
+log = logging.getLogger("simcloud.kube.node_lifecycle")
 
 UNREACHABLE = "node.kubernetes.io/unreachable"
 NOT_READY = "node.kubernetes.io/not-ready"

@@ -1,0 +1,4 @@
+"""The Kubernetes API server: the object store, admission and validation, RBAC (auth), discovery and
+OpenAPI, patches, selectors, tables, protobuf; and the controllers that run in it (scheduler, node
+lifecycle).
+"""
