@@ -1,4 +1,4 @@
-"""simcloud.realk8s against the real binaries: etcd, kube-apiserver, kube-controller-manager and
+"""simcloud.real_control_plane against the real binaries: etcd, kube-apiserver, kube-controller-manager and
 kube-scheduler v1.37.2 from the `controlplane` binary (`make controlplane`; `make test-real-k8s`
 builds it and runs these).
 
@@ -28,7 +28,7 @@ kubernetes = pytest.importorskip("kubernetes")
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from simcloud.realk8s import ControlPlaneError, RealControlPlane, controlplane_binary
+from simcloud.real_control_plane import ControlPlaneError, RealControlPlane, controlplane_binary
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = "v1.37.2"
@@ -64,7 +64,7 @@ def binary() -> Path:
 def plane(tmp_path_factory):
     # podtemplates without watch cache: their watches are served by etcd itself, so an etcd compaction
     # answers them 410 Gone (cached resources are served from the API server's watch cache).
-    plane = RealControlPlane(tmp_path_factory.mktemp("realk8s"), binary(), node_monitor_period=1.0,
+    plane = RealControlPlane(tmp_path_factory.mktemp("real_control_plane"), binary(), node_monitor_period=1.0,
                              node_monitor_grace_period=20.0, watch_cache_sizes=["podtemplates#0"])
     plane.add_node_token(NODE)
     plane.add_user("gpuboot-product")

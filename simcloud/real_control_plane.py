@@ -1,6 +1,6 @@
 """The real Kubernetes control plane, run from the `controlplane` binary (controlplane/, `make controlplane`).
 
-    from simcloud.realk8s import RealControlPlane, controlplane_binary
+    from simcloud.real_control_plane import RealControlPlane, controlplane_binary
 
     plane = RealControlPlane(tmp_path / "k8s", controlplane_binary())
     kubelet = plane.add_node_token("gpu-1")          # before start: user system:node:gpu-1, group system:nodes
@@ -21,7 +21,7 @@ Identities: the static token file is read once, when the API server starts, so a
 tokens instead (create a ServiceAccount and call its TokenRequest API as admin).
 
 Only the standard library and `cryptography` are used: this module runs without the rest of simcloud.
-`python -m simcloud.realk8s --workdir DIR` starts a plane for manual use and prints its kubeconfigs.
+`python -m simcloud.real_control_plane --workdir DIR` starts a plane for manual use and prints its kubeconfigs.
 """
 from __future__ import annotations
 
@@ -156,7 +156,7 @@ class _PKI:
         now = datetime.datetime.now(datetime.UTC)
         valid = {"not_before": now - datetime.timedelta(minutes=5), "not_after": now + datetime.timedelta(days=365)}
         ca_key = ec.generate_private_key(ec.SECP256R1())
-        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpuboot-realk8s-ca")])
+        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpuboot-real_control_plane-ca")])
         ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
               .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
               .not_valid_before(valid["not_before"]).not_valid_after(valid["not_after"])
@@ -331,13 +331,13 @@ class RealControlPlane:
         assert self.pki is not None, "not started"
         config = {
             "apiVersion": "v1", "kind": "Config", "preferences": {},
-            "clusters": [{"name": "realk8s", "cluster": {
+            "clusters": [{"name": "real_control_plane", "cluster": {
                 "server": self.server_url,
                 "certificate-authority-data": base64.b64encode(self.pki.ca_pem).decode()}}],
             "users": [{"name": identity.name, "user": {"token": identity.token}}],
-            "contexts": [{"name": f"realk8s-{identity.name}", "context": {
-                "cluster": "realk8s", "user": identity.name, "namespace": namespace}}],
-            "current-context": f"realk8s-{identity.name}",
+            "contexts": [{"name": f"real_control_plane-{identity.name}", "context": {
+                "cluster": "real_control_plane", "user": identity.name, "namespace": namespace}}],
+            "current-context": f"real_control_plane-{identity.name}",
         }
         return json.dumps(config, indent=2) + "\n"
 
@@ -686,7 +686,7 @@ def _duration(seconds: float) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m simcloud.realk8s", description=(
+    parser = argparse.ArgumentParser(prog="python -m simcloud.real_control_plane", description=(
         "Start the real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, "
         "kube-scheduler) in WORKDIR, print its kubeconfigs, and run until interrupted (Ctrl-C / SIGTERM)."))
     parser.add_argument("--workdir", required=True, type=Path)
