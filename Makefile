@@ -21,13 +21,13 @@ test: install
 	$(PY) -m pytest
 
 test-unit: install
-	$(PY) -m pytest tests/gpuboot/unit tests/simcloud/unit
+	$(PY) -m pytest tests/unit
 
 test-conformance: install
-	$(PY) -m pytest tests/simcloud/conformance
+	$(PY) -m pytest tests/conformance
 
 test-e2e: install
-	$(PY) -m pytest tests/gpuboot/e2e
+	$(PY) -m pytest tests/e2e
 
 # Lint: ruff (rules and import order: pyproject.toml), mypy on the pure core, the layer contracts.
 .PHONY: lint
@@ -65,7 +65,7 @@ demo-gang: install
 # The demo end to end in oneshot mode (slow: boots Airflow standalone), kept out of `make test`.
 .PHONY: test-demo
 test-demo: install
-	GPUBOOT_TEST_DEMO=1 $(PY) -m pytest tests/gpuboot/e2e/test_demo.py
+	GPUBOOT_TEST_DEMO=1 $(PY) -m pytest tests/e2e/test_demo.py
 
 # The browser tests (tests/ui): headless Debian Chromium (/usr/bin/chromium) driven by Playwright against the
 # demo's stack (local cloud + Airflow standalone): the GPU-fleet page while a job boots a node, and the
@@ -111,20 +111,20 @@ bench: install
 bench-distributed: install
 	$(PY) -m bench --parts distributed $(BENCH_ARGS)
 
-# The distributed run (tests/gpuboot/distributed): PostgreSQL, Redis and Airflow on CeleryExecutor as separate
+# The distributed run (tests/distributed): PostgreSQL, Redis and Airflow on CeleryExecutor as separate
 # processes (api-server, scheduler, dag-processor, triggerer, Celery worker); gpu_job triggered through
 # the REST API. Installs the two servers from Debian when missing (needs root); kept out of `make test`.
 .PHONY: test-distributed
 test-distributed: install
 	@if ! command -v redis-server >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql redis-server; fi
-	GPUBOOT_DISTRIBUTED=1 $(PY) -m pytest tests/gpuboot/distributed --durations=5
+	GPUBOOT_DISTRIBUTED=1 $(PY) -m pytest tests/distributed --durations=5
 
 # The REST burst on the same stack (20 gpu_job runs posted at once; issue 11). Slow, and not yet
 # seen to finish within its bound on a shared 2-core machine, so .ci/run does not call it.
 .PHONY: test-distributed-burst
 test-distributed-burst: install
-	GPUBOOT_DISTRIBUTED=1 GPUBOOT_DISTRIBUTED_BURST=1 $(PY) -m pytest tests/gpuboot/distributed/test_gpu_job_burst.py --durations=5
+	GPUBOOT_DISTRIBUTED=1 GPUBOOT_DISTRIBUTED_BURST=1 $(PY) -m pytest tests/distributed/test_gpu_job_burst.py --durations=5
 
 # Fault-injection run (chaos/): concurrent gpu_job runs on the local cloud with ECS throttling, NoStock,
 # a node never Ready, a device plugin never registering, 409 bursts and one worker SIGKILLed; ends with

@@ -1,6 +1,6 @@
 """End to end on the real stack: GPUs registered -> job pod Running, with where the seconds go.
 
-The distributed stack of tests/gpuboot/distributed (PostgreSQL, Redis, Airflow 3 on CeleryExecutor:
+The distributed stack of tests/distributed (PostgreSQL, Redis, Airflow 3 on CeleryExecutor:
 api-server, scheduler, dag-processor, triggerer, one Celery worker, as separate processes) and the
 local cloud. `runs` one-GPU `gpu_job` runs are posted one after another through the REST API, each
 booting a stopped node (the bench stops it again afterwards, so the next run boots too). Stamps:
@@ -162,8 +162,8 @@ def _breakdown(home: Path, run_id: str, watcher: Watcher, pod_before: set[str]) 
 def run(workdir: Path, quick: bool = False, runs: int = 5, tuned: bool = True) -> dict:
     from scripts.demo import DemoError  # noqa: F401  (the stack's API client lives there)
     from simcloud.harness import SimCloud, small_fleet, wait_until
-    from tests.gpuboot.distributed.processes import Processes
-    from tests.gpuboot.distributed.stack import REPO, start_airflow, start_postgres, start_redis
+    from tests.distributed.processes import Processes
+    from tests.distributed.stack import REPO, start_airflow, start_postgres, start_redis
 
     count = 2 if quick else runs
     extra_env = {**BASE_ENV, **(TUNED_ENV if tuned else {})}

@@ -34,7 +34,7 @@ def run(workdir: Path, quick: bool = False, repeats: int = 10) -> dict:
     from gpuboot.operators.place import PlaceGpuJobOperator
     from gpuboot.operators.release import ReleaseReservationOperator
     from simcloud.harness import small_fleet, wait_until
-    from tests.gpuboot.unit.builders import step_context
+    from tests.builders import step_context
 
     repeats = 2 if quick else repeats
     fleet = small_fleet([{"name": f"t4-{i}", "instance_type": T4, "status": "Running"} for i in range(RANKS)],

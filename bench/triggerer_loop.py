@@ -16,7 +16,7 @@ process's heap, not a call the trigger made. Both are reported; wall time counts
 past `WAIT_LIMIT`, the length of a real blocking wait (a synchronous API call on the loop).
 
 A heartbeat measures how late the loop wakes it, as the triggerer's own "async thread was blocked"
-watchdog does. The test (tests/gpuboot/integration/test_trigger_loop.py) fails on any blocking
+watchdog does. The test (tests/integration/test_trigger_loop.py) fails on any blocking
 callback; the bench part reports the worst while 100 triggers wait.
 """
 from __future__ import annotations

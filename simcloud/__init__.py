@@ -5,6 +5,8 @@
     harness      runs `python -m simcloud serve` as a subprocess for the tests, the demo, bench and chaos
     admin        the admin surface (/_simcloud: faults, state, compact, tokens), server and client side
     machines/    kubelets and the containers they run as local processes
+    real_control_plane   the real etcd, kube-apiserver, scheduler and controller-manager (controlplane/), started
+                 as processes: the second Kubernetes backend
     fleet        fleet files (fleets/*.yaml): the machines as ECS instances and Kubernetes Nodes
     kube/        the Kubernetes API server: store, admission, validation, RBAC, OpenAPI, ...; scheduler
                  and node-lifecycle controller

@@ -10,13 +10,15 @@ objects through the Kubernetes API itself, as the admin.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from simcloud.config import Faults
 
@@ -30,8 +32,8 @@ ADMIN_PREFIX = "/_simcloud"
 
 
 def admin_routes(faults: Faults, state: Callable[[], dict], compact: Callable[[], int],
-                 auth: "Auth") -> list[web.RouteDef]:
-    from aiohttp import web   # server side only: keeps the fault CLI quick to start
+                 auth: Auth) -> list[web.RouteDef]:
+    from aiohttp import web  # server side only: keeps the fault CLI quick to start
 
     from simcloud.kube.auth import MASTERS, service_account_user
     from simcloud.kube.errors import ApiError
@@ -100,10 +102,8 @@ def request(workdir: Path, path: str, method: str = "GET", body: dict | None = N
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")
-        try:
+        with contextlib.suppress(ValueError):
             detail = json.loads(detail).get("error", detail)
-        except ValueError:
-            pass
         raise AdminError(f"{method} {path}: {exc.code}: {detail}") from None
 
 

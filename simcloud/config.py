@@ -84,20 +84,20 @@ class Faults:
     def update(self, changes: dict) -> None:
         """Apply a partial update; unknown keys are an error that names the key."""
         known = {f.name: f for f in fields(self)}
-        for key, value in changes.items():
+        for key, raw in changes.items():
             if key not in known:
                 raise KeyError(f"unknown fault {key!r}; known: {', '.join(sorted(known))}")
-            current = getattr(self, key)
+            current, value = getattr(self, key), raw
             if isinstance(current, list):
-                value = list(value)
+                value = list(raw)
             elif isinstance(current, dict):
-                value = self._per_node(key, value)
+                value = self._per_node(key, raw)
             elif isinstance(current, float):
-                value = float(value)
+                value = float(raw)
                 if not 0.0 <= value <= 1.0 and key.endswith("_rate"):
                     raise ValueError(f"fault {key} must be in [0, 1], got {value}")
             elif isinstance(current, int):
-                value = int(value)
+                value = int(raw)
             setattr(self, key, value)
 
     @staticmethod

@@ -23,8 +23,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
 
 import yaml
 
@@ -170,7 +171,7 @@ class SimCloud:
     @contextlib.contextmanager
     def start(cls, fleet: dict | str | Path, workdir: Path, *, ready_timeout: float = 30.0,
               stop_timeout: float = 10.0, seed: int | None = None, extra_args: list[str] | None = None
-              ) -> Iterator["SimCloud"]:
+              ) -> Iterator[SimCloud]:
         """Start the server, wait for `simcloud ready` (or fail with its log), stop it on exit."""
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)

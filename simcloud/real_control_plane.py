@@ -451,7 +451,7 @@ class RealControlPlane:
             try:
                 if ready():
                     return
-            except Exception as error:   # noqa: BLE001 - connection refused etc. until it is up
+            except Exception as error:
                 last_error = f"{type(error).__name__}: {error}"
             if time.monotonic() >= deadline:
                 raise ControlPlaneError(

@@ -38,8 +38,7 @@ from simcloud.admin import ADMIN_PREFIX, admin_routes
 from simcloud.config import Faults
 from simcloud.ecs.api import make_ecs_app
 from simcloud.ecs.model import EcsCloud
-from simcloud.fleet import (BENCH_NAMESPACE, Fleet, ecs_instance, new_boot_id, node_object,
-                            placeholder_pod)
+from simcloud.fleet import BENCH_NAMESPACE, Fleet, ecs_instance, new_boot_id, node_object, placeholder_pod
 from simcloud.kube import admission
 from simcloud.kube.api import make_k8s_app
 from simcloud.kube.auth import ADMIN_USER, Auth
@@ -49,7 +48,8 @@ from simcloud.kube.store import Store
 from simcloud.machines.containers import ContainerRunner, rfc3339
 from simcloud.machines.kubelet import Kubelets
 from simcloud.tls import serving_context
-from simcloud.workdir import kubeconfig_text, kubernetes_connection, write_file as _write
+from simcloud.workdir import kubeconfig_text, kubernetes_connection
+from simcloud.workdir import write_file as _write
 
 log = logging.getLogger("simcloud")
 

@@ -37,7 +37,7 @@ def serving_context(directory: Path, hosts: list[str]) -> tuple[ssl.SSLContext, 
     """(server SSLContext, CA certificate PEM) for `hosts`; key files go to `directory` (mode 0600)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (x509.CertificateBuilder().subject_name(_name("simcloud-ca")).issuer_name(_name("simcloud-ca"))
           .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
@@ -51,7 +51,7 @@ def serving_context(directory: Path, hosts: list[str]) -> tuple[ssl.SSLContext, 
     cert = (x509.CertificateBuilder().subject_name(_name("kube-apiserver")).issuer_name(ca.subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=365))
-            .add_extension(x509.SubjectAlternativeName(_san(hosts + ["127.0.0.1", "localhost"])), critical=False)
+            .add_extension(x509.SubjectAlternativeName(_san([*hosts, "127.0.0.1", "localhost"])), critical=False)
             .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .sign(ca_key, hashes.SHA256()))
     ca_pem = ca.public_bytes(serialization.Encoding.PEM)

@@ -14,7 +14,7 @@ import logging
 import random
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
 from urllib.parse import parse_qsl
 
 from aiohttp import web
@@ -22,8 +22,18 @@ from aiohttp import web
 from simcloud.config import Faults
 from simcloud.ecs import catalog, signing, tags
 from simcloud.ecs.model import STATUSES, EcsCloud, EcsError, Instance, InstanceType, Outcome
-from simcloud.ecs.params import (Params, as_bool, check_region, json_list, missing, one_of, page, repeat_list,
-                                 require, tag_filter)
+from simcloud.ecs.params import (
+    Params,
+    as_bool,
+    check_region,
+    json_list,
+    missing,
+    one_of,
+    page,
+    repeat_list,
+    require,
+    tag_filter,
+)
 from simcloud.ecs.quota import THROTTLED, ApiQuota
 
 log = logging.getLogger(__name__)
@@ -45,7 +55,7 @@ def instance_view(i: Instance) -> dict:
         "InstanceType": t.instance_type_id,
         "InstanceTypeFamily": t.family,
         "Cpu": t.cpu,
-        "Memory": int(round(t.memory_gib * 1024)),
+        "Memory": round(t.memory_gib * 1024),
         "GPUAmount": t.gpu,
         "GPUSpec": t.gpu_spec,
         "ZoneId": i.zone_id,

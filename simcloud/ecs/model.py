@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Callable, Iterable
+from datetime import UTC, datetime
 
 from simcloud.config import Faults, Timings
 
@@ -31,7 +31,7 @@ Listener = Callable[["Instance", str, str], None]
 
 def ecs_time(moment: datetime | None = None) -> str:
     """ECS' time format: UTC to the minute, e.g. `2026-11-30T01:02Z`."""
-    return (moment or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%MZ")
+    return (moment or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%MZ")
 
 
 class EcsError(Exception):
@@ -46,7 +46,7 @@ def not_found(instance_id: str) -> EcsError:
     return EcsError("InvalidInstanceId.NotFound", f"The specified InstanceId does not exist: {instance_id}.", 404)
 
 
-def incorrect_status(instance: "Instance", action: str) -> EcsError:
+def incorrect_status(instance: Instance, action: str) -> EcsError:
     return EcsError("IncorrectInstanceStatus",
                     f"The current status of the resource does not support this operation "
                     f"({action} needs {_NEEDS[action]}; {instance.instance_id} is {instance.status}).", 403)

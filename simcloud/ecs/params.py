@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import Mapping
+from collections.abc import Mapping
 
 from simcloud.ecs.model import EcsCloud, EcsError
 

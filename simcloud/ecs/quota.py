@@ -10,7 +10,7 @@ count too. No entry: no limit.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from simcloud.config import Faults
 from simcloud.ecs.model import EcsError

@@ -22,9 +22,9 @@ import base64
 import hashlib
 import hmac
 import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Callable, Iterable, Mapping
+from datetime import UTC, datetime, timedelta
 from urllib.parse import quote
 
 ACS3_ALGORITHM = "ACS3-HMAC-SHA256"
@@ -186,12 +186,12 @@ def verify_request(method: str, path: str, query: list[tuple[str, str]], form: l
 def check_timestamp(value: str, now: datetime | None = None) -> datetime:
     """ISO 8601 UTC (`2026-11-30T01:02:03Z`) within 15 minutes of now, like the real gateway."""
     try:
-        stamp = datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+        stamp = datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
     except ValueError:
         raise SignatureError("InvalidTimeStamp.Format",
                              f"Specified time stamp or date value {value!r} is not well formatted; "
                              "use UTC ISO 8601 like 2026-01-31T12:00:00Z.") from None
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     if abs(now - stamp) > MAX_CLOCK_SKEW:
         raise SignatureError("InvalidTimeStamp.Expired",
                              f"Specified time stamp or date value is expired: {value} is more than 15 minutes from "

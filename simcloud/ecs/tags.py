@@ -9,8 +9,17 @@ containing `http://` or `https://`. Every check passes before anything changes.
 from __future__ import annotations
 
 from simcloud.ecs.model import EcsCloud, EcsError, Instance
-from simcloud.ecs.params import (Params, as_bool, check_region, decode_token, encode_token, invalid, missing,
-                                 one_of, repeat_list)
+from simcloud.ecs.params import (
+    Params,
+    as_bool,
+    check_region,
+    decode_token,
+    encode_token,
+    invalid,
+    missing,
+    one_of,
+    repeat_list,
+)
 
 RESOURCE_TYPES = ("instance", "disk", "snapshot", "image", "securitygroup", "volume", "eni", "ddh",
                   "ddhcluster", "keypair", "launchtemplate", "reservedinstance", "snapshotpolicy",

@@ -15,8 +15,8 @@ system:basic-user, system:public-info-viewer).
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from simcloud.kube.errors import ApiError, invalid
 from simcloud.kube.store import Store
@@ -132,7 +132,7 @@ def _matches(values: Iterable[str] | None, wanted: str) -> bool:
 def _resource_matches(rule: dict, attrs: Attributes) -> bool:
     combined = f"{attrs.resource}/{attrs.subresource}" if attrs.subresource else attrs.resource
     for resource in rule.get("resources") or ():
-        if resource == "*" or resource == combined:
+        if resource in ("*", combined):
             return True
         if attrs.subresource and resource == f"*/{attrs.subresource}":
             return True
@@ -145,7 +145,7 @@ def rule_allows(rule: dict, attrs: Attributes) -> bool:
     if not _matches(rule.get("verbs"), attrs.verb):
         return False
     if not attrs.resource_request:
-        return any(url == "*" or url == attrs.path or (url.endswith("*") and attrs.path.startswith(url[:-1]))
+        return any(url in ("*", attrs.path) or (url.endswith("*") and attrs.path.startswith(url[:-1]))
                    for url in rule.get("nonResourceURLs") or ())
     names = rule.get("resourceNames") or ()
     return (_matches(rule.get("apiGroups"), attrs.api_group) and _resource_matches(rule, attrs)
@@ -250,13 +250,12 @@ def _covers(owner: dict, simple: tuple) -> bool:
         return False
     if simple[0] == "url":
         url = simple[2]
-        return any(o == "*" or o == url or (o.endswith("*") and url.startswith(o[:-1]))
+        return any(o in ("*", url) or (o.endswith("*") and url.startswith(o[:-1]))
                    for o in owner.get("nonResourceURLs") or ())
     _, group, resource, name = simple
     if not _matches(owner.get("apiGroups"), group):
         return False
-    if not any(o == "*" or o == resource or (o.startswith("*/") and "/" in resource
-                                             and resource.split("/", 1)[1] == o[2:])
+    if not any(o in ("*", resource) or (o.startswith("*/") and "/" in resource and resource.split("/", 1)[1] == o[2:])
                for o in owner.get("resources") or ()):
         return False
     names = owner.get("resourceNames") or ()

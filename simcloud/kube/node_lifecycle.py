@@ -25,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from simcloud.config import Timings
 from simcloud.kube.errors import ApiError
@@ -159,7 +159,7 @@ class NodeLifecycleController:
                 return      # the taints go on a later pass
         else:
             health.ready_since = None
-        wanted = _TAINT_FOR[ready] if ready in _TAINT_FOR else UNREACHABLE
+        wanted = _TAINT_FOR.get(ready, UNREACHABLE)
         for effect in ("NoSchedule", "NoExecute"):
             if _lifecycle_taint(self.store.read("nodes", None, name), effect) != wanted:
                 stamp = now_rfc3339()
@@ -197,9 +197,7 @@ class NodeLifecycleController:
         def mark(pod: dict) -> None:
             conditions = [c for c in pod.setdefault("status", {}).get("conditions") or []
                           if c.get("type") != "DisruptionTarget"]
-            pod["status"]["conditions"] = conditions + [{
-                "type": "DisruptionTarget", "status": "True", "lastProbeTime": None, "lastTransitionTime": stamp,
-                "reason": "DeletionByTaintManager", "message": EVICTION_MESSAGE}]
+            pod["status"]["conditions"] = [*conditions, {"type": "DisruptionTarget", "status": "True", "lastProbeTime": None, "lastTransitionTime": stamp, "reason": "DeletionByTaintManager", "message": EVICTION_MESSAGE}]
         try:
             pod = self.store.mutate("pods", namespace, name, mark)
             self.store.delete("pods", namespace, name)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from simcloud.kube.resources import RESOURCES, ResourceInfo
@@ -38,7 +38,7 @@ def model_name(info: ResourceInfo) -> str:
     return _MODEL_NAMES.get((info.group, info.kind), f"V1{info.kind}")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _models() -> dict[str, dict[str, str]]:
     """Client model name -> {JSON field name -> type ('str', 'list[V1Container]', 'dict[str, str]', 'V1PodSpec')}."""
     return json.loads(FIELDS_FILE.read_text())
@@ -46,7 +46,7 @@ def _models() -> dict[str, dict[str, str]]:
 
 def generate_fields() -> dict[str, dict[str, str]]:
     """The models the served kinds reach, read from the installed `kubernetes` client (for FIELDS_FILE)."""
-    import kubernetes.client as client   # slow: only when regenerating or checking the file
+    from kubernetes import client  # slow: only when regenerating or checking the file
 
     table: dict[str, dict[str, str]] = {}
 
@@ -127,7 +127,7 @@ def _operation(info: ResourceInfo, action: str) -> dict:
     }
 
 
-@lru_cache(maxsize=None)
+@cache
 def _documents() -> dict[str, bytes]:
     """'api/v1' / 'apis/coordination.k8s.io/v1' -> the OpenAPI v3 document of that group-version."""
     docs = {}
@@ -182,7 +182,7 @@ def _gvk(info: ResourceInfo) -> dict:
     return {"group": info.group, "kind": info.kind, "version": info.version}
 
 
-@lru_cache(maxsize=None)
+@cache
 def _v2_json() -> bytes:
     return json.dumps({"swagger": "2.0", "info": _INFO, "definitions": {}, "paths": {
         path: {"patch": {"operationId": f"patch{info.kind}",
@@ -206,7 +206,7 @@ def _pb(field: int, value: bytes | str) -> bytes:
     return bytes([key]) + bytes(varint) + value
 
 
-@lru_cache(maxsize=None)
+@cache
 def _v2_protobuf() -> bytes:
     """The same document as gnostic's openapi.v2.Document (field numbers from OpenAPIv2.proto)."""
     def patch(info: ResourceInfo) -> bytes:                      # Operation

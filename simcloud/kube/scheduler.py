@@ -158,7 +158,7 @@ def _isolated(what: str):
     """Log and skip one malformed object instead of failing the whole scheduling pass."""
     try:
         yield
-    except Exception:   # noqa: BLE001 - validation should have refused it; keep scheduling everything else
+    except Exception:
         log.exception("skipping malformed %s in this scheduling pass", what)
 
 
@@ -212,7 +212,7 @@ class Scheduler:
             self._dirty.clear()
             try:
                 self.schedule_pending()
-            except Exception:   # noqa: BLE001 - keep scheduling after a bug, but say so
+            except Exception:
                 log.exception("scheduling pass failed")
 
     def _pod_requests(self, pod: dict) -> dict[str, Decimal]:
@@ -271,8 +271,6 @@ class Scheduler:
 
         def mark(p: dict) -> None:
             conditions = [c for c in p.setdefault("status", {}).get("conditions") or [] if c.get("type") != "PodScheduled"]
-            p["status"]["conditions"] = conditions + [{
-                "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
-                "lastProbeTime": None, "lastTransitionTime": now_rfc3339()}]
+            p["status"]["conditions"] = [*conditions, {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message, "lastProbeTime": None, "lastTransitionTime": now_rfc3339()}]
         updated = self.store.mutate("pods", meta["namespace"], meta["name"], mark)
         self.store.record_event(updated, "FailedScheduling", message, "Warning", component=SCHEDULER_NAME)

@@ -8,8 +8,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["SelectorError", "LabelSelector", "FieldSelector", "parse_label_selector", "parse_field_selector",
-           "FIELD_LABELS"]
+__all__ = [
+    "FIELD_LABELS",
+    "FieldSelector",
+    "LabelSelector",
+    "SelectorError",
+    "parse_field_selector",
+    "parse_label_selector",
+]
 
 
 class SelectorError(ValueError):
@@ -121,7 +127,7 @@ def _parse_requirement(text: str) -> Requirement:
         key, op, value = m.groups()
         if op in (">", "<"):
             if not re.fullmatch(r"-?\d+", value):
-                raise SelectorError(f"unable to parse requirement: for 'gt', 'lt' operators, the value must be an integer")
+                raise SelectorError("unable to parse requirement: for 'gt', 'lt' operators, the value must be an integer")
             return Requirement(_check_key(key), "gt" if op == ">" else "lt", (value,))
         return Requirement(_check_key(key), "!=" if op == "!=" else "=", (_check_value(key, value),))
     if stripped.startswith("!"):
@@ -141,13 +147,10 @@ def parse_label_selector(text: str | None) -> LabelSelector:
 # Field labels each resource supports (the real server refuses others).
 _COMMON = ("metadata.name", "metadata.namespace")
 FIELD_LABELS: dict[str, tuple[str, ...]] = {
-    "pods": _COMMON + ("spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
-                       "spec.hostNetwork", "status.phase", "status.podIP", "status.nominatedNodeName"),
-    "nodes": _COMMON + ("spec.unschedulable",),
-    "namespaces": _COMMON + ("status.phase",),
-    "events": _COMMON + ("involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
-                         "involvedObject.uid", "involvedObject.apiVersion", "involvedObject.resourceVersion",
-                         "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type"),
+    "pods": (*_COMMON, "spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName", "spec.hostNetwork", "status.phase", "status.podIP", "status.nominatedNodeName"),
+    "nodes": (*_COMMON, "spec.unschedulable"),
+    "namespaces": (*_COMMON, "status.phase"),
+    "events": (*_COMMON, "involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid", "involvedObject.apiVersion", "involvedObject.resourceVersion", "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type"),
 }
 
 
@@ -200,8 +203,8 @@ def parse_field_selector(text: str | None, resource: str | None = None) -> Field
         return FieldSelector()
     allowed = FIELD_LABELS.get(resource or "", _COMMON)
     terms = []
-    for part in _split_unescaped(text, ","):
-        part = part.strip()
+    for raw in _split_unescaped(text, ","):
+        part = raw.strip()
         m = re.fullmatch(r"([^=!\s]+)\s*(==|=|!=)\s*(.*)", part)
         if not m:
             raise SelectorError(f"invalid selector: '{text}'; can't understand '{part}'")

@@ -25,9 +25,10 @@ import time
 import uuid
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Callable, Iterable, NamedTuple
+from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
 from simcloud.kube import admission, validation
 from simcloud.kube.errors import ApiError, invalid
@@ -73,7 +74,7 @@ def clone(obj):
 
 
 def now_rfc3339(offset_seconds: float = 0) -> str:
-    return (datetime.now(timezone.utc) + timedelta(seconds=offset_seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return (datetime.now(UTC) + timedelta(seconds=offset_seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _random_suffix(n: int = 5) -> str:
@@ -114,7 +115,7 @@ class Store:
         self._rv = 0
         self._history: dict[str, deque[WatchEvent]] = {name: deque() for name in RESOURCES}
         self._history_limit = history_limit
-        self._compacted_rv: dict[str, int] = {name: 0 for name in RESOURCES}
+        self._compacted_rv: dict[str, int] = dict.fromkeys(RESOURCES, 0)
         self._history_seconds, self._clock = history_seconds, clock
         self._written: deque[tuple[float, int]] = deque()   # (when, rv) of the writes not yet compacted by age
         self._aged_rv = 0                                    # newest rv compacted by age (all resources)
@@ -387,8 +388,7 @@ class Store:
         def assign(p: dict) -> None:
             p["spec"]["nodeName"] = node_name
             conditions = [c for c in p.setdefault("status", {}).get("conditions") or [] if c.get("type") != "PodScheduled"]
-            p["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastProbeTime": None,
-                                          "lastTransitionTime": now_rfc3339()}] + conditions
+            p["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": now_rfc3339()}, *conditions]
         return self.mutate("pods", namespace, name, assign)
 
     def remove(self, resource: str, namespace: str | None, name: str) -> None:

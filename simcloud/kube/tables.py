@@ -5,12 +5,12 @@ columns appear only with `-o wide`. Cell rules follow kubernetes/pkg/printers/in
 """
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 Column = tuple[str, str, str, int]   # name, type, description, priority
 
-_AGE: Column = ("Age", "string", "CreationTimestamp is a timestamp representing the server time when this object "
-                                 "was created.", 0)
+_AGE: Column = ("Age", "string", ("CreationTimestamp is a timestamp representing the server time when this object "
+                                 "was created."), 0)
 _NAME: Column = ("Name", "string", "Name must be unique within a namespace.", 0)
 
 
@@ -46,8 +46,8 @@ def human_duration(seconds: float) -> str:
 def _age(timestamp: str | None) -> str:
     if not timestamp:
         return "<unknown>"
-    then = datetime.strptime(timestamp[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
-    return human_duration((datetime.now(timezone.utc) - then).total_seconds())
+    then = datetime.strptime(timestamp[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
+    return human_duration((datetime.now(UTC) - then).total_seconds())
 
 
 def _meta_age(obj: dict) -> str:
@@ -93,8 +93,8 @@ _NODE_COLUMNS: list[Column] = [
     ("External-IP", "string", "List of external IPs for the node.", 1),
     ("OS-Image", "string", "OS Image reported by the node from /etc/os-release (e.g. Debian GNU/Linux 7 (wheezy)).", 1),
     ("Kernel-Version", "string", "Kernel Version reported by the node from 'uname -r' (e.g. 3.16.0-0.bpo.4-amd64).", 1),
-    ("Container-Runtime", "string", "Container runtime version reported by the node through runtime remote API "
-                                    "(e.g. containerd://1.4.2).", 1),
+    ("Container-Runtime", "string", ("Container runtime version reported by the node through runtime remote API "
+                                    "(e.g. containerd://1.4.2)."), 1),
 ]
 
 
@@ -156,8 +156,8 @@ def _pod_row(pod: dict) -> list:
 _POD_COLUMNS: list[Column] = [
     _NAME, ("Ready", "string", "The aggregate readiness state of this pod for accepting traffic.", 0),
     ("Status", "string", "The aggregate status of the containers in this pod.", 0),
-    ("Restarts", "string", "The number of times the containers in this pod have been restarted and when the last "
-                           "container in this pod has restarted.", 0),
+    ("Restarts", "string", ("The number of times the containers in this pod have been restarted and when the last "
+                           "container in this pod has restarted."), 0),
     _AGE, ("IP", "string", "IP address allocated to the pod. Routable at least within the cluster.", 1),
     ("Node", "string", "NodeName is a request to schedule this pod onto a specific node.", 1),
     ("Nominated Node", "string", "nominatedNodeName is set only when this pod preempts other pods on the node.", 1),
@@ -182,8 +182,8 @@ def _event_row(event: dict) -> list:
 _EVENT_COLUMNS: list[Column] = [
     ("Last Seen", "string", "Time when this Event was last observed.", 0),
     ("Type", "string", "Type of this event (Normal, Warning), new types could be added in the future.", 0),
-    ("Reason", "string", "This should be a short, machine understandable string that gives the reason for the "
-                         "transition into the object's current status.", 0),
+    ("Reason", "string", ("This should be a short, machine understandable string that gives the reason for the "
+                         "transition into the object's current status."), 0),
     ("Object", "string", "The object that this event is about.", 0),
     ("Message", "string", "A human-readable description of the status of this operation.", 0),
     ("Subobject", "string", "The subobject this event is about (fieldPath).", 1),

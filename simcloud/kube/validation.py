@@ -182,7 +182,7 @@ def _name_errors(resource: str, name: str) -> list[str]:
     return [] if _DNS_SUBDOMAIN.match(name) else [SUBDOMAIN_MSG]
 
 
-def check_name(info: "ResourceInfo", name: str) -> None:
+def check_name(info: ResourceInfo, name: str) -> None:
     errors = _name_errors(info.name, name)
     if errors:
         raise invalid(info.kind, name, [_invalid_value("metadata.name", name, e) for e in errors])
@@ -469,7 +469,7 @@ _KINDS = {
 }
 
 
-def validate(info: "ResourceInfo", obj: dict, old: dict | None = None) -> None:
+def validate(info: ResourceInfo, obj: dict, old: dict | None = None) -> None:
     """422 Invalid with causes when `obj` (a create, or an update of `old`) breaks a rule of its kind."""
     resource = info.name
     causes = _metadata(obj.get("metadata") or {})

@@ -31,6 +31,7 @@ The rule, so that exit codes and logs are real:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -40,9 +41,9 @@ import signal
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import AsyncIterator
 
 from simcloud.kube.errors import ApiError
 
@@ -54,7 +55,7 @@ _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.\-]*)\)")
 def rfc3339(ns: int | None = None, nanos: bool = False) -> str:
     """RFC 3339 UTC ("...Z"); with nanos, the RFC3339Nano form kubelet log timestamps use."""
     ns = time.time_ns() if ns is None else ns
-    base = datetime.fromtimestamp(ns // 1_000_000_000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    base = datetime.fromtimestamp(ns // 1_000_000_000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
     return f"{base}.{ns % 1_000_000_000:09d}Z" if nanos else f"{base}Z"
 
 
@@ -107,10 +108,8 @@ class Container:
         if self.exit_code is not None:
             return
         if self._process is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._process.pid, sig)
-            except ProcessLookupError:
-                pass
         elif self._task is not None:
             self._task.cancel(msg=str(int(sig)))
 
@@ -119,7 +118,7 @@ class Container:
         self.signal(signal.SIGTERM)
         try:
             return await asyncio.wait_for(self.wait(), timeout=max(grace_seconds, 0.0))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.signal(signal.SIGKILL)
             return await self.wait()
 
@@ -131,7 +130,7 @@ def _runc_error(program: str, why: str) -> str:
 
 
 def image_id(image: str) -> str:
-    repo = image.split("@")[0].rsplit(":", 1)[0] if ":" in image.split("/")[-1] else image.split("@")[0]
+    repo = image.split("@", maxsplit=1)[0].rsplit(":", 1)[0] if ":" in image.rsplit("/", maxsplit=1)[-1] else image.split("@", maxsplit=1)[0]
     return f"{repo}@sha256:{hashlib.sha256(image.encode()).hexdigest()}"
 
 

@@ -54,6 +54,7 @@ is down stays Terminating until the kubelet is back (or it is force-deleted).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import random
@@ -63,7 +64,8 @@ from dataclasses import dataclass, field
 from simcloud.config import Faults, Timings
 from simcloud.ecs.model import EcsCloud, Instance
 from simcloud.fleet import PLACEHOLDER_ANNOTATION, NodeSpec, new_boot_id
-from simcloud.kube.admission import extended_requests, parse_quantity as parse_count
+from simcloud.kube.admission import extended_requests
+from simcloud.kube.admission import parse_quantity as parse_count
 from simcloud.kube.errors import ApiError
 from simcloud.kube.node_lifecycle import LEASE_NAMESPACE, UNREACHABLE, set_lifecycle_taint, set_unknown
 from simcloud.kube.store import Store
@@ -435,8 +437,8 @@ class Kubelets:
                 capacity = int(parse_count(allocatable.get(resource, 0)))
                 used = sum(p.held.get(resource, 0) for p in node.pods.values())
                 if wanted[resource] > capacity - used:
-                    return (f"OutOf{resource}", f"Pod was rejected: Node didn't have enough resource: {resource}, "
-                                                f"requested: {wanted[resource]}, used: {used}, capacity: {capacity}")
+                    return (f"OutOf{resource}", (f"Pod was rejected: Node didn't have enough resource: {resource}, "
+                                                f"requested: {wanted[resource]}, used: {used}, capacity: {capacity}"))
         return None
 
     def _admit(self, node: _Node, p: _Pod, pod: dict) -> None:
@@ -556,10 +558,8 @@ class Kubelets:
         self._finish(node, p, "Failed", reason="Terminated", message=SHUTDOWN_MESSAGE)
 
     def _remove(self, meta: dict) -> None:
-        try:
+        with contextlib.suppress(ApiError):
             self.store.remove("pods", meta["namespace"], meta["name"])
-        except ApiError:
-            pass
         self.runner.forget(meta.get("uid", ""))
 
     # ------------------------------------------------------------------ status writing
@@ -601,10 +601,8 @@ class Kubelets:
         self._write_pod(p, update)
 
     def _write_pod(self, p: _Pod, fn) -> None:
-        try:
+        with contextlib.suppress(ApiError):     # the pod is gone; nothing to report
             self.store.mutate("pods", p.namespace, p.name, fn)
-        except ApiError:
-            pass   # the pod is gone; nothing to report
 
     def _event_pod(self, pod: dict, reason: str, message: str, kind: str = "Normal") -> None:
         self._event(pod, reason, message, kind, "kubelet")

@@ -146,7 +146,7 @@ def node(core, kubelet):
                     coordination.create_namespaced_lease("kube-node-lease", body)
             except ApiException as error:   # refused (403, 422...): a bug
                 errors.append(error)
-            except Exception as error:   # noqa: BLE001 - API server away (restart test): retried, as a kubelet does
+            except Exception as error:
                 unreachable.append(error)
             stop.wait(2.0)
 

@@ -16,7 +16,7 @@ import re
 import subprocess
 import sys
 import tomllib
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "docker-compose.md"
 AIRFLOW_SERVICES = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
                     "airflow-worker", "airflow-triggerer", "airflow-init")
-REQUIRED = ("postgres", "redis", "simcloud", "simcloud-bootstrap") + AIRFLOW_SERVICES
+REQUIRED = ("postgres", "redis", "simcloud", "simcloud-bootstrap", *AIRFLOW_SERVICES)
 ONE_SHOT = ("airflow-init", "simcloud-bootstrap")
 LONG_RUNNING = tuple(s for s in REQUIRED if s not in ONE_SHOT)
 SIMCLOUD_WORKDIR = "/opt/simcloud"
@@ -276,7 +276,7 @@ def test_the_product_acts_as_the_shipped_serviceaccount_not_the_admin(services):
             f"{name} must read the ServiceAccount's connections, not the admin's"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _cli_options(subcommand: str) -> frozenset[str]:
     """The options of `python -m simcloud SUBCOMMAND`, read from its --help."""
     result = subprocess.run([sys.executable, "-m", "simcloud", subcommand, "--help"], cwd=ROOT,
@@ -403,7 +403,7 @@ def test_dockerfile_installs_the_provider_wheel_with_the_constraints_without_mov
         f"the Dockerfile must COPY dist/{wheel} (make dist of pyproject.toml's version) to /wheels/"
     assert re.search(rf'^RUN pip install .*"apache-airflow==\$\{{AIRFLOW_VERSION\}}" "/wheels/{re.escape(wheel)}'
                      r'\[simcloud\]" -c /constraints\.txt$', _dockerfile(), re.MULTILINE)
-    assert not any(source.startswith("plugins") or source.startswith("requirements")
+    assert not any(source.startswith(("plugins", "requirements"))
                    for source in copies), "the package and its requirements come from the wheel"
 
 
@@ -436,7 +436,7 @@ def _in_context(path: str) -> bool:
     return included
 
 
-@lru_cache(maxsize=None)
+@cache
 def _tracked_files() -> tuple[str, ...]:
     out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     return tuple(out.splitlines())
@@ -489,7 +489,7 @@ def _simcloud_commands(text: str) -> list[str]:
     return [m.group(0) for span in spans for m in [re.search(r"python -m simcloud \S+.*", span)] if m]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _cli_subcommands() -> frozenset[str]:
     """The subcommands of `python -m simcloud`, read from its --help ("{serve,fault,...}")."""
     result = subprocess.run([sys.executable, "-m", "simcloud", "--help"], cwd=ROOT, capture_output=True, text=True,

@@ -82,8 +82,8 @@ def _imports(path: Path) -> set[str]:
 
 def _distribution(module: str) -> str | None:
     """The distribution an import comes from (None: the standard library or gpuboot itself)."""
-    top = module.split(".")[0]
-    if top in sys.stdlib_module_names or top == "gpuboot" or top == "__future__":
+    top = module.split(".", maxsplit=1)[0]
+    if top in sys.stdlib_module_names or top in {"gpuboot", "__future__"}:
         return None
     provider = re.match(r"airflow\.providers\.((?:cncf\.)?\w+)", module)
     if provider:
@@ -122,11 +122,11 @@ def test_entry_points_name_what_exists():
 
 
 def test_provider_info_describes_the_hook_and_validates_against_airflows_schema():
-    import jsonschema
     import airflow
+    import jsonschema
 
-    from gpuboot.hooks.ecs import EcsHook
     from gpuboot.get_provider_info import get_provider_info
+    from gpuboot.hooks.ecs import EcsHook
 
     info = get_provider_info()
     schema = json.loads((Path(airflow.__file__).parent / "provider_info.schema.json").read_text())

@@ -212,7 +212,7 @@ def test_the_rights_the_place_step_reviews_are_the_job_role(rbac):
     """kube.JOB_POD_RIGHTS (what the place step checks before it boots) is what the Role grants."""
     from gpuboot.hooks.kube import JOB_POD_RIGHTS
 
-    (role,) = [r for r in _roles(rbac, "jobs")]
+    (role,) = list(_roles(rbac, "jobs"))
     assert sorted(JOB_POD_RIGHTS) == sorted(perm for perm, _ in _grants(role))
 
 

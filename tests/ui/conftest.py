@@ -10,6 +10,7 @@ import pytest
 
 from tests.ui.harness import airflow_stack, chromium
 
+
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("GPUBOOT_TEST_UI") != "1":
         skip = pytest.mark.skip(reason="slow; run with `make test-ui` (GPUBOOT_TEST_UI=1)")

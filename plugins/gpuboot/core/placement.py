@@ -425,7 +425,7 @@ def _ranked(score: tuple, node: NodeView) -> tuple:
 
 # All that `_score` and `_twin_exclusion` read of a node, by value: nodes with equal inputs (twins)
 # get equal verdicts and scores, so placement judges each class of twins once. Keep it in step with
-# both (tests/gpuboot/unit/test_placement_reference.py checks plans against a placer that judges
+# both (tests/unit/gpuboot/core/test_placement_reference.py checks plans against a placer that judges
 # every node) and with the key of inventory._share_twin.
 def _twin_inputs(node: NodeView) -> tuple:
     return (node.state, node.allocatable, node.allocated, *_fixed_inputs(node))

@@ -2,9 +2,9 @@
 
 `gpuboot.lifecycle.booking` and `gpuboot.lifecycle.boot` are written against these Protocols, not against the
 adapters (`gpuboot.hooks.kube.KubeClient`, `gpuboot.hooks.ecs.EcsHook`), so that they can be run against
-small in-memory fakes (tests/gpuboot/fakes.py) as well as the real clients. Each Protocol lists
+small in-memory fakes (tests/fakes.py) as well as the real clients. Each Protocol lists
 exactly the methods the lifecycle calls, with the parameters it passes; a unit test
-(tests/gpuboot/unit/test_ports.py) checks that the real adapters and the fakes both have them
+(tests/unit/gpuboot/core/test_ports.py) checks that the real adapters and the fakes both have them
 with compatible signatures, so neither side can drift.
 
 The values that cross the ECS port live here too (core: no I/O library, no Airflow), and the

@@ -119,7 +119,7 @@ class Simulation:
         Twins (same state, model, capacity, allocation and oldest work) are interchangeable
         for placement, which breaks ties by name: a job of k tasks never needs more than
         the k first-named twins, so `place()` returns the same plan on the reduced
-        list (tests/gpuboot/unit/test_replay_sim.py checks it) at a fraction of the cost.
+        list (tests/unit/gpuboot/replay/test_sim.py checks it) at a fraction of the cost.
         """
         if per_class is None:
             return [node.view() for node in self.nodes.values()]

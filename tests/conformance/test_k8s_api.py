@@ -1,0 +1,371 @@
+"""The local Kubernetes API through the official `kubernetes` and `kubernetes_asyncio` clients."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+
+import kubernetes
+import kubernetes_asyncio
+import pytest
+from kubernetes.client.rest import ApiException
+
+from tests.conformance.k8s_harness import K8sServer, k8s, make_node, pod_body, start_server  # noqa: F401
+
+NS = "default"
+
+
+def _status(err: ApiException) -> dict:
+    return json.loads(err.body)
+
+
+def test_discovery_and_version(k8s: K8sServer):
+    api_client = k8s.core_v1().api_client
+    version = kubernetes.client.VersionApi(api_client).get_code()
+    assert version.major == "1" and version.git_version.startswith("v1.")
+    resources = {r.name: r for r in kubernetes.client.CoreV1Api(api_client).get_api_resources().resources}
+    assert resources["pods"].namespaced and "watch" in resources["pods"].verbs and resources["pods"].short_names == ["po"]
+    assert not resources["nodes"].namespaced and resources["nodes"].kind == "Node"
+    assert {"pods/log", "pods/status", "pods/binding", "nodes/status"} <= set(resources)
+
+
+def test_configmap_crud_and_stale_update_conflict(k8s: K8sServer):
+    v1 = k8s.core_v1()
+    created = v1.create_namespaced_config_map(NS, {"metadata": {"name": "ledger", "labels": {"app": "gpuboot"}},
+                                                   "data": {"reservations": "{}"}})
+    assert created.metadata.uid and created.metadata.resource_version and created.metadata.creation_timestamp
+    stale = v1.read_namespaced_config_map("ledger", NS)
+    fresh = v1.read_namespaced_config_map("ledger", NS)
+    fresh.data["reservations"] = '{"job-1": "gpu-a"}'
+    replaced = v1.replace_namespaced_config_map("ledger", NS, fresh)
+    assert int(replaced.metadata.resource_version) > int(created.metadata.resource_version)
+    stale.data["reservations"] = '{"job-2": "gpu-a"}'
+    with pytest.raises(ApiException) as err:
+        v1.replace_namespaced_config_map("ledger", NS, stale)
+    assert err.value.status == 409
+    body = _status(err.value)
+    assert body["reason"] == "Conflict" and body["kind"] == "Status"
+    assert body["message"] == ('Operation cannot be fulfilled on configmaps "ledger": the object has been modified; '
+                               "please apply your changes to the latest version and try again")
+    assert v1.read_namespaced_config_map("ledger", NS).data["reservations"] == '{"job-1": "gpu-a"}'
+    patched = v1.patch_namespaced_config_map("ledger", NS, {"data": {"extra": "1"}})
+    assert patched.data == {"reservations": '{"job-1": "gpu-a"}', "extra": "1"}
+    assert [c.metadata.name for c in v1.list_namespaced_config_map(NS, label_selector="app=gpuboot").items] == ["ledger"]
+    v1.delete_namespaced_config_map("ledger", NS)
+    with pytest.raises(ApiException) as err:
+        v1.read_namespaced_config_map("ledger", NS)
+    assert err.value.status == 404
+    assert _status(err.value)["message"] == 'configmaps "ledger" not found'
+
+
+def test_conflict_burst_fault_refuses_configmap_writes(k8s: K8sServer):
+    v1 = k8s.core_v1()
+    v1.create_namespaced_config_map(NS, {"metadata": {"name": "cm"}, "data": {"a": "1"}})
+    k8s.faults.k8s_conflict_burst = 2
+    for _ in range(2):
+        with pytest.raises(ApiException) as err:
+            v1.patch_namespaced_config_map("cm", NS, {"data": {"a": "2"}})
+        assert err.value.status == 409 and _status(err.value)["reason"] == "Conflict"
+    assert v1.patch_namespaced_config_map("cm", NS, {"data": {"a": "2"}}).data == {"a": "2"}
+    assert k8s.faults.k8s_conflict_burst == 0
+
+
+def test_error_statuses_are_the_real_ones(k8s: K8sServer):
+    v1 = k8s.core_v1()
+    with pytest.raises(ApiException) as err:
+        v1.read_namespaced_pod("nope", NS)
+    assert err.value.status == 404 and _status(err.value)["message"] == 'pods "nope" not found'
+    assert _status(err.value)["details"] == {"name": "nope", "kind": "pods"}
+    v1.create_namespaced_pod(NS, pod_body("p"))
+    with pytest.raises(ApiException) as err:
+        v1.create_namespaced_pod(NS, pod_body("p"))
+    assert err.value.status == 409 and _status(err.value)["reason"] == "AlreadyExists"
+    with pytest.raises(ApiException) as err:
+        v1.create_namespaced_pod(NS, {"metadata": {"name": "Bad_Name"}, "spec": {"containers": [{"name": "c"}]}})
+    body = _status(err.value)
+    assert err.value.status == 422 and body["reason"] == "Invalid"
+    assert {c["field"] for c in body["details"]["causes"]} == {"metadata.name"}
+    with pytest.raises(ApiException) as err:
+        v1.create_namespaced_pod(NS, {"metadata": {"name": "noimage"}, "spec": {"containers": [{"name": "c"}]}})
+    assert err.value.status == 422 and "spec.containers[0].image: Required value" in _status(err.value)["message"]
+    with pytest.raises(ApiException) as err:
+        v1.list_namespaced_pod(NS, field_selector="spec.bogus=1")
+    assert err.value.status == 400 and _status(err.value)["message"] == "field label not supported: spec.bogus"
+    with pytest.raises(ApiException) as err:
+        v1.patch_namespaced_pod("p", NS, {"metadata": {"labels": {"a": "b"}}}, _content_type="application/json")
+    assert err.value.status == 415
+    # protobuf bodies (kubectl 1.32's `create configmap` generator) are refused as unsupported, not misread
+    request = urllib.request.Request(f"{k8s.url}/api/v1/namespaces/{NS}/configmaps", data=b"k8s\x00...",
+                                     method="POST", headers={"Content-Type": "application/vnd.kubernetes.protobuf",
+                                                             "Authorization": f"Bearer {k8s.admin_token}"})
+    with pytest.raises(urllib.error.HTTPError) as http_err:
+        urllib.request.urlopen(request)
+    assert http_err.value.code == 415 and json.loads(http_err.value.read())["reason"] == "UnsupportedMediaType"
+    with pytest.raises(ApiException) as err:     # pod specs are immutable beyond images/tolerations
+        v1.patch_namespaced_pod("p", NS, {"spec": {"restartPolicy": "Always"}})
+    assert err.value.status == 422 and "Forbidden: pod updates may not change fields" in _status(err.value)["message"]
+
+
+def test_node_and_namespace_crud_patch_flavours_and_status(k8s: K8sServer):
+    v1 = k8s.core_v1()
+    v1.create_namespace({"metadata": {"name": "ml"}})
+    assert v1.read_namespace("ml").status.phase == "Active"
+    node = v1.create_node(make_node("gpu-a", gpu=1))
+    assert node.spec.provider_id == "cn-hangzhou.i-gpu-a"
+    # strategic merge (the client's default for dicts): labels merge, taints list replaced
+    v1.patch_node("gpu-a", {"metadata": {"labels": {"pool": "a100"}},
+                            "spec": {"taints": [{"key": "gpu", "value": "true", "effect": "NoSchedule"}]}})
+    # merge patch and JSON patch
+    v1.patch_node("gpu-a", {"spec": {"unschedulable": True}}, _content_type="application/merge-patch+json")
+    v1.patch_node("gpu-a", [{"op": "test", "path": "/metadata/labels/pool", "value": "a100"},
+                            {"op": "add", "path": "/metadata/labels/zone", "value": "cn-hangzhou-k"}])
+    node = v1.read_node("gpu-a")
+    assert node.metadata.labels["pool"] == "a100" and node.metadata.labels["zone"] == "cn-hangzhou-k"
+    assert node.metadata.labels["kubernetes.io/hostname"] == "gpu-a"
+    assert [t.key for t in node.spec.taints] == ["gpu"] and node.spec.unschedulable is True
+    with pytest.raises(ApiException) as err:
+        v1.patch_node("gpu-a", [{"op": "test", "path": "/metadata/labels/pool", "value": "h100"}])
+    assert err.value.status == 422
+    # status subresource: conditions merge by type; a status write through the main resource is ignored
+    v1.patch_node_status("gpu-a", {"status": {"conditions": [{"type": "Ready", "status": "False",
+                                                              "reason": "KubeletNotReady"}],
+                                              "allocatable": {"nvidia.com/gpu": "0"}}})
+    v1.patch_node("gpu-a", {"status": {"allocatable": {"nvidia.com/gpu": "8"}}})
+    node = v1.read_node_status("gpu-a")
+    assert [(c.type, c.status) for c in node.status.conditions] == [("Ready", "False")]
+    assert node.status.allocatable["nvidia.com/gpu"] == "0" and node.status.allocatable["cpu"] == "8"
+    assert [n.metadata.name for n in v1.list_node(field_selector="metadata.name=gpu-a").items] == ["gpu-a"]
+    assert v1.list_node(label_selector="pool notin (a100)").items == []
+    v1.delete_node("gpu-a")
+    assert v1.list_node().items == []
+    v1.delete_namespace("ml")
+    with pytest.raises(ApiException) as err:
+        v1.create_namespaced_config_map("ml", {"metadata": {"name": "x"}})
+    assert err.value.status == 404 and _status(err.value)["message"] == 'namespaces "ml" not found'
+
+
+def test_pods_selectors_paging_events_binding_and_graceful_delete(k8s: K8sServer):
+    v1 = k8s.core_v1()
+    for i in range(5):
+        v1.create_namespaced_pod(NS, pod_body(f"p{i}", labels={"job": "train" if i % 2 else "eval",
+                                                               "idx": str(i)}, node_selector={"none": "x"}))
+    assert [p.metadata.name for p in v1.list_namespaced_pod(NS, label_selector="job=train").items] == ["p1", "p3"]
+    assert [p.metadata.name for p in v1.list_namespaced_pod(NS, label_selector="job!=train,idx in (0,4)").items] \
+        == ["p0", "p4"]
+    assert len(v1.list_pod_for_all_namespaces(field_selector="status.phase=Pending").items) == 5
+    # paging
+    first = v1.list_namespaced_pod(NS, limit=2)
+    assert [p.metadata.name for p in first.items] == ["p0", "p1"] and first.metadata.remaining_item_count == 3
+    rest = v1.list_namespaced_pod(NS, limit=10, _continue=first.metadata._continue)
+    assert [p.metadata.name for p in rest.items] == ["p2", "p3", "p4"] and not rest.metadata._continue
+    # binding, once
+    v1.create_namespaced_pod_binding("p0", NS, {"metadata": {"name": "p0"},
+                                                "target": {"kind": "Node", "name": "gpu-a"}}, _preload_content=False)
+    pod = v1.read_namespaced_pod("p0", NS)
+    assert pod.spec.node_name == "gpu-a"
+    assert [(c.type, c.status) for c in pod.status.conditions if c.type == "PodScheduled"] == [("PodScheduled", "True")]
+    with pytest.raises(ApiException) as err:
+        v1.create_namespaced_pod_binding("p0", NS, {"target": {"kind": "Node", "name": "gpu-b"}},
+                                         _preload_content=False)
+    assert err.value.status == 409 and 'already assigned to node "gpu-a"' in _status(err.value)["message"]
+    # events by field selector, as the pod operator asks for them
+    k8s.on_loop(lambda: k8s.store.record_event(k8s.store.get("pods", NS, "p0"), "Pulled", "image pulled"))
+    events = v1.list_namespaced_event(NS, field_selector="involvedObject.name=p0").items
+    assert ("Pulled", "Pod", 1) in [(e.reason, e.involved_object.kind, e.count) for e in events]
+    assert {e.involved_object.name for e in events} == {"p0"}
+    # label patch as the pod operator does it
+    v1.patch_namespaced_pod("p0", NS, {"metadata": {"labels": {"already_checked": "True"}}})
+    assert v1.list_namespaced_pod(NS, label_selector="already_checked=True").items[0].metadata.name == "p0"
+    # a bound, running pod deletes gracefully; the kubelet (here: the test) finishes it
+    deleted = v1.delete_namespaced_pod("p0", NS, body={"gracePeriodSeconds": 5})
+    assert deleted.metadata.deletion_timestamp and deleted.metadata.deletion_grace_period_seconds == 5
+    k8s.on_loop(lambda: k8s.store.remove("pods", NS, "p0"))
+    v1.delete_namespaced_pod("p1", NS)   # unbound: gone now
+    assert [p.metadata.name for p in v1.list_namespaced_pod(NS).items] == ["p2", "p3", "p4"]
+
+
+def test_pod_log_plain_and_followed(k8s: K8sServer):
+    v1 = k8s.core_v1()
+    v1.create_namespaced_pod(NS, pod_body("trainer", node_selector={"none": "x"}))
+    with pytest.raises(ApiException) as err:
+        v1.read_namespaced_pod_log("trainer", NS)
+    assert err.value.status == 400 and "is waiting to start: ContainerCreating" in _status(err.value)["message"]
+    k8s.on_loop(lambda: k8s.store.bind(NS, "trainer", "gpu-a"))
+    lines = k8s.logs.lines.setdefault((NS, "trainer"), [])
+    lines.extend([b"epoch 1 loss 0.9\n", b"epoch 2 loss 0.5\n"])
+    # kubernetes 36 turns a preloaded log into "b'...'" (kubernetes-client/python#2596): read it raw, as the
+    # pod operator does
+    def read_log(**kwargs) -> str:
+        return v1.read_namespaced_pod_log("trainer", NS, _preload_content=False, **kwargs).data.decode()
+    assert read_log() == "epoch 1 loss 0.9\nepoch 2 loss 0.5\n"
+    assert read_log(tail_lines=1, timestamps=True) == "2026-01-01T00:00:00.000000000Z epoch 2 loss 0.5\n"
+    stream = v1.read_namespaced_pod_log("trainer", NS, follow=True, _preload_content=False)
+    got = []
+    for chunk in stream.stream(amt=1024):
+        got.append(chunk)
+        if len(got) == 2:
+            lines.append(b"epoch 3 loss 0.1\n")
+            k8s.on_loop(lambda: k8s.store.mutate("pods", NS, "trainer",
+                                                 lambda p: p["status"].update(phase="Succeeded")))
+    assert b"".join(got).decode().splitlines() == ["epoch 1 loss 0.9", "epoch 2 loss 0.5", "epoch 3 loss 0.1"]
+
+
+def test_watch_from_resource_version_delivers_exactly_later_events(k8s: K8sServer):
+    v1 = k8s.core_v1()
+    v1.create_namespaced_config_map(NS, {"metadata": {"name": "before"}})
+    rv = v1.list_namespaced_config_map(NS).metadata.resource_version
+    v1.create_namespaced_config_map(NS, {"metadata": {"name": "after", "labels": {"w": "1"}}})
+    v1.patch_namespaced_config_map("before", NS, {"data": {"x": "1"}})
+    v1.delete_namespaced_config_map("after", NS)
+    started = time.monotonic()
+    events = [(e["type"], e["object"].metadata.name) for e in kubernetes.watch.Watch().stream(
+        v1.list_namespaced_config_map, NS, resource_version=rv, timeout_seconds=1)]
+    assert events == [("ADDED", "after"), ("MODIFIED", "before"), ("DELETED", "after")]
+    assert time.monotonic() - started < 5          # timeoutSeconds ended the stream
+    # resourceVersion 0: the current objects as ADDED, with selectors applied
+    events = [(e["type"], e["object"].metadata.name) for e in kubernetes.watch.Watch().stream(
+        v1.list_namespaced_config_map, NS, resource_version="0", timeout_seconds=1, field_selector="metadata.name=before")]
+    assert events == [("ADDED", "before")]
+
+
+def test_watch_sees_live_changes_through_label_selector_transitions(k8s: K8sServer):
+    v1 = k8s.core_v1()
+    v1.create_namespaced_config_map(NS, {"metadata": {"name": "cm", "labels": {"state": "a"}}})
+    rv = v1.list_namespaced_config_map(NS).metadata.resource_version
+
+    def later():
+        v1.patch_namespaced_config_map("cm", NS, {"metadata": {"labels": {"state": "b"}}})
+        v1.patch_namespaced_config_map("cm", NS, {"metadata": {"labels": {"state": "a"}}})
+    watch = kubernetes.watch.Watch()
+    seen = []
+    import threading
+    threading.Timer(0.2, later).start()
+    for event in watch.stream(v1.list_namespaced_config_map, NS, label_selector="state=a", resource_version=rv,
+                              timeout_seconds=3):
+        seen.append((event["type"], event["object"].metadata.labels["state"]))
+        if len(seen) == 2:
+            watch.stop()
+    assert seen == [("DELETED", "b"), ("ADDED", "a")]   # leaving/entering the selector
+
+
+def test_watch_too_old_resource_version_is_410_gone(tmp_path):
+    server = start_server(tmp_path, history_limit=5, scheduler=False)
+    try:
+        v1 = server.core_v1()
+        rv = v1.list_namespaced_config_map(NS).metadata.resource_version
+        for i in range(10):
+            v1.create_namespaced_config_map(NS, {"metadata": {"name": f"c{i}"}})
+        with pytest.raises(ApiException) as err:
+            list(kubernetes.watch.Watch().stream(v1.list_namespaced_config_map, NS, resource_version=rv,
+                                                 timeout_seconds=1))
+        assert err.value.status == 410 and "Expired: too old resource version" in err.value.reason
+    finally:
+        server._stop()
+
+
+def test_kubernetes_asyncio_watches_one_node_by_field_selector(k8s: K8sServer):
+    k8s.add_node("gpu-a", gpu=1)
+    k8s.add_node("gpu-b", gpu=1)
+
+    async def watch_node() -> list[tuple[str, str, str]]:
+        config = k8s.configure(kubernetes_asyncio.client.Configuration())
+        async with kubernetes_asyncio.client.ApiClient(config) as api:
+            v1 = kubernetes_asyncio.client.CoreV1Api(api)
+            watch = kubernetes_asyncio.watch.Watch()
+            seen = []
+            async with watch.stream(v1.list_node, field_selector="metadata.name=gpu-a", timeout_seconds=5) as stream:
+                async for event in stream:
+                    node = event["object"]
+                    seen.append((event["type"], node.metadata.name, node.status.allocatable.get("nvidia.com/gpu")))
+                    if len(seen) == 1:
+                        k8s.on_loop(lambda: [k8s.store.mutate("nodes", None, name, lambda n: n["status"]["allocatable"]
+                                                              .update({"nvidia.com/gpu": "0"}))
+                                             for name in ("gpu-b", "gpu-a")])
+                    if len(seen) == 2:
+                        watch.stop()
+            return seen
+
+    assert asyncio.run(watch_node()) == [("ADDED", "gpu-a", "1"), ("MODIFIED", "gpu-a", "0")]
+
+
+def test_followed_log_of_a_quiet_container_streams_lines_as_they_come(k8s: K8sServer):
+    import threading
+    v1 = k8s.core_v1()
+    v1.create_namespaced_pod(NS, pod_body("quiet", node_selector={"none": "x"}))
+    k8s.on_loop(lambda: k8s.store.bind(NS, "quiet", "gpu-a"))
+    lines = k8s.logs.lines.setdefault((NS, "quiet"), [])
+
+    def speak():
+        lines.append(b"warming up\n")
+        k8s.on_loop(lambda: k8s.store.mutate("pods", NS, "quiet", lambda p: p["status"].update(phase="Succeeded")))
+    threading.Timer(0.5, speak).start()    # later than the server waits before committing to 200
+    stream = v1.read_namespaced_pod_log("quiet", NS, follow=True, _preload_content=False)
+    assert stream.status == 200
+    assert b"".join(stream.stream(amt=1024)) == b"warming up\n"
+
+
+def test_the_log_cut_fault_ends_a_followed_stream_while_the_container_runs(k8s: K8sServer):
+    v1 = k8s.core_v1()
+    v1.create_namespaced_pod(NS, pod_body("cut", node_selector={"none": "x"}))
+    k8s.on_loop(lambda: k8s.store.bind(NS, "cut", "gpu-a"))
+    k8s.logs.lines.setdefault((NS, "cut"), []).append(b"epoch 1\n")
+    k8s.faults.log_stream_cut_seconds = 0.5
+    started = time.monotonic()
+    stream = v1.read_namespaced_pod_log("cut", NS, follow=True, _preload_content=False)
+    assert stream.status == 200
+    assert b"".join(stream.stream(amt=1024)) == b"epoch 1\n"     # ended, though nothing ended the pod
+    assert time.monotonic() - started >= 0.5
+    assert v1.read_namespaced_pod("cut", NS).status.phase != "Succeeded"
+    k8s.faults.log_stream_cut_seconds = 0.0
+
+
+def test_latency_fault_and_deletecollection(k8s: K8sServer):
+    v1 = k8s.core_v1()
+    for i in range(3):
+        v1.create_namespaced_config_map(NS, {"metadata": {"name": f"r{i}", "labels": {"kind": "reservation"}}})
+    v1.create_namespaced_config_map(NS, {"metadata": {"name": "keep"}})
+    k8s.faults.k8s_latency_ms = 300
+    started = time.monotonic()
+    v1.delete_collection_namespaced_config_map(NS, label_selector="kind=reservation")
+    assert time.monotonic() - started >= 0.3
+    k8s.faults.k8s_latency_ms = 0
+    assert [c.metadata.name for c in v1.list_namespaced_config_map(NS).items] == ["keep"]
+
+
+def test_watch_bookmarks_carry_the_current_resource_version(k8s: K8sServer, monkeypatch):
+    import simcloud.kube.api
+    monkeypatch.setattr(simcloud.kube.api, "BOOKMARK_EVERY", 0.1)    # an idle watch gets a bookmark soon
+    v1 = k8s.core_v1()
+    v1.create_namespaced_config_map(NS, {"metadata": {"name": "cm"}})
+    current = v1.list_namespaced_config_map(NS).metadata.resource_version
+    watch = kubernetes.watch.Watch()
+    events = []
+    for event in watch.stream(v1.list_namespaced_config_map, NS, resource_version=current,
+                              allow_watch_bookmarks=True, timeout_seconds=5, deserialize=False):
+        events.append((event["type"], event["object"]["metadata"]["resourceVersion"]))
+        watch.stop()
+    assert events == [("BOOKMARK", current)]
+
+
+def test_paging_all_namespaces_resumes_after_the_last_key_at_the_first_pages_version(k8s: K8sServer):
+    v1 = k8s.core_v1()
+    for ns in ("team-a", "team-b"):
+        v1.create_namespace({"metadata": {"name": ns}})
+        for i in range(3):
+            v1.create_namespaced_config_map(ns, {"metadata": {"name": f"c{i}"}})
+    first = v1.list_config_map_for_all_namespaces(limit=4)
+    assert [(c.metadata.namespace, c.metadata.name) for c in first.items] == [
+        ("team-a", "c0"), ("team-a", "c1"), ("team-a", "c2"), ("team-b", "c0")]
+    assert first.metadata.remaining_item_count == 2
+    v1.delete_namespaced_config_map("c0", "team-b")        # the cursor's own object
+    v1.create_namespaced_config_map("team-b", {"metadata": {"name": "c9"}})
+    rest = v1.list_config_map_for_all_namespaces(limit=4, _continue=first.metadata._continue)
+    assert [(c.metadata.namespace, c.metadata.name) for c in rest.items] == [
+        ("team-b", "c1"), ("team-b", "c2"), ("team-b", "c9")]
+    assert not rest.metadata._continue
+    assert rest.metadata.resource_version == first.metadata.resource_version   # a watch from it misses nothing
+    with pytest.raises(ApiException) as err:
+        v1.list_config_map_for_all_namespaces(limit=4, _continue="bm90LWEtdG9rZW4=")
+    assert err.value.status == 400 and "continue key is not valid" in _status(err.value)["message"]

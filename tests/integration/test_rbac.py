@@ -1,0 +1,192 @@
+"""The shipped RBAC (deploy/kubernetes/rbac.yaml) against the local cloud's real authorizer, in
+process (cheap: no kubelets, no Airflow): every right it grants is one the product's calls use,
+removing any one of them makes that call 403 for the ServiceAccount, and the ServiceAccount can
+create pods only in the job namespaces. The e2e, stress, chaos and distributed tests run the
+whole product with the same ServiceAccount's token (SimCloud.gpuboot_connections).
+"""
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import jsonschema
+import pytest
+
+if TYPE_CHECKING:
+    from gpuboot.hooks.kube import KubeClient
+import yaml
+from kubernetes import utils
+from kubernetes.client.rest import ApiException
+
+from gpuboot.core.jobspec import DEFAULT_JOB_NAMESPACES, JobSpec, JobSpecError, params_schema
+from gpuboot.lifecycle.ledger import CONFIGMAP
+from tests.conformance.k8s_harness import K8sServer, k8s, pod_body  # noqa: F401  (the fixture)
+
+REPO = Path(__file__).resolve().parents[2]
+NAMESPACES = REPO / "deploy/kubernetes/namespace.yaml"
+RBAC = REPO / "deploy/kubernetes/rbac.yaml"
+SA = "system:serviceaccount:gpuboot:gpuboot"
+JOBS = DEFAULT_JOB_NAMESPACES[0]
+LEDGER = "default"
+NODE = "gpu-a"
+
+
+def _watch(method, *args, **kwargs):
+    """Open a watch (RBAC verb watch) and drop it: authorization is decided when it opens."""
+    method(*args, watch=True, timeout_seconds=1, _preload_content=False, **kwargs).close()
+
+
+# (role, resource, verb) -> the call of the product (gpuboot's adapters or the pod operator it
+# launches with) that needs it, made as the ServiceAccount.
+PROBES: dict[tuple[str, str, str], Callable] = {
+    ("gpuboot", "nodes", "get"): lambda v1: v1.read_node(NODE),                        # readiness trigger
+    ("gpuboot", "nodes", "list"): lambda v1: v1.list_node(),                           # inventory
+    ("gpuboot", "nodes", "watch"): lambda v1: _watch(v1.list_node, field_selector=f"metadata.name={NODE}"),
+    ("gpuboot", "nodes", "patch"): lambda v1: v1.patch_node(NODE, {"spec": {"unschedulable": False}}),  # cordon
+    ("gpuboot", "pods", "list"): lambda v1: (v1.list_pod_for_all_namespaces(),       # inventory
+                                             v1.list_namespaced_pod(JOBS, label_selector="gpuboot.io/job=x")),
+    ("gpuboot", "namespaces", "get"): lambda v1: v1.read_namespace(JOBS),              # place's check
+    ("gpuboot-jobs", "pods", "create"): lambda v1: v1.create_namespaced_pod(JOBS, pod_body("job-1")),
+    ("gpuboot-jobs", "pods", "get"): lambda v1: v1.read_namespaced_pod("job-0", JOBS),
+    ("gpuboot-jobs", "pods", "watch"): lambda v1: _watch(v1.list_namespaced_pod, JOBS,   # launch: rank 0's IP
+                                                         field_selector="metadata.name=job-0"),
+    ("gpuboot-jobs", "pods", "patch"): lambda v1: v1.patch_namespaced_pod(
+        "job-0", JOBS, {"metadata": {"labels": {"already_checked": "True"}}}),
+    ("gpuboot-jobs", "pods", "delete"): lambda v1: v1.delete_namespaced_pod("job-0", JOBS),
+    ("gpuboot-jobs", "pods/log", "get"): lambda v1: v1.read_namespaced_pod_log("job-0", JOBS),
+    ("gpuboot-jobs", "events", "list"): lambda v1: v1.list_namespaced_event(JOBS),
+    ("gpuboot-jobs", "events", "watch"): lambda v1: _watch(v1.list_namespaced_event, JOBS),
+    ("gpuboot-ledger", "configmaps", "get"): lambda v1: v1.read_namespaced_config_map(CONFIGMAP, LEDGER),
+    ("gpuboot-ledger", "configmaps", "update"): lambda v1: v1.replace_namespaced_config_map(
+        CONFIGMAP, LEDGER, {"metadata": {"name": CONFIGMAP}, "data": {"reservations": "[]"}}),
+    ("gpuboot-ledger", "configmaps", "create"): lambda v1: v1.create_namespaced_config_map(
+        LEDGER, {"metadata": {"name": CONFIGMAP}}),                                    # 409: it exists
+}
+
+
+def shipped_grants() -> list[tuple[str, str, str]]:
+    return sorted({(doc["metadata"]["name"], resource, verb)
+                   for doc in yaml.safe_load_all(RBAC.read_text()) if doc and doc["kind"] in ("Role", "ClusterRole")
+                   for rule in doc["rules"] for resource in rule["resources"] for verb in rule["verbs"]})
+
+
+def rbac_without(grant: tuple[str, str, str] | None) -> list[dict]:
+    """rbac.yaml's objects, minus one (role, resource, verb) (a rule left without verbs goes)."""
+    docs = [copy.deepcopy(d) for d in yaml.safe_load_all(RBAC.read_text()) if d]
+    if grant is None:
+        return docs
+    role, resource, verb = grant
+    for doc in docs:
+        if doc["kind"] in ("Role", "ClusterRole") and doc["metadata"]["name"] == role:
+            rules = []
+            for rule in doc["rules"]:
+                if resource in rule["resources"]:
+                    rule["verbs"] = [v for v in rule["verbs"] if v != verb]
+                if rule["verbs"]:
+                    rules.append(rule)
+            doc["rules"] = rules
+    return docs
+
+
+def as_serviceaccount(k8s: K8sServer, rbac: list[dict]):
+    """Apply namespace.yaml and `rbac` as the admin, prepare what the probes touch, and return a
+    CoreV1Api acting as the ServiceAccount rbac.yaml binds."""
+    admin = k8s.core_v1()
+    utils.create_from_yaml(admin.api_client, str(NAMESPACES))
+    utils.create_from_yaml(admin.api_client, yaml_objects=rbac)
+    k8s.add_node(NODE, gpu=1)
+    admin.create_namespaced_pod(JOBS, pod_body("job-0"))
+    admin.create_namespaced_config_map(LEDGER, {"metadata": {"name": CONFIGMAP}, "data": {"reservations": "[]"}})
+    return k8s.core_v1(k8s.token_for("gpuboot", "gpuboot"))
+
+
+def authorized(probe: Callable, v1) -> bool:
+    """True when the API server let the call through (it may still answer 404 / 409 / 400)."""
+    try:
+        probe(v1)
+    except ApiException as err:
+        if err.status == 403:
+            return False
+        assert err.status in (400, 404, 409), err
+    return True
+
+
+def test_every_right_rbac_yaml_grants_has_its_probe():
+    assert shipped_grants() == sorted(PROBES), "add a probe for each new grant (or drop the one no call needs)"
+
+
+def test_the_shipped_rbac_lets_the_serviceaccount_make_every_call(k8s: K8sServer):
+    sa = as_serviceaccount(k8s, rbac_without(None))
+    refused = [grant for grant, probe in PROBES.items() if not authorized(probe, sa)]
+    assert refused == []
+
+
+@pytest.mark.parametrize("grant", sorted(PROBES), ids=lambda g: "-".join(g).replace("/", "_"))
+def test_a_right_missing_from_rbac_yaml_is_a_403_for_the_call_that_needs_it(k8s: K8sServer, grant):
+    sa = as_serviceaccount(k8s, rbac_without(grant))
+    with pytest.raises(ApiException) as err:
+        PROBES[grant](sa)
+    assert err.value.status == 403, err.value
+    _, resource, verb = grant
+    assert f'User "{SA}" cannot {verb} resource "{resource}"' in json.loads(err.value.body)["message"]
+
+
+@pytest.mark.parametrize("namespace", ["kube-system", "default", "team-nowhere"])
+def test_a_job_outside_the_job_namespaces_is_refused_and_the_serviceaccount_cannot_create_its_pod(
+        k8s: K8sServer, namespace):
+    """Refused at trigger time (the form's enum, and JobSpec for YAML specs and the place step, before
+    anything is reserved: tests/e2e/test_trigger_input.py, test_bad_input.py run them whole),
+    and were it let through, the local cloud would refuse the ServiceAccount its pod there (403)."""
+    form = params_schema()["namespace"]["schema"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(namespace, form)
+    with pytest.raises(JobSpecError) as refused:
+        JobSpec.from_dict({"name": "escape", "image": "python:3.11", "command": ["true"], "namespace": namespace})
+    assert refused.value.field == "namespace"
+    sa = as_serviceaccount(k8s, rbac_without(None))
+    if namespace == "team-nowhere":
+        k8s.core_v1().create_namespace({"metadata": {"name": namespace}})
+    with pytest.raises(ApiException) as err:
+        sa.create_namespaced_pod(namespace, pod_body("escape"))
+    assert err.value.status == 403
+    assert (f'pods is forbidden: User "{SA}" cannot create resource "pods" in API group "" in the namespace '
+            f'"{namespace}"') == json.loads(err.value.body)["message"]
+    sa.create_namespaced_pod(JOBS, pod_body("inside"))
+
+
+def reviewer(sa) -> KubeClient:
+    """The product's adapter acting through `sa` (its CoreV1Api), as the place step uses it."""
+    from gpuboot.hooks.kube import KubeClient
+
+    kube = KubeClient()
+    kube.__dict__["core"] = sa
+    return kube
+
+
+@pytest.mark.parametrize("grant", [None, ("gpuboot-jobs", "pods/log", "get"), ("gpuboot-jobs", "pods", "create")],
+                         ids=["shipped", "no-pod-log", "no-pod-create"])
+def test_the_place_steps_review_finds_exactly_the_rights_missing_in_a_namespace(k8s: K8sServer, grant):
+    """KubeClient.denied asks the API server (SelfSubjectAccessReview, which every identity may
+    create: system:basic-user) for each right launch needs: in the job namespace the shipped Role
+    leaves none out, a Role without one right lacks that one, a namespace without the Role lacks all."""
+    from gpuboot.hooks.kube import JOB_POD_RIGHTS
+
+    kube = reviewer(as_serviceaccount(k8s, rbac_without(grant)))
+    assert kube.denied(JOBS, JOB_POD_RIGHTS) == ([] if grant is None else [f"{grant[2]} {grant[1]}"])
+    k8s.core_v1().create_namespace({"metadata": {"name": "team-b"}})
+    assert kube.denied("team-b", JOB_POD_RIGHTS) == [f"{verb} {resource}" for _, resource, verb in JOB_POD_RIGHTS]
+
+
+def test_a_cluster_that_refuses_the_review_itself_leaves_the_check_to_launch(k8s: K8sServer):
+    """Without system:basic-user's binding the review is a 403: denied() says it could not tell (None),
+    and the place step logs it and goes on, rather than refuse every job."""
+    from kubernetes import client
+
+    from gpuboot.hooks.kube import JOB_POD_RIGHTS
+
+    sa = as_serviceaccount(k8s, rbac_without(None))
+    client.RbacAuthorizationV1Api(k8s.core_v1().api_client).delete_cluster_role_binding("system:basic-user")
+    assert reviewer(sa).denied(JOBS, JOB_POD_RIGHTS) is None

@@ -1,0 +1,257 @@
+"""Group commit (gpuboot.lifecycle.batching) on the in-memory fakes: first placements queue in the ledger,
+one leader reads the cluster once and commits every waiting job in one write. The ledger is the
+real one on the fake ConfigMap; tests/stress/test_burst.py runs the place step itself in a
+burst on the local cloud."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from gpuboot.core.jobspec import JobSpec
+from gpuboot.core.model import Reservation, Unavailable
+from gpuboot.core.placement import JobRequest, Outcome, Plan
+from gpuboot.core.resources import Resources
+from gpuboot.lifecycle.batching import (
+    ANSWER_ROWS,
+    LEASE_SECONDS,
+    BatchPlacer,
+    answer_rows,
+    book_first,
+    compact,
+    still_valid,
+)
+from gpuboot.lifecycle.booking import Booker, reservation_ttl
+from gpuboot.lifecycle.ledger import CONFIGMAP, MAX_LEDGER_BYTES, Batch, LedgerFull, Queued, RequestQueue, StartedNode
+from tests.fakes import T4, Cloud, cloud
+
+LOG = logging.getLogger("test-batching")
+
+
+def spec(name: str = "train", gpus: int = 1, replicas: int = 1) -> JobSpec:
+    return JobSpec.from_dict({"name": name, "image": "python:3.11", "command": ["true"], "gpus": gpus, "cpu": "1",
+                              "memory": "1Gi", "replicas": replicas, "boot_timeout_seconds": 300})
+
+
+def booker(c: Cloud, **kwargs) -> Booker:
+    kwargs.setdefault("sleep", lambda s: time.sleep(min(s, 0.05)))     # real, short: threads must interleave
+    return Booker(c.cluster, c.ecs, c.ledger(), LOG, clock=c.clock, monotonic=c.clock, **kwargs)
+
+
+def held(c: Cloud) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for r in c.ledger().snapshot().reservations:
+        out.setdefault(r.job_id, []).append(r.node)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def ghost(c: Cloud, job: str, lease_for: float | None) -> None:
+    """A placer that queued `job` and (with `lease_for`) took the lease, then died."""
+    ledger = c.ledger()
+    RequestQueue(c.cluster, clock=c.clock).add(
+        Queued(job, f"{job}:dead", spec(job).to_job_request(job).to_json(), 1200.0, c.clock() + 60))
+    if lease_for:
+        state = ledger.snapshot()
+        ledger._write(list(state.reservations), state.unavailable, state, state.jobs,
+                      batch=Batch(state.batch.decided, f"{job}:dead", c.clock() + lease_for))
+
+
+def queued(c: Cloud) -> list[str]:
+    return [q.job_id for q in RequestQueue(c.cluster, clock=c.clock).waiting()]
+
+
+def test_a_first_placement_goes_through_a_batch_of_one_and_leaves_no_queue_or_lease():
+    c = cloud()
+    b = booker(c)
+    booking = book_first(b, spec(), "job")
+    assert booking.committed and booking.plan.outcome == Outcome.FITS
+    assert held(c) == {"job": ["gpu-run"]} and b.full_reads == 1
+    batch = c.ledger().snapshot().batch
+    assert batch.leader is None and [d.job_id for d in batch.decided] == ["job"]
+
+
+def test_a_burst_is_placed_from_few_cluster_reads_and_never_promises_a_gpu_twice():
+    """24 one-GPU jobs at once for the fleet's 4 GPUs: 4 fit, 20 are told busy; far fewer surveys than jobs."""
+    c = cloud()
+    jobs = [f"job-{i:02d}" for i in range(24)]
+    barrier = threading.Barrier(len(jobs))
+    bookers = {j: booker(c) for j in jobs}
+
+    def run(job: str) -> Outcome:
+        barrier.wait()
+        return book_first(bookers[job], spec(job), job).plan.outcome
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        outcomes = dict(zip(jobs, pool.map(run, jobs)))
+    assert Counter(outcomes.values()) == {Outcome.FITS: 4, Outcome.BUSY: 20}
+    state = c.ledger().snapshot()
+    assert sorted(r.job_id for r in state.reservations) == sorted(j for j, o in outcomes.items() if o == Outcome.FITS)
+    assert Counter(r.node for r in state.reservations) == {"gpu-run": 1, "gpu-stop": 1, "gpu2-stop": 2}
+    reads = sum(b.full_reads for b in bookers.values())
+    assert reads <= len(jobs) // 3, f"{reads} cluster reads for {len(jobs)} placements"
+    assert state.batch.leader is None
+    assert set(queued(c)) <= {d.job_id for d in state.batch.decided}     # what is left there was answered
+
+
+def test_a_gang_in_a_batch_is_placed_whole_or_not_at_all():
+    c = cloud()
+    assert book_first(booker(c), spec("one"), "one").plan.outcome == Outcome.FITS       # takes gpu-run
+    gang = book_first(booker(c), spec("gang", replicas=3), "gang")
+    assert gang.plan.outcome == Outcome.FITS and sorted(held(c)["gang"]) == ["gpu-stop", "gpu2-stop", "gpu2-stop"]
+    too_big = book_first(booker(c), spec("big", replicas=2), "big")
+    assert too_big.plan.outcome == Outcome.BUSY and "big" not in held(c)
+
+
+def test_a_dead_leaders_queue_is_taken_over_once_its_lease_expires():
+    c = cloud()
+    ghost(c, "ghost", lease_for=LEASE_SECONDS)
+    b = booker(c, sleep=c.clock.advance)       # waiting moves the fake clock: the lease runs out
+    booking = book_first(b, spec(), "job")
+    assert booking.plan.outcome == Outcome.FITS
+    assert sorted(held(c)) == ["ghost", "job"]     # the dead placer's request was decided too
+    assert c.clock() - 1_800_000_000.0 >= LEASE_SECONDS
+    assert c.ledger().snapshot().batch.leader is None
+
+
+def test_a_waiter_no_batch_answers_withdraws_its_request_and_places_itself():
+    c = cloud()
+    ghost(c, "ghost", lease_for=10_000)       # a leader that holds the lease and never decides
+    b = booker(c, sleep=c.clock.advance, contended_seconds=20)
+    booking = book_first(b, spec(), "job")
+    assert booking.committed and booking.plan.outcome == Outcome.FITS and b.full_reads == 1
+    assert queued(c) == ["ghost"] and held(c) == {"job": ["gpu-run"]}
+    assert c.ledger().snapshot().batch.answer("job") is None          # placed on the single path
+
+
+def test_a_batch_write_that_meets_a_release_keeps_its_plans_without_reading_again():
+    """Another job's reservation is released between the leader's read and its write: the write is
+    refused, the plans still hold (capacity only grew) and go in at the next try, from the same survey."""
+    c = cloud()
+    book_first(booker(c), spec("other"), "other")             # holds gpu-run
+    b = booker(c)
+    placer = BatchPlacer(b, spec())
+    original, releases = placer._commit, []
+
+    def commit_after_a_release(*args, **kwargs):
+        if not releases:
+            releases.append(c.ledger().release("other"))
+        return original(*args, **kwargs)
+
+    placer._commit = commit_after_a_release
+    booking = placer.wait_for_batch(spec().to_job_request("job"), reservation_ttl(spec()), c.ledger().snapshot())
+    assert booking.plan.outcome == Outcome.FITS and b.full_reads == 1 and releases
+    assert held(c) == {"job": ["gpu-stop"]}     # placed while gpu-run still counted as reserved
+
+
+def test_plans_hold_only_while_the_ledger_just_lost_reservations_or_gained_requests():
+    c = cloud()
+    ledger = c.ledger()
+    gpu = Resources.parse({"nvidia.com/gpu": 1})
+    r = Reservation(job_id="a", task="t", node="gpu-run", resources=gpu, expires_at=c.clock() + 600)
+    empty = ledger.snapshot()
+    ledger._write([r], [], empty, [])
+    with_r = ledger.snapshot()
+    assert still_valid(with_r, empty, (), c.clock())                   # a release: still valid
+    assert not still_valid(empty, with_r, (), c.clock())               # a new promise: place again
+    mark = Unavailable(reason="NoStock", expires_at=c.clock() + 600, node="gpu-stop")
+    ledger._write([r], [mark], with_r, [])
+    assert not still_valid(with_r, ledger.snapshot(), (), c.clock())   # a new mark: place again
+
+
+def test_a_job_with_a_record_is_re_placed_on_the_single_path_not_batched():
+    c = cloud()
+    ledger = c.ledger()
+    ledger.record_starts("job", [StartedNode("gpu-stop", "i-gpu-stop", c.clock())], c.clock() + 600)
+    b = booker(c)
+    booking = book_first(b, spec(), "job")
+    assert booking.committed and c.ledger().snapshot().batch.decided == ()
+
+
+def test_other_ledger_writes_keep_the_lease_and_the_answers():
+    c = cloud({"gpu-run": ("Running", T4)})
+    ghost(c, "waiting", lease_for=30)
+    c.ledger().release("someone-else")
+    c.ledger().record_starts("other", [StartedNode("gpu-run", "i-gpu-run", c.clock())], c.clock() + 600)
+    assert c.ledger().snapshot().batch.leader == "waiting:dead" and queued(c) == ["waiting"]
+
+
+def test_the_largest_burst_answered_at_once_stays_far_below_the_limit_and_a_bigger_one_is_refused():
+    """200 answers waiting in the ledger at once next to their 200 reservations (the bench's largest
+    burst at its worst moment), with a realistic answer; 20x that is refused by name."""
+    c = cloud()
+    book_first(booker(c), spec("first"), "first")
+    ledger = c.ledger()
+    state = ledger.snapshot()
+    (answer,) = state.batch.decided
+    (mine,) = state.reservations
+
+    def write(n: int):
+        plan = compact(Plan.from_json(answer.plan), ANSWER_ROWS // n).to_json()     # a batch of n: a few rows each
+        decided = tuple(dataclasses.replace(answer, job_id=f"gpu-job-sweep-{i:04d}", ticket=f"t-{i:012x}", plan=plan)
+                        for i in range(n))
+        held = [dataclasses.replace(mine, job_id=f"gpu-job-sweep-{i:04d}") for i in range(n)]
+        now = ledger.snapshot()
+        ledger._write(held, now.unavailable, now, now.jobs, batch=Batch(decided, "t-0:x", c.clock() + 30))
+
+    write(200)
+    size = len(json.dumps(c.cluster.read_configmap("default", CONFIGMAP)["data"]).encode())
+    assert size < MAX_LEDGER_BYTES // 3, size     # ~1.4 KiB per job: its reservation and a two-row answer
+    before = json.dumps(c.cluster.read_configmap("default", CONFIGMAP))
+    with pytest.raises(LedgerFull, match="4000 batch answers"):
+        write(4000)
+    assert json.dumps(c.cluster.read_configmap("default", CONFIGMAP)) == before
+
+
+def test_answers_of_batch_after_batch_share_one_row_budget_so_the_ledger_stays_bounded():
+    """The bench's 200-job burst peaked at 530 KiB when each write had its own ANSWER_ROWS: answers
+    live DECIDED_SECONDS, so batches in a row piled up budgets. Now all live answers share one."""
+    c = cloud()
+    book_first(booker(c), spec("first"), "first")
+    (answer,) = c.ledger().snapshot().batch.decided
+    plan = Plan.from_json(answer.plan)
+    many = dataclasses.replace(plan, candidates=plan.candidates * 100)    # a big fleet's table
+    assert answer_rows(Batch(), 1) == ANSWER_ROWS and answer_rows(Batch(), 50) == ANSWER_ROWS // 50
+    live = Batch()
+    for i in range(30):                     # thirty batches of one, each within the lease of the last
+        rows = answer_rows(live, 1)
+        kept = compact(many, rows).to_json()
+        live = Batch((*live.decided, dataclasses.replace(answer, ticket=f"t{i}", plan=kept)), "x", c.clock() + 30)
+    chosen = sum(c.verdict.value == "chosen" for c in many.candidates)
+    held = sum(len(d.plan["candidates"]) for d in live.decided)
+    assert held <= ANSWER_ROWS + 30 * chosen, held
+    assert answer_rows(live, 5) == 0 and len(compact(many, 0).candidates) == chosen     # the chosen rows stay
+
+
+def test_the_queue_shards_are_the_ones_the_ledger_role_names():
+    """tests/static/test_permissions.py checks the Role against these names."""
+    assert RequestQueue(None).shards == [f"{CONFIGMAP}-queue-{i}" for i in range(8)]
+
+
+def test_a_queued_request_reads_back_as_the_same_request_and_carries_no_command_or_env():
+    s = JobSpec.from_dict({"name": "x", "image": "python:3.11", "command": ["python", "train.py"], "gpus": 2,
+                           "cpu": "4", "memory": "16Gi", "replicas": 2, "gpu_model": "T4",
+                           "env": {"WANDB_API_KEY": "secret-value"}, "node_selector": {"pool": "a"},
+                           "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]})
+    request = s.to_job_request("job-x")
+    text = json.dumps(request.to_json())
+    assert "secret-value" not in text and "train.py" not in text and "python:3.11" not in text
+    assert JobRequest.from_json(json.loads(text)) == request
+
+
+def test_a_stale_request_of_a_job_that_placed_itself_is_not_placed_again_nor_its_reservation_removed():
+    """The job's wait gave up and it placed itself on the single path; its old request is still
+    queued. A batch must not give it a second placement, nor drop the one it holds: its pod may be
+    about to be bound there, and a placer that saw neither would promise the node twice."""
+    c = cloud()
+    booker(c).book(spec(), "job")                   # the single path: job holds gpu-run
+    ghost(c, "job", lease_for=None)                 # its old ticket, still queued
+    book_first(booker(c), spec("other"), "other")
+    assert held(c) == {"job": ["gpu-run"], "other": ["gpu-stop"]}
+    stale = c.ledger().snapshot().batch.answer("job:dead")
+    assert stale is not None and stale.plan["outcome"] == "busy" and "meanwhile" in stale.plan["message"]

@@ -1,0 +1,63 @@
+"""The place step in a burst: a transaction that stays contended makes the step defer (a timer
+trigger, no worker slot held, nothing reserved) and place again when it fires, until the job's
+queue timeout; only then does it fail. The transaction itself is replaced by a scripted one
+(`ScriptedPlace`): what is under test is the step's handling of its outcome."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+
+from gpuboot.core.placement import Outcome, Plan
+from gpuboot.lifecycle.booking import LedgerContended
+from gpuboot.operators.place import PlaceGpuJobOperator
+from gpuboot.triggers.wake_up import WakeUpTrigger
+from tests.builders import step_context
+
+JOB = {"name": "sweep-7", "image": "python:3.11", "command": ["true"], "gpus": 1, "queue_timeout_seconds": 120}
+
+
+class ScriptedPlace(PlaceGpuJobOperator):
+    """The place step with its transaction answering from `script` (an exception or a plan each call)."""
+
+    def __init__(self, script, **kwargs):
+        super().__init__(task_id="place", job=JOB, job_id="job-7", **kwargs)
+        self.script, self.calls = list(script), 0
+
+    def check_namespace(self, spec) -> None:
+        pass
+
+    def place_and_reserve(self, spec, job_id):
+        self.calls += 1
+        step = self.script.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+
+FITS = Plan("job-7", Outcome.FITS, "fits on gpu-run")
+
+
+def test_a_contended_placement_defers_on_a_timer_and_places_again_when_it_fires():
+    step, ctx = ScriptedPlace(script=[LedgerContended("busy ledger"), LedgerContended("busy ledger"), FITS]), step_context()
+    began = time.time()
+    with pytest.raises(TaskDeferred) as first:
+        step.execute(ctx)
+    trigger = first.value.trigger
+    assert isinstance(trigger, WakeUpTrigger) and first.value.method_name == "resume"
+    deadline = trigger.echo["deadline"]
+    assert began + 119 <= deadline <= time.time() + 120                   # the queue timeout, from the first try
+    assert began + 1 <= trigger.moment <= deadline                       # a jittered few seconds, never past it
+    with pytest.raises(TaskDeferred) as second:
+        step.resume(ctx, {"echo": trigger.echo})
+    assert second.value.trigger.echo["deadline"] == deadline            # the deadline is carried, not restarted
+    plan = step.resume(ctx, {"echo": second.value.trigger.echo})
+    assert plan["outcome"] == "fits" and step.calls == 3
+    assert ctx["ti"].pushed["job_id"] == "job-7"
+
+
+def test_a_placement_still_contended_at_the_queue_timeout_fails_with_the_reason():
+    step = ScriptedPlace(script=[LedgerContended("busy ledger")])
+    with pytest.raises(AirflowFailException, match="queue_timeout_seconds=120: busy ledger"):
+        step.resume(step_context(), {"echo": {"deadline": time.time() - 1, "tried": []}})

@@ -1,0 +1,45 @@
+"""The replay's money: the price table, billed_cost, and the lower bound no policy can beat."""
+import pytest
+
+from gpuboot.replay import prices
+from gpuboot.replay.metrics import lower_bound_cost
+from gpuboot.replay.policies import POLICIES
+from tests.unit.gpuboot.replay.test_sim import job, node, run
+
+
+def test_a_node_is_priced_per_gpu_of_its_model_plus_cpu_and_memory():
+    # 2 T4, 104 vCPU, 512 GiB
+    assert prices.node_price("T4", 2, 104_000, 512 * 1024) == pytest.approx(2 * 1.0 + 104 * 0.035 + 512 * 0.004)
+    # the fit reproduces the figures it was fitted to (simcloud/harness.py), e.g. gn6v-c8g1.8xlarge at 10.4
+    assert prices.node_price("V100M16", 4, 32_000, 128 * 1024) == pytest.approx(10.4, abs=0.05)
+    with pytest.raises(ValueError, match=r"no per-GPU price for model 'H100'.*PER_GPU"):
+        prices.node_price("H100", 8, 1000, 1024)
+
+
+def test_billed_cost_is_price_times_powered_seconds():
+    fleet = [node("a", 2, 16, model="T4")]                 # 2 + 16 * 0.035 + 64 * 0.004 = 2.816 / h
+    jobs = [job("j", 0, 3600, gpus=1)]
+    result = run(POLICIES["gpuboot"](spare_seconds=0), fleet, jobs, end=20_000, start_seconds=10, boot_seconds=10,
+                 device_plugin_seconds=10, stop_seconds=5, idle_timeout=600)
+    powered = 30 + 3600 + 600 + 5                          # boot, the job, the idle timeout, the stop
+    assert result["billed_node_hours"] == pytest.approx(powered / 3600, abs=1e-3)
+    assert result["billed_cost"] == pytest.approx(2.816 * powered / 3600, abs=0.01)
+
+
+def test_lower_bound_charges_each_job_its_largest_share_of_the_cheapest_node_it_fits():
+    fleet = [node("small", 1, 8, model="T4"), node("big", 4, 64, model="T4")]
+    small, big = fleet[0].price_per_hour, fleet[1].price_per_hour
+    one = job("one", 0, 3600, gpus=1, cpus=4)              # small: max(1/1, 4/8) = 1 x small; big: 1/4 x big
+    two = job("two", 0, 7200, gpus=2, cpus=8)              # only big holds it: 2/4 of big for 2 h
+    assert lower_bound_cost([one, two], fleet, end=10**6) == pytest.approx(min(small, big / 4) + big / 2 * 2)
+    assert lower_bound_cost([two], fleet, end=3600) == pytest.approx(big / 2)      # clipped to the window
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_no_policy_beats_the_money_lower_bound(policy):
+    fleet = [node("a", 2, 16), node("b", 4, 64, model="V100M16"), node("c", 1, 8, model="P100")]
+    jobs = [job(f"j{i}", 100 * i, 500 + 300 * (i % 4), gpus=1 + i % 2, cpus=2) for i in range(20)]
+    result = run(POLICIES[policy](), fleet, jobs, end=20_000)
+    bound = lower_bound_cost(jobs, fleet, 20_000)
+    assert result["jobs_never_placed"] == 0
+    assert result["billed_cost"] >= bound > 0
