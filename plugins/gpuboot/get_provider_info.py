@@ -1,7 +1,7 @@
 """What the installed `gpuboot` distribution tells Airflow's providers manager (the
-`apache_airflow_provider` entry point): the `alibaba_cloud` connection type of EcsHook with its
-form, declared as data the way Airflow 3.3 providers do (`conn-fields`, `ui-field-behaviour`),
-so the UI lists the type and its fields without importing the hook.
+`apache_airflow_provider` entry point), as providers do: its operators, sensor, triggers and
+hooks by module, and the `alibaba_cloud` connection type of EcsHook with its form, declared as
+data (`conn-fields`, `ui-field-behaviour`) so the UI lists the type without importing the hook.
 
 The plugin itself (gpuboot.ui.plugin) is registered by the `airflow.plugins` entry point, not by
 this info's `plugins` list: Airflow loads a provider's plugins only when
@@ -15,6 +15,10 @@ PACKAGE = "gpuboot"
 HOOK_CLASS = "gpuboot.hooks.ecs.EcsHook"
 CONN_TYPE = "alibaba_cloud"          # EcsHook.conn_type (a test keeps the two equal)
 HOOK_NAME = "Alibaba Cloud ECS (gpuboot)"
+ECS = "Alibaba Cloud ECS (gpuboot)"
+JOBS = "GPU jobs on stopped ECS nodes (gpuboot)"
+OPERATORS = ("place", "start", "launch", "release", "scaledown")
+TRIGGERS = ("gpu_ready", "wake_up", "gang")
 
 # The extra fields of the connection form (stored in the connection's extra under these names).
 CONN_FIELDS: dict[str, dict[str, Any]] = {
@@ -62,11 +66,14 @@ def get_provider_info() -> dict[str, Any]:
         "package-name": PACKAGE,
         "name": "gpuboot",
         "description": "GPU jobs on Kubernetes whose GPU nodes are Alibaba ECS instances kept stopped "
-                       "while idle: the ECS hook and its connection type.",
-        "integrations": [{"integration-name": "Alibaba Cloud ECS (gpuboot)",
-                          "external-doc-url": "https://www.alibabacloud.com/help/en/ecs/",
-                          "tags": ["alibaba"]}],
-        "hooks": [{"integration-name": "Alibaba Cloud ECS (gpuboot)", "python-modules": ["gpuboot.hooks.ecs"]}],
+                       "while idle: the steps of a GPU job, the ECS hook and its connection type.",
+        "integrations": [{"integration-name": ECS, "external-doc-url": "https://www.alibabacloud.com/help/en/ecs/",
+                          "tags": ["alibaba"]},
+                         {"integration-name": JOBS, "tags": ["software"]}],
+        "operators": [{"integration-name": JOBS, "python-modules": [f"gpuboot.operators.{m}" for m in OPERATORS]}],
+        "sensors": [{"integration-name": JOBS, "python-modules": ["gpuboot.sensors.gpu_ready"]}],
+        "triggers": [{"integration-name": JOBS, "python-modules": [f"gpuboot.triggers.{m}" for m in TRIGGERS]}],
+        "hooks": [{"integration-name": ECS, "python-modules": ["gpuboot.hooks.ecs"]}],   # kube wraps the cncf provider's
         "connection-types": [{
             "hook-class-name": HOOK_CLASS,
             "hook-name": HOOK_NAME,

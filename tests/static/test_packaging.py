@@ -149,3 +149,27 @@ def test_a_source_checkouts_plugins_folder_registers_the_same_plugin():
     plugins, errors = _load_plugins_from_plugin_directory(plugins_folder=str(ROOT / "plugins"))
     assert errors == {}
     assert [(p.name, Path(str(p.source.path)).name) for p in plugins] == [("gpuboot", "gpuboot_plugin.py")]
+
+
+def test_provider_info_lists_every_operator_sensor_trigger_and_hook_module():
+    """As provider.yaml does: each role's folder is listed whole (a new module must be added), and each
+    listed module holds a class of that role."""
+    from airflow.sdk import BaseHook, BaseOperator, BaseSensorOperator
+    from airflow.triggers.base import BaseTrigger
+
+    from gpuboot.get_provider_info import get_provider_info
+
+    info = get_provider_info()
+    roles = {"operators": BaseOperator, "sensors": BaseSensorOperator, "triggers": BaseTrigger, "hooks": BaseHook}
+    for role, base in roles.items():
+        listed = {m for entry in info[role] for m in entry["python-modules"]}
+        for module in listed:
+            classes = [v for v in vars(importlib.import_module(module)).values()
+                       if isinstance(v, type) and issubclass(v, base) and v.__module__ == module]
+            assert classes, f"{module} (listed under {role}) defines no {base.__name__}"
+        if role != "hooks":
+            folder = ROOT / "plugins" / "gpuboot" / role
+            found = {f"gpuboot.{role}.{p.stem}" for p in folder.glob("*.py") if p.stem != "__init__"}
+            holding = {m for m in found if any(isinstance(v, type) and issubclass(v, base) and v.__module__ == m
+                                               for v in vars(importlib.import_module(m)).values())}
+            assert holding == listed, f"{role}: get_provider_info lists {sorted(listed)}, the folder holds {sorted(holding)}"
