@@ -63,8 +63,8 @@ class Faults:
     # Per extended resource name ("*": every one): extra seconds before its device plugin registers.
     resource_register_delay_seconds: dict[str, float] = field(default_factory=dict)
     # Per node (name, instance id or "*"): the order a boot's writes come in. "stale-first" (default,
-    # what the seed saw in the field): new bootID + Ready=True with the stale count, then 0, then the
-    # real count. "kubelet": as a restarted kubelet writes them: the registration patch zeroing the
+    # the order reported from real clusters): new bootID + Ready=True with the stale count, then 0,
+    # then the real count. "kubelet": as a restarted kubelet writes them: the registration patch zeroing the
     # extended resources (old bootID), the new bootID with Ready=False, Ready=True, the real count.
     boot_order: dict[str, str] = field(default_factory=dict)
     # Per action ("*": every action without its own entry): calls allowed per quota window; more are

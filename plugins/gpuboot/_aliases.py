@@ -21,7 +21,7 @@ MOVED = {
     "gpuboot.taskgroup": "gpuboot.task_groups.gpu_job",
     "gpuboot.specdags": "gpuboot.task_groups.spec_dags",
 }
-# Names the old gpuboot.triggers module held; gpuboot.triggers is a package now (its __getattr__).
+# Names the flat gpuboot.triggers module held; the gpuboot.triggers package answers them (its __getattr__).
 OLD_TRIGGERS = {
     "NodeGpuReadyTrigger": "gpuboot.triggers.gpu_ready",
     "WakeUpTrigger": "gpuboot.triggers.wake_up",

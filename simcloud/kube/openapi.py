@@ -13,8 +13,8 @@ apply builds strategic merge patches from its compiled-in types, as with a 404),
 Field names and types come from the `kubernetes` client's models, which are generated
 from the upstream OpenAPI document: the same fields a real API server knows. They are
 kept in `fields.json` (regenerate: `python -m simcloud.kube.openapi`; a unit test checks
-it matches the installed client) because importing the client would add two seconds
-and 80 MB to every simcloud start.
+it matches the installed client) because importing the client would add seconds and
+much memory to every simcloud start.
 """
 from __future__ import annotations
 

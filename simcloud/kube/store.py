@@ -63,7 +63,7 @@ class _Subscriber:
 def clone(obj):
     """A deep copy of JSON data (dicts, lists, scalars): what stored objects are made of.
 
-    About three times faster than copy.deepcopy, which dominated creating and listing
+    Several times faster than copy.deepcopy, which dominated creating and listing
     thousands of objects.
     """
     if type(obj) is dict:

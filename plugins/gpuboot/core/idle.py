@@ -12,9 +12,9 @@ annotation is removed as soon as the node is busy or stopped. A node idle for at
 (`IdleRule`): the other running nodes have fewer free GPUs than it has, so stopping it would
 make the next job wait a boot. A spare is kept for up to `spare_seconds` more, then stopped
 all the same. Placement fills the nodes of the oldest work first, so the nodes of young work
-drain; without a spare that is cheaper but boots twice as often (the openb replay, README
-Performance: 156 boots and 4.5 s mean wait without it, 67 boots and 1.8 s with a 4 h spare,
-and still 2 % cheaper than keeping no spare with a stable node order).
+drain; without a spare that is cheaper but boots about twice as often and makes jobs wait
+longer. With the spare, the openb replay boots less than half as often and waits less, and is
+still cheaper than keeping no spare with a stable node order (docs/performance.md, Trace replay).
 
 `plan_scaledown` decides, `recheck` repeats the decision for the nodes about to stop (with the
 ledger state the fence write returned and a fresh pod listing), `find_work` says what keeps a

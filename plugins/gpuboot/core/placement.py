@@ -1,14 +1,14 @@
 """Where each task of a job goes: per-node fit, running nodes first, then what the decision costs.
 
 Pure and deterministic, so that the DAGs and the trace replay share it unchanged.
-The seed's bug was booting a node because "cluster free + new node" covered a
-task; here a task fits a node only when that node's own free capacity covers
-every resource it asks for. Cost is O(nodes) per distinct task shape plus
-O(log nodes) per task, so a 64-task gang over 10,000 nodes stays fast: nodes alike in
-all a verdict reads (twins: same state, capacity, usage, price, GPU model, taints; the
-inventory gives them one twin token) are judged once per shape, the per-node steps run
-in C, and of the candidate table only the rows kept (_TABLE_LIMIT) are put into words;
-the rest are counted.
+A task fits a node only when that node's own free capacity covers every resource it
+asks for, never because "cluster free + new node" covers it: free capacity spread over
+other nodes cannot run the task, so that sum boots nodes too small for it. Cost is
+O(nodes) per distinct task shape plus O(log nodes) per task, so a 64-task gang over
+10,000 nodes stays fast: nodes alike in all a verdict reads (twins: same state, capacity,
+usage, price, GPU model, taints; the inventory gives them one twin token) are judged once
+per shape, the per-node steps run in C, and of the candidate table only the rows kept
+(_TABLE_LIMIT) are put into words; the rest are counted.
 
 Cost model (`CostModel`, per task, USD). Putting a task on a node pays for the node for as
 long as the decision keeps it up, and makes the job wait:
@@ -25,7 +25,7 @@ long as the decision keeps it up, and makes the job wait:
   memory cannot feed all its GPUs pays for the GPUs it strands;
 * `wait_h`: the job's wait, the boot delay for a node that needs a start (plus the stop
   for one still stopping), at `wait_usd_per_hour` (default 10 USD per job-hour, an
-  operator's value of a job's time; see the README's sweep to choose it from data).
+  operator's value of a job's time; see the sweep in docs/performance.md to choose it from data).
 
 Order: the state first (running beats booting beats stopped beats stopping: a start is
 never traded for money), then the cost, then more of the job's tasks on one node, then
@@ -38,17 +38,17 @@ score for audits).
 Among running nodes of equal cost, the one whose oldest work started earliest
 (`NodeView.busy_since`) takes the task, and an empty node comes last. What a task costs
 there is how much longer it keeps the node up, and a job's duration is unknown at arrival
-but heavy-tailed (on the openb trace the 81 jobs longer than a day hold 90 % of the
-GPU-hours; a job that has run a day runs another with odds of 3 in 4): a node whose work has
+but heavy-tailed (on the openb trace the few jobs longer than a day hold most of the
+GPU-hours, and a job that has run a day most likely runs another): a node whose work has
 run longest will most likely stay up anyway, so a task that turns out long costs least
-there, and the nodes of younger work drain and stop. It is cheaper than a stable name order
-(the replay: 120.9k against 125.7k USD), but keeps less slack up, so on its own it boots
-twice as often; the scale-down's spare rule (gpuboot.core.idle.IdleRule) buys that back (README,
-Performance). The order is not part of a node's verdict or twin token: _judge sorts each
-class's nodes by it, so twins are still judged once. Fullest-first, tried earlier, drained
-the node that had just lost a job instead (159 boots, 4.6 s mean wait, 4 % dearer). The
-score only grows as the remaining task count drops, which keeps the lazy heap in _assign
-exact.
+there, and the nodes of younger work drain and stop. On the replay it is cheaper than a
+stable name order, but keeps less slack up, so on its own it boots about twice as often;
+the scale-down's spare rule (gpuboot.core.idle.IdleRule) buys that back (docs/performance.md,
+Trace replay). The order is not part of a node's verdict or twin token: _judge sorts each
+class's nodes by it, so twins are still judged once. Fullest-first is not used: it drains
+the node that has just lost a job instead, and on the replay it costs more than even a
+stable name order (CHANGELOG.md, Trace replay and the idle rules). The score only grows as
+the remaining task count drops, which keeps the lazy heap in _assign exact.
 """
 from __future__ import annotations
 
@@ -818,9 +818,9 @@ def _first_empty_twins(nodes: Sequence[NodeView], k: int) -> list[NodeView]:
 
 def _empty(node: NodeView) -> NodeView:
     """The node as if nothing ran or was reserved on it and it were up (for the "never fits" check).
-    A copy of its fields, not dataclasses.replace (ten times slower, for every node of the fleet),
-    sharing one empty usage and the allocatable as the free capacity, so twins stay twins; the
-    copied dict is set whole and written item by item, twice as fast as update() with keywords."""
+    A copy of its fields, not dataclasses.replace (much slower, and this runs for every node of the
+    fleet), sharing one empty usage and the allocatable as the free capacity, so twins stay twins;
+    the copied dict is set whole and written item by item, faster than update() with keywords."""
     fields = node.__dict__.copy()
     fields["state"], fields["reason"], fields["allocated"], fields["free"] = _READY, "empty", _NOTHING, node.allocatable
     empty = object.__new__(NodeView)

@@ -1,11 +1,12 @@
-"""When a (re)booted node may take a GPU pod: the rule the seed got wrong.
+"""When a (re)booted node may take a GPU pod: Ready=True with GPUs is not enough.
 
 After a restart a Node's allocatable nvidia.com/gpu reads stale -> 0 -> real, and
 Ready=True with GPU > 0 can be read during the stale first value; binding then
 fails in the kubelet with UnexpectedAdmissionError. Pure: the trigger (or the poking
 sensor) feeds Node dicts and the clock.
 
-Why the count can be trusted, and when (the facts are in the README, with sources):
+Why the count can be trusted, and when (the facts, with sources, are in docs/design.md,
+GPU readiness):
 
 * A restarted kubelet, finding its Node already registered, patches every extended
   resource's capacity and allocatable to 0 (`reconcileExtendedResource` in the

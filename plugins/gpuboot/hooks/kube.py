@@ -52,8 +52,8 @@ def collector_paused() -> Iterator[None]:
     """The cyclic garbage collector off while a long list is read and parsed.
 
     Parsed JSON holds no cycles (reference counting frees it), yet each full collection walks
-    every object alive, and the dicts of 80,000 pods trigger many: the collections cost more
-    than the parsing (4.7 s against 1.3 s on the bench's 10,000-node fleet). The collector is
+    every object alive, and the dicts of a large fleet's pods trigger many: the collections cost
+    far more than the parsing itself (CHANGELOG.md, Placement). The collector is
     the process's: the last thread out turns it back on, and only if it was on before."""
     global _paused, _resume
     with _pause_lock:
@@ -455,8 +455,8 @@ def mask_credentials(configuration) -> None:
 
 def import_async_clients():
     """Import what a trigger's Kubernetes calls need, and return the provider's async hook class:
-    the provider's hooks (with the `kubernetes` client) and kubernetes_asyncio, 7 s on a 2-core
-    machine. Done once per process: here by the first trigger's preparation, or ahead of any
+    the provider's hooks (with the `kubernetes` client) and kubernetes_asyncio, which takes
+    seconds. Done once per process: here by the first trigger's preparation, or ahead of any
     trigger by gpuboot.ui.warmup when the triggerer starts."""
     import kubernetes_asyncio.client
     import kubernetes_asyncio.watch  # noqa: F401
@@ -565,8 +565,8 @@ class AsyncKubeClient:
         """The events of the watch `open_watch(CoreV1Api, **at)` opens, from `resource_version`.
 
         The stream is read raw, one JSON line per event, rather than through kubernetes_asyncio's
-        Watch: that one builds a default ApiClient per watch (loading the system CA bundle, ~0.1 s
-        on the loop) and turns every event into model objects, only for us to want the dict."""
+        Watch: that one builds a default ApiClient per watch (loading the system CA bundle, a long
+        pause on the loop) and turns every event into model objects, only for us to want the dict."""
         hook = await self.hook()            # first: it imports kubernetes_asyncio off the loop
         from kubernetes_asyncio import client
         from kubernetes_asyncio.client.exceptions import ApiException

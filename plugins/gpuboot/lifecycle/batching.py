@@ -1,11 +1,11 @@
 """Group commit for bursts: one placer reads the cluster and commits every waiting first placement.
 
-Why. Each placement needs one full cluster read (Nodes, every active Pod, ECS): at 1,000 nodes
-that is about a CPU-second of client and API-server work and a few hundred MB of parsed pods.
-200 place steps at once, each reading for itself, cost 200 reads however well conflicts are
-retried (`gpuboot.lifecycle.booking`, "Bursts"): more than two cores can do in the 40 s the burst goal
-allows, and more memory than the workers have. A burst's placements are independent, so one
-read can serve them all.
+Why. Each placement needs one full cluster read (Nodes, every active Pod, ECS): on a large
+fleet that is a lot of client and API-server CPU and a large heap of parsed pods. A burst of
+place steps, each reading for itself, costs one read per step however well conflicts are
+retried (`gpuboot.lifecycle.booking`, "Bursts"): more CPU than the burst goal's time allows
+(docs/performance.md, Bursts), and more memory than the workers have. A burst's placements are
+independent, so one read can serve them all.
 
 How. A first placement (the job holds nothing and has no record: the place step's normal case)
 does not read the cluster. It queues its request (`Queued`: resources and constraints only, never
@@ -74,9 +74,9 @@ QUEUE_BUDGET_SECONDS = 10  # a request that cannot be queued by then is placed o
 LEASE_CHECK_SECONDS = 5     # and of the ledger (is anyone leading?) at least this often
 QUEUE_BACKOFF_CAP_SECONDS = 4.0   # the longest pause between two tries to queue (full jitter)
 GATHER_SECONDS = 0.5        # a new leader waits this long before its survey, so a burst queues up behind it
-VERDICT_MAX_AGE_SECONDS = 5
+VERDICT_MAX_AGE_SECONDS = 5  # "busy" or "never" only from a survey this recent (the job then waits a while)
 ANSWER_ROWS = 400           # candidate-table rows all live answers carry together (~200 KiB): the ledger's answer budget
-LEAD_SECONDS = 20           # a place step leads this long at most once its own job is decided, then hands over  # "busy" or "never" only from a survey this recent (the job then waits a while)
+LEAD_SECONDS = 20           # a place step leads this long at most once its own job is decided, then hands over
 
 
 def book_first(booker: Booker, spec: JobSpec, job_id: str) -> Booking:

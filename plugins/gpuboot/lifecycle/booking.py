@@ -9,8 +9,8 @@ The ledger is read first so that a reservation released after this read belongs 
 that the (later) pod listing already shows.
 
 Bursts: a conflict does not read the cluster again. N placers at once each commit once and
-conflict with the others' commits; reading Nodes, Pods and ECS again on every conflict made a
-burst cost N^2 full reads. So on a conflict the placer re-reads only the ledger and re-places
+conflict with the others' commits; reading Nodes, Pods and ECS again on every conflict would make
+a burst cost N^2 full reads. So on a conflict the placer re-reads only the ledger and re-places
 against the survey it already holds (its views were built without reservations, so counting the
 new ledger's costs the reservations only), with jittered backoff between attempts, until
 `contended_seconds`; then `LedgerContended` (the place step defers, holding nothing, and tries

@@ -5,7 +5,7 @@ holding nothing, and re-places until the job's queue timeout; a job no capacity 
 (gpuboot.lifecycle.boot.CapacityUnavailable) fails the task without a retry. A re-placement (a fail-over,
 a NoStock fall-back) that cannot commit because the ledger stays contended (LedgerContended:
 nothing written) defers the same way, a short jittered while, and runs the step again from the
-ledger, so a job never fails for contention inside its queue timeout (issue 11).
+ledger, so a job never fails for contention inside its queue timeout.
 """
 from __future__ import annotations
 

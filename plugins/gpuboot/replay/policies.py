@@ -90,7 +90,7 @@ class AllocateTime:
 
 
 class QueueTime:
-    """The seed's rule: at queueing, boot a stopped instance of size R3 when the cluster's free
+    """The queue-time baseline: at queueing, boot a stopped instance of size R3 when the cluster's free
     resources R2 plus R3 cover the job's need R1 (R2 + R3 >= R1), even if no single node fits.
     The job then waits until it fits on some running node; it is never re-evaluated for a boot."""
 

@@ -20,10 +20,10 @@ class FleetApp:
     """The fleet app (gpuboot.ui.fleet_api), built on its first request.
 
     Airflow imports every plugin in every process, each task try included, and only the API
-    server mounts the app. Built at import, it pulled Airflow's API-server security into every
-    task try: 1.1 s of each task's start on the distributed stack (`make bench-distributed`),
-    twice between a node's GPUs registering and its pod running. The API server has those
-    modules loaded already, so building there on the first request is cheap."""
+    server mounts the app. Built at import, it would pull Airflow's API-server security into every
+    task try, a noticeable share of each task's start, paid twice between a node's GPUs
+    registering and its pod running. The API server has those modules loaded already, so
+    building there on the first request is cheap."""
 
     def __init__(self) -> None:
         self._app = None

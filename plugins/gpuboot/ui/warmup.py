@@ -1,11 +1,11 @@
 """Warms the triggerer: the Kubernetes clients NodeGpuReadyTrigger needs are imported before the
 trigger runner is forked, so no trigger pays for them.
 
-Importing them takes about 7 s on a 2-core machine (the provider's hooks pull in `kubernetes`,
-and kubernetes_asyncio its models). The first trigger of a fresh triggerer paid it after it had
-started: `make bench-distributed` measured a first run's trigger firing 5 s after the GPUs were
-registered, the following runs within 3 ms. A node already up when the job chose it, or a boot
-shorter than the import, waits for it.
+Importing them takes seconds (the provider's hooks pull in `kubernetes`, and kubernetes_asyncio
+its models). Left to the first trigger of a fresh triggerer, that import lands after the trigger
+has started, so the first run fires seconds after its GPUs are registered while the following
+runs fire at once: a node already up when the job chose it, or a boot shorter than the import,
+would wait for it. Done here, before the first trigger, nobody waits.
 
 Airflow calls `on_starting` listeners while it builds a component's Job, before the triggerer
 forks its runner (a bare fork on Linux, so the runner inherits every imported module). The
@@ -34,9 +34,9 @@ def warm() -> float:
 
     Freezing (gc.freeze, after a collection) moves every object alive now out of the collector's
     reach. They are the loaded modules, classes and configuration, alive as long as the process.
-    Left in, each full collection walked them all: about 0.13 s on a 2-core machine, holding the
-    loop (or the GIL) while every trigger waited; `make bench BENCH_ARGS="--parts triggerer"` found
-    it was the loop's worst lag. Now a collection walks only what was made since. Python's docs
+    Left in, each full collection would walk them all, holding the loop (or the GIL) while every
+    trigger waits: the loop's worst lag (`make bench BENCH_ARGS="--parts triggerer"`,
+    docs/performance.md). Frozen, a collection walks only what was made since. Python's docs
     recommend the same before a fork, which this is: the runner forked after it shares the pages."""
     from gpuboot.hooks.kube import import_async_clients
 
