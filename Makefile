@@ -17,8 +17,12 @@ $(STAMP): requirements.txt requirements-test.txt constraints.txt
 	$(UV) pip install --quiet -p $(PY) -r requirements.txt -r requirements-test.txt -c constraints.txt
 	@touch $(STAMP)
 
+# The default suite runs on 4 workers (pytest-xdist): it mostly waits (boots, settle windows, Airflow), so
+# 4 workers on 2 cores finish in about half the time of one; a file's tests stay on one worker (loadfile),
+# so module-scoped clouds start once. TEST_WORKERS=0 runs it in this process (debugging).
+TEST_WORKERS ?= 4
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 test-unit: install
 	$(PY) -m pytest tests/unit
