@@ -555,16 +555,8 @@ class RealControlPlane:
     def _controller_manager_argv(self) -> list[str]:
         assert self.pki is not None
         self._write_kubeconfigs()
-        (port,) = _free_ports(1)
-        self.ports["controller-manager"] = port
-        kubeconfig = self.kubeconfig("kube-controller-manager")
         return [
-            f"--kubeconfig={kubeconfig}",
-            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
-            # No front proxy here: the request-header CA they would look up does not exist.
-            "--authentication-skip-lookup=true",
-            "--leader-elect=false", f"--bind-address={HOST}", f"--secure-port={port}",
-            f"--cert-dir={self.workdir / 'pki' / 'controller-manager-generated'}",
+            *self._component_argv("controller-manager", "kube-controller-manager"),
             "--use-service-account-credentials=true",
             f"--root-ca-file={self.pki.ca_cert}",
             f"--service-account-private-key-file={self.pki.sa_key}",
@@ -573,20 +565,26 @@ class RealControlPlane:
             f"--node-monitor-period={_duration(self.node_monitor_period)}",
             f"--node-monitor-grace-period={_duration(self.node_monitor_grace_period)}",
             f"--controllers={','.join(self.controllers)}",
-        ] + self.extra_args.get("kube-controller-manager", [])
+            *self.extra_args.get("kube-controller-manager", []),
+        ]
 
     def _scheduler_argv(self) -> list[str]:
+        return [*self._component_argv("scheduler", "kube-scheduler"), *self.extra_args.get("kube-scheduler", [])]
+
+    def _component_argv(self, name: str, identity: str) -> list[str]:
+        """The flags the controller-manager and the scheduler share: their kubeconfig for the API and for
+        authenticating and authorizing their own health endpoint, on a port of their own."""
         (port,) = _free_ports(1)
-        self.ports["scheduler"] = port
-        kubeconfig = self.kubeconfig("kube-scheduler")
+        self.ports[name] = port
+        kubeconfig = self.kubeconfig(identity)
         return [
             f"--kubeconfig={kubeconfig}",
             f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
             # No front proxy here: the request-header CA they would look up does not exist.
             "--authentication-skip-lookup=true",
             "--leader-elect=false", f"--bind-address={HOST}", f"--secure-port={port}",
-            f"--cert-dir={self.workdir / 'pki' / 'scheduler-generated'}",
-        ] + self.extra_args.get("kube-scheduler", [])
+            f"--cert-dir={self.workdir / 'pki' / f'{name}-generated'}",
+        ]
 
     # ---- readiness and HTTP -----------------------------------------------------------------------
 
