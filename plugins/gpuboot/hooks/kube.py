@@ -600,6 +600,23 @@ class AsyncKubeClient:
             listed = json.loads(await response.read())
             return listed.get("items") or [], (listed.get("metadata") or {}).get("resourceVersion")
 
+    async def delete_pods(self, namespace: str, names: list[str]) -> list[str]:
+        """Delete each pod named (its kubelet stops the containers); the names that were there."""
+        hook = await self.hook()
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        deleted = []
+        async with hook.get_conn() as api:
+            for name in names:
+                try:
+                    await client.CoreV1Api(api).delete_namespaced_pod(name, namespace, _preload_content=False)
+                    deleted.append(name)
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+        return deleted
+
     async def pod_log(self, namespace: str, name: str, container: str,
                       since_seconds: int | None = None) -> AsyncIterator[bytes]:
         """Yield a pod's log lines, timestamped ("<RFC3339Nano> <line>"), following until the

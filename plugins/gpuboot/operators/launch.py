@@ -81,6 +81,18 @@ class GpuPodOperator(GpuJobStep, BaseOperator):
             self.defer(trigger=trigger, method_name="execute_complete")
         return self.execute_complete(context, asyncio.run(_first_event(trigger)))
 
+    def on_kill(self) -> None:
+        """Killed in the worker (execution_timeout, marked failed while not deferred): delete the gang's
+        pods. The deferred wait is the trigger's: GangTrigger.on_kill."""
+        pods = list(self.launched.get("pods") or [])
+        spec = self.spec()
+        if not pods or spec is None:
+            return
+        kube = self.kube()
+        for name in pods:
+            kube.delete_pod(spec.namespace, name)
+        self.log.warning("killed while the gang ran: deleted its pod(s) %s", ", ".join(pods))
+
     def execute_complete(self, context, event: Mapping):
         names, namespace = list(event["pods"]), event["namespace"]
         elapsed = time.time() - float(event.get("started_at") or time.time())

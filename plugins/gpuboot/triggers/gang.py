@@ -61,6 +61,13 @@ class GangTrigger(BaseTrigger):
                              "namespace": self.namespace, "pods": self.pods, "job_id": self.job_id,
                              "attempt": self.attempt, "started_at": self.started_at})
 
+    async def on_kill(self) -> None:
+        """The task was marked failed, cleared or its run deleted while the gang ran: delete its pods,
+        so no pod runs on (and bills) with nothing watching it and no reservation held."""
+        deleted = await AsyncKubeClient(self.kubernetes_conn_id).delete_pods(self.namespace, self.pods)
+        self.log.warning("cancelled while the gang ran: deleted its pod(s) %s; the node goes back to the idle "
+                         "rules", ", ".join(deleted) or "(none left)")
+
     async def run(self):
         kube = AsyncKubeClient(self.kubernetes_conn_id)
         world = len(self.pods)

@@ -1,0 +1,59 @@
+"""Cancelling a running job deletes its pods: marking the run failed, clearing it or deleting it while
+launch waits deferred cancels its GangTrigger with the triggerer's user-action message, and the
+triggerer then calls on_kill (airflow.jobs.triggerer_job_runner); a launch killed in the worker
+(execution_timeout) calls the operator's on_kill. Either way no pod runs on without a reservation."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from gpuboot.hooks.kube import KubeClient
+from gpuboot.operators.launch import GpuPodOperator
+from gpuboot.operators.release import ReleaseReservationOperator
+from simcloud.harness import wait_until
+from tests.integration.test_operators import JOB, context, place
+
+LONG = {**JOB, "name": "long", "cpu": "100m", "memory": "64Mi", "gpus": 0, "allow_gpu_nodes": True, "replicas": 2,
+        "command": ["python", "-c", "import time\nprint('training', flush=True)\nwhile True: time.sleep(1)"]}
+
+
+def running_pods(job_id: str) -> list[str]:
+    return sorted(p["metadata"]["name"] for p in KubeClient().list_pods(f"gpuboot.io/job={job_id}")
+                  if p["status"].get("phase") in ("Pending", "Running") and not p["metadata"].get("deletionTimestamp"))
+
+
+def launched(job_id: str) -> tuple[GpuPodOperator, TaskDeferred]:
+    plan, pushed = place(LONG, job_id=job_id)
+    assert plan["outcome"] == "fits", plan["message"]
+    launch = GpuPodOperator(task_id="launch", job=pushed["job"], plan=plan, startup_timeout_seconds=30)
+    with pytest.raises(TaskDeferred) as deferred:
+        launch.execute(context("launch"))
+    wait_until(lambda: len(running_pods(job_id)) == 2, timeout=60, message="the gang did not start")
+    return launch, deferred.value
+
+
+def test_a_user_cancelling_the_deferred_launch_deletes_every_pod_of_the_gang(cloud, capfd):
+    _launch, deferred = launched("cancelled")
+    trigger = deferred.trigger
+
+    async def run_then_cancel():
+        task = asyncio.ensure_future(trigger.run().__anext__())
+        await asyncio.sleep(0)            # the trigger is running: what the user cancels
+        task.cancel("__airflow_user_action__")
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await trigger.on_kill()           # what the triggerer does next, for a user action
+
+    asyncio.run(asyncio.wait_for(run_then_cancel(), timeout=60))
+    wait_until(lambda: running_pods("cancelled") == [], timeout=60, message="the gang's pods still run")
+    assert "cancelled while the gang ran: deleted its pod(s)" in capfd.readouterr().out
+    ReleaseReservationOperator(task_id="release", job_id="cancelled").execute(context("release"))
+
+
+def test_a_launch_killed_in_the_worker_deletes_its_pods(cloud):
+    launch, _ = launched("killed")
+    launch.on_kill()                      # what the task runner calls on execution_timeout or a kill
+    wait_until(lambda: running_pods("killed") == [], timeout=60, message="the gang's pods still run")
+    ReleaseReservationOperator(task_id="release", job_id="killed").execute(context("release"))
