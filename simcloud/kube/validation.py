@@ -205,14 +205,14 @@ def qualified_name_errors(key: str) -> list[str]:
     if not name:
         errors.append("name part must be non-empty")
     elif len(name) > 63:
-        errors.append("name part must be no more than 63 characters")
+        errors.append("name part must be no more than 63 bytes")   # MaxLenError, as 1.37 words it
     if not _QUALIFIED.match(name):
         errors.append(NAME_PART_MSG)
     return errors
 
 
 def label_value_errors(value: str) -> list[str]:
-    errors = ["must be no more than 63 characters"] if len(value) > 63 else []
+    errors = ["must be no more than 63 bytes"] if len(value) > 63 else []
     return errors + ([] if _LABEL_VALUE.match(value) else [LABEL_VALUE_MSG])
 
 

@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuboot.core.jobspec import JobSpec
-from gpuboot.core.model import LABEL_ATTEMPT, LABEL_HOSTNAME, LABEL_JOB, LABEL_RANK, LABEL_TASK
-from gpuboot.core.placement import Assignment, Plan
+from gpuboot.core.model import LABEL_ATTEMPT, LABEL_HOSTNAME, LABEL_JOB, LABEL_RANK, LABEL_TASK, NodeState
+from gpuboot.core.placement import Assignment, Outcome, Plan
 
 MASTER_PORT = 29500           # torchrun's default
 CONTAINER = "base"            # the container's name (the pod operator's, so `kubectl logs` habits hold)
@@ -34,6 +34,31 @@ RANK_ENV = ("WORLD_SIZE", "RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", TAS
 def node_selector(spec: JobSpec, assignment: Assignment) -> dict[str, str]:
     """Where a rank's pod may run: the job's own selector, pinned to its planned node."""
     return {**spec.node_selector, LABEL_HOSTNAME: assignment.hostname}
+
+
+DRAFT_HOST = "draft-node"         # the placeholder node a draft gang is pinned to (a valid label value)
+DRAFT_MASTER = "192.0.2.1"        # ... and its ranks' MASTER_ADDR (TEST-NET-1: never routed)
+
+
+def draft_gang(spec: JobSpec, job_id: str, attempt: int = 1) -> list[dict]:
+    """The pods launch will create for `spec`, before any node is chosen: the same manifests,
+    pinned to a placeholder node. What the API server refuses in them (a server-side dry run at
+    place time) it would refuse at launch, after a node was booted for nothing."""
+    requests = spec.requests()
+    draft = Plan(job_id, Outcome.FITS, "draft", tuple(
+        Assignment(task, DRAFT_HOST, DRAFT_HOST, None, NodeState.READY, requests) for task in spec.task_names()))
+    return gang_pods(spec, draft, attempt, DRAFT_MASTER)
+
+
+# Where a refused field of a pod comes from in the job spec (the first match wins).
+_SPEC_FIELDS = (("metadata.name", "name"), ("metadata.labels", "name"), ("spec.tolerations", "tolerations"),
+                ("spec.nodeSelector", "node_selector"), (".env", "env"), (".image", "image"),
+                (".command", "command"), (".args", "args"), (".resources", "gpus, cpu, memory or extra_resources"))
+
+
+def spec_field(pod_field: str | None) -> str | None:
+    """The job spec field a refused pod field (`spec.tolerations[0].value`) comes from, if known."""
+    return next((ours for theirs, ours in _SPEC_FIELDS if pod_field and theirs in pod_field), None)
 
 
 def rank_env(rank: int, world_size: int, master_addr: str | None, task_index: int,

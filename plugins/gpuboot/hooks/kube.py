@@ -34,6 +34,28 @@ class Conflict(Exception):
     """409 from the API server: the object changed since it was read (or already exists)."""
 
 
+class Refused(Exception):
+    """The API server refused a write that no retry can change (400 Bad Request, 422 Invalid):
+    its message and the fields it names, without the HTTP headers of an ApiException."""
+
+    def __init__(self, status: int, message: str, fields: tuple[str, ...] = ()) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status, self.message, self.fields = status, message, fields
+
+    @classmethod
+    def of(cls, exc) -> Refused:
+        try:
+            body = json.loads(exc.body or "{}")
+        except (TypeError, ValueError):
+            body = {}
+        causes = (body.get("details") or {}).get("causes") or []
+        return cls(exc.status, body.get("message") or str(exc.reason),
+                   tuple(c["field"] for c in causes if c.get("field")))
+
+
+REFUSED = (400, 422)
+
+
 class Gone(Exception):
     """410 from a watch: the resourceVersion is too old; re-list and watch again."""
 
@@ -180,6 +202,15 @@ class KubeClient:
     def create_pod(self, namespace: str, body: dict) -> dict:
         return self._write(self.core.create_namespaced_pod, namespace, body)
 
+    def refusal_of_pod(self, namespace: str, body: dict) -> Refused | None:
+        """What the API server says of creating `body` (a dry run: validation and admission, nothing
+        stored): None when it would accept it."""
+        try:
+            self._write(self.core.create_namespaced_pod, namespace, body, dry_run="All")
+        except Refused as refused:
+            return refused
+        return None
+
     def read_pod(self, namespace: str, name: str) -> dict | None:
         return self._read_or_none(self.core.read_namespaced_pod, name, namespace)
 
@@ -282,6 +313,8 @@ class KubeClient:
         except ApiException as exc:
             if exc.status == 409:
                 raise Conflict(f"{exc.status} {exc.reason}") from None
+            if exc.status in REFUSED:
+                raise Refused.of(exc) from None
             raise
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
+from gpuboot.core.gang import draft_gang, spec_field
 from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.placement import Outcome, Plan
 from gpuboot.core.ports import EcsError
@@ -55,6 +56,7 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
     def execute(self, context):
         spec = self._spec(context)
         self.check_namespace(spec)
+        self.check_pods(spec, self.job_id or context_job_id(self, context))
         return self._attempt(context, spec, time.time() + spec.queue_timeout_seconds)
 
     @summarizes_failure
@@ -91,6 +93,21 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
                 f"launching the job's pods needs. Apply the Role and RoleBinding gpuboot-jobs of "
                 f"deploy/kubernetes/rbac.yaml in {spec.namespace} (copy them with its name), or set namespace "
                 f"to one where they are")
+
+    def check_pods(self, spec: JobSpec, job_id: str) -> None:
+        """The API server itself checks the pods launch will create (a dry run of each), before
+        anything is reserved or booted: a pod it refuses would otherwise be found only by launch,
+        with a node up and paid for. Its message names the field; a refusal ends the task without
+        retries (the same pod is refused every time)."""
+        kube = self.kube()
+        for pod in draft_gang(spec, job_id)[:2]:     # rank 0 and one other: the ranks differ only in RANK
+            refused = kube.refusal_of_pod(spec.namespace, pod)
+            if refused is not None:
+                fields = sorted({f for f in map(spec_field, refused.fields or (None,)) if f})
+                fix = f"Fix the job's {' / '.join(fields)}" if fields else "Fix the job spec"
+                raise AirflowFailException(f"job {spec.name}: the API server refuses the pod launch would create "
+                                           f"({refused.status}): {refused.message}. {fix}; nothing was reserved "
+                                           f"or booted")
 
     def _attempt(self, context, spec: JobSpec, deadline: float):
         job_id = self.job_id or context_job_id(self, context)

@@ -87,3 +87,25 @@ def test_a_retry_adopts_only_a_whole_live_attempt():
     assert adoptable([pod(0, "Running", 1)], 2) is None                                # rank 1 never created
     assert adoptable([pod(0, "Running", 1), pod(1, "Failed", 1, code=1)], 2) is None   # one fate: relaunch
     assert adoptable([pod(0, "Running", 1), pod(1, "Running", 2)], 2) is None          # mixed attempts
+
+
+def test_a_draft_gang_is_the_launch_pods_pinned_to_a_placeholder_node():
+    from gpuboot.core.gang import DRAFT_HOST, draft_gang
+
+    spec = JobSpec.from_dict({"name": "pair", "image": "python:3.11", "command": ["python"], "gpus": 1, "replicas": 2,
+                              "tolerations": [{"key": "team", "operator": "Exists"}]})
+    pods = draft_gang(spec, "job-1")
+    assert [p["metadata"]["name"] for p in pods] == [pod_name(t, "job-1", 1) for t in spec.task_names()]
+    assert {p["spec"]["nodeSelector"]["kubernetes.io/hostname"] for p in pods} == {DRAFT_HOST}
+    assert pods[0]["spec"]["tolerations"] == [{"key": "team", "operator": "Exists"}]
+    assert pods[0]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+def test_a_refused_pod_field_names_the_job_field_it_comes_from():
+    from gpuboot.core.gang import spec_field
+
+    assert spec_field("spec.tolerations[0].operator") == "tolerations"
+    assert spec_field("spec.containers[0].env[2].name") == "env"
+    assert spec_field("metadata.name") == "name" and spec_field("spec.nodeSelector") == "node_selector"
+    assert spec_field("spec.containers[0].resources.limits[nvidia.com/gpu]") == "gpus, cpu, memory or extra_resources"
+    assert spec_field("spec.somethingElse") is None and spec_field(None) is None

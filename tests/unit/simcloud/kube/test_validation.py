@@ -27,7 +27,7 @@ def test_qualified_names_and_label_values():
     assert qualified_name_errors("aliyun.accelerator/nvidia_name") == []
     assert qualified_name_errors("gpuboot.io/managed") == []
     assert qualified_name_errors("Bad_Prefix/x")[0].startswith("prefix part a lowercase RFC 1123 subdomain")
-    assert qualified_name_errors("x" * 64) == ["name part must be no more than 63 characters"]
+    assert qualified_name_errors("x" * 64) == ["name part must be no more than 63 bytes"]
     assert qualified_name_errors("") == ["name part must be non-empty", qualified_name_errors("-")[0]]
     assert label_value_errors("") == [] and label_value_errors("Tesla-T4") == []
     assert label_value_errors("a b")[0].startswith("a valid label must be an empty string")
