@@ -204,11 +204,13 @@ class KubeClient:
 
     def refusal_of_pod(self, namespace: str, body: dict) -> Refused | None:
         """What the API server says of creating `body` (a dry run: validation and admission, nothing
-        stored): None when it would accept it."""
+        stored): None when it would accept it, or the pod exists already. Other errors are raised."""
         try:
             self._write(self.core.create_namespaced_pod, namespace, body, dry_run="All")
         except Refused as refused:
             return refused
+        except Conflict:        # the pod exists (a re-run of place after launch): nothing to refuse
+            return None
         return None
 
     def read_pod(self, namespace: str, name: str) -> dict | None:

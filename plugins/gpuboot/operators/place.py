@@ -55,8 +55,7 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
     @summarizes_failure
     def execute(self, context):
         spec = self._spec(context)
-        self.check_namespace(spec)
-        self.check_pods(spec, self.job_id or context_job_id(self, context))
+        self.check_cluster(spec, self.job_id or context_job_id(self, context))
         return self._attempt(context, spec, time.time() + spec.queue_timeout_seconds)
 
     @summarizes_failure
@@ -73,6 +72,12 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
                           "(cpu_jobs_on_gpu_nodes=False)")
             spec = dataclasses.replace(spec, allow_gpu_nodes=False)
         return spec
+
+    def check_cluster(self, spec: JobSpec, job_id: str) -> None:
+        """What the cluster must grant before anything is reserved or booted: the namespace, the
+        rights to launch there, and the pods themselves."""
+        self.check_namespace(spec)
+        self.check_pods(spec, job_id)
 
     def check_namespace(self, spec: JobSpec) -> None:
         """The pods' namespace must exist, and this identity hold there what launching the pods

@@ -87,7 +87,7 @@ def test_a_bad_job_fails_the_place_step_with_a_summary_naming_the_field():
 
 def test_a_refusal_is_summarized_once():
     class Never(PlaceGpuJobOperator):
-        def check_namespace(self, spec):
+        def check_cluster(self, spec, job_id):
             pass
 
         def place_and_reserve(self, spec, job_id):

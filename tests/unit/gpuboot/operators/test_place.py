@@ -25,7 +25,7 @@ class ScriptedPlace(PlaceGpuJobOperator):
         super().__init__(task_id="place", job=JOB, job_id="job-7", **kwargs)
         self.script, self.calls = list(script), 0
 
-    def check_namespace(self, spec) -> None:
+    def check_cluster(self, spec, job_id) -> None:
         pass
 
     def place_and_reserve(self, spec, job_id):
