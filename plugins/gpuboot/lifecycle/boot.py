@@ -256,13 +256,16 @@ class JobBoot:
 
     # -- boot timeout -------------------------------------------------------------------
     def fail_over(self, plan: Plan, bad: Mapping[str, str], tried: Sequence[str] = (),
-                  evidence: Mapping[str, Mapping] | None = None) -> BringUp:
+                  evidence: Mapping[str, Mapping] | None = None, blame: bool = True) -> BringUp:
         """Nodes in `bad` (node -> why) did not become GPU-ready: they fail for this job, those
         whose boot was waited for are marked (see `_node_marks`), the job is re-placed in the same
-        commit (nodes it started and leaves are stopped unless claimed), the new plan is brought up."""
+        commit (nodes it started and leaves are stopped unless claimed), the new plan is brought up.
+        `blame=False` (the instance was stopped outside gpuboot: not the node's fault): no mark and
+        no failure recorded, only the re-placement."""
         tried = [*tried, *(f"node {n}: {why}" for n, why in sorted(bad.items()))]
-        new_plan = self._replace(self._node_marks(bad, evidence or {}), tried, why="not GPU-ready in time",
-                                 failed=bad)
+        marks = self._node_marks(bad, evidence or {}) if blame else []
+        new_plan = self._replace(marks, tried, why="not GPU-ready in time" if blame else "stopped outside gpuboot",
+                                 failed=bad if blame else None)
         return self.bring_up(new_plan, tried)
 
     def finish(self, used: Collection[str] = ()) -> list:

@@ -219,7 +219,7 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
                       " (it was up when the job chose it: no boot timeout)")
         self.defer(trigger=NodeGpuReadyTrigger(baseline=dict(baseline), deadline=deadline, settle_seconds=settle,
                                                kubernetes_conn_id=self.kubernetes_conn_id,
-                                               fallback_seconds=self.fallback_seconds,
+                                               fallback_seconds=self.fallback_seconds, ecs_conn_id=self.ecs_conn_id,
                                                echo=WaitProgress(index, settle, seen, state).to_json()),
                    method_name="execute_complete")
 
@@ -234,6 +234,8 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         if history:
             self.log.info("watch of node %s in the triggerer (%d change(s)):\n  %s", node, len(history),
                           "\n  ".join(history))
+        if event.get("status") == "stopped":
+            return self._watch(context, self._move_off(context, state, node, event.get("message") or ""), settle)
         if event.get("status") != "ready":
             result = self._fail_over(context, state, node, event.get("reason"), event.get("evidence") or {})
             return self._watch(context, result, settle)
@@ -280,6 +282,21 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
                 None, "resume_after_capacity")
         except AirflowFailException as exc:   # nothing left to move to: the run fails, holding nothing
             raise refusal(self, context, f"{what}\n{exc}") from None
+
+    def _move_off(self, context, state: WaitState, node: str, why: str) -> BringUp:
+        """The node's instance was stopped outside gpuboot: not the node's fault, so it is neither
+        marked for other jobs nor failed for this one; the job is placed again at once (counted
+        against max_boot_attempts), or waits for capacity like the start step."""
+        self.log.warning("%s; placing the job again", why)
+        boot = self._boot(state)
+        if boot is None:
+            raise refusal(self, context, why)
+        plan = Plan.from_json(state.plan)
+        try:
+            return self.bring_up_or_wait(boot, lambda: boot.fail_over(plan, {node: why}, state.tried, blame=False),
+                                         None, "resume_after_capacity")
+        except AirflowFailException as exc:
+            raise refusal(self, context, f"{why}\n{exc}") from None
 
     def _cleared(self, context, evidence: dict, state: WaitState) -> list[str]:
         context["ti"].xcom_push(key="evidence", value=evidence)

@@ -8,21 +8,82 @@ feeds from its reads: the rule, the settle timer and the deadline live there, no
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import math
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger
 
 from gpuboot.core.gpu_wait import GpuWait
+from gpuboot.core.inventory import node_condition, parse_provider_id
 from gpuboot.core.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline, ReadinessTracker
 from gpuboot.core.steplog import boot_summary
 from gpuboot.hooks.kube import AsyncKubeClient
 from gpuboot.triggers.events import ShortEvent
 
 
+class PowerWatch:
+    """Whether the node's ECS instance was stopped by someone else (a person, ECS, a spot reclaim) while
+    the wait runs: then no Node state will ever pass the rule, and the wait ends at once with that
+    cause instead of at the boot timeout. ECS is asked only while the Node is not Ready (at most every
+    CHECK_SECONDS) and, while it is Ready, every SLOW_SECONDS, to stay far below its API quota."""
+
+    CHECK_SECONDS = 5.0
+    SLOW_SECONDS = 60.0
+    START_GRACE_SECONDS = 10.0      # ECS may still show Stopped just after StartInstances was accepted
+    STOPPED = ("Stopping", "Stopped")
+
+    def __init__(self, ecs_conn_id: str | None, start_requested_at: float | None, read_node) -> None:
+        self.ecs_conn_id, self.start_requested_at, self.read_node = ecs_conn_id, start_requested_at, read_node
+        self.checked = -math.inf
+        self.instance_id: str | None = None
+
+    def _due_in(self, node: Mapping | None, now: float) -> float:
+        """Seconds until ECS may be asked again (<= 0: now): never within the start's grace."""
+        ready = node_condition(node).get("status") == "True" if node else False
+        due = self.checked + (self.SLOW_SECONDS if ready else self.CHECK_SECONDS)
+        if self.start_requested_at is not None:
+            due = max(due, self.start_requested_at + self.START_GRACE_SECONDS)
+        return due - now
+
+    def next_check_in(self, node: Mapping | None, now: float) -> float:
+        return math.inf if self.ecs_conn_id is None else max(0.0, self._due_in(node, now))
+
+    async def stopped_outside(self, node: Mapping | None, now: float) -> str | None:
+        """The cause, when the instance behind `node` is Stopping/Stopped although this run started it
+        (or found it running); None otherwise, or when it is not time to ask ECS again."""
+        if self.ecs_conn_id is None or self._due_in(node, now) > 0:
+            return None
+        self.checked = now
+        if self.instance_id is None:        # no write since the start yet: the Node as it is names it
+            with contextlib.suppress(Exception):
+                seen = node or await self.read_node()
+                ids = parse_provider_id((seen.get("spec") or {}).get("providerID"))
+                self.instance_id = ids[1] if ids else None
+        if self.instance_id is None:
+            return None
+        try:
+            status = await asyncio.to_thread(_instance_status, self.ecs_conn_id, self.instance_id)
+        except Exception:       # throttled, or ECS away: the Node rule still decides; ask again later
+            return None
+        if status in self.STOPPED:
+            return (f"its instance {self.instance_id} is {status}: stopped outside gpuboot (a person, ECS or "
+                    f"a spot reclaim) while the job waited for it; no Node state can pass the rule now")
+        return None
+
+
+def _instance_status(ecs_conn_id: str, instance_id: str) -> str | None:
+    from gpuboot.hooks.ecs import EcsHook
+
+    return EcsHook(ecs_conn_id).statuses([instance_id]).get(instance_id)
+
+
 class NodeGpuReadyTrigger(BaseTrigger):
-    """Fires once: {"status": "ready"|"timeout", "node", "reason", "evidence", "echo"}.
+    """Fires once: {"status": "ready"|"timeout"|"stopped", "node", "reason", "evidence", "echo"}
+    ("stopped": the instance was stopped outside gpuboot; PowerWatch, with `ecs_conn_id`).
 
     The watch starts from the Node's resourceVersion read before the start request
     (the baseline's), so every write of the boot is seen, the kubelet's reset of the GPU
@@ -32,8 +93,9 @@ class NodeGpuReadyTrigger(BaseTrigger):
 
     def __init__(self, baseline: dict, deadline: float, settle_seconds: float = 5.0,
                  kubernetes_conn_id: str = "kubernetes_default", echo: dict | None = None,
-                 fallback_seconds: float = DEFAULT_FALLBACK_SECONDS) -> None:
+                 fallback_seconds: float = DEFAULT_FALLBACK_SECONDS, ecs_conn_id: str | None = None) -> None:
         super().__init__()
+        self.ecs_conn_id = ecs_conn_id
         self.baseline = dict(baseline)
         self.deadline = float(deadline)
         self.settle_seconds = float(settle_seconds)
@@ -45,7 +107,7 @@ class NodeGpuReadyTrigger(BaseTrigger):
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"baseline": self.baseline, "deadline": self.deadline, "settle_seconds": self.settle_seconds,
                  "kubernetes_conn_id": self.kubernetes_conn_id, "echo": self.echo,
-                 "fallback_seconds": self.fallback_seconds})
+                 "fallback_seconds": self.fallback_seconds, "ecs_conn_id": self.ecs_conn_id})
 
     @property
     def node(self) -> str:
@@ -73,6 +135,7 @@ class NodeGpuReadyTrigger(BaseTrigger):
         since = baseline.resource_version_before if baseline.start_requested_at is not None else None
         wait = GpuWait(baseline, self.make_tracker(continuous=since is not None), self.deadline)
         kube = AsyncKubeClient(self.kubernetes_conn_id)
+        power = PowerWatch(self.ecs_conn_id, baseline.start_requested_at, lambda: kube.get_node(self.node))
         node: dict | None = None          # the latest Node seen (None: nothing written since the start yet)
         async with kube.node_events(self.node, since, self.log) as events:
             while True:
@@ -87,11 +150,15 @@ class NodeGpuReadyTrigger(BaseTrigger):
                     yield self._event("timeout", wait, f"node {self.node} not GPU-ready in time: "
                                       f"{wait.last.reason if wait.last else 'its Node could not be read'}")
                     return
+                stopped = await power.stopped_outside(node, now)
+                if stopped is not None:
+                    yield self._event("stopped", wait, f"node {self.node}: {stopped}")
+                    return
                 if stretched is None and wait.stretched_by is not None:
                     self.log.warning("node %s: boot timeout reached while its count holds in the fallback "
                                      "window; waiting %.0fs more for the window to complete", self.node,
                                      wait.stretched_by)
-                event = await events.next(wait.next_check_in(now))
+                event = await events.next(min(wait.next_check_in(now), power.next_check_in(node, now)))
                 if event is None:
                     continue              # a timer: the settle window or the deadline
                 if event.relisted:

@@ -1,0 +1,52 @@
+"""PowerWatch: how often the readiness trigger asks ECS whether the instance was stopped outside gpuboot."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gpuboot.triggers import gpu_ready
+from gpuboot.triggers.gpu_ready import PowerWatch
+
+T0 = 1_800_000_000.0
+NODE = {"spec": {"providerID": "cn-hangzhou.i-abc"},
+        "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}
+READY = {**NODE, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+@pytest.fixture
+def asked(monkeypatch) -> list[str]:
+    calls: list[str] = []
+
+    def status(conn_id, instance_id):
+        calls.append(instance_id)
+        return "Stopped"
+
+    monkeypatch.setattr(gpu_ready, "_instance_status", status)
+    return calls
+
+
+async def _node():
+    return NODE
+
+
+def test_ecs_is_not_asked_within_the_starts_grace_and_the_wait_is_never_zero_then(asked):
+    watch = PowerWatch("ecs", T0, _node)
+    assert watch.next_check_in(None, T0 + 1) == pytest.approx(PowerWatch.START_GRACE_SECONDS - 1)
+    assert asyncio.run(watch.stopped_outside(None, T0 + 1)) is None and asked == []
+    found = asyncio.run(watch.stopped_outside(None, T0 + PowerWatch.START_GRACE_SECONDS))   # no write yet: read it
+    assert "i-abc is Stopped: stopped outside gpuboot" in found and asked == ["i-abc"]
+
+
+def test_ecs_is_asked_often_while_the_node_is_not_ready_and_rarely_while_it_is(asked):
+    watch = PowerWatch("ecs", None, _node)        # a node up when the job chose it: no start grace
+    asyncio.run(watch.stopped_outside(READY, T0))
+    assert watch.next_check_in(READY, T0) == PowerWatch.SLOW_SECONDS
+    assert watch.next_check_in(NODE, T0) == PowerWatch.CHECK_SECONDS
+    assert asyncio.run(watch.stopped_outside(NODE, T0 + 1)) is None and asked == ["i-abc"]
+
+
+def test_without_an_ecs_connection_nothing_is_asked(asked):
+    watch = PowerWatch(None, T0, _node)
+    assert watch.next_check_in(NODE, T0 + 60) == float("inf")
+    assert asyncio.run(watch.stopped_outside(NODE, T0 + 60)) is None and asked == []
