@@ -11,9 +11,8 @@ from airflow.sdk.exceptions import TaskDeferred
 
 from gpuboot.hooks.kube import KubeClient
 from gpuboot.operators.launch import GpuPodOperator
-from gpuboot.operators.release import ReleaseReservationOperator
 from simcloud.harness import wait_until
-from tests.integration.test_operators import JOB, context, place
+from tests.integration.test_operators import JOB, context, place, release
 
 LONG = {**JOB, "name": "long", "cpu": "100m", "memory": "64Mi", "gpus": 0, "allow_gpu_nodes": True, "replicas": 2,
         "command": ["python", "-c", "import time\nprint('training', flush=True)\nwhile True: time.sleep(1)"]}
@@ -49,11 +48,11 @@ def test_a_user_cancelling_the_deferred_launch_deletes_every_pod_of_the_gang(clo
     asyncio.run(asyncio.wait_for(run_then_cancel(), timeout=60))
     wait_until(lambda: running_pods("cancelled") == [], timeout=60, message="the gang's pods still run")
     assert "cancelled while the gang ran: deleted its pod(s)" in capfd.readouterr().out
-    ReleaseReservationOperator(task_id="release", job_id="cancelled").execute(context("release"))
+    release("cancelled")
 
 
 def test_a_launch_killed_in_the_worker_deletes_its_pods(cloud):
     launch, _ = launched("killed")
     launch.on_kill()                      # what the task runner calls on execution_timeout or a kill
     wait_until(lambda: running_pods("killed") == [], timeout=60, message="the gang's pods still run")
-    ReleaseReservationOperator(task_id="release", job_id="killed").execute(context("release"))
+    release("killed")

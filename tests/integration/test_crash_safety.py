@@ -17,9 +17,8 @@ from gpuboot.hooks.ecs import EcsHook
 from gpuboot.hooks.kube import KubeClient
 from gpuboot.lifecycle.booking import LAUNCH_MARGIN_SECONDS, Booker
 from gpuboot.lifecycle.ledger import ReservationLedger
-from gpuboot.operators.release import ReleaseReservationOperator
 from tests.integration.conftest import wait_until
-from tests.integration.test_operators import JOB, context, place
+from tests.integration.test_operators import JOB, place, release
 from tests.integration.test_resilience import ledger, starts_of, status
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,7 +99,7 @@ def test_killed_start_wait_and_launch_retry_to_one_start_one_pod_and_a_clean_led
     assert (pods[0].spec.node_name, pods[0].status.phase) == ("gpu2-stop", "Succeeded")
     assert "adopting the gang of attempt 1" in retry.text() and "crash-test done" in retry.text()
 
-    ReleaseReservationOperator(task_id="release", job_id="crash").execute(context("release"))
+    release("crash")
     assert ledger().live() == [] and ledger().read()[0] == []
     assert starts_of(cloud, "gpu2-stop") == 1
 

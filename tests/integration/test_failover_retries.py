@@ -11,10 +11,9 @@ from __future__ import annotations
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
-from gpuboot.operators.release import ReleaseReservationOperator
 from gpuboot.sensors.gpu_ready import GpuReadySensor
 from tests.integration.conftest import SETTLE_SECONDS, wait_until
-from tests.integration.test_operators import context, place, run_deferred
+from tests.integration.test_operators import context, place, release, run_deferred
 from tests.integration.test_resilience import FAST_BOOT, held, hog_running_node, ledger, logged, start, status
 
 # the settle window must outlast simcloud's stale phase (see conftest), or a node whose device
@@ -51,7 +50,7 @@ def fail_over_then_defer(cloud):
 
 
 def assert_nothing_left_running(cloud):
-    ReleaseReservationOperator(task_id="release", job_id="job").execute(context("release"))
+    release("job")
     wait_until(lambda: status(cloud, "gpu-stop") == status(cloud, "gpu2-stop") == "Stopped", timeout=30,
                message=lambda: f"gpu-stop {status(cloud, 'gpu-stop')}, gpu2-stop {status(cloud, 'gpu2-stop')}")
     state = ledger().snapshot()

@@ -52,6 +52,16 @@ def place(job: dict, job_id: str = "job-1", **kwargs):
     return plan, ctx["ti"].pushed
 
 
+def release(job_id: str) -> list[str] | None:
+    """The release step, as the teardown runs it: the tasks released, or None when the job did not run
+    to completion (the step then fails the run, after releasing, with that cause)."""
+    try:
+        return ReleaseReservationOperator(task_id="release", job_id=job_id).execute(context("release"))
+    except AirflowFailException as exc:
+        assert f"job {job_id} did not run to completion" in str(exc) and "reservations are released" in str(exc)
+        return None
+
+
 def run_deferred(deferred: TaskDeferred):
     """What the triggerer does: run the trigger until its first event."""
     return asyncio.run(deferred.trigger.run().__anext__()).payload
@@ -154,9 +164,12 @@ def test_start_wait_launch_release_on_a_stopped_node(cloud):
     assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert pod["metadata"]["labels"]["gpuboot.io/job"] == "chain" and pod["metadata"]["labels"]["gpuboot.io/task"] == "train"
 
-    released = ReleaseReservationOperator(task_id="release", job_id="chain").execute(context("release"))
-    assert released == ["train"] and ReservationLedger(KubeClient()).live() == []
-    assert ReleaseReservationOperator(task_id="release", job_id="chain").execute(context("release")) == []
+    ctx = context("release")
+    with pytest.raises(AirflowFailException, match=r"job chain did not run to completion \(no pod of it ran\)"):
+        ReleaseReservationOperator(task_id="release", job_id="chain").execute(ctx)   # launch never ran its pod
+    assert ctx["ti"].pushed["summary"].startswith("released 1 reservation(s) of job chain: train on gpu2-stop")
+    assert ReservationLedger(KubeClient()).live() == []
+    assert release("chain") is None                       # idempotent: nothing left, the same verdict
 
 
 def test_poke_mode_applies_the_same_rule_and_times_out_with_evidence(cloud):
@@ -233,13 +246,13 @@ def test_the_gang_trigger_is_woken_by_its_pods_changing_not_by_its_poll(cloud, c
     hour it still gives its verdict as soon as the ranks end (rank 1 exits with `exit_code`), with
     the last line each rank wrote in its log. The ranks' Nodes are read per poll, not per change:
     here once each, when its rank is first seen running."""
-    release = tmp_path / "release-rank-0"          # rank 0 runs on until the test has seen rank 1 end
-    os.mkfifo(release)
+    fifo = tmp_path / "release-rank-0"             # rank 0 runs on until the test has seen rank 1 end
+    os.mkfifo(fifo)
     command = ["python", "-c", ("import os, sys; rank = os.environ['RANK']; "
                "rank == '0' and open(os.environ['RELEASE']).read(); print('rank', rank, 'ends', flush=True); "
                f"sys.exit({exit_code} if rank == '1' else 0)")]
     job = {**JOB, "name": "pair", "cpu": "100m", "memory": "64Mi", "gpus": 0, "allow_gpu_nodes": True,
-           "replicas": 2, "command": command, "env": {"RELEASE": str(release)}}
+           "replicas": 2, "command": command, "env": {"RELEASE": str(fifo)}}
     plan, pushed = place(job, job_id=f"woken-{exit_code}")
     assert plan["outcome"] == "fits", plan["message"]
     launch = GpuPodOperator(task_id="launch", job=pushed["job"], plan=plan, startup_timeout_seconds=30)
@@ -260,7 +273,7 @@ def test_the_gang_trigger_is_woken_by_its_pods_changing_not_by_its_poll(cloud, c
         wait_until(lambda: any(p["metadata"]["labels"][LABEL_RANK] == "1" and p["status"].get("phase") in
                                ("Succeeded", "Failed") for p in KubeClient().list_pods(f"gpuboot.io/job=woken-{exit_code}")),
                    timeout=60, interval=0.1, message="rank 1 did not end")
-        with open(release, "w"):                  # rank 0's read returns when this closes
+        with open(fifo, "w"):                     # rank 0's read returns when this closes
             pass
 
     releaser = threading.Thread(target=release_rank_0_once_rank_1_ended, daemon=True)
@@ -280,7 +293,7 @@ def test_the_gang_trigger_is_woken_by_its_pods_changing_not_by_its_poll(cloud, c
         assert "[rank 0] rank 0 ends" in logged
     if status == "failed":
         assert payload["failure"]["rank"] == 1 and payload["failure"]["exit_code"] == exit_code
-    ReleaseReservationOperator(task_id="release", job_id=f"woken-{exit_code}").execute(context("release"))
+    release(f"woken-{exit_code}")
 
 
 class LineRecorder:
@@ -347,4 +360,4 @@ def test_a_log_stream_cut_while_the_rank_runs_is_opened_again_at_once(cloud, mon
     assert payload["status"] == "succeeded", payload
     assert [line for line in recorder.lines if line.startswith("[rank 0]")] == \
         ["[rank 0] one", "[rank 0] two", "[rank 0] three"]
-    ReleaseReservationOperator(task_id="release", job_id="cut-log").execute(context("release"))
+    release("cut-log")

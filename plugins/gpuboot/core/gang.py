@@ -170,6 +170,19 @@ def rank_failure(rank: int, pod: Mapping | None, nodes: Mapping[str, Mapping | N
     return None
 
 
+def completion(pods: Sequence[Mapping]) -> str | None:
+    """Why the job did not run to completion, or None when it did: the pods of its last launch
+    attempt, every rank there and Succeeded. Read from the cluster, so whatever a user did to the
+    run's tasks (marked it failed, cleared a step) the run's end says what really happened."""
+    if not pods:
+        return "no pod of it ran"
+    attempts = {int((p["metadata"].get("labels") or {}).get(LABEL_ATTEMPT) or 0) for p in pods}
+    last = [p for p in pods if int((p["metadata"].get("labels") or {}).get(LABEL_ATTEMPT) or 0) == max(attempts)]
+    phases = {p["metadata"]["name"]: (p.get("status") or {}).get("phase") or "Pending" for p in last}
+    unfinished = sorted(f"{name} {phase}" for name, phase in phases.items() if phase != "Succeeded")
+    return None if not unfinished else f"its pod(s) did not all succeed: {', '.join(unfinished)}"
+
+
 def judge(pods: Mapping[int, Mapping | None], world_size: int,
           nodes: Mapping[str, Mapping | None] | None = None) -> GangState:
     """The gang's state from its pods by rank (None: the pod is gone) and, optionally, the

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from airflow.sdk import BaseOperator, TriggerRule
+from airflow.sdk.exceptions import AirflowFailException
 
+from gpuboot.core.gang import completion
 from gpuboot.core.model import LABEL_JOB
 from gpuboot.operators.base import GpuJobStep, context_job_id, summarize
 
@@ -10,7 +12,11 @@ from gpuboot.operators.base import GpuJobStep, context_job_id, summarize
 class ReleaseReservationOperator(GpuJobStep, BaseOperator):
     """End the job's reservations whatever happened upstream (idempotent). A node the job
     started (its ledger record) where none of its pods ran is stopped again unless another job
-    claims it: a run that failed before its launch leaves no instance running."""
+    claims it: a run that failed before its launch leaves no instance running.
+
+    Then it fails (without retries; the gpu_job group makes it a teardown that fails the run) when the job
+    did not run to completion, read from its pods: a run a user marked failed while it waited
+    would otherwise end green, its teardown being its last task to finish."""
 
     template_fields = ("job_id",)
 
@@ -23,7 +29,8 @@ class ReleaseReservationOperator(GpuJobStep, BaseOperator):
 
     def execute(self, context):
         job_id = self.job_id or context_job_id(self, context)
-        used = {(p.get("spec") or {}).get("nodeName") for p in self.kube().list_pods(f"{LABEL_JOB}={job_id}")}
+        pods = self.kube().list_pods(f"{LABEL_JOB}={job_id}")
+        used = {(p.get("spec") or {}).get("nodeName") for p in pods}
         boot = self.job_boot(job_id)
         released = boot.finish(used=used - {None})
         if released:
@@ -33,4 +40,8 @@ class ReleaseReservationOperator(GpuJobStep, BaseOperator):
             line = f"job {job_id} held no reservation"
         ran = sorted(used - {None})
         summarize(self, context, line + (f"; its pods ran on {', '.join(ran)}" if ran else "; no pod of it ran"))
+        unfinished = completion(pods)
+        if unfinished is not None:
+            raise AirflowFailException(f"job {job_id} did not run to completion ({unfinished}): the run fails; "
+                                       "the reservations are released")
         return [r.task for r in released]

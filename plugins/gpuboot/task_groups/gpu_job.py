@@ -56,6 +56,7 @@ def gpu_job_group(job: Mapping | None = None, *, group_id: str = "gpu_job",
         release = ReleaseReservationOperator(task_id="release", kubernetes_conn_id=kubernetes_conn_id,
                                              ledger_namespace=ledger_namespace)
         # release is the teardown of place's reservation: it runs whatever happens after place
-        # succeeded, and, as a teardown, does not turn a failed run green.
-        place >> start >> wait >> launch >> release.as_teardown(setups=place)
+        # succeeded; it fails the run when the job did not run to completion (a teardown is the
+        # last task to end, so a run marked failed while it waited would otherwise end green).
+        place >> start >> wait >> launch >> release.as_teardown(setups=place, on_failure_fail_dagrun=True)
     return group

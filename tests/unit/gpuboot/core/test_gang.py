@@ -109,3 +109,16 @@ def test_a_refused_pod_field_names_the_job_field_it_comes_from():
     assert spec_field("metadata.name") == "name" and spec_field("spec.nodeSelector") == "node_selector"
     assert spec_field("spec.containers[0].resources.limits[nvidia.com/gpu]") == "gpus, cpu, memory or extra_resources"
     assert spec_field("spec.somethingElse") is None and spec_field(None) is None
+
+
+def test_a_job_ran_to_completion_only_when_every_pod_of_its_last_attempt_succeeded():
+    from gpuboot.core.gang import completion
+
+    def p(name, attempt, phase):
+        return {"metadata": {"name": name, "labels": {LABEL_ATTEMPT: str(attempt)}}, "status": {"phase": phase}}
+
+    assert completion([]) == "no pod of it ran"
+    assert completion([p("a-1", 1, "Succeeded"), p("b-1", 1, "Succeeded")]) is None
+    assert completion([p("a-1", 1, "Failed"), p("a-2", 2, "Succeeded")]) is None        # the retry's gang counts
+    assert completion([p("a-2", 2, "Succeeded"), p("b-2", 2, "Running")]) == \
+        "its pod(s) did not all succeed: b-2 Running"
