@@ -112,6 +112,13 @@ def fleet_view(views: Sequence[NodeView], nodes: Sequence[Mapping], *, reservati
     }
 
 
+def _evidence_of(evidence: Mapping, node: str | None) -> Mapping | None:
+    """The readiness evidence of `node` in the sensor's XCom "evidence": node -> its evidence (one
+    entry per node of the plan)."""
+    seen = evidence.get(node) if node else None
+    return seen if isinstance(seen, Mapping) else None
+
+
 def run_view(xcoms: Mapping[str, Mapping[str, object]], tasks: Sequence[Mapping]) -> dict:
     """One DAG run's placement table and boot timeline from its steps' XComs (task id -> key -> value):
     the plan `place` returned, the boots `start` recorded, the readiness evidence `wait_gpu_ready` kept."""
@@ -126,11 +133,12 @@ def run_view(xcoms: Mapping[str, Mapping[str, object]], tasks: Sequence[Mapping]
     final = find("wait_gpu_ready", "plan") or find("start", "plan") or plan_json
     evidence = find("wait_gpu_ready", "evidence") or {}
     boots = []
-    for boot in find("start", "boots") or ():
-        ready_since = parse_time(evidence.get("ready_since")) if evidence.get("node") == boot.get("node") else None
+    for boot in find("start", "baselines") or find("start", "boots") or ():   # "boots": runs of gpuboot 0.1
+        seen = _evidence_of(evidence, boot.get("node"))
         boots.append({"node": boot.get("node"), "start_requested_at": boot.get("start_requested_at"),
-                      "gpus_needed": boot.get("gpus_needed"), "ready_since": ready_since,
-                      "evidence": dict(evidence) if evidence.get("node") == boot.get("node") else None})
+                      "gpus_needed": boot.get("gpus_needed"),
+                      "ready_since": parse_time(seen.get("ready_since")) if seen else None,
+                      "evidence": dict(seen) if seen else None})
     return {
         "placement": None if plan is None else {
             "outcome": plan.outcome.value, "message": plan.message, "table": plan.table(),

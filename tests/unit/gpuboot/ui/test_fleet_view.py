@@ -1,7 +1,7 @@
 """The fleet page's assembly (gpuboot.ui.fleet_view): GPU counts, boot timelines, reservations, marks, a run's view."""
 from __future__ import annotations
 
-from gpuboot.core.inventory import build_inventory
+from gpuboot.core.inventory import build_inventory, parse_time
 from gpuboot.core.model import Reservation, Unavailable
 from gpuboot.core.placement import JobRequest, TaskRequest, place
 from gpuboot.core.resources import Resources
@@ -88,16 +88,18 @@ def test_offerings_out_of_stock_and_failed_nodes_show_with_their_time_left():
 def test_a_runs_view_has_its_placement_table_and_boot_timeline():
     vs = views([node("s", gpus=2, ready="Unknown")], instances=[instance("s", "Stopped", gpus=2)])
     plan = place(JobRequest("gb-1", (TaskRequest("train", Resources({"nvidia.com/gpu": 2, "cpu": 1000})),), 1), vs)
-    xcoms = {"gpu_job.place": {"return_value": plan.to_json()},
-             "gpu_job.start": {"boots": [{"node": "s", "start_requested_at": NOW, "gpus_needed": 2}],
-                               "plan": plan.to_json()},
-             "gpu_job.wait_gpu_ready": {"evidence": {"node": "s", "ready_since": "2027-01-15T08:00:09Z",
-                                                     "path": "reset seen", "held_seconds": 5.0,
-                                                     "gpus_allocatable": 2}}}
-    data = run_view(xcoms, [{"task_id": "gpu_job.place", "state": "success"}])
-    assert data["placement"]["outcome"] == "fits" and "TASK" in data["placement"]["table"]
-    assert data["placement"]["nodes_to_start"] == ["s"]
-    [boot] = data["boots"]
-    assert boot["node"] == "s" and boot["start_requested_at"] == NOW and boot["ready_since"] is not None
-    assert boot["evidence"]["path"] == "reset seen"
+    evidence = {"s": {"node": "s", "ready_since": "2027-01-15T08:00:09Z", "path": "reset seen",
+                      "held_seconds": 5.0, "gpus_allocatable": 2, "summary": "booted s in 9.0 s"}}
+    for key in ("baselines", "boots"):            # "boots": what the start step of gpuboot 0.1 pushed
+        xcoms = {"gpu_job.place": {"return_value": plan.to_json()},
+                 "gpu_job.start": {key: [{"node": "s", "start_requested_at": NOW, "gpus_needed": 2}],
+                                   "plan": plan.to_json()},
+                 "gpu_job.wait_gpu_ready": {"evidence": evidence}}    # node -> evidence, as the sensor pushes it
+        data = run_view(xcoms, [{"task_id": "gpu_job.place", "state": "success"}])
+        assert data["placement"]["outcome"] == "fits" and "TASK" in data["placement"]["table"]
+        assert data["placement"]["nodes_to_start"] == ["s"]
+        [boot] = data["boots"]
+        assert boot["node"] == "s" and boot["start_requested_at"] == NOW
+        assert boot["ready_since"] == parse_time("2027-01-15T08:00:09Z")      # the page's "Ready since"
+        assert boot["evidence"]["path"] == "reset seen"
     assert run_view({}, [])["placement"] is None
