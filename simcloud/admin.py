@@ -33,10 +33,12 @@ ADMIN_PREFIX = "/_simcloud"
 
 
 def admin_routes(faults: Faults, state: Callable[[], Any], compact: Callable[[], Any],
-                 issue_token: Callable[[str | None, str, str], Any]) -> list[web.RouteDef]:
+                 issue_token: Callable[[str | None, str, str], Any],
+                 unsupported: dict[str, str] | None = None) -> list[web.RouteDef]:
     """state/compact/issue_token may be coroutine functions (the real backend asks its API server).
     issue_token(authorization header, namespace, name) -> token; it raises ApiError unless the
-    header carries the admin token."""
+    header carries the admin token. unsupported: fault -> why this cloud cannot inject it (a PATCH
+    setting it to anything but its default is refused, 400, rather than silently ignored)."""
     from aiohttp import web  # server side only: keeps the fault CLI quick to start
 
     from simcloud.kube.auth import service_account_user
@@ -50,6 +52,10 @@ def admin_routes(faults: Faults, state: Callable[[], Any], compact: Callable[[],
             changes = await request.json()
             if not isinstance(changes, dict):
                 raise ValueError("expected a JSON object of fault -> value")
+            defaults = Faults().to_dict()
+            for key, value in changes.items():
+                if key in (unsupported or {}) and value != defaults.get(key) and value not in ([], {}, 0, None):
+                    raise ValueError(f"fault {key} cannot be injected here: {unsupported[key]}")
             faults.update(changes)
         except (KeyError, ValueError, TypeError) as exc:
             return web.json_response({"error": str(exc.args[0] if exc.args else exc)}, status=400)

@@ -188,6 +188,8 @@ class Cloud:
 
 
 KUBELET_WATCH_USER = "simcloud:kubelet-pod-watch"
+# Faults simcloud's own API server injects: on the real control plane there is nothing to inject them.
+REAL_UNSUPPORTED_FAULTS = ("k8s_latency_ms", "k8s_conflict_burst", "log_stream_cut_seconds")
 
 
 def kubelet_address(index: int) -> str:
@@ -238,7 +240,10 @@ class RealCloud:
         self.kubelets: Kubelets | None = None
         self.endpoint = None
         self.app = web.Application()
-        self.app.router.add_routes(admin_routes(self.faults, self.state, self.compact, self.issue_token))
+        self.app.router.add_routes(admin_routes(self.faults, self.state, self.compact, self.issue_token,
+                                                unsupported=dict.fromkeys(REAL_UNSUPPORTED_FAULTS, (
+                                                    "it is made by simcloud's own API server; the real "
+                                                    "kube-apiserver serves this cloud"))))
         self.ecs_app = make_ecs_app(self.cloud, {fleet.access_key_id: fleet.access_key_secret}, self.faults,
                                     rng=random.Random(self.rng.random()))
         self._runners: list[web.AppRunner] = []
