@@ -353,7 +353,24 @@ class RealCloud:
             phase = (pod.get("status") or {}).get("phase", "Pending")
             phases[phase] = phases.get(phase, 0) + 1
         return {"region": self.fleet.region, "instances": self.cloud.state(), "nodes": nodes, "pods": phases,
-                "faults": self.faults.to_dict(), "watches": {}, "kube": "real"}
+                "faults": self.faults.to_dict(), "watches": await self._open_watches(), "kube": "real"}
+
+    async def _open_watches(self) -> dict[str, int]:
+        """Watches the API server serves now, per resource, from its metric apiserver_longrunning_requests
+        (the controllers' own informers included: compare two readings)."""
+        assert self.api is not None
+        import aiohttp
+        watches: dict[str, int] = {}
+        async with self.api.session().get(self.plane.server_url + "/metrics",
+                                          headers={"Authorization": f"Bearer {self.plane.admin.token}"},
+                                          timeout=aiohttp.ClientTimeout(total=10)) as response:
+            text = await response.text()
+        for line in text.splitlines():
+            if line.startswith("apiserver_longrunning_requests{") and 'verb="WATCH"' in line:
+                labels, _, value = line.rpartition(" ")
+                resource = labels.split('resource="', 1)[1].split('"', 1)[0]
+                watches[resource] = watches.get(resource, 0) + int(float(value))
+        return {r: n for r, n in watches.items() if n}
 
     async def compact(self) -> int:
         """etcd compacted at its current revision, then kube-apiserver restarted (its watch cache is
