@@ -226,6 +226,10 @@ class RealCloud:
             self.workdir / "k8s", binary,
             node_monitor_period=max(0.5, timings.node_monitor_period_seconds),
             node_monitor_grace_period=timings.node_monitor_grace_seconds,
+            # The machines' device plugins are the emulated kubelets' own (the GPU stale -> 0 -> real
+            # pattern): a DaemonSet here is the record of one that owns its pods, and no controller
+            # should run, adopt, release or delete pods for it.
+            controllers=("*", "-daemonset"),
             kubelet_ips=list(self.addresses.values()),
             default_toleration_seconds=int(timings.default_toleration_seconds))
         for spec in fleet.nodes:

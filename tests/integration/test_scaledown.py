@@ -78,10 +78,9 @@ DEVICE_PLUGIN_LABELS = {"app": "nvidia-device-plugin"}
 
 def daemonset_uid(kube: KubeClient, namespace: str, node: str) -> str:
     """The uid of the DaemonSet that owns the device plugin's pod. On the real control plane it must
-    exist: the garbage collector deletes a pod whose owner does not, and the DaemonSet controller
-    releases a pod its selector does not match and deletes one on a node it does not select; so it
-    selects the pod's labels and its node only, and finds its pod there. simcloud's own server has
-    no apps/v1 and none of those controllers."""
+    exist: the garbage collector deletes a pod whose owner does not (the local cloud runs no
+    DaemonSet controller there: its kubelets are the device plugins). simcloud's own server has no
+    apps/v1 and no garbage collector."""
     if os.environ.get("GPUBOOT_KUBE") != "real":
         return "00000000-0000-0000-0000-000000000001"
     from kubernetes import client
