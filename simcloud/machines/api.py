@@ -146,6 +146,10 @@ class HttpApi:
             self._views[name] = _NodeView(self, name, self.tokens[name])
         return self._views[name]
 
+    async def remove(self, resource: str, namespace: str | None, name: str, uid: str | None = None) -> None:
+        """Without a node: a pod bound to a node no kubelet here serves. On a real control plane that is
+        the pod garbage collector's (kube-controller-manager), not a kubelet's, so nothing is done."""
+
     async def close(self) -> None:
         if self._watch_task is not None:
             self._watch_task.cancel()
