@@ -5,7 +5,7 @@
 #                              .tools/controlplane-bin
 #   make -s controlplane-path  print that path (builds nothing)
 #   make controlplane-prune    delete the cached binaries of other inputs (133 MB each)
-#   make test-real-k8s         tests/real_k8s against it
+#   make test-real-k8s         tests/real_k8s against it, then the product's Kubernetes-facing tests on it
 #
 # The binary, the module cache and the build cache live outside the clone, under
 # GPUBOOT_CACHE, so another clone on the same machine (CI) reuses them. The binary's
@@ -66,6 +66,30 @@ $(CONTROLPLANE_BIN):
 	cd $(CONTROLPLANE_DIR) && $(CONTROLPLANE_GOENV) $(GO) build $(CONTROLPLANE_GOFLAGS) -o $@.tmp.$$$$ . \
 	  && mv -f $@.tmp.$$$$ $@ || { rm -f $@.tmp.$$$$; echo "controlplane: go build failed (above)" >&2; exit 1; }
 
-# The launcher's tests (tests/real_k8s) against the real binaries.
+# The launcher's tests (tests/real_k8s), then the product's Kubernetes-facing tests with the local cloud on
+# the real control plane (--kube=real: SimCloud starts etcd, kube-apiserver, kube-scheduler and
+# kube-controller-manager instead of simcloud's own API server; tests marked simcloud_only skip).
+# Picked to stay within ~15 minutes on 2 cores (each test starts its own control plane, ~10 s; measured
+# 11 min on a shared 2-core machine: 14 launcher tests, then 66 product tests); what is
+# left out, and why, is in REAL_K8S_LEFT_OUT.
+RESILIENCE := tests/integration/test_resilience.py
+TRIGGER := tests/integration/test_trigger.py
+SCALEDOWN := tests/integration/test_scaledown.py
+REAL_K8S_TESTS := tests/e2e/test_gpu_job.py tests/e2e/test_gang.py \
+  tests/integration/test_rbac.py tests/integration/test_ledger.py $(RESILIENCE) \
+  $(TRIGGER)::test_trigger_waits_through_stale_and_zero_and_fires_on_the_fast_path \
+  $(TRIGGER)::test_a_node_stopped_longer_than_the_watch_history_is_still_watched_through_its_reset \
+  $(TRIGGER)::test_a_watch_relisted_in_the_middle_of_the_boot_never_fires_early \
+  $(TRIGGER)::test_weakened_rule_fires_on_the_stale_count_and_the_pod_fails_admission \
+  $(TRIGGER)::test_trigger_times_out_with_what_it_last_saw \
+  $(TRIGGER)::test_triggers_waiting_on_one_node_share_its_watch_and_each_fires_on_the_reset \
+  $(SCALEDOWN)::test_idle_managed_node_is_stopped_the_others_are_kept \
+  $(SCALEDOWN)::test_a_placement_that_read_before_the_cordon_cannot_commit_after_the_stop \
+  $(SCALEDOWN)::test_a_failure_inside_the_cordon_window_leaves_the_node_running_and_schedulable
+REAL_K8S_LEFT_OUT := the other cases of test_trigger and test_scaledown (they pass on the real \
+  backend too: pytest --kube=real FILE), the rest of tests/integration and tests/e2e (same adapters and DAGs \
+  through the same calls), tests/conformance (simcloud's own server), stress, distributed, chaos, bench
 test-real-k8s: install controlplane
 	GPUBOOT_REAL_K8S=1 GPUBOOT_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) $(PY) -m pytest tests/real_k8s
+	@echo "test-real-k8s: product tests on the real control plane; left out: $(REAL_K8S_LEFT_OUT)"
+	GPUBOOT_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) $(PY) -m pytest --kube=real --durations=15 $(REAL_K8S_TESTS)

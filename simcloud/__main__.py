@@ -19,6 +19,10 @@ def main(argv: list[str] | None = None) -> int:
                        help="address to bind and to write into kubeconfig/ecs.json/connections.json "
                             "(default 127.0.0.1; a container name such as `simcloud` under docker compose)")
     serve.add_argument("--seed", type=int, default=None, help="seed for boot ids and injected API faults")
+    serve.add_argument("--kube", choices=("simcloud", "real"), default="simcloud",
+                       help="the Kubernetes control plane: simcloud's own API server, scheduler and node-lifecycle "
+                            "controller (default), or the real one (etcd, kube-apiserver, kube-scheduler, "
+                            "kube-controller-manager from `make controlplane`) with the same ECS and kubelets")
     fault = sub.add_parser("fault", help="show or change the faults of a running local cloud")
     fault.add_argument("--workdir", required=True, type=Path)
     group = fault.add_mutually_exclusive_group(required=True)
@@ -48,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             fleet = load_fleet(args.fleet)
         except (FleetError, OSError) as exc:
             parser.error(f"--fleet {args.fleet}: {exc}")
-        return main_serve(fleet, args.workdir, args.k8s_port, args.ecs_port, args.seed, args.host)
+        return main_serve(fleet, args.workdir, args.k8s_port, args.ecs_port, args.seed, args.host, args.kube)
 
     from simcloud import admin
     if args.command == "apply":

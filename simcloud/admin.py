@@ -11,6 +11,7 @@ objects through the Kubernetes API itself, as the admin.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import urllib.error
@@ -18,7 +19,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from simcloud.config import Faults
 
@@ -31,11 +32,16 @@ log = logging.getLogger(__name__)
 ADMIN_PREFIX = "/_simcloud"
 
 
-def admin_routes(faults: Faults, state: Callable[[], dict], compact: Callable[[], int],
-                 auth: Auth) -> list[web.RouteDef]:
+def admin_routes(faults: Faults, state: Callable[[], Any], compact: Callable[[], Any],
+                 issue_token: Callable[[str | None, str, str], Any],
+                 unsupported: dict[str, str] | None = None) -> list[web.RouteDef]:
+    """state/compact/issue_token may be coroutine functions (the real backend asks its API server).
+    issue_token(authorization header, namespace, name) -> token; it raises ApiError unless the
+    header carries the admin token. unsupported: fault -> why this cloud cannot inject it (a PATCH
+    setting it to anything but its default is refused, 400, rather than silently ignored)."""
     from aiohttp import web  # server side only: keeps the fault CLI quick to start
 
-    from simcloud.kube.auth import MASTERS, service_account_user
+    from simcloud.kube.auth import service_account_user
     from simcloud.kube.errors import ApiError
 
     async def get_faults(_request: web.Request) -> web.Response:
@@ -46,6 +52,10 @@ def admin_routes(faults: Faults, state: Callable[[], dict], compact: Callable[[]
             changes = await request.json()
             if not isinstance(changes, dict):
                 raise ValueError("expected a JSON object of fault -> value")
+            defaults = Faults().to_dict()
+            for key, value in changes.items():
+                if key in (unsupported or {}) and value != defaults.get(key) and value not in ([], {}, 0, None):
+                    raise ValueError(f"fault {key} cannot be injected here: {unsupported[key]}")
             faults.update(changes)
         except (KeyError, ValueError, TypeError) as exc:
             return web.json_response({"error": str(exc.args[0] if exc.args else exc)}, status=400)
@@ -53,21 +63,19 @@ def admin_routes(faults: Faults, state: Callable[[], dict], compact: Callable[[]
         return web.json_response(faults.to_dict())
 
     async def get_state(_request: web.Request) -> web.Response:
-        return web.json_response(state())
+        return web.json_response(await _result(state()))
 
     async def post_compact(_request: web.Request) -> web.Response:
         """Like an API server restart after an etcd compaction: history dropped, open watches ended,
         so every watcher resuming from its resourceVersion gets 410 Gone and must re-list."""
-        return web.json_response({"compacted_resource_version": compact()})
+        return web.json_response({"compacted_resource_version": await _result(compact())})
 
     async def post_token(request: web.Request) -> web.Response:
         """A token for a named ServiceAccount, so a test can act as it (the admin token is required)."""
         try:
-            if MASTERS not in auth.authenticate(request.headers.get("Authorization"), request.path).groups:
-                return web.json_response({"error": "the admin token is required"}, status=403)
             body = await request.json()
             namespace, name = body["namespace"], body["name"]
-            token = auth.issue_token(namespace, name)
+            token = await _result(issue_token(request.headers.get("Authorization"), namespace, name))
         except ApiError as err:
             return web.json_response({"error": err.message}, status=err.code)
         except (KeyError, ValueError, TypeError):
@@ -77,6 +85,22 @@ def admin_routes(faults: Faults, state: Callable[[], dict], compact: Callable[[]
     return [web.get(f"{ADMIN_PREFIX}/faults", get_faults), web.patch(f"{ADMIN_PREFIX}/faults", patch_faults),
             web.get(f"{ADMIN_PREFIX}/state", get_state), web.post(f"{ADMIN_PREFIX}/compact", post_compact),
             web.post(f"{ADMIN_PREFIX}/serviceaccount-token", post_token)]
+
+
+async def _result(value):
+    return await value if inspect.isawaitable(value) else value
+
+
+def store_token_issuer(auth: Auth) -> Callable[[str | None, str, str], str]:
+    """issue_token of simcloud's own API server: its Auth mints the token (admin callers only)."""
+    from simcloud.kube.auth import MASTERS
+    from simcloud.kube.errors import ApiError
+
+    def issue(authorization: str | None, namespace: str, name: str) -> str:
+        if MASTERS not in auth.authenticate(authorization, ADMIN_PREFIX).groups:
+            raise ApiError(403, "Forbidden", "the admin token is required")
+        return auth.issue_token(namespace, name)
+    return issue
 
 
 # ---------------------------------------------------------------------- client side

@@ -153,12 +153,24 @@ def small_fleet(nodes: list[dict] | None = None, *, timings: dict | None = None,
     }
 
 
+KUBE_ENV = "GPUBOOT_KUBE"
+
+
+def default_kube() -> str:
+    """The Kubernetes backend a SimCloud starts unless told: $GPUBOOT_KUBE ("simcloud" or "real")."""
+    kube = os.environ.get(KUBE_ENV) or "simcloud"
+    if kube not in ("simcloud", "real"):
+        raise ValueError(f"${KUBE_ENV}={kube!r}: expected 'simcloud' or 'real'")
+    return kube
+
+
 class SimCloud:
     """A running `python -m simcloud serve` subprocess and the files it wrote."""
 
     def __init__(self, workdir: Path, process: subprocess.Popen, log_path: Path) -> None:
         self.workdir, self.process, self.log_path = Path(workdir), process, log_path
         self.info = json.loads((self.workdir / "simcloud.json").read_text())
+        self.kube: str = self.info.get("kube", "simcloud")
         self.ecs = json.loads((self.workdir / "ecs.json").read_text())
         self.kubeconfig = self.workdir / "kubeconfig"
         self.connections_file = self.workdir / "connections.json"
@@ -170,14 +182,21 @@ class SimCloud:
     @classmethod
     @contextlib.contextmanager
     def start(cls, fleet: dict | str | Path, workdir: Path, *, ready_timeout: float = 30.0,
-              stop_timeout: float = 10.0, seed: int | None = None, extra_args: list[str] | None = None
-              ) -> Iterator[SimCloud]:
-        """Start the server, wait for `simcloud ready` (or fail with its log), stop it on exit."""
+              stop_timeout: float = 10.0, seed: int | None = None, extra_args: list[str] | None = None,
+              kube: str | None = None) -> Iterator[SimCloud]:
+        """Start the server, wait for `simcloud ready` (or fail with its log), stop it on exit.
+
+        kube: "simcloud" (its own API server) or "real" (the real control plane, `make controlplane`);
+        default $GPUBOOT_KUBE, else "simcloud". The real one takes longer to start and to stop."""
+        kube = kube or default_kube()
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         fleet_path = cls._fleet_file(fleet, workdir)
         log_path = workdir / "simcloud.log"
         args = [sys.executable, "-m", "simcloud", "serve", "--fleet", str(fleet_path), "--workdir", str(workdir)]
+        if kube != "simcloud":
+            args += ["--kube", kube]
+            ready_timeout, stop_timeout = max(ready_timeout, 150.0), max(stop_timeout, 60.0)
         if seed is not None:
             args += ["--seed", str(seed)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),

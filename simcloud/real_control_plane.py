@@ -185,6 +185,7 @@ class _PKI:
                    .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
                                   critical=False)
                    .sign(ca_key, hashes.SHA256()))
+        self._ca, self._ca_key_obj, self._valid = ca, ca_key, valid
         sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         self.ca_pem = ca.public_bytes(serialization.Encoding.PEM)
         self.ca_cert = self._write("ca.crt", self.ca_pem)
@@ -194,6 +195,27 @@ class _PKI:
         self.sa_key = self._write_key("sa.key", sa_key)
         self.sa_pub = self._write("sa.pub", sa_key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+
+    def issue(self, name: str, common_name: str, *, ips: Sequence[str] = (), server: bool = True,
+              organization: str | None = None) -> tuple[Path, Path]:
+        """A certificate signed by the CA (serving for `ips`, or a client one): (<name>.crt, <name>.key)."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+        if organization:
+            subject.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+        builder = (x509.CertificateBuilder().subject_name(x509.Name(subject)).issuer_name(self._ca.subject)
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(self._valid["not_before"]).not_valid_after(self._valid["not_after"])
+                   .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server
+                                                         else ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+                   .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self._ca_key_obj.public_key()),
+                                  critical=False))
+        if ips:
+            builder = builder.add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address(ip)) for ip in dict.fromkeys(ips)]), critical=False)
+        cert = builder.sign(self._ca_key_obj, hashes.SHA256())
+        return (self._write(f"{name}.crt", cert.public_bytes(serialization.Encoding.PEM)),
+                self._write_key(f"{name}.key", key))
 
     def _write(self, name: str, data: bytes) -> Path:
         path = self.directory / name
@@ -221,6 +243,12 @@ class RealControlPlane:
     shutdown_watch_termination_grace_period: the API server's flag of that name. Upstream's default (0)
         lets an open watch hold a SIGTERMed kube-apiserver for --request-timeout (60 s); "2s" (ours)
         ends open watches and exits in about a second. None keeps upstream's default.
+    kubelet_ips: the addresses the kubelets serve on (the Nodes' InternalIP): start() issues them one
+        serving certificate (pki/kubelet.crt, .key) and the API server a client certificate for them
+        (pki/apiserver-kubelet-client.*); the API server verifies kubelets against the CA
+        (--kubelet-certificate-authority; without it, it would not check their certificates at all)
+        and reaches them at their InternalIP (`kubectl logs`, the pod operator's log reads).
+    default_toleration_seconds: --default-not-ready/unreachable-toleration-seconds (upstream 300).
     extra_args: {component: [flags...]} appended to that component's command line.
     die_with_parent: the components are SIGKILLed by the kernel when the thread that called start()
         (or restart()) exits, so a crashed test run leaves nothing behind; call start() from a thread
@@ -235,6 +263,7 @@ class RealControlPlane:
                  watch_cache_sizes: Sequence[str] = (),
                  shutdown_watch_termination_grace_period: str | None = "2s",
                  extra_args: dict[str, Sequence[str]] | None = None,
+                 kubelet_ips: Sequence[str] = (), default_toleration_seconds: int | None = None,
                  start_timeout: float = 90.0, stop_timeout: float = 30.0, die_with_parent: bool = True):
         self.workdir = Path(workdir).resolve()
         self.binary = controlplane_binary(binary)
@@ -250,6 +279,9 @@ class RealControlPlane:
         unknown = set(self.extra_args) - set(COMPONENTS)
         if unknown:
             raise ValueError(f"extra_args for unknown components: {sorted(unknown)}")
+        self.kubelet_ips = list(kubelet_ips)
+        self.default_toleration_seconds = default_toleration_seconds
+        self.kubelet_cert: tuple[Path, Path] | None = None
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.die_with_parent = die_with_parent
@@ -376,6 +408,9 @@ class RealControlPlane:
             folder.mkdir(parents=True)
         self.etcd_dir.mkdir(mode=0o700)
         self.pki = _PKI(self.workdir / "pki")
+        self.kubelet_cert = self.pki.issue("kubelet", "simcloud-kubelet", ips=[HOST, *self.kubelet_ips])
+        self.pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", server=False,
+                       organization="system:masters")
         self.token_file.touch(mode=0o600)
         self.token_file.write_text("".join(
             f'{i.token},{i.user},{i.uid},"{",".join(i.groups)}"\n' for i in self.identities.values()))
@@ -543,7 +578,14 @@ class RealControlPlane:
             f"--service-cluster-ip-range={self.service_cluster_ip_range}",
             "--endpoint-reconciler-type=none",
             "--allow-privileged=true",
+            f"--kubelet-certificate-authority={self.pki.ca_cert}",
+            f"--kubelet-client-certificate={self.pki.directory / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={self.pki.directory / 'apiserver-kubelet-client.key'}",
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
         ]
+        if self.default_toleration_seconds is not None:
+            argv += [f"--default-not-ready-toleration-seconds={self.default_toleration_seconds}",
+                     f"--default-unreachable-toleration-seconds={self.default_toleration_seconds}"]
         if self.etcd_compaction_interval is not None:
             argv.append(f"--etcd-compaction-interval={self.etcd_compaction_interval}")
         if self.watch_cache_sizes:
@@ -632,6 +674,15 @@ class RealControlPlane:
             return response.status, response.read()
         finally:
             connection.close()
+
+    def serviceaccount_token(self, namespace: str, name: str, expiration_seconds: int = 86400) -> str:
+        """A token of ServiceAccount namespace/name from its TokenRequest API (as admin)."""
+        status, body = self.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", {
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"expirationSeconds": expiration_seconds}})
+        if status != 201:
+            raise ControlPlaneError(f"TokenRequest for {namespace}/{name} answered {status}: {body[:300]!r}")
+        return json.loads(body)["status"]["token"]
 
     def version(self) -> dict:
         status, body = self.request("GET", "/version")

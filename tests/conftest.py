@@ -41,6 +41,30 @@ def kubectl_binaries() -> list[Path]:
     return found
 
 
+def pytest_addoption(parser):
+    parser.addoption("--kube", choices=("simcloud", "real"), default=None,
+                     help="the local cloud's Kubernetes backend: simcloud's own API server (default) or the real "
+                          "control plane (make controlplane); sets $GPUBOOT_KUBE, which SimCloud.start reads")
+
+
+def pytest_configure(config):
+    if config.getoption("--kube"):
+        os.environ["GPUBOOT_KUBE"] = config.getoption("--kube")
+    config.addinivalue_line(
+        "markers", "simcloud_only(reason): needs simcloud's own API server (its internals, or a fault only it can "
+                   "inject); skipped on the real control plane (--kube=real / GPUBOOT_KUBE=real)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("GPUBOOT_KUBE", "simcloud") != "real":
+        return
+    for item in items:
+        marker = item.get_closest_marker("simcloud_only")
+        if marker is not None:
+            reason = marker.kwargs.get("reason") or (marker.args[0] if marker.args else "simcloud only")
+            item.add_marker(pytest.mark.skip(reason=f"simcloud only: {reason}"))
+
+
 @pytest.fixture
 def simcloud_factory(tmp_path):
     """simcloud_factory(fleet_dict_or_path=None, **SimCloud.start kwargs) -> a running SimCloud."""

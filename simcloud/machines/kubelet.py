@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import random
@@ -68,7 +69,7 @@ from simcloud.kube.admission import extended_requests
 from simcloud.kube.admission import parse_quantity as parse_count
 from simcloud.kube.errors import ApiError
 from simcloud.kube.node_lifecycle import LEASE_NAMESPACE, UNREACHABLE, set_lifecycle_taint, set_unknown
-from simcloud.kube.store import Store
+from simcloud.machines.api import KubeletApi
 from simcloud.machines.containers import EXIT_START_ERROR, CannotRun, Container, ContainerRunner, rfc3339
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,8 @@ class _Node:
     next_ip: int = 2
     uid: str = ""
     reported: float = 0.0          # monotonic time of the kubelet's last Node status write
+    steps: asyncio.Lock = field(default_factory=asyncio.Lock)   # its boot steps run one at a time
+    renewing: bool = False         # a Lease renewal is on its way (a slow API server gets no second one)
 
     @property
     def name(self) -> str:
@@ -164,9 +167,9 @@ class _Node:
 class Kubelets:
     """Every Node's kubelet, driven by ECS power changes and the pods bound to the node."""
 
-    def __init__(self, store: Store, cloud: EcsCloud, runner: ContainerRunner, timings: Timings,
+    def __init__(self, api: KubeletApi, cloud: EcsCloud, runner: ContainerRunner, timings: Timings,
                  faults: Faults, rng: random.Random | None = None) -> None:
-        self.store, self.cloud, self.runner = store, cloud, runner
+        self.api, self.cloud, self.runner = api, cloud, runner
         self.timings, self.faults = timings, faults
         self.rng = rng or random.Random()
         self._nodes: dict[str, _Node] = {}
@@ -176,27 +179,41 @@ class Kubelets:
         cloud.add_listener(self._on_instance)
 
     # ------------------------------------------------------------------ nodes
-    def register(self, spec: NodeSpec, node_obj: dict, running: bool) -> None:
-        """Create the Node in the store as its kubelet last left it (Ready, or Unknown for a stopped one)."""
+    def add(self, spec: NodeSpec) -> None:
+        """Serve node `spec` (before `register`): its power changes are followed from now on."""
         node = _Node(spec=spec, index=len(self._nodes))
         self._nodes[spec.name] = self._by_instance[spec.instance_id] = node
+
+    def _api(self, node: _Node) -> KubeletApi:
+        return self.api.for_node(node.name)
+
+    async def register(self, spec: NodeSpec, node_obj: dict, running: bool) -> None:
+        """Create the Node as its kubelet registers it, Ready=False (so the not-ready taint that
+        admission adds stays until a Ready=True is posted), then, for a running machine, post
+        Ready=True; a stopped one is left as the node-lifecycle controller leaves it: Unknown,
+        tainted unreachable."""
+        if spec.name not in self._nodes:
+            self.add(spec)
+        node = self._nodes[spec.name]
         now = rfc3339()
         node.boot_id = node_obj["status"]["nodeInfo"]["bootID"]
         if running:
-            node.up, node.registered = True, dict(node.plugins)
-            _set_ready(node_obj, now, node.boot_id)
+            _set_not_ready(node_obj, now, node.boot_id)
         else:       # stopped long ago: as the node-lifecycle controller left it
             set_unknown(node_obj, now)
             for effect in ("NoSchedule", "NoExecute"):
                 set_lifecycle_taint(node_obj, UNREACHABLE, effect, now)
         node.reported = time.monotonic()
-        node.uid = self.store.create("nodes", node_obj)["metadata"]["uid"]
-        self._renew_lease(node, micro_time())
+        node.uid = (await self._api(node).create("nodes", node_obj))["metadata"]["uid"]
+        await self._renew_lease(node, micro_time())
+        if running:
+            node.up, node.registered = True, dict(node.plugins)
+            await self._post_status(node, lambda obj: _set_ready(obj, rfc3339(), node.boot_id))
 
-    def _renew_lease(self, node: _Node, now: str) -> None:
+    async def _renew_lease(self, node: _Node, now: str) -> None:
         """Set the node Lease's renewTime to `now`, creating the Lease when it is missing (as kubelets do)."""
         try:
-            self.store.mutate("leases", LEASE_NAMESPACE, node.name, lambda lease: lease["spec"].update(renewTime=now))
+            await self._api(node).mutate("leases", LEASE_NAMESPACE, node.name, lambda lease: lease["spec"].update(renewTime=now))
             return
         except ApiError as exc:
             if exc.code != 404:
@@ -204,18 +221,25 @@ class Kubelets:
                 return
         # a period of 4 renewals keeps a slowly renewing fleet's leases valid between renewals
         duration = max(LEASE_SECONDS, math.ceil(4 * self.timings.lease_renew_seconds))
-        self.store.create("leases", {
+        with contextlib.suppress(ApiError):   # created meanwhile, or the Node is gone
+            await self._api(node).create("leases", {
             "metadata": {"name": node.name, "namespace": LEASE_NAMESPACE, "ownerReferences": [
-                {"apiVersion": "v1", "kind": "Node", "name": node.name, "uid": node.uid}]},
-            "spec": {"holderIdentity": node.name, "leaseDurationSeconds": duration, "renewTime": now}})
+                    {"apiVersion": "v1", "kind": "Node", "name": node.name, "uid": node.uid}]},
+                "spec": {"holderIdentity": node.name, "leaseDurationSeconds": duration, "renewTime": now}})
 
-    def _write_node(self, node: _Node, fn) -> None:
+    async def _renew_in_turn(self, node: _Node, now: str) -> None:
         try:
-            self.store.mutate("nodes", None, node.name, fn)
+            await self._renew_lease(node, now)
+        finally:
+            node.renewing = False
+
+    async def _write_node(self, node: _Node, fn) -> None:
+        try:
+            await self._api(node).mutate("nodes", None, node.name, fn)
         except ApiError as exc:   # someone deleted the Node: the kubelet has nothing to report to
             log.warning("kubelet %s: cannot update node: %s", node.name, exc)
 
-    def _post_status(self, node: _Node, fn) -> None:
+    async def _post_status(self, node: _Node, fn) -> None:
         """A node status update: `fn`'s change plus a fresh lastHeartbeatTime on every condition."""
         now = rfc3339()
 
@@ -223,12 +247,18 @@ class Kubelets:
             fn(obj)
             _beat(obj, now)
         node.reported = time.monotonic()
-        self._write_node(node, update)
+        await self._write_node(node, update)
 
     def _later(self, node: _Node, delay: float, step) -> None:
         generation = node.generation
         asyncio.get_running_loop().call_later(
-            max(delay, 0.0), lambda: generation == node.generation and step(node))
+            max(delay, 0.0), lambda: generation == node.generation and self._spawn(self._step(node, generation, step)))
+
+    async def _step(self, node: _Node, generation: int, step) -> None:
+        """One boot step at a time per node, in the order they fell due; one of an older power cycle lapses."""
+        async with node.steps:
+            if generation == node.generation:
+                await step(node)
 
     def _faulty(self, key: str, node: _Node) -> bool:
         return self.faults.matches(key, node.spec.instance_id, node.name)
@@ -243,7 +273,7 @@ class Kubelets:
         elif new in ("Stopping", "Stopped") and (node.up or node.blocked or old in ("Running", "Starting")):
             self._power_off(node)
 
-    def _boot(self, node: _Node) -> None:
+    async def _boot(self, node: _Node) -> None:
         if self._faulty("never_ready", node):
             node.blocked = "ready"
             return
@@ -252,7 +282,7 @@ class Kubelets:
         if self._boot_order(node) == "kubelet":
             self._later(node, self._delay("gpu_reset_delay_seconds", node), self._register_node)
             return
-        self._post_ready(node)
+        await self._post_ready(node)
         if node.plugins:
             self._later(node, self.timings.stale_seconds + self._delay("gpu_reset_delay_seconds", node),
                         self._zero_resources)
@@ -263,36 +293,37 @@ class Kubelets:
     def _delay(self, key: str, node: _Node) -> float:
         return float(self.faults.for_node(key, 0.0, node.name, node.spec.instance_id))
 
-    def _register_node(self, node: _Node) -> None:
+    async def _register_node(self, node: _Node) -> None:
         """The "kubelet" order: the restarted kubelet's registration patch zeroes the extended
         resources (bootID and conditions still the old ones), then it posts the new bootID with
         Ready=False (runtime not checked yet) and, `stale_seconds` later, Ready=True."""
         if node.plugins:
-            self._write_node(node, lambda obj: _set_counts(obj, dict.fromkeys(node.plugins, 0)))
+            await self._write_node(node, lambda obj: _set_counts(obj, dict.fromkeys(node.plugins, 0)))
         self._later(node, min(0.2, self.timings.stale_seconds / 2), self._post_not_ready)
 
-    def _post_not_ready(self, node: _Node) -> None:
+    async def _post_not_ready(self, node: _Node) -> None:
         now = rfc3339()
-        self._post_status(node, lambda obj: _set_not_ready(obj, now, node.boot_id))
-        self._event_node(node, "Starting", "Starting kubelet.")
+        await self._post_status(node, lambda obj: _set_not_ready(obj, now, node.boot_id))
+        await self._event_node(node, "Starting", "Starting kubelet.")
         self._later(node, self.timings.stale_seconds, self._post_ready)
 
-    def _post_ready(self, node: _Node) -> None:
+    async def _post_ready(self, node: _Node) -> None:
         node.up = True
         now = rfc3339()
-        self._post_status(node, lambda obj: _set_ready(obj, now, node.boot_id))
-        self._renew_lease(node, micro_time())
-        self._finish_lost_pods(node)
+        await self._post_status(node, lambda obj: _set_ready(obj, now, node.boot_id))
+        await self._renew_lease(node, micro_time())
+        await self._finish_lost_pods(node)
         if self._boot_order(node) != "kubelet":
-            self._event_node(node, "Starting", "Starting kubelet.")
-        self._event_node(node, "Rebooted", f"Node {node.name} has been rebooted, boot id: {node.boot_id}", "Warning")
-        self._event_node(node, "NodeReady", f"Node {node.name} status is now: NodeReady")
-        self._admit_waiting(node)
+            await self._event_node(node, "Starting", "Starting kubelet.")
+        await self._event_node(node, "Rebooted", f"Node {node.name} has been rebooted, boot id: {node.boot_id}",
+                               "Warning")
+        await self._event_node(node, "NodeReady", f"Node {node.name} status is now: NodeReady")
+        await self._admit_waiting(node)
         if node.plugins and self._boot_order(node) == "kubelet":    # the plugins' pods start once the node is Ready
             self._later_register(node)
 
-    def _zero_resources(self, node: _Node) -> None:
-        self._post_status(node, lambda obj: _set_counts(obj, dict.fromkeys(node.plugins, 0)))
+    async def _zero_resources(self, node: _Node) -> None:
+        await self._post_status(node, lambda obj: _set_counts(obj, dict.fromkeys(node.plugins, 0)))
         self._later_register(node)
 
     def _later_register(self, node: _Node) -> None:
@@ -302,9 +333,9 @@ class Kubelets:
         for i, resource in enumerate(node.plugins):
             extra = float(self.faults.for_node("resource_register_delay_seconds", 0.0, resource))
             self._later(node, self.timings.device_plugin_seconds * (i + 1) + base + extra,
-                        lambda n, r=resource: self._register(n, r))
+                        functools.partial(self._register, resource=resource))
 
-    def _register(self, node: _Node, resource: str) -> None:
+    async def _register(self, node: _Node, resource: str) -> None:
         if self._faulty("device_plugin_never", node):
             node.blocked = "plugin"
             return
@@ -312,7 +343,7 @@ class Kubelets:
         node.registered[resource] = count
         if set(node.registered) >= set(node.plugins):
             node.blocked = None
-        self._post_status(node, lambda obj: _set_counts(obj, {resource: count}))
+        await self._post_status(node, lambda obj: _set_counts(obj, {resource: count}))
 
     def _power_off(self, node: _Node) -> None:
         """The machine goes down: the kubelet stops writing; its containers die, unreported
@@ -330,20 +361,20 @@ class Kubelets:
             p.task.cancel()
         await self._stop_containers(p, 0)
 
-    def _finish_lost_pods(self, node: _Node) -> None:
+    async def _finish_lost_pods(self, node: _Node) -> None:
         """Back up after a power loss: deletions that waited for the kubelet complete; pods that were
         running are Failed, their containers killed (exit 137) with the machine."""
-        for pod in list(self.store.peek("pods")):
+        for pod in list(self._api(node).peek("pods")):
             meta = pod["metadata"]
             if (pod.get("spec") or {}).get("nodeName") == node.name and meta.get("deletionTimestamp"):
                 node.pods.pop(meta.get("uid", ""), None)
-                self._remove(meta)
+                await self._remove(node, meta)
         for p in [p for p in node.pods.values() if p.lost]:
             for status in list(p.statuses.values()) + list(p.init_statuses.values()):
                 if "terminated" not in status["state"]:
                     status["state"] = {"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": rfc3339()}}
                 status.update(ready=False, started=False)
-            self._finish(node, p, "Failed")
+            await self._finish(node, p, "Failed")
 
     async def _heartbeats(self) -> None:
         """One loop for all nodes: Lease renewals and status reports of up ones, and boot steps
@@ -354,13 +385,18 @@ class Kubelets:
             for i, node in enumerate(list(self._nodes.values())):
                 if node.up:
                     if clock - node.reported >= self.timings.heartbeat_seconds:
-                        self._post_status(node, lambda obj: None)
-                    self._renew_lease(node, renewed)
+                        self._spawn(self._post_status(node, lambda obj: None))
+                    if not node.renewing:
+                        node.renewing = True
+                        self._spawn(self._renew_in_turn(node, renewed))
                 if node.blocked == "ready" and not self._faulty("never_ready", node):
-                    self._boot(node)
+                    node.blocked = None
+                    self._spawn(self._step(node, node.generation, self._boot))
                 elif node.blocked == "plugin" and not self._faulty("device_plugin_never", node):
+                    node.blocked = None
                     for resource in [r for r in node.plugins if r not in node.registered]:
-                        self._register(node, resource)
+                        self._spawn(self._step(node, node.generation, functools.partial(self._register,
+                                                                                        resource=resource)))
                 if i % 200 == 199:
                     await asyncio.sleep(0)   # let API requests in between batches
 
@@ -369,11 +405,11 @@ class Kubelets:
         while True:
             kind, pod = await self._queue.get()
             try:
-                self._on_pod(kind, pod)
+                await self._on_pod(kind, pod)
             except Exception:   # one odd pod must not stop every kubelet
                 log.exception("kubelet: handling %s pod %s failed", kind, pod.get("metadata", {}).get("name"))
 
-    def _on_pod(self, kind: str, pod: dict) -> None:
+    async def _on_pod(self, kind: str, pod: dict) -> None:
         meta, spec = pod["metadata"], pod.get("spec") or {}
         node = self._nodes.get(spec.get("nodeName") or "")
         if (meta.get("annotations") or {}).get(PLACEHOLDER_ANNOTATION) == "true":
@@ -381,7 +417,7 @@ class Kubelets:
         uid = meta.get("uid", "")
         if node is None:
             if spec.get("nodeName") and meta.get("deletionTimestamp"):
-                self._remove(meta)     # bound to a node no kubelet serves: nothing to stop
+                await self._remove(None, meta)     # bound to a node no kubelet serves: nothing to stop
             return
         if kind == "DELETED":   # force-deleted (grace 0) or removed: kill whatever still runs
             known = node.pods.pop(uid, None)
@@ -399,7 +435,7 @@ class Kubelets:
                 return      # no kubelet to finish it: Terminating until the node is back
             if known is None or not known.admitted or known.lost:
                 node.pods.pop(uid, None)
-                self._remove(meta)
+                await self._remove(node, meta)
             elif not known.closing:
                 known.closing = True
                 self._spawn(self._delete_pod(node, known, pod))
@@ -408,20 +444,23 @@ class Kubelets:
             return
         node.pods[uid] = _Pod(uid=uid, namespace=meta["namespace"], name=meta["name"])
         if node.up:
-            self._admit(node, node.pods[uid], pod)
+            await self._admit(node, node.pods[uid], pod)
 
-    def _admit_waiting(self, node: _Node) -> None:
+    async def _admit_waiting(self, node: _Node) -> None:
         for pod in list(node.pods.values()):
             if pod.admitted or pod.closing:
                 continue
             try:
-                fresh = self.store.get("pods", pod.namespace, pod.name)
+                fresh = await self._api(node).get("pods", pod.namespace, pod.name)
             except ApiError:
                 node.pods.pop(pod.uid, None)
                 continue
-            self._admit(node, pod, fresh)
+            if fresh["metadata"].get("uid") != pod.uid:    # a newer pod of that name: the watch brings it
+                node.pods.pop(pod.uid, None)
+                continue
+            await self._admit(node, pod, fresh)
 
-    def _refusal(self, node: _Node, wanted: dict[str, int]) -> tuple[str, str] | None:
+    async def _refusal(self, node: _Node, wanted: dict[str, int]) -> tuple[str, str] | None:
         """(reason, message) when the kubelet refuses the pod: the device manager first, for each
         plugin resource in turn, then the predicate check of the other extended resources."""
         for resource in sorted(wanted, key=lambda r: (r != GPU, r)):
@@ -430,7 +469,7 @@ class Kubelets:
         others = [r for r in sorted(wanted) if r not in node.plugins]
         if others:
             try:
-                allocatable = self.store.read("nodes", None, node.name)["status"].get("allocatable") or {}
+                allocatable = (await self._api(node).get("nodes", None, node.name))["status"].get("allocatable") or {}
             except ApiError:
                 allocatable = {}
             for resource in others:
@@ -441,16 +480,16 @@ class Kubelets:
                                                 f"requested: {wanted[resource]}, used: {used}, capacity: {capacity}"))
         return None
 
-    def _admit(self, node: _Node, p: _Pod, pod: dict) -> None:
+    async def _admit(self, node: _Node, p: _Pod, pod: dict) -> None:
         wanted = extended_requests(pod)
-        refused = self._refusal(node, wanted)
+        refused = await self._refusal(node, wanted)
         if refused:
             reason, message = refused
             node.pods.pop(p.uid, None)
             node.finished.add(p.uid)
-            self._write_pod(p, lambda obj: obj["status"].update(
+            await self._write_pod(node, p, lambda obj: obj["status"].update(
                 phase="Failed", reason=reason, message=message, startTime=rfc3339()))
-            self._event_pod(pod, reason, message, "Warning")
+            await self._event_pod(node, pod, reason, message, "Warning")
             return
         p.admitted, p.gpus = True, node.free_devices()[:wanted.get(GPU, 0)]
         p.held = {r: n for r, n in wanted.items() if r != GPU}
@@ -463,7 +502,7 @@ class Kubelets:
             p.init_statuses[c["name"]] = _waiting(c, "PodInitializing")
         for c in spec.get("containers") or []:
             p.statuses[c["name"]] = _waiting(c, "ContainerCreating")
-        self._write_status(node, p, "Pending")
+        await self._write_status(node, p, "Pending")
         pod = {**pod, "status": {**(pod.get("status") or {}), "podIP": p.pod_ip,
                                  "hostIP": node.spec.private_ip}}
         await asyncio.sleep(self.timings.pod_start_seconds)
@@ -474,11 +513,11 @@ class Kubelets:
             if p.closing:
                 return
             if code != 0:
-                return self._finish(node, p, "Failed")
+                return await self._finish(node, p, "Failed")
         codes = await asyncio.gather(*(self._container_loop(node, p, pod, c, policy, p.statuses)
                                        for c in spec.get("containers") or []))
         if not p.closing:   # a deletion or shutdown writes its own final status
-            self._finish(node, p, "Succeeded" if all(code == 0 for code in codes) else "Failed")
+            await self._finish(node, p, "Succeeded" if all(code == 0 for code in codes) else "Failed")
 
     async def _container_loop(self, node: _Node, p: _Pod, pod: dict, c: dict, policy: str,
                               statuses: dict[str, dict]) -> int:
@@ -490,7 +529,7 @@ class Kubelets:
                 p.running[name] = ctr
                 statuses[name].update(state={"running": {"startedAt": ctr.started_at}}, ready=True, started=True,
                                       containerID=ctr.container_id, imageID=ctr.image_id)
-                self._write_status(node, p, "Running")
+                await self._write_status(node, p, "Running")
                 code = await ctr.wait()
                 p.running.pop(name, None)
                 statuses[name]["state"] = {"terminated": {
@@ -504,13 +543,13 @@ class Kubelets:
             statuses[name]["state"] = {"waiting": {
                 "reason": "CrashLoopBackOff",
                 "message": f"back-off {backoff:g}s restarting failed container={name} pod={p.name}_{p.namespace}"}}
-            self._write_status(node, p, "Running")
+            await self._write_status(node, p, "Running")
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 10.0)
 
     async def _start_container(self, node, p, pod, c, statuses) -> tuple[Container | None, int]:
         image = c.get("image", "")
-        self._event_pod(pod, "Pulled", f'Container image "{image}" already present on machine')
+        await self._event_pod(node, pod, "Pulled", f'Container image "{image}" already present on machine')
         extra = {"NVIDIA_VISIBLE_DEVICES": ",".join(map(str, p.gpus))} if p.gpus else {}
         if p.held.get(GPU_MEM):      # what ACK's GPU sharing tells a container about its share
             extra["ALIYUN_COM_GPU_MEM_CONTAINER"] = str(p.held[GPU_MEM])
@@ -521,17 +560,17 @@ class Kubelets:
             statuses[c["name"]]["state"] = {"terminated": {
                 "exitCode": EXIT_START_ERROR, "reason": "StartError", "message": str(exc), "startedAt": now,
                 "finishedAt": now}}
-            self._event_pod(pod, "Failed", f"Error: {exc}", "Warning")
+            await self._event_pod(node, pod, "Failed", f"Error: {exc}", "Warning")
             return None, EXIT_START_ERROR
-        self._event_pod(pod, "Created", f"Created container {c['name']}")
-        self._event_pod(pod, "Started", f"Started container {c['name']}")
+        await self._event_pod(node, pod, "Created", f"Created container {c['name']}")
+        await self._event_pod(node, pod, "Started", f"Started container {c['name']}")
         return ctr, 0
 
-    def _finish(self, node: _Node, p: _Pod, phase: str, **extra) -> None:
+    async def _finish(self, node: _Node, p: _Pod, phase: str, **extra) -> None:
         if node.pods.get(p.uid) is p:
             del node.pods[p.uid]
         node.finished.add(p.uid)
-        self._write_status(node, p, phase, **extra)
+        await self._write_status(node, p, phase, **extra)
 
     async def _stop_containers(self, p: _Pod, grace: float) -> None:
         await asyncio.gather(*(c.stop(grace) for c in list(p.running.values())), return_exceptions=True)
@@ -540,12 +579,12 @@ class Kubelets:
         grace = pod["metadata"].get("deletionGracePeriodSeconds",
                                     pod["spec"].get("terminationGracePeriodSeconds", 30))
         for name in p.running:
-            self._event_pod(pod, "Killing", f"Stopping container {name}")
+            await self._event_pod(node, pod, "Killing", f"Stopping container {name}")
         await self._stop_containers(p, float(grace or 0))
         if p.task is not None:
             p.task.cancel()
         node.pods.pop(p.uid, None)
-        self._remove(pod["metadata"])
+        await self._remove(node, pod["metadata"])
 
     async def _shutdown_pod(self, node: _Node, p: _Pod) -> None:
         p.closing = True
@@ -555,15 +594,18 @@ class Kubelets:
         for status in p.statuses.values():
             if "terminated" not in status["state"]:
                 status["state"] = {"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": rfc3339()}}
-        self._finish(node, p, "Failed", reason="Terminated", message=SHUTDOWN_MESSAGE)
+        await self._finish(node, p, "Failed", reason="Terminated", message=SHUTDOWN_MESSAGE)
 
-    def _remove(self, meta: dict) -> None:
+    async def _remove(self, node: _Node | None, meta: dict) -> None:
+        """The kubelet's final delete of a pod it is done with: on that pod's uid (a new pod of the
+        same name is not touched), by the node it is bound to (any node's view for an orphan)."""
+        api = self._api(node) if node is not None else self.api
         with contextlib.suppress(ApiError):
-            self.store.remove("pods", meta["namespace"], meta["name"])
+            await api.remove("pods", meta["namespace"], meta["name"], uid=meta.get("uid"))
         self.runner.forget(meta.get("uid", ""))
 
     # ------------------------------------------------------------------ status writing
-    def _write_status(self, node: _Node, p: _Pod, phase: str, **extra) -> None:
+    async def _write_status(self, node: _Node, p: _Pod, phase: str, **extra) -> None:
         now = rfc3339()
         mains = list(p.statuses.values())
         ready = phase == "Running" and all(s.get("ready") for s in mains)
@@ -598,23 +640,28 @@ class Kubelets:
                           qosClass=status.get("qosClass") or _qos(obj), **extra)
             if p.init_statuses:
                 status["initContainerStatuses"] = [dict(s) for s in p.init_statuses.values()]
-        self._write_pod(p, update)
+        await self._write_pod(node, p, update)
 
-    def _write_pod(self, p: _Pod, fn) -> None:
+    async def _write_pod(self, node: _Node, p: _Pod, fn) -> None:
+        """A status write of pod `p` (that very pod: a newer one of the same name is left alone)."""
+        def guarded(obj: dict) -> None:
+            if obj["metadata"].get("uid") != p.uid:
+                raise ApiError(404, "NotFound", f'pods "{p.name}" not found')
+            fn(obj)
         with contextlib.suppress(ApiError):     # the pod is gone; nothing to report
-            self.store.mutate("pods", p.namespace, p.name, fn)
+            await self._api(node).mutate("pods", p.namespace, p.name, guarded)
 
-    def _event_pod(self, pod: dict, reason: str, message: str, kind: str = "Normal") -> None:
-        self._event(pod, reason, message, kind, "kubelet")
+    async def _event_pod(self, node: _Node, pod: dict, reason: str, message: str, kind: str = "Normal") -> None:
+        await self._event(node, pod, reason, message, kind, "kubelet")
 
-    def _event_node(self, node: _Node, reason: str, message: str, kind: str = "Normal",
-                    component: str = "kubelet") -> None:
-        self._event({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name, "uid": node.uid}},
-                    reason, message, kind, component)
+    async def _event_node(self, node: _Node, reason: str, message: str, kind: str = "Normal",
+                          component: str = "kubelet") -> None:
+        await self._event(node, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name, "uid": node.uid}},
+                          reason, message, kind, component)
 
-    def _event(self, involved: dict, reason: str, message: str, kind: str, component: str) -> None:
+    async def _event(self, node: _Node, involved: dict, reason: str, message: str, kind: str, component: str) -> None:
         try:
-            self.store.record_event(involved, reason, message, type=kind, component=component)
+            await self._api(node).record_event(involved, reason, message, type=kind, component=component)
         except ApiError as exc:
             log.debug("event %s not recorded: %s", reason, exc)
 
@@ -631,16 +678,14 @@ class Kubelets:
             log.error("kubelet task failed", exc_info=task.exception())
 
     def start(self) -> None:
-        self._queue = self.store.subscribe("pods")
+        self._queue = self.api.subscribe("pods")
         self._spawn(self._watch_pods())
         self._spawn(self._heartbeats())
-        for pod in self.store.list("pods")[0]:
-            self._on_pod("ADDED", pod)
 
     async def stop(self) -> None:
         """Stop kubelet work; container processes are the runner's to kill (ContainerRunner.shutdown)."""
         if self._queue is not None:
-            self.store.unsubscribe("pods", self._queue)
+            self.api.unsubscribe("pods", self._queue)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -129,6 +129,9 @@ class K8sServer:
         path.write_text(kubeconfig_text(f"https://127.0.0.1:{self.https_port}", user, token, ca_pem=self.ca_pem))
         return path
 
+    def create_namespace(self, name: str) -> None:
+        self.on_loop(lambda: self.store.create("namespaces", {"metadata": {"name": name}}))
+
     def add_node(self, name: str, **kwargs) -> dict:
         return self.on_loop(lambda: self.store.create("nodes", make_node(name, **kwargs)))
 

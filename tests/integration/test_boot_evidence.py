@@ -109,6 +109,7 @@ def test_a_failover_that_finds_the_rest_busy_waits_like_start_then_runs(cloud, c
     assert re.search(r"start requested at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC by this job", text)
 
 
+@pytest.mark.simcloud_only(reason="holds the ledger contended with an endless 409 burst (k8s_conflict_burst), a fault of simcloud's own API server")
 def test_a_failover_on_a_contended_ledger_defers_and_runs_again_instead_of_failing(cloud, capfd, monkeypatch):
     """Issue 11: no job fails for contention inside its queue timeout. A fail-over whose ledger
     write keeps conflicting (every ConfigMap write answered 409) writes nothing, defers a short

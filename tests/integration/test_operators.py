@@ -308,6 +308,7 @@ class LineRecorder:
     info = warning = error = debug = exception = _record
 
 
+@pytest.mark.simcloud_only(reason="cuts followed log streams with log_stream_cut_seconds, a fault of simcloud's own API server")
 def test_a_log_stream_cut_while_the_rank_runs_is_opened_again_at_once(cloud, monkeypatch, tmp_path):
     """The API server ends a followed log stream mid-run (the local cloud's fault: every 0.5 s);
     GangTrigger opens it again while the rank runs on, so a line written after the cut reaches

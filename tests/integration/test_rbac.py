@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,7 +24,7 @@ from kubernetes.client.rest import ApiException
 
 from gpuboot.core.jobspec import DEFAULT_JOB_NAMESPACES, JobSpec, JobSpecError, params_schema
 from gpuboot.lifecycle.ledger import CONFIGMAP
-from tests.conformance.k8s_harness import K8sServer, k8s, pod_body  # noqa: F401  (the fixture)
+from tests.conformance.k8s_harness import K8sServer, pod_body, start_server
 
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACES = REPO / "deploy/kubernetes/namespace.yaml"
@@ -32,6 +33,37 @@ SA = "system:serviceaccount:gpuboot:gpuboot"
 JOBS = DEFAULT_JOB_NAMESPACES[0]
 LEDGER = "default"
 NODE = "gpu-a"
+
+
+@pytest.fixture(scope="module")
+def real_cluster(tmp_path_factory):
+    from tests.real_k8s.cluster import real_k8s
+    with real_k8s(tmp_path_factory.mktemp("rbac-k8s"), (NAMESPACES, RBAC)) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def k8s(request, tmp_path):
+    """simcloud's API server in process, or (--kube=real) one real control plane for the module, reset
+    after each test."""
+    if os.environ.get("GPUBOOT_KUBE") == "real":
+        cluster = request.getfixturevalue("real_cluster")
+        yield cluster
+        cluster.reset()
+        return
+    server = start_server(tmp_path)
+    yield server
+    server._stop()
+
+
+def create_all(api_client, docs: list[dict]) -> None:
+    """Create each object as the admin; one that exists already is left as it is."""
+    for doc in docs:
+        try:
+            utils.create_from_dict(api_client, doc)
+        except utils.FailToCreateError as exc:
+            if not all(e.status == 409 for e in exc.api_exceptions):
+                raise
 
 
 def _watch(method, *args, **kwargs):
@@ -95,8 +127,8 @@ def as_serviceaccount(k8s: K8sServer, rbac: list[dict]):
     """Apply namespace.yaml and `rbac` as the admin, prepare what the probes touch, and return a
     CoreV1Api acting as the ServiceAccount rbac.yaml binds."""
     admin = k8s.core_v1()
-    utils.create_from_yaml(admin.api_client, str(NAMESPACES))
-    utils.create_from_yaml(admin.api_client, yaml_objects=rbac)
+    create_all(admin.api_client, [d for d in yaml.safe_load_all(NAMESPACES.read_text()) if d])
+    create_all(admin.api_client, rbac)
     k8s.add_node(NODE, gpu=1)
     admin.create_namespaced_pod(JOBS, pod_body("job-0"))
     admin.create_namespaced_config_map(LEDGER, {"metadata": {"name": CONFIGMAP}, "data": {"reservations": "[]"}})
@@ -110,7 +142,7 @@ def authorized(probe: Callable, v1) -> bool:
     except ApiException as err:
         if err.status == 403:
             return False
-        assert err.status in (400, 404, 409), err
+        assert err.status in (400, 404, 409), (err.status, err.body)
     return True
 
 
@@ -148,7 +180,7 @@ def test_a_job_outside_the_job_namespaces_is_refused_and_the_serviceaccount_cann
     assert refused.value.field == "namespace"
     sa = as_serviceaccount(k8s, rbac_without(None))
     if namespace == "team-nowhere":
-        k8s.core_v1().create_namespace({"metadata": {"name": namespace}})
+        k8s.create_namespace(namespace)
     with pytest.raises(ApiException) as err:
         sa.create_namespaced_pod(namespace, pod_body("escape"))
     assert err.value.status == 403
@@ -176,7 +208,7 @@ def test_the_place_steps_review_finds_exactly_the_rights_missing_in_a_namespace(
 
     kube = reviewer(as_serviceaccount(k8s, rbac_without(grant)))
     assert kube.denied(JOBS, JOB_POD_RIGHTS) == ([] if grant is None else [f"{grant[2]} {grant[1]}"])
-    k8s.core_v1().create_namespace({"metadata": {"name": "team-b"}})
+    k8s.create_namespace("team-b")
     assert kube.denied("team-b", JOB_POD_RIGHTS) == [f"{verb} {resource}" for _, resource, verb in JOB_POD_RIGHTS]
 
 

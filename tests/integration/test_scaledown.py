@@ -5,6 +5,7 @@ The operator's clock is a seam: the first run records idle-since (now), the seco
 (`on_cordoned`), which the race tests use to act exactly between cordon and stop."""
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -72,12 +73,34 @@ def reservation(job: str, node: str) -> Reservation:
                        expires_at=time.time() + 4 * 3600)
 
 
+DEVICE_PLUGIN_LABELS = {"app": "nvidia-device-plugin"}
+
+
+def daemonset_uid(kube: KubeClient, namespace: str, node: str) -> str:
+    """The uid of the DaemonSet that owns the device plugin's pod. On the real control plane it must
+    exist: the garbage collector deletes a pod whose owner does not (the local cloud runs no
+    DaemonSet controller there: its kubelets are the device plugins). simcloud's own server has no
+    apps/v1 and no garbage collector."""
+    if os.environ.get("GPUBOOT_KUBE") != "real":
+        return "00000000-0000-0000-0000-000000000001"
+    from kubernetes import client
+    labels = DEVICE_PLUGIN_LABELS
+    created = client.AppsV1Api(kube.core.api_client).create_namespaced_daemon_set(namespace, {
+        "metadata": {"name": "nvidia-device-plugin"},
+        "spec": {"selector": {"matchLabels": labels}, "template": {
+            "metadata": {"labels": labels},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+                     "containers": [{"name": "plugin", "image": "nvidia/k8s-device-plugin"}]}}}})
+    return created.metadata.uid
+
+
 def create_pod(kube: KubeClient, name: str, node: str, namespace: str = "default", daemonset: bool = False,
                gpus: int = 0) -> None:
     meta = {"name": name, "namespace": namespace, "annotations": {"simcloud.io/run-seconds": "3600"}}
     if daemonset:
         meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "nvidia-device-plugin",
-                                    "uid": "00000000-0000-0000-0000-000000000001", "controller": True}]
+                                    "uid": daemonset_uid(kube, namespace, node), "controller": True}]
+        meta["labels"] = dict(DEVICE_PLUGIN_LABELS)
     kube.core.create_namespaced_pod(namespace, {
         "apiVersion": "v1", "kind": "Pod", "metadata": meta,
         "spec": {"nodeName": node, "restartPolicy": "Never",
@@ -139,7 +162,8 @@ def test_idle_managed_node_is_stopped_the_others_are_kept(cloud, capfd):
     assert first["decisions"]["idle-1"] == {"verdict": "idle", "reason": "idle for 0.0 s < 10 min"}
     assert ANNOTATION_IDLE_SINCE in annotations("idle-1")
 
-    cloud.set_faults(k8s_conflict_burst=2)      # the ledger fence retries through 409s
+    if cloud.kube == "simcloud":
+        cloud.set_faults(k8s_conflict_burst=2)      # the ledger fence retries through 409s
     second = ScaleDown(offset=LATER).execute({})
 
     assert second["stopped"] == ["idle-1"]
