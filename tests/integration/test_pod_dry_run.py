@@ -8,7 +8,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from gpuboot.hooks.ecs import EcsHook
-from gpuboot.hooks.kube import KubeClient, Refused
+from gpuboot.hooks.kube import InvalidRequest, KubeClient
 from gpuboot.lifecycle.ledger import ReservationLedger
 from gpuboot.operators.launch import GpuPodOperator
 from tests.integration.test_operators import JOB, context, place
@@ -49,7 +49,7 @@ def test_a_refusal_carries_the_servers_message_and_fields(cloud):
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "Bad_Name"},
            "spec": {"containers": [{"name": "c", "image": "python:3.11"}]}}
     refused = KubeClient().refusal_of_pod("default", pod)
-    assert isinstance(refused, Refused) and refused.status == 422 and "metadata.name" in refused.fields
+    assert isinstance(refused, InvalidRequest) and refused.status == 422 and "metadata.name" in refused.fields
     assert KubeClient().read_pod("default", "Bad_Name") is None
     good = {**pod, "metadata": {"name": "good-name"}}
     assert KubeClient().refusal_of_pod("default", good) is None

@@ -17,6 +17,7 @@ from gpuboot.core.inventory import gpu_model_alternatives, gpu_model_tokens
 from gpuboot.core.model import FrozenDict
 from gpuboot.core.placement import JobRequest, TaskRequest
 from gpuboot.core.resources import CPU, GPU, MEMORY, QUANTITY_PATTERN, QuantityError, Resources, format_quantity
+from gpuboot.exceptions import JobSpecError
 
 # Normalized names (see inventory.normalize_gpu_model) of the NVIDIA GPUs ECS GPU families carry.
 KNOWN_GPU_MODELS: tuple[str, ...] = (
@@ -80,14 +81,6 @@ def job_namespaces() -> tuple[str, ...]:
         raise ValueError(f"{JOB_NAMESPACES_ENV}={raw!r}: {problem}; use comma-separated DNS-1123 labels, "
                          f"e.g. {DEFAULT_JOB_NAMESPACES[0]},team-a")
     return names
-
-
-class JobSpecError(ValueError):
-    """A job spec mistake: `field` names what is wrong, the message says how to fix it."""
-
-    def __init__(self, field: str, problem: str, fix: str, source: str = "job spec"):
-        self.field, self.problem, self.fix, self.source = field, problem, fix, source
-        super().__init__(f"{source}: {field}: {problem}. {fix}")
 
 
 @dataclass(frozen=True)

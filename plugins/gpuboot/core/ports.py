@@ -20,21 +20,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from gpuboot.exceptions import EcsError
+
 RUNNING_OR_COMING = frozenset({"Pending", "Starting", "Running"})   # a start of these is "already"
 STOPPED_OR_GOING = frozenset({"Stopping", "Stopped"})               # a stop of these is "already"
 
 _TRANSIENT_CODES = frozenset({"ServiceUnavailable", "InternalError", "UnknownError", "RequestTimeout"})
 _CAPACITY_MARKERS = ("NoStock", "InsufficientCapacity", "ResourceNotAvailable", "Zone.NotOnSale",
                      "InvalidInstanceType.ZoneNotSupported", "OutOfStock")
-
-
-class EcsError(Exception):
-    """A classified ECS failure. kind: "capacity" (try another node/type), "transient"
-    (retried already, may succeed later) or "permanent" (fix the request or the setup)."""
-
-    def __init__(self, kind: str, code: str, message: str, request_id: str | None = None):
-        self.kind, self.code, self.message, self.request_id = kind, code, message, request_id
-        super().__init__(f"ECS {code} ({kind}): {message}" + (f" [RequestId {request_id}]" if request_id else ""))
 
 
 def classify_code(code: str | None, status: int | None = None) -> str:

@@ -14,6 +14,8 @@ import re
 from collections.abc import Iterator, Mapping
 from fractions import Fraction
 
+from gpuboot.exceptions import QuantityError
+
 GPU = "nvidia.com/gpu"
 CPU = "cpu"
 MEMORY = "memory"
@@ -30,10 +32,6 @@ _QUANTITY = re.compile(rf"(?P<number>[+-]?{_NUMBER})(?:(?P<suffix>{_SUFFIX})|[eE
 QUANTITY_PATTERN = rf"^\s*\+?{_NUMBER}(?:{_SUFFIX}|[eE][+-]?\d+)?\s*$"
 _MAX_EXPONENT = 64  # far beyond any real quantity; bounds the work on hostile input
 _EXAMPLES = "e.g. 500m, 2, 1.5, 16Gi, 100Mi, 2k or 1e3"
-
-
-class QuantityError(ValueError):
-    """A value that is not a valid (or acceptable) Kubernetes quantity."""
 
 
 def parse_quantity(value: str | int | float, field: str) -> Fraction:

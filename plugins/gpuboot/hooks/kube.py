@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, ClassVar
 
+from gpuboot.exceptions import Conflict, Gone, InvalidRequest
+
 ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 WATCH_SECONDS = 60      # a watch is re-opened at least this often (cheap; survives idle proxies)
 PAGE = 500
@@ -30,34 +32,7 @@ JOB_POD_RIGHTS = (("", "pods", "create"), ("", "pods", "get"), ("", "pods", "wat
                   ("", "pods", "delete"), ("", "pods/log", "get"), ("", "events", "list"), ("", "events", "watch"))
 
 
-class Conflict(Exception):
-    """409 from the API server: the object changed since it was read (or already exists)."""
-
-
-class Refused(Exception):
-    """The API server refused a write that no retry can change (400 Bad Request, 422 Invalid):
-    its message and the fields it names, without the HTTP headers of an ApiException."""
-
-    def __init__(self, status: int, message: str, fields: tuple[str, ...] = ()) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status, self.message, self.fields = status, message, fields
-
-    @classmethod
-    def of(cls, exc) -> Refused:
-        try:
-            body = json.loads(exc.body or "{}")
-        except (TypeError, ValueError):
-            body = {}
-        causes = (body.get("details") or {}).get("causes") or []
-        return cls(exc.status, body.get("message") or str(exc.reason),
-                   tuple(c["field"] for c in causes if c.get("field")))
-
-
 REFUSED = (400, 422)
-
-
-class Gone(Exception):
-    """410 from a watch: the resourceVersion is too old; re-list and watch again."""
 
 
 def _raw(response) -> dict:
@@ -202,12 +177,12 @@ class KubeClient:
     def create_pod(self, namespace: str, body: dict) -> dict:
         return self._write(self.core.create_namespaced_pod, namespace, body)
 
-    def refusal_of_pod(self, namespace: str, body: dict) -> Refused | None:
+    def refusal_of_pod(self, namespace: str, body: dict) -> InvalidRequest | None:
         """What the API server says of creating `body` (a dry run: validation and admission, nothing
         stored): None when it would accept it, or the pod exists already. Other errors are raised."""
         try:
             self._write(self.core.create_namespaced_pod, namespace, body, dry_run="All")
-        except Refused as refused:
+        except InvalidRequest as refused:
             return refused
         except Conflict:        # the pod exists (a re-run of place after launch): nothing to refuse
             return None
@@ -316,7 +291,7 @@ class KubeClient:
             if exc.status == 409:
                 raise Conflict(f"{exc.status} {exc.reason}") from None
             if exc.status in REFUSED:
-                raise Refused.of(exc) from None
+                raise InvalidRequest.of(exc) from None
             raise
 
 
@@ -670,7 +645,6 @@ class AsyncKubeClient:
                     yield line
             finally:
                 response.release()
-
 
 
 async def _checked(response):

@@ -63,6 +63,7 @@ from gpuboot.core.model import NodeState, NodeView, Reservation, Unavailable
 from gpuboot.core.placement import Outcome, Plan, place
 from gpuboot.core.ports import ClusterReads, Ecs
 from gpuboot.core.timefmt import utc
+from gpuboot.exceptions import LedgerContended
 from gpuboot.lifecycle.ledger import JobRecord, LedgerConflict, LedgerState, ReservationLedger, StartedNode, backoff
 from gpuboot.lifecycle.pricing import PRICES, PriceCache
 
@@ -72,10 +73,6 @@ STOP_FENCE_SECONDS = STARTING_WAIT_SECONDS + 300   # a "being stopped" fence, if
 FENCE_REASON = "being stopped"
 SURVEY_MAX_AGE_SECONDS = 30     # a placer re-places against a cluster survey at most this old (see the module doc)
 CONTENDED_SECONDS = 30          # book() retries through conflicts this long, then LedgerContended (the step defers)
-
-
-class LedgerContended(Exception):
-    """Every commit attempt met a conflicting write for a while; nothing is held: retry later."""
 
 
 def instance_id_of(node: dict) -> str | None:

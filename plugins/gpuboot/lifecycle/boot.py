@@ -41,6 +41,7 @@ from gpuboot.core.placement import Assignment, Outcome, Plan
 from gpuboot.core.ports import ClusterReads, Ecs, EcsError, InstanceOutcome
 from gpuboot.core.readiness import BootBaseline, extended_needs
 from gpuboot.core.timefmt import utc
+from gpuboot.exceptions import BootError, CapacityBusy, CapacityUnavailable
 from gpuboot.lifecycle.booking import LAUNCH_MARGIN_SECONDS, Booker, reservation_ttl
 from gpuboot.lifecycle.ledger import JobRecord, ReservationLedger, StartedNode
 
@@ -58,25 +59,6 @@ def wait_deadline(baseline: Mapping, boot_timeout: float, settle: float, now: fl
     if since is None:
         return now + settle + ALREADY_UP_GRACE_SECONDS
     return max(float(since) + boot_timeout, now + settle + 1)
-
-
-class BootError(Exception):
-    """A start that failed for a reason a retry may fix (not a lack of capacity)."""
-
-
-class CapacityUnavailable(Exception):
-    """No capacity left for the job: every offering tried was out of stock (or failed to boot),
-    and nothing else can ever hold it. The message names each one and why. No retry can fix
-    it: the Airflow steps fail the task for good (gpuboot.operators.capacity_wait.final_failures)."""
-
-
-class CapacityBusy(Exception):
-    """The job was moved off capacity that failed, and what is left is busy right now: the
-    caller waits and re-places (`JobBoot.rebook`) like the place step does, holding nothing."""
-
-    def __init__(self, message: str, tried: Sequence[str]) -> None:
-        super().__init__(message)
-        self.tried = list(tried)
 
 
 @dataclass

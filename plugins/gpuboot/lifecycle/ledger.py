@@ -48,6 +48,7 @@ from dataclasses import dataclass, field, replace
 
 from gpuboot.core.model import Reservation, Unavailable
 from gpuboot.core.resources import Resources
+from gpuboot.exceptions import LedgerConflict, LedgerFull
 from gpuboot.hooks.kube import Conflict, KubeClient
 
 CONFIGMAP = "gpuboot-reservations"
@@ -59,14 +60,6 @@ META_KEY = "meta.json"
 BATCH_KEY = "batch.json"
 TOMBSTONE_SECONDS = 120         # longer than any survey a placer re-places against (booking.SURVEY_MAX_AGE_SECONDS)
 MAX_LEDGER_BYTES = 1_000_000    # the API server refuses a ConfigMap over 1 MiB (data + metadata)
-
-
-class LedgerConflict(Exception):
-    """The ledger changed since it was read: re-read, re-place, commit again."""
-
-
-class LedgerFull(Exception):
-    """A write would make the ledger ConfigMap larger than a ConfigMap may be (1 MiB)."""
 
 
 WRITE_CONTENDED_SECONDS = 30    # a read-modify-write (renew, release, marks) retries conflicts at least this long

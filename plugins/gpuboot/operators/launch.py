@@ -14,7 +14,7 @@ from gpuboot.core.model import LABEL_HOSTNAME, LABEL_JOB, LABEL_RANK
 from gpuboot.core.placement import Plan
 from gpuboot.core.steplog import launch_summary
 from gpuboot.core.timefmt import duration
-from gpuboot.hooks.kube import Conflict, KubeClient, Refused
+from gpuboot.hooks.kube import Conflict, InvalidRequest, KubeClient
 from gpuboot.operators.base import GpuJobStep, summarize
 from gpuboot.triggers.gang import GangTrigger
 
@@ -142,7 +142,7 @@ class GpuPodOperator(GpuJobStep, BaseOperator):
             kube.create_pod(meta["namespace"], pod)
         except Conflict:   # created by this very try before a hiccup: the same pod
             self.log.info("pod %s already exists", meta["name"])
-        except Refused as refused:  # the same pod is refused on every retry
+        except InvalidRequest as refused:  # the same pod is refused on every retry
             raise AirflowFailException(f"the API server refuses pod {meta['name']} ({refused.status}): "
                                        f"{refused.message}") from None
         container = spec["containers"][0]
