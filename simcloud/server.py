@@ -55,6 +55,26 @@ from simcloud.workdir import write_file as _write
 log = logging.getLogger("simcloud")
 
 
+
+def cluster_summary(kubelets, nodes, pods) -> tuple[list[dict], dict[str, int]]:
+    """The state summary's nodes (the API's view joined with the kubelet's own) and pod phase counts,
+    whichever API server the objects come from."""
+    kubelet = {k["name"]: k for k in kubelets}
+    rows = []
+    for obj in nodes:
+        status = obj.get("status") or {}
+        ready = next((c["status"] for c in status.get("conditions") or [] if c["type"] == "Ready"), "Unknown")
+        rows.append({**kubelet.get(obj["metadata"]["name"], {"name": obj["metadata"]["name"]}),
+                     "ready": ready, "provider_id": obj["spec"].get("providerID"),
+                     "allocatable_gpu": (status.get("allocatable") or {}).get("nvidia.com/gpu"),
+                     "node_boot_id": (status.get("nodeInfo") or {}).get("bootID"),
+                     "taints": [f"{t['key']}:{t['effect']}" for t in obj["spec"].get("taints") or []]})
+    phases: dict[str, int] = {}
+    for pod in pods:
+        phase = (pod.get("status") or {}).get("phase", "Pending")
+        phases[phase] = phases.get(phase, 0) + 1
+    return rows, phases
+
 class Cloud:
     """Everything one simcloud process holds, wired together but not yet listening."""
 
@@ -107,20 +127,7 @@ class Cloud:
 
     def state(self) -> dict:
         """Instances, nodes (API view joined with the kubelet's own) and pod counts."""
-        kubelet = {k["name"]: k for k in self.kubelets.state()}
-        nodes = []
-        for obj in self.store.peek("nodes"):
-            status = obj.get("status") or {}
-            ready = next((c["status"] for c in status.get("conditions") or [] if c["type"] == "Ready"), "Unknown")
-            nodes.append({**kubelet.get(obj["metadata"]["name"], {"name": obj["metadata"]["name"]}),
-                          "ready": ready, "provider_id": obj["spec"].get("providerID"),
-                          "allocatable_gpu": (status.get("allocatable") or {}).get("nvidia.com/gpu"),
-                          "node_boot_id": (status.get("nodeInfo") or {}).get("bootID"),
-                          "taints": [f"{t['key']}:{t['effect']}" for t in obj["spec"].get("taints") or []]})
-        phases: dict[str, int] = {}
-        for pod in self.store.peek("pods"):
-            phase = (pod.get("status") or {}).get("phase", "Pending")
-            phases[phase] = phases.get(phase, 0) + 1
+        nodes, phases = cluster_summary(self.kubelets.state(), self.store.peek("nodes"), self.store.peek("pods"))
         return {"region": self.fleet.region, "instances": self.cloud.state(), "nodes": nodes, "pods": phases,
                 "faults": self.faults.to_dict(), "watches": self.store.open_watches()}
 
@@ -342,20 +349,9 @@ class RealCloud:
 
     async def state(self) -> dict:
         """The same summary as simcloud's own server, read from the real API server."""
-        kubelet = {k["name"]: k for k in self.kubelets.state()} if self.kubelets else {}
-        nodes = []
-        for obj in (await self._admin_get("/api/v1/nodes")).get("items") or []:
-            status = obj.get("status") or {}
-            ready = next((c["status"] for c in status.get("conditions") or [] if c["type"] == "Ready"), "Unknown")
-            nodes.append({**kubelet.get(obj["metadata"]["name"], {"name": obj["metadata"]["name"]}),
-                          "ready": ready, "provider_id": obj["spec"].get("providerID"),
-                          "allocatable_gpu": (status.get("allocatable") or {}).get("nvidia.com/gpu"),
-                          "node_boot_id": (status.get("nodeInfo") or {}).get("bootID"),
-                          "taints": [f"{t['key']}:{t['effect']}" for t in obj["spec"].get("taints") or []]})
-        phases: dict[str, int] = {}
-        for pod in (await self._admin_get("/api/v1/pods")).get("items") or []:
-            phase = (pod.get("status") or {}).get("phase", "Pending")
-            phases[phase] = phases.get(phase, 0) + 1
+        nodes, phases = cluster_summary(self.kubelets.state() if self.kubelets else [],
+                                        (await self._admin_get("/api/v1/nodes")).get("items") or [],
+                                        (await self._admin_get("/api/v1/pods")).get("items") or [])
         return {"region": self.fleet.region, "instances": self.cloud.state(), "nodes": nodes, "pods": phases,
                 "faults": self.faults.to_dict(), "watches": await self._open_watches(), "kube": "real"}
 
