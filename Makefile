@@ -33,12 +33,14 @@ test-conformance: install
 test-e2e: install
 	$(PY) -m pytest tests/e2e
 
-# Lint: ruff (rules and import order: pyproject.toml), mypy on the pure core, the layer contracts.
+# Lint: ruff (rules and import order: pyproject.toml), mypy on the pure core, the layer contracts, gofmt.
 .PHONY: lint
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
+	@gofmt=$$(dirname "$$(command -v $(GO))")/gofmt; out=$$($$gofmt -l controlplane) || exit 1; \
+	  [ -z "$$out" ] || { echo "gofmt: not formatted: $$out (run gofmt -w controlplane)" >&2; exit 1; }
 
 lock:
 	$(UV) pip compile --quiet -p 3.11 requirements.txt requirements-test.txt -o constraints.txt
