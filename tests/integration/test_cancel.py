@@ -15,7 +15,7 @@ from simcloud.harness import wait_until
 from tests.integration.test_operators import JOB, context, place, release
 
 LONG = {**JOB, "name": "long", "cpu": "100m", "memory": "64Mi", "gpus": 0, "allow_gpu_nodes": True, "replicas": 2,
-        "command": ["python", "-c", "import time\nprint('training', flush=True)\nwhile True: time.sleep(1)"]}
+        "command": ["python", "-c", "import time\nprint('training', flush=True)\nwhile True: time.sleep(1)"]}  # sleep-ok: the pod's own workload
 
 
 def running_pods(job_id: str) -> list[str]:

@@ -4,13 +4,13 @@ between tests removes what a test made (a fresh plane per test would cost ~10 s 
 from __future__ import annotations
 
 import contextlib
-import time
 from pathlib import Path
 
 import kubernetes
 import yaml
 from kubernetes.client.rest import ApiException
 
+from simcloud.harness import wait_until
 from simcloud.real_control_plane import RealControlPlane, controlplane_binary
 
 
@@ -53,15 +53,15 @@ class RealK8s:
         v1 = self.core_v1()
         with contextlib.suppress(ApiException):
             v1.create_namespace({"metadata": {"name": name}})
-        deadline = time.monotonic() + 30
-        while True:
+
+        def has_default_account() -> bool:
             try:
-                v1.read_namespaced_service_account("default", name)
-                return
+                return bool(v1.read_namespaced_service_account("default", name))
             except ApiException:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+                return False
+
+        wait_until(has_default_account, timeout=30, interval=0.1,
+                   message=f"namespace {name} got no default ServiceAccount within 30 s")
 
     def reset(self) -> None:
         """Remove the manifests' objects (namespaces stay), every pod, ConfigMap of the tests and Node."""

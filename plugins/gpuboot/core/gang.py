@@ -40,14 +40,14 @@ DRAFT_HOST = "draft-node"         # the placeholder node a draft gang is pinned 
 DRAFT_MASTER = "192.0.2.1"        # ... and its ranks' MASTER_ADDR (TEST-NET-1: never routed)
 
 
-def draft_gang(spec: JobSpec, job_id: str, attempt: int = 1) -> list[dict]:
+def draft_gang(spec: JobSpec, job_id: str, attempt: int = 1, ranks: Sequence[int] | None = None) -> list[dict]:
     """The pods launch will create for `spec`, before any node is chosen: the same manifests,
     pinned to a placeholder node. What the API server refuses in them (a server-side dry run at
     place time) it would refuse at launch, after a node was booted for nothing."""
     requests = spec.requests()
     draft = Plan(job_id, Outcome.FITS, "draft", tuple(
         Assignment(task, DRAFT_HOST, DRAFT_HOST, None, NodeState.READY, requests) for task in spec.task_names()))
-    return gang_pods(spec, draft, attempt, DRAFT_MASTER)
+    return gang_pods(spec, draft, attempt, DRAFT_MASTER, ranks)
 
 
 # Where a refused field of a pod comes from in the job spec (the first match wins).

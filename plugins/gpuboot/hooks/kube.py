@@ -31,8 +31,7 @@ PAGE = 500
 JOB_POD_RIGHTS = (("", "pods", "create"), ("", "pods", "get"), ("", "pods", "watch"), ("", "pods", "patch"),
                   ("", "pods", "delete"), ("", "pods/log", "get"), ("", "events", "list"), ("", "events", "watch"))
 
-
-REFUSED = (400, 422)
+REFUSED = (400, 422)         # statuses no retry can change: InvalidRequest
 
 
 def _raw(response) -> dict:

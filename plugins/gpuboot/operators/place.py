@@ -105,7 +105,7 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
         with a node up and paid for. Its message names the field; a refusal ends the task without
         retries (the same pod is refused every time)."""
         kube = self.kube()
-        for pod in draft_gang(spec, job_id)[:2]:     # rank 0 and one other: the ranks differ only in RANK
+        for pod in draft_gang(spec, job_id, ranks=range(2)):    # rank 0 and one other: ranks differ in RANK only
             refused = kube.refusal_of_pod(spec.namespace, pod)
             if refused is not None:
                 fields = sorted({f for f in map(spec_field, refused.fields or (None,)) if f})

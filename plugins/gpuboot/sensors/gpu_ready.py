@@ -270,33 +270,32 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
                                f"{ALREADY_UP_GRACE_SECONDS}s: {reason}; ")
         what += f"last seen: {describe_evidence(evidence)}\n{where_to_look(node, evidence)}"
         self.log.warning("%s", what)
-        boot = self._boot(state)
-        if boot is None:
-            raise refusal(self, context, what)
         _, timeout = self._timing()
         why = f"not GPU-ready within {duration(timeout)} ({reason})" if booted else f"not GPU-ready although up ({reason})"
-        plan = Plan.from_json(state.plan)
-        try:
-            return self.bring_up_or_wait(
-                boot, lambda: boot.fail_over(plan, {node: why}, state.tried, {node: {**baseline, **evidence}}),
-                None, "resume_after_capacity")
-        except AirflowFailException as exc:   # nothing left to move to: the run fails, holding nothing
-            raise refusal(self, context, f"{what}\n{exc}") from None
+        return self._place_again(context, state, node, why, what, {node: {**baseline, **evidence}})
 
     def _move_off(self, context, state: WaitState, node: str, why: str) -> BringUp:
         """The node's instance was stopped outside gpuboot: not the node's fault, so it is neither
         marked for other jobs nor failed for this one; the job is placed again at once (counted
         against max_boot_attempts), or waits for capacity like the start step."""
         self.log.warning("%s; placing the job again", why)
+        return self._place_again(context, state, node, why, why, None, blame=False)
+
+    def _place_again(self, context, state: WaitState, node: str, why: str, what: str,
+                     evidence: Mapping | None, blame: bool = True) -> BringUp:
+        """Move the job off `node` (JobBoot.fail_over), or wait for busy capacity like the start step;
+        when nothing is left to move to (or the sensor was wired without the job), the task fails with
+        `what`, holding nothing."""
         boot = self._boot(state)
         if boot is None:
-            raise refusal(self, context, why)
+            raise refusal(self, context, what)
         plan = Plan.from_json(state.plan)
         try:
-            return self.bring_up_or_wait(boot, lambda: boot.fail_over(plan, {node: why}, state.tried, blame=False),
-                                         None, "resume_after_capacity")
-        except AirflowFailException as exc:
-            raise refusal(self, context, f"{why}\n{exc}") from None
+            return self.bring_up_or_wait(
+                boot, lambda: boot.fail_over(plan, {node: why}, state.tried, evidence, blame=blame),
+                None, "resume_after_capacity")
+        except AirflowFailException as exc:   # nothing left to move to: the run fails, holding nothing
+            raise refusal(self, context, f"{what}\n{exc}") from None
 
     def _cleared(self, context, evidence: dict, state: WaitState) -> list[str]:
         context["ti"].xcom_push(key="evidence", value=evidence)

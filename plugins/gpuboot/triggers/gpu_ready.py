@@ -40,6 +40,7 @@ class PowerWatch:
         self.ecs_conn_id, self.start_requested_at, self.read_node = ecs_conn_id, start_requested_at, read_node
         self.checked = -math.inf
         self.instance_id: str | None = None
+        self._ecs = None        # one hook (its connection read and SDK client built once) for every check
 
     def _due_in(self, node: Mapping | None, now: float) -> float:
         """Seconds until ECS may be asked again (<= 0: now): never within the start's grace."""
@@ -66,7 +67,7 @@ class PowerWatch:
         if self.instance_id is None:
             return None
         try:
-            status = await asyncio.to_thread(_instance_status, self.ecs_conn_id, self.instance_id)
+            status = await asyncio.to_thread(self._status)
         except Exception:       # throttled, or ECS away: the Node rule still decides; ask again later
             return None
         if status in self.STOPPED:
@@ -74,11 +75,13 @@ class PowerWatch:
                     f"a spot reclaim) while the job waited for it; no Node state can pass the rule now")
         return None
 
+    def _status(self) -> str | None:
+        """The instance's ECS status (in a worker thread: the SDK blocks)."""
+        if self._ecs is None:
+            from gpuboot.hooks.ecs import EcsHook
 
-def _instance_status(ecs_conn_id: str, instance_id: str) -> str | None:
-    from gpuboot.hooks.ecs import EcsHook
-
-    return EcsHook(ecs_conn_id).statuses([instance_id]).get(instance_id)
+            self._ecs = EcsHook(self.ecs_conn_id)
+        return self._ecs.statuses([self.instance_id]).get(self.instance_id)
 
 
 class NodeGpuReadyTrigger(BaseTrigger):

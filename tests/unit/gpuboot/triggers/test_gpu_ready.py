@@ -5,7 +5,6 @@ import asyncio
 
 import pytest
 
-from gpuboot.triggers import gpu_ready
 from gpuboot.triggers.gpu_ready import PowerWatch
 
 T0 = 1_800_000_000.0
@@ -18,11 +17,11 @@ READY = {**NODE, "status": {"conditions": [{"type": "Ready", "status": "True"}]}
 def asked(monkeypatch) -> list[str]:
     calls: list[str] = []
 
-    def status(conn_id, instance_id):
-        calls.append(instance_id)
+    def status(watch):
+        calls.append(watch.instance_id)
         return "Stopped"
 
-    monkeypatch.setattr(gpu_ready, "_instance_status", status)
+    monkeypatch.setattr(PowerWatch, "_status", status)
     return calls
 
 
