@@ -31,6 +31,11 @@ class PriceCache:
         self._entries: dict[tuple[str, str, str], tuple[float, float | None]] = {}
         self._lock = threading.Lock()
 
+    def clear(self) -> None:
+        """Forget every answer (tests start from an empty cache)."""
+        with self._lock:
+            self._entries.clear()
+
     def prices(self, ecs: Ecs, offerings: Iterable[tuple[str, str | None]], region: str = "") -> dict:
         """{(instance type, zone): price or None} for each offering, asking ECS only for stale ones."""
         now = self._clock()

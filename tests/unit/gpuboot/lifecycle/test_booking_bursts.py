@@ -13,6 +13,7 @@ from gpuboot.core.inventory import backed_tasks, build_inventory, with_reservati
 from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.model import LABEL_JOB, LABEL_TASK, Reservation
 from gpuboot.core.resources import Resources
+from gpuboot.exceptions import EcsError
 from gpuboot.hooks.kube import Conflict
 from gpuboot.lifecycle.booking import SURVEY_MAX_AGE_SECONDS, Booker, LedgerContended
 from gpuboot.lifecycle.ledger import (
@@ -94,6 +95,9 @@ class Cluster:
 
     def describe_instance_types(self, ids):
         return {t: TYPES[t] for t in ids if t in TYPES}
+
+    def describe_price(self, instance_type, zone):
+        raise EcsError("permanent", "InvalidInstanceType.ValueNotSupported", "no price here: ranked by GPUs")
 
 
 def booker(cluster: Cluster, clock: Clock, **kw) -> Booker:
