@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuboot.lifecycle.pricing import PRICES
 from simcloud.harness import SimCloud, small_fleet, wait_until  # noqa: F401  (re-exported for tests)
 
 # The local cloud boots a node in seconds, not the minute an ECS GPU instance needs: let the
@@ -79,3 +80,13 @@ def simcloud_factory(tmp_path):
                                                       **kwargs))
 
         yield start
+
+
+@pytest.fixture(autouse=True)
+def fresh_price_cache():
+    """The process-wide price cache starts empty for every test: a test whose ECS (fake or simcloud
+    fleet) prices a type differently, or not at all, sees its own answers whatever ran before it
+    in the same worker."""
+    PRICES.clear()
+    yield
+    PRICES.clear()
