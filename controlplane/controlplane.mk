@@ -75,7 +75,10 @@ $(CONTROLPLANE_BIN):
 RESILIENCE := tests/integration/test_resilience.py
 TRIGGER := tests/integration/test_trigger.py
 SCALEDOWN := tests/integration/test_scaledown.py
-REAL_K8S_TESTS := tests/e2e/test_gpu_job.py tests/e2e/test_gang.py::test_a_gang_boots_both_nodes_and_its_ranks_rendezvous \
+# simcloud's own conformance tests marked both_backends: the same assertions against kube-apiserver itself.
+REAL_K8S_CONFORMANCE := tests/conformance/test_k8s_api.py tests/conformance/test_k8s_auth.py \
+  tests/conformance/test_k8s_kubectl.py tests/conformance/test_k8s_validation.py
+REAL_K8S_TESTS := $(REAL_K8S_CONFORMANCE) tests/e2e/test_gpu_job.py tests/e2e/test_gang.py::test_a_gang_boots_both_nodes_and_its_ranks_rendezvous \
   tests/integration/test_rbac.py tests/integration/test_ledger.py $(RESILIENCE) \
   $(TRIGGER)::test_trigger_waits_through_stale_and_zero_and_fires_on_the_fast_path \
   $(TRIGGER)::test_a_node_stopped_longer_than_the_watch_history_is_still_watched_through_its_reset \
@@ -89,7 +92,8 @@ REAL_K8S_TESTS := tests/e2e/test_gpu_job.py tests/e2e/test_gang.py::test_a_gang_
 REAL_K8S_LEFT_OUT := the gang's failed-rank retry (seen once, under heavy load, to wait out its boot timeout for a \
   GPU reset the HTTP kubelet had not written: to be understood; it passes alone), the other cases of test_trigger and test_scaledown (they pass on the real \
   backend too: pytest --kube=real FILE), the rest of tests/integration and tests/e2e (same adapters and DAGs \
-  through the same calls), tests/conformance (simcloud's own server), stress, distributed, chaos, bench
+  through the same calls), the conformance tests not marked both_backends (they reach into simcloud's store, \
+  faults or kubelets), stress, distributed, chaos, bench
 test-real-k8s: install controlplane
 	GPUBOOT_REAL_K8S=1 GPUBOOT_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) $(PY) -m pytest tests/real_k8s
 	@echo "test-real-k8s: product tests on the real control plane; left out: $(REAL_K8S_LEFT_OUT)"

@@ -55,6 +55,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from simcloud.kube.auth import PUBLIC_PATHS
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BINARY_ENV = "GPUBOOT_CONTROLPLANE_BIN"
 BINARY_PATH_FILE = REPO_ROOT / ".tools" / "controlplane-bin"   # written by `make controlplane`
@@ -297,6 +299,7 @@ class RealControlPlane:
         self.kubeconfig_dir = self.workdir / "kubeconfigs"
         self.etcd_dir = self.workdir / "etcd"
         self.token_file = self.workdir / "tokens.csv"
+        self.authn_config = self.workdir / "authentication.json"
         self.admin = self.add_token("admin", ["system:masters"], name="admin")
         self.controller_manager_identity = self.add_token("system:kube-controller-manager",
                                                           name="kube-controller-manager")
@@ -411,9 +414,19 @@ class RealControlPlane:
         self.kubelet_cert = self.pki.issue("kubelet", "simcloud-kubelet", ips=[HOST, *self.kubelet_ips])
         self.pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", server=False,
                        organization="system:masters")
+        self.authn_config.write_text(json.dumps(self.authentication_configuration(), indent=1))
         self.token_file.touch(mode=0o600)
         self.token_file.write_text("".join(
             f'{i.token},{i.user},{i.uid},"{",".join(i.groups)}"\n' for i in self.identities.values()))
+
+    @staticmethod
+    def authentication_configuration() -> dict:
+        """Anonymous requests only on the public health and version paths (structured authentication's
+        `anonymous.conditions`), the hardened set-up simcloud's own server models: a request without a
+        token elsewhere is 401, as there, rather than the 403 of the flag's default (anonymous everywhere)."""
+        return {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "AuthenticationConfiguration",
+                "anonymous": {"enabled": True,
+                              "conditions": [{"path": p} for p in dict.fromkeys(p.rstrip("/") for p in PUBLIC_PATHS)]}}
 
     def _write_kubeconfigs(self) -> None:
         for identity in self.identities.values():
@@ -570,6 +583,7 @@ class RealControlPlane:
             f"--tls-cert-file={self.pki.serving_cert}", f"--tls-private-key-file={self.pki.serving_key}",
             f"--client-ca-file={self.pki.ca_cert}",
             f"--token-auth-file={self.token_file}",
+            f"--authentication-config={self.authn_config}",
             "--authorization-mode=Node,RBAC",
             "--enable-admission-plugins=NodeRestriction",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",

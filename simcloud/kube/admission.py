@@ -11,9 +11,18 @@ from decimal import Decimal, InvalidOperation
 from simcloud.kube.errors import invalid
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_LABEL_MSG = ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start "
-              "and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is "
-              "'[a-z0-9]([-a-z0-9]*[a-z0-9])?')")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+LABEL_MSG = ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start "
+             "and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is "
+             "'[a-z0-9]([-a-z0-9]*[a-z0-9])?')")
+
+
+def dns_label_errors(value: str) -> list[str]:
+    """IsDNS1123Label as 1.37 words it: a name that is a valid subdomain fails only for its dots."""
+    errors = ["must be no more than 63 bytes"] if len(value) > 63 else []
+    if not _DNS_LABEL.match(value):
+        errors.append("must not contain dots" if DNS_SUBDOMAIN.match(value) else LABEL_MSG)
+    return errors
 
 _SUFFIXES = {
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
@@ -120,8 +129,9 @@ def _validate_containers(name: str, spec: dict) -> None:
             cname = c.get("name") if isinstance(c, dict) else None
             if not cname:
                 causes.append((f"{path}.name", "FieldValueRequired", "Required value"))
-            elif not _DNS_LABEL.match(cname):
-                causes.append((f"{path}.name", "FieldValueInvalid", f'Invalid value: "{cname}": {_LABEL_MSG}'))
+            elif dns_label_errors(cname):
+                causes += [(f"{path}.name", "FieldValueInvalid", f'Invalid value: "{cname}": {e}')
+                           for e in dns_label_errors(cname)]
             elif cname in seen:
                 causes.append((f"{path}.name", "FieldValueDuplicate", f'Duplicate value: "{cname}"'))
             seen.add(cname)

@@ -26,15 +26,16 @@ from simcloud.config import Faults
 from simcloud.kube import openapi, protobuf, validation
 from simcloud.kube.auth import Auth, request_attributes, token_request
 from simcloud.kube.errors import ApiError
-from simcloud.kube.resources import RESOURCES, ResourceInfo
+from simcloud.kube.resources import KUBERNETES_VERSION, RESOURCES, ResourceInfo
 from simcloud.kube.selectors import SelectorError, parse_field_selector, parse_label_selector
 from simcloud.kube.store import Store, WatchEvent, conflict, not_found, now_rfc3339
 from simcloud.kube.tables import make_table
 
 log = logging.getLogger("simcloud.k8s")
 
-SERVER_VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.4", "gitCommit": "simcloud",
-                  "gitTreeState": "clean", "buildDate": "2025-04-22T16:03:12Z", "goVersion": "go1.23.6",
+SERVER_VERSION = {"major": "1", "minor": KUBERNETES_VERSION.split(".")[1], "gitVersion": KUBERNETES_VERSION,
+                  "gitCommit": "simcloud", "gitTreeState": "clean", "buildDate": "1970-01-01T00:00:00Z",
+                  "goVersion": "go1.26.0",
                   "compiler": "gc", "platform": "linux/amd64"}
 DEFAULT_WATCH_TIMEOUT = 1800.0        # the real server picks 30-60 minutes
 BOOKMARK_EVERY = 60.0                 # the watch cache's bookmarkFrequency (when bookmarks are allowed)
@@ -325,7 +326,8 @@ class K8sApi:
         if token:   # later pages report the first page's resourceVersion, like the real server's snapshot
             rv, after = _decode_continue(token)
         page = self.store.page(target.resource, target.namespace, query.get("labelSelector"),
-                               query.get("fieldSelector"), after=after, limit=_int_param(query, "limit"))
+                               query.get("fieldSelector"), after=after, limit=_int_param(query, "limit"),
+                               at=int(rv) if token else None)
         items, remaining = page.items, page.remaining
         next_token = _encode_continue(rv, self.store.key_of(items[-1])) if page.more else None
         table = _table_version(request.headers.get("Accept", ""))
@@ -363,7 +365,8 @@ class K8sApi:
     async def create_token(self, request: web.Request, target: Target) -> web.Response:
         """TokenRequest (`kubectl create token SA`): a bearer token for an existing ServiceAccount."""
         spec = self._decode(await request.read()).get("spec")
-        token = self.auth.issue_token(target.namespace or "default", target.name)
+        audiences = spec.get("audiences") if isinstance(spec, dict) else None
+        token = self.auth.issue_token(target.namespace or "default", target.name, audiences)
         return _json(token_request(token, spec if isinstance(spec, dict) else None, now_rfc3339(TOKEN_SECONDS)), 201)
 
     async def delete(self, request: web.Request, target: Target, dry_run: bool = False) -> web.Response:
@@ -551,7 +554,8 @@ class K8sApi:
 
     @staticmethod
     async def _send_event(send, event: WatchEvent, matches) -> bool:
-        """Send `event` as the watcher sees it through its selectors (moving out of a selector is DELETED)."""
+        """Send `event` as the watcher sees it through its selectors (moving out of a selector is DELETED,
+        carrying the object as it was when it last matched, as the watch cache does)."""
         now_matches, was_matching = matches(event.obj), matches(event.old)
         if event.type == "DELETED":
             kind = "DELETED" if was_matching or now_matches else None
@@ -561,6 +565,10 @@ class K8sApi:
             kind = "MODIFIED" if was_matching else "ADDED"
         else:
             kind = "DELETED" if was_matching else None
+            if kind:    # leaving the selector: the object as it last matched, at the change's version
+                await send(kind, {**event.old, "metadata": {**event.old["metadata"],
+                                                           "resourceVersion": event.obj["metadata"]["resourceVersion"]}})
+                return True
         if kind:
             await send(kind, event.obj)
         return kind is not None

@@ -28,6 +28,7 @@ UNAUTHENTICATED = "system:unauthenticated"
 ANONYMOUS = "system:anonymous"
 SA_PREFIX = "system:serviceaccount:"
 PUBLIC_PATHS = ("/healthz", "/livez", "/readyz", "/version", "/version/")
+API_AUDIENCE = "https://kubernetes.default.svc.cluster.local"   # the issuer: --api-audiences' default
 _RBAC = "rbac.authorization.k8s.io"
 
 
@@ -313,7 +314,7 @@ class Auth:
         self.store = store
         self.admin_token = admin_token or secrets.token_hex(16)
         self.authorizer = Authorizer(store)
-        self._sa_tokens: dict[str, tuple[str, str, str]] = {}    # token -> (namespace, name, uid)
+        self._sa_tokens: dict[str, tuple[str, str, str, tuple[str, ...]]] = {}   # token -> (ns, name, uid, audiences)
         for role in BOOTSTRAP_ROLES:
             store.create("clusterroles", role)
         for binding in BOOTSTRAP_BINDINGS:
@@ -332,9 +333,9 @@ class Auth:
         if secrets.compare_digest(token, self.admin_token):
             return User(ADMIN_USER, (MASTERS, AUTHENTICATED))
         bound = self._sa_tokens.get(token)
-        if bound is None:
+        if bound is None or API_AUDIENCE not in bound[3]:      # minted for another audience: not for us
             raise unauthorized()
-        namespace, name, uid = bound
+        namespace, name, uid, _ = bound
         try:
             account = self.store.read("serviceaccounts", namespace, name)
         except ApiError:
@@ -344,11 +345,12 @@ class Auth:
             raise unauthorized()
         return service_account_user(namespace, name, uid)
 
-    def issue_token(self, namespace: str, name: str) -> str:
-        """A new token for an existing ServiceAccount (404 when it does not exist)."""
+    def issue_token(self, namespace: str, name: str, audiences: Iterable[str] | None = None) -> str:
+        """A new token for an existing ServiceAccount (404 when it does not exist), valid for `audiences`
+        (default: the API server's own); the API server accepts it only when it is one of them."""
         account = self.store.read("serviceaccounts", namespace, name)
         token = secrets.token_urlsafe(32)
-        self._sa_tokens[token] = (namespace, name, account["metadata"]["uid"])
+        self._sa_tokens[token] = (namespace, name, account["metadata"]["uid"], tuple(audiences or (API_AUDIENCE,)))
         return token
 
     def impersonate(self, user: User, headers) -> User:
@@ -449,7 +451,6 @@ def service_account_user(namespace: str, name: str, uid: str = "") -> User:
 def token_request(token: str, spec: dict | None, expires: str) -> dict:
     """The authentication.k8s.io/v1 TokenRequest answer (`kubectl create token`)."""
     return {"kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1", "metadata": {"creationTimestamp": None},
-            "spec": {"audiences": ["https://kubernetes.default.svc.cluster.local"], "expirationSeconds": 3600,
-                     **(spec or {})},
+            "spec": {"expirationSeconds": 3600, **(spec or {}), "audiences": (spec or {}).get("audiences") or [API_AUDIENCE]},
             "status": {"token": token, "expirationTimestamp": expires}}
 

@@ -23,8 +23,10 @@ class ApiError(Exception):
 
 
 def invalid(kind: str, name: str, causes: list[tuple[str, str, str]]):
-    """Build the 422 Invalid ApiError: causes are (field, reason, message)."""
-    text = ", ".join(f"{f}: {m}" for f, _, m in causes)
+    """Build the 422 Invalid ApiError: causes are (field, reason, message). Several causes are listed in
+    brackets, one is not (field.ErrorList's aggregate, as kube-apiserver words it)."""
+    parts = [f"{f}: {m}" for f, _, m in causes]
+    text = parts[0] if len(parts) == 1 else "[" + ", ".join(parts) + "]"
     return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {text}', {
         "name": name, "kind": kind,
         "causes": [{"reason": r, "message": m, "field": f} for f, r, m in causes]})

@@ -18,7 +18,10 @@ monitorNodeHealth does:
   apiserver gives every pod 300 s for not-ready/unreachable unless it says otherwise). A pod on a node whose kubelet
   is gone then stays Terminating until the node comes back or it is force-deleted.
 
-The controller owns only those two taint keys; taints from the fleet file or users stay.
+* A cordoned node (spec.unschedulable) carries node.kubernetes.io/unschedulable:NoSchedule, written and
+  removed by the same pass (doNoScheduleTaintingPass): it outlives an uncordon by up to one period.
+
+The controller owns only those three taint keys; taints from the fleet file or users stay.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ log = logging.getLogger("simcloud.kube.node_lifecycle")
 
 UNREACHABLE = "node.kubernetes.io/unreachable"
 NOT_READY = "node.kubernetes.io/not-ready"
+UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
 LEASE_NAMESPACE = "kube-node-lease"
 CONDITION_TYPES = ("MemoryPressure", "DiskPressure", "PIDPressure", "Ready")
 _TAINT_FOR = {"Unknown": UNREACHABLE, "False": NOT_READY, "True": None}
@@ -64,6 +68,23 @@ def set_lifecycle_taint(obj: dict, key: str | None, effect: str, now: str) -> No
         spec["taints"] = kept
     else:
         spec.pop("taints", None)
+
+
+def set_cordon_taint(obj: dict, now: str) -> None:
+    """node.kubernetes.io/unschedulable:NoSchedule present exactly while spec.unschedulable is true."""
+    spec = obj["spec"]
+    kept = [t for t in spec.get("taints") or [] if t.get("key") != UNSCHEDULABLE]
+    if spec.get("unschedulable"):
+        kept.append({"key": UNSCHEDULABLE, "effect": "NoSchedule", "timeAdded": now})
+    if kept:
+        spec["taints"] = kept
+    else:
+        spec.pop("taints", None)
+
+
+def _cordon_taint_wrong(node: dict) -> bool:
+    spec = node.get("spec") or {}
+    return bool(spec.get("unschedulable")) != any(t.get("key") == UNSCHEDULABLE for t in spec.get("taints") or ())
 
 
 def ready_status(node: dict) -> str:
@@ -139,6 +160,9 @@ class NodeLifecycleController:
 
     def _check(self, name: str, now: float) -> None:
         node = self.store.read("nodes", None, name)
+        if _cordon_taint_wrong(node):
+            stamp = now_rfc3339()
+            self._write(name, lambda obj: set_cordon_taint(obj, stamp))
         heartbeat = next((c.get("lastHeartbeatTime") for c in node["status"].get("conditions") or []
                           if c.get("type") == "Ready"), None)
         renewed = self._renew_time(name)

@@ -24,7 +24,7 @@ import re
 from functools import cache
 from pathlib import Path
 
-from simcloud.kube.resources import RESOURCES, ResourceInfo
+from simcloud.kube.resources import KUBERNETES_VERSION, RESOURCES, ResourceInfo
 
 FIELDS_FILE = Path(__file__).with_name("fields.json")
 
@@ -137,7 +137,7 @@ def _documents() -> dict[str, bytes]:
             base = f"/{prefix}/namespaces/{{namespace}}/{info.name}" if info.namespaced else f"/{prefix}/{info.name}"
             paths[base] = {"post": _operation(info, "post")}
             paths[f"{base}/{{name}}"] = {"put": _operation(info, "put"), "patch": _operation(info, "patch")}
-        docs[prefix] = json.dumps({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.32.4"},
+        docs[prefix] = json.dumps({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": KUBERNETES_VERSION},
                                    "paths": paths}).encode()
     return docs
 
@@ -164,7 +164,7 @@ def v3_root() -> dict:
 # a response's Content-Type; the server answers with the dotted spelling, as kube-openapi does.
 V2_PROTOBUF_ASKED = ("com.github.proto-openapi.spec.v2@v1.0+protobuf", "com.github.proto-openapi.spec.v2.v1.0+protobuf")
 V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
-_INFO = {"title": "Kubernetes", "version": "v1.32.4"}
+_INFO = {"title": "Kubernetes", "version": KUBERNETES_VERSION}
 _QUERY_PARAMETERS = ("dryRun", "fieldManager", "fieldValidation")
 
 

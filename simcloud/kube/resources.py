@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The release whose behaviour simcloud answers with (checked against the real one: make test-real-k8s).
+KUBERNETES_VERSION = "v1.37.2"
+
 
 @dataclass(frozen=True)
 class ResourceInfo:

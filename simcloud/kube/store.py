@@ -20,6 +20,7 @@ Everything runs in one asyncio loop, so there are no locks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 import uuid
@@ -38,6 +39,7 @@ from simcloud.kube.selectors import SelectorError, parse_field_selector, parse_l
 
 HISTORY_LIMIT = 10_000
 HISTORY_SECONDS = 300.0     # kube-apiserver --etcd-compaction-interval default
+NAMESPACE_FINALIZE_SECONDS = 5.0   # a deleted namespace stays Terminating this long at least (1.37: ~5 s)
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
 
@@ -121,6 +123,7 @@ class Store:
         self._aged_rv = 0                                    # newest rv compacted by age (all resources)
         self._subscribers: dict[str, list[_Subscriber]] = {name: [] for name in RESOURCES}
         self._event_keys: dict[tuple, tuple[str, str]] = {}
+        self._terminating: dict[str, float] = {}      # namespace -> when its finalizer may be removed
         self.defaulters = dict(admission.DEFAULTERS)   # per resource; the server configures some
         for ns in INITIAL_NAMESPACES:
             self.create("namespaces", {"metadata": {"name": ns}})
@@ -141,6 +144,8 @@ class Store:
         return ((namespace or "default") if RESOURCES[resource].namespaced else "", name)
 
     def _stored(self, resource: str, namespace: str | None, name: str) -> dict:
+        if self._terminating:
+            self._finalize_namespaces()
         obj = self._objects[self.info(resource).name].get(self._key(resource, namespace, name))
         if obj is None:
             raise not_found(resource, name)
@@ -190,19 +195,26 @@ class Store:
 
     def page(self, resource: str, namespace: str | None = None, label_selector: str | None = None,
              field_selector: str | None = None, *, after: tuple[str, str] | None = None,
-             limit: int | None = None) -> Page:
-        """Up to `limit` matching stored objects (read-only) with keys after `after`, in key order.
+             limit: int | None = None, at: int | None = None) -> Page:
+        """Up to `limit` matching stored objects (read-only) with keys after `after`, in key order;
+        `at`: as they were at that resourceVersion (a `continue` page reads the first page's snapshot,
+        as etcd serves it; 410 Expired once the history that rebuilds it is gone).
 
         Costs O(log n) to find the start plus the objects scanned, so paging through a
         resource is linear overall (the list verb's `limit`/`continue`).
         """
         info = self.info(resource)
+        if self._terminating:
+            self._finalize_namespaces()
         try:
             labels = parse_label_selector(label_selector)
             fields = parse_field_selector(field_selector, resource)
         except SelectorError as exc:
             raise ApiError(400, "BadRequest", str(exc)) from None
-        keys = self._keys[resource]
+        if at is not None and at < self._rv:
+            keys, objects = self._as_of(info.name, at)
+        else:
+            keys, objects = self._keys[info.name], self._objects[info.name]
         name = fields.value_for("metadata.name")
         if name is not None:   # one-object lookups (a watch of one node) need no scan
             if info.namespaced and namespace:
@@ -211,7 +223,7 @@ class Store:
                 keys = [k for k in keys if k[1] == name]
             else:
                 keys = [("", name)]
-            keys = [k for k in keys if k in self._objects[resource]]
+            keys = [k for k in keys if k in objects]
             lo, hi = 0, len(keys)
         elif info.namespaced and namespace:
             lo, hi = bisect_left(keys, (namespace,)), bisect_left(keys, (namespace + "\0",))
@@ -219,7 +231,7 @@ class Store:
             lo, hi = 0, len(keys)
         if after is not None:
             lo = max(lo, bisect_right(keys, tuple(after)))
-        objects, items = self._objects[resource], []
+        items = []
         filtered = not (labels.empty and fields.empty)
         i = lo
         while i < hi:
@@ -230,6 +242,25 @@ class Store:
                 items.append(obj)
             i += 1
         return Page(items, False, 0)
+
+    def _as_of(self, resource: str, at: int) -> tuple[list[tuple[str, str]], dict[tuple[str, str], dict]]:
+        """The sorted keys and objects of `resource` at resourceVersion `at`: today's with every later
+        change undone, newest first (an ADDED did not exist then; a MODIFIED or DELETED one was its `old`)."""
+        if at < self.oldest_watchable(resource):
+            raise ApiError(410, "Expired", "The provided continue parameter is too old to display a consistent "
+                                           "list result. You can start a new list without the continue parameter.")
+        then: dict[tuple[str, str], dict | None] = {}
+        for event in reversed(self._history[resource]):
+            if event.rv <= at:
+                break
+            then[self.key_of(event.obj)] = event.old if event.type != "ADDED" else None
+        if not then:
+            return self._keys[resource], self._objects[resource]
+        objects = {**self._objects[resource], **{k: o for k, o in then.items() if o is not None}}
+        for key, was in then.items():
+            if was is None:
+                objects.pop(key, None)
+        return sorted(objects), objects
 
     @staticmethod
     def key_of(obj: dict) -> tuple[str, str]:
@@ -248,8 +279,16 @@ class Store:
         meta = obj.setdefault("metadata", {})
         if info.namespaced:
             namespace = meta.setdefault("namespace", "default")
+            if self._terminating:
+                self._finalize_namespaces()
             if ("", namespace) not in self._objects["namespaces"]:
                 raise not_found("namespaces", namespace)
+            if namespace in self._terminating:          # the NamespaceLifecycle admission plugin
+                raise ApiError(403, "Forbidden", f'{info.name} "{meta.get("name") or meta.get("generateName", "")}" is '
+                               f"forbidden: unable to create new content in namespace {namespace} because it is "
+                               "being terminated", {"name": meta.get("name", ""), "kind": info.name, "causes": [{
+                                   "reason": "NamespaceTerminating", "field": "metadata.namespace",
+                                   "message": f"namespace {namespace} is being terminated"}]})
         else:
             meta.pop("namespace", None)
         if not meta.get("name"):
@@ -257,20 +296,26 @@ class Store:
                 raise invalid(info.kind, "", [("metadata.name", "FieldValueRequired",
                                                "Required value: name or generateName is required")])
             meta["name"] = meta["generateName"] + _random_suffix()
-        validation.check_name(info, meta["name"])
+        bad_name = validation.name_causes(info, meta["name"])
         key = self._key(resource, meta.get("namespace"), meta["name"])
-        if key in self._objects[resource]:
+        if not bad_name and key in self._objects[resource]:
             raise ApiError(409, "AlreadyExists", f'{info.name} "{meta["name"]}" already exists',
                            {"name": meta["name"], "kind": info.name})
         obj["kind"], obj["apiVersion"] = info.kind, info.api_version
         if resource in self.defaulters:
-            self.defaulters[resource](obj)
+            try:
+                self.defaulters[resource](obj)
+            except ApiError as refused:      # the defaulter's own checks (containers) join the name's
+                causes = [(c["field"], c["reason"], c["message"]) for c in (refused.details or {}).get("causes", [])]
+                if refused.code != 422 or not bad_name:
+                    raise
+                raise invalid(info.kind, meta["name"], [*bad_name, *causes]) from None
         for transient in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"):
             meta.pop(transient, None)
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_rfc3339()
         meta["generation"] = 1
-        validation.validate(info, obj)
+        validation.validate(info, obj, first=bad_name)
         if dry_run:
             return clone(obj)
         return clone(self._commit(resource, key, obj, None))
@@ -361,6 +406,8 @@ class Store:
                                                f"in precondition: {expected}, {field_name} in object meta: {meta.get(field_name)}")
         if dry_run:
             return clone(current)
+        if resource == "namespaces":
+            return self._terminate_namespace(current)
         if resource == "pods" and current["spec"].get("nodeName") and not _is_terminal(current):
             grace = grace_period_seconds
             if grace is None:
@@ -375,6 +422,44 @@ class Store:
                     pod["metadata"]["deletionGracePeriodSeconds"] = grace
                 return self.mutate(resource, namespace, name, mark)
         return self._remove(resource, current)
+
+    def _terminate_namespace(self, current: dict) -> dict:
+        """A deleted namespace turns Terminating (new content refused with 403), its content is deleted
+        (bound pods gracefully, through their kubelet), and the namespace itself goes once that content is
+        gone and NAMESPACE_FINALIZE_SECONDS have passed, as the namespace controller does it."""
+        name = current["metadata"]["name"]
+        if name in self._terminating:
+            return clone(current)
+        self._terminating[name] = self._clock() + NAMESPACE_FINALIZE_SECONDS
+
+        def terminating(ns: dict) -> None:
+            ns["metadata"]["deletionTimestamp"] = now_rfc3339()
+            ns["metadata"]["deletionGracePeriodSeconds"] = 0
+            ns.setdefault("spec", {})["finalizers"] = ["kubernetes"]
+            ns.setdefault("status", {})["phase"] = "Terminating"
+        marked = self.mutate("namespaces", None, name, terminating)
+        for resource, info in RESOURCES.items():
+            if info.namespaced:
+                for obj in list(self._namespace_content(resource, name)):
+                    with contextlib.suppress(ApiError):
+                        self.delete(resource, name, obj["metadata"]["name"])
+        return marked
+
+    def _namespace_content(self, resource: str, namespace: str) -> list[dict]:
+        keys = self._keys[resource]
+        lo, hi = bisect_left(keys, (namespace,)), bisect_left(keys, (namespace + "\0",))
+        return [self._objects[resource][k] for k in keys[lo:hi]]
+
+    def _finalize_namespaces(self) -> None:
+        """Remove the Terminating namespaces that are due and empty (checked lazily, on reads and writes)."""
+        now = self._clock()
+        for name, due in list(self._terminating.items()):
+            if now < due or any(self._namespace_content(r, name) for r, i in RESOURCES.items() if i.namespaced):
+                continue
+            del self._terminating[name]
+            current = self._objects["namespaces"].get(("", name))
+            if current is not None:
+                self._remove("namespaces", current)
 
     def bind(self, namespace: str, name: str, node_name: str) -> dict:
         """Assign a pending pod to a node (the pods/binding subresource): 409 when already bound."""

@@ -21,7 +21,7 @@ import base64
 import json
 import re
 
-from simcloud.kube.admission import parse_quantity
+from simcloud.kube.admission import DNS_SUBDOMAIN, dns_label_errors, parse_quantity
 from simcloud.kube.errors import ApiError, invalid
 from simcloud.kube.openapi import _models, model_name
 from simcloud.kube.resources import ResourceInfo
@@ -123,9 +123,7 @@ def undecodable_patch(patched: dict, errors: list[str]) -> ApiError:
 
 
 # --------------------------------------------------------------------------- names
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _QUALIFIED = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
@@ -133,9 +131,6 @@ _CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 SUBDOMAIN_MSG = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and "
                  "must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation "
                  "is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')")
-LABEL_MSG = ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start "
-             "and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is "
-             "'[a-z0-9]([-a-z0-9]*[a-z0-9])?')")
 DNS1035_MSG = ("a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic "
                "character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for "
                "validation is '[a-z]([-a-z0-9]*[a-z0-9])?')")
@@ -174,25 +169,24 @@ def _name_errors(resource: str, name: str) -> list[str]:
             return [f"may not be '{name}'"]
         return [f"may not contain '{c}'" for c in ("/", "%") if c in name]
     if resource == "namespaces":
-        return [] if len(name) <= 63 and _DNS_LABEL.match(name) else [LABEL_MSG]
+        return dns_label_errors(name)
     if resource == "services":
         return [] if len(name) <= 63 and _DNS_1035.match(name) else [DNS1035_MSG]
     if len(name) > 253:
         return ["must be no more than 253 characters"]
-    return [] if _DNS_SUBDOMAIN.match(name) else [SUBDOMAIN_MSG]
+    return [] if DNS_SUBDOMAIN.match(name) else [SUBDOMAIN_MSG]
 
 
-def check_name(info: ResourceInfo, name: str) -> None:
-    errors = _name_errors(info.name, name)
-    if errors:
-        raise invalid(info.kind, name, [_invalid_value("metadata.name", name, e) for e in errors])
+def name_causes(info: ResourceInfo, name: str) -> list[Cause]:
+    """The name's causes, reported with the rest of the object's (the real server validates all at once)."""
+    return [_invalid_value("metadata.name", name, e) for e in _name_errors(info.name, name)]
 
 
 def qualified_name_errors(key: str) -> list[str]:
     """IsQualifiedName: `[prefix/]name`, prefix a DNS subdomain, name at most 63 characters."""
     parts = key.split("/")
-    if len(parts) > 2:
-        return ["a qualified name " + NAME_PART_MSG.removeprefix("name part ") +
+    if len(parts) > 2:     # IsQualifiedName is IsLabelKey since 1.37, and words it so
+        return ["a valid label key " + NAME_PART_MSG.removeprefix("name part ") +
                 " with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"]
     errors = []
     name = parts[-1]
@@ -200,7 +194,7 @@ def qualified_name_errors(key: str) -> list[str]:
         prefix = parts[0]
         if not prefix:
             errors.append("prefix part must be non-empty")
-        elif len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix):
+        elif len(prefix) > 253 or not DNS_SUBDOMAIN.match(prefix):
             errors.append("prefix part " + SUBDOMAIN_MSG)
     if not name:
         errors.append("name part must be non-empty")
@@ -233,7 +227,7 @@ def _metadata(meta: dict) -> list[Cause]:
     size = sum(len(k) + len(v or "") for k, v in annotations.items() if isinstance(v, str))
     if size > MAX_ANNOTATION_BYTES:
         causes.append(("metadata.annotations", "FieldValueTooLong",
-                       f"Too long: must have at most {MAX_ANNOTATION_BYTES} bytes"))
+                       f"Too long: may not be more than {MAX_ANNOTATION_BYTES} bytes"))
     return causes
 
 
@@ -386,11 +380,40 @@ def _pod(pod: dict) -> list[Cause]:
     return causes
 
 
+def _decimal_si(quantity) -> str:
+    """How a Quantity prints in an error (its canonical String()), for the values validation refuses:
+    whole numbers plain, thousandths with `m` ("0.5" is "500m"), finer ones with `u` or `n`."""
+    for scale, suffix in ((1, ""), (1000, "m"), (10**6, "u"), (10**9, "n")):
+        scaled = quantity * scale
+        if scaled == scaled.to_integral_value():
+            return f"{int(scaled)}{suffix}"
+    return str(quantity)
+
+
+def _node_resources(values, path: str) -> list[Cause]:
+    """ValidateNodeResources: each quantity non-negative and whole for integer resources, on the path
+    `status.capacity.<name>` (Child, not Key) with the canonical value, as kube-apiserver 1.37 words it."""
+    causes = []
+    for resource, raw in (values or {}).items():
+        try:
+            quantity = parse_quantity(raw)
+        except ValueError as exc:
+            causes.append(_invalid_value(f"{path}.{resource}", str(raw), str(exc)))
+            continue
+        if quantity < 0:
+            causes.append(_invalid_value(f"{path}.{resource}", _decimal_si(quantity), "must be greater than or equal to 0"))
+        elif _integral(resource) and quantity != quantity.to_integral_value():
+            causes.append(_invalid_value(f"{path}.{resource}", _decimal_si(quantity), "must be an integer"))
+    return causes
+
+
 def _node(node: dict) -> list[Cause]:
+    """ValidateNode: its taints are reported under `metadata.taints` (kube-apiserver's own path, kept
+    although the field is spec.taints), its resources by _node_resources."""
     status = node.get("status") or {}
-    return (_taints((node.get("spec") or {}).get("taints"), "spec.taints")
-            + _quantities(status.get("capacity"), "status.capacity", False)
-            + _quantities(status.get("allocatable"), "status.allocatable", False))
+    return (_taints((node.get("spec") or {}).get("taints"), "metadata.taints")
+            + _node_resources(status.get("capacity"), "status.capacity")
+            + _node_resources(status.get("allocatable"), "status.allocatable"))
 
 
 def _configmap(cm: dict) -> list[Cause]:
@@ -404,7 +427,7 @@ def _configmap(cm: dict) -> list[Cause]:
                 causes.append(_invalid_value(f"{field}[{key}]", key, "duplicate of key present in data"))
             size += len(value.encode()) if field == "data" else _decoded_length(value)
     if size > MAX_CONFIGMAP_BYTES:
-        causes.append(("[]", "FieldValueTooLong", f"Too long: must have at most {MAX_CONFIGMAP_BYTES} bytes"))
+        causes.append(("[]", "FieldValueTooLong", f"Too long: may not be more than {MAX_CONFIGMAP_BYTES} bytes"))
     return causes
 
 
@@ -469,10 +492,11 @@ _KINDS = {
 }
 
 
-def validate(info: ResourceInfo, obj: dict, old: dict | None = None) -> None:
-    """422 Invalid with causes when `obj` (a create, or an update of `old`) breaks a rule of its kind."""
+def validate(info: ResourceInfo, obj: dict, old: dict | None = None, first: list[Cause] = ()) -> None:
+    """422 Invalid with causes when `obj` (a create, or an update of `old`) breaks a rule of its kind;
+    `first`: causes found earlier (the name's), listed before the others."""
     resource = info.name
-    causes = _metadata(obj.get("metadata") or {})
+    causes = [*first, *_metadata(obj.get("metadata") or {})]
     if resource in _KINDS:
         causes += _KINDS[resource](obj)
     if old is not None and resource in ("rolebindings", "clusterrolebindings") \

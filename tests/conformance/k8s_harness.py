@@ -88,6 +88,10 @@ class K8sServer:
     _stop: Callable[[], None] = field(default=lambda: None)
 
     @property
+    def backend(self) -> str:
+        return "simcloud"
+
+    @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
@@ -99,6 +103,10 @@ class K8sServer:
     @property
     def admin_token(self) -> str:
         return self.auth.admin_token
+
+    def ssl_context(self) -> None:
+        """For raw HTTP clients: `url` is plain HTTP (the real plane's adapter returns its CA's context)."""
+        return None
 
     def configure(self, config, token: str | None = None):
         """Point a `kubernetes` or `kubernetes_asyncio` Configuration at the server with a bearer token
@@ -232,7 +240,15 @@ def start_server(workdir: Path, *, scheduler: bool = True, history_limit: int = 
 
 
 @pytest.fixture
-def k8s(tmp_path):
+def k8s(request, tmp_path):
+    """simcloud's API server in process; under --kube=real (tests marked both_backends) the module's real
+    control plane (conftest's real_cluster), reset after each test, so the same assertions hold against
+    kube-apiserver itself."""
+    if os.environ.get("GPUBOOT_KUBE") == "real":
+        cluster = request.getfixturevalue("real_cluster")
+        yield cluster
+        cluster.reset()
+        return
     server = start_server(tmp_path)
     yield server
     server._stop()

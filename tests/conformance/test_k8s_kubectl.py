@@ -34,6 +34,7 @@ def _set_status(k8s: K8sServer, name: str, status: dict) -> None:
     k8s.on_loop(lambda: k8s.store.mutate("pods", NS, name, lambda p: p["status"].update(status)))
 
 
+@pytest.mark.both_backends
 def test_get_nodes_wide_shows_real_statuses(binary, k8s: K8sServer):
     k8s.add_node("gpu-running", gpu=1, ip="10.0.0.11")
     k8s.add_node("gpu-stopped", gpu=1, ready=False, taints=UNREACHABLE, ip="10.0.0.12")

@@ -1,9 +1,11 @@
 """The real control plane behind the interface of tests/conformance/k8s_harness.K8sServer, for API-level
-tests that run on both backends (tests/integration/test_rbac.py): one plane per module, and `reset()`
-between tests removes what a test made (a fresh plane per test would cost ~10 s each)."""
+tests that run on both backends (tests/integration/test_rbac.py, the conformance tests marked
+both_backends): one plane per module, and `reset()` between tests removes what a test made (a fresh
+plane per test would cost ~10 s each)."""
 from __future__ import annotations
 
 import contextlib
+import ssl
 from pathlib import Path
 
 import kubernetes
@@ -12,23 +14,58 @@ from kubernetes.client.rest import ApiException
 
 from simcloud.harness import wait_until
 from simcloud.real_control_plane import RealControlPlane, controlplane_binary
+from simcloud.workdir import kubeconfig_text
+from tests.conformance.k8s_harness import make_node
 
 
 class RealK8s:
-    """core_v1(token), token_for(namespace, name), add_node(name, gpu=), create_namespace(name), reset()."""
+    """K8sServer's surface on the real plane: url, admin_token, kubeconfig, workdir, configure(config),
+    ssl_context(), core_v1(token), token_for(namespace, name), kubeconfig_for(user, token),
+    add_node(name, **make_node's options), create_namespace(name), reset()."""
+
+    backend = "real"
 
     def __init__(self, plane: RealControlPlane, manifests: tuple[Path, ...]):
         self.plane = plane
+        self.workdir = plane.workdir / "tests"
+        self.workdir.mkdir(exist_ok=True)
         self.manifests = [d for path in manifests for d in yaml.safe_load_all(Path(path).read_text()) if d]
         self.basic_user = self._rbac().read_cluster_role_binding("system:basic-user")
         self.basic_user.metadata.resource_version = None
 
-    def core_v1(self, token: str | None = None) -> kubernetes.client.CoreV1Api:
-        config = kubernetes.client.Configuration()
-        config.host = self.plane.server_url
+    @property
+    def url(self) -> str:
+        return self.plane.server_url
+
+    @property
+    def admin_token(self) -> str:
+        return self.plane.admin.token
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.plane.admin_kubeconfig
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """For raw HTTP clients (urllib): the plane serves HTTPS under its own CA."""
+        return ssl.create_default_context(cafile=str(self.plane.ca_cert))
+
+    def configure(self, config, token: str | None = None):
+        """Point a `kubernetes` or `kubernetes_asyncio` Configuration at the plane with a bearer token."""
+        config.host = self.url
         config.ssl_ca_cert = str(self.plane.ca_cert)
-        config.api_key = {"authorization": f"Bearer {token or self.plane.admin.token}"}
+        config.api_key = {"BearerToken": token or self.admin_token}
+        config.api_key_prefix = {"BearerToken": "Bearer"}
+        return config
+
+    def core_v1(self, token: str | None = None) -> kubernetes.client.CoreV1Api:
+        config = self.configure(kubernetes.client.Configuration(), token)
         return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(config))
+
+    def kubeconfig_for(self, user: str, token: str) -> Path:
+        """A kubeconfig acting as `user` with `token`."""
+        path = self.workdir / f"kubeconfig-{user.replace(':', '-')}"
+        path.write_text(kubeconfig_text(self.url, user, token, ca_pem=self.plane.ca_cert.read_bytes()))
+        return path
 
     def _rbac(self) -> kubernetes.client.RbacAuthorizationV1Api:
         return kubernetes.client.RbacAuthorizationV1Api(self.core_v1().api_client)
@@ -38,14 +75,15 @@ class RealK8s:
             self.core_v1().create_namespaced_service_account(namespace, {"metadata": {"name": name}})
         return self.plane.serviceaccount_token(namespace, name)
 
-    def add_node(self, name: str, *, gpu: int = 0) -> None:
-        """A Node no kubelet serves, tainted so that no pod is bound to it: the real API server proxies
-        pods/log to the node's kubelet, and with none there it answers 500 (simcloud's in-process logs
-        answer 400 "waiting to start" for an unbound pod, as the real one does)."""
-        capacity = {"cpu": "8", "memory": "32Gi", "pods": "110", **({"nvidia.com/gpu": str(gpu)} if gpu else {})}
-        self.core_v1().create_node({"metadata": {"name": name},
-                                    "spec": {"taints": [{"key": "simcloud.io/no-kubelet", "effect": "NoSchedule"}]},
-                                    "status": {"capacity": capacity, "allocatable": capacity}})
+    def add_node(self, name: str, **options) -> dict:
+        """The Node make_node describes, with no kubelet behind it and so tainted that no pod is bound to
+        it: the real API server proxies pods/log to the node's kubelet, and with none there it answers
+        500 (simcloud's in-process logs answer 400 "waiting to start" for an unbound pod, as the real one
+        does). Returns the stored Node as a dict."""
+        body = make_node(name, **options)
+        body["spec"]["taints"] = [*body["spec"]["taints"], {"key": "simcloud.io/no-kubelet", "effect": "NoSchedule"}]
+        v1 = self.core_v1()
+        return v1.api_client.sanitize_for_serialization(v1.create_node(body))
 
     def create_namespace(self, name: str) -> None:
         """Create it (kept by reset: a deleted namespace stays Terminating a while) and wait for its

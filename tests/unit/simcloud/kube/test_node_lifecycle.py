@@ -1,6 +1,12 @@
 """The node-lifecycle controller on a fake clock: grace period, taints, removal after Ready, eviction."""
 from simcloud.config import Timings
-from simcloud.kube.node_lifecycle import NOT_READY, UNREACHABLE, NodeLifecycleController, toleration_seconds
+from simcloud.kube.node_lifecycle import (
+    NOT_READY,
+    UNREACHABLE,
+    UNSCHEDULABLE,
+    NodeLifecycleController,
+    toleration_seconds,
+)
 from simcloud.kube.store import Store
 
 TIMINGS = Timings(node_monitor_period_seconds=5, node_monitor_grace_seconds=50)
@@ -115,3 +121,16 @@ def test_toleration_seconds_is_the_least_used_and_zero_when_a_taint_is_not_toler
     assert toleration_seconds(pod({"operator": "Exists", "tolerationSeconds": 30},
                                   {"key": "x", "operator": "Exists", "tolerationSeconds": 10}), taints) == 10
     assert toleration_seconds(pod({"operator": "Exists"}), taints) is None
+
+
+def test_a_cordoned_node_carries_the_unschedulable_taint_until_uncordoned():
+    """doNoScheduleTaintingPass: node.kubernetes.io/unschedulable follows spec.unschedulable, one pass late."""
+    store, _clock, ctl = controller()
+    store.mutate("nodes", None, "n1", lambda n: n["spec"].update(unschedulable=True))
+    assert state(store) == ("True", [])
+    ctl.monitor()
+    assert state(store) == ("True", [f"{UNSCHEDULABLE}:NoSchedule"])
+    store.mutate("nodes", None, "n1", lambda n: n["spec"].pop("unschedulable"))
+    assert state(store)[1] == [f"{UNSCHEDULABLE}:NoSchedule"]       # outlives the uncordon until the pass
+    ctl.monitor()
+    assert state(store) == ("True", [])

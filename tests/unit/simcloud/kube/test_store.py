@@ -159,6 +159,28 @@ def test_a_page_resumes_after_the_last_key_even_when_it_is_gone():
     assert [o["metadata"]["name"] for o in rest.items] == ["c3", "c4", "c5"] and not rest.more
 
 
+def test_a_page_read_at_an_earlier_version_sees_the_objects_as_they_were_then():
+    """A `continue` page reads the first page's snapshot (etcd's revision): later creates, updates and
+    deletes are undone; once the history that rebuilds it is gone, 410 Expired."""
+    store = Store()
+    _configmaps(store, "a", ["c1", "c2", "c3"])
+    at = int(store.resource_version)
+    store.remove("configmaps", "a", "c2")
+    store.mutate("configmaps", "a", "c3", lambda o: o["metadata"]["labels"].update(even="changed"))
+    _configmaps(store, "a", ["c4"])
+    then = store.page("configmaps", after=("a", "c1"), at=at)
+    assert [(o["metadata"]["name"], o["metadata"]["labels"]["even"]) for o in then.items] == [
+        ("c2", "true"), ("c3", "false")]
+    assert [o["metadata"]["name"] for o in store.page("configmaps", after=("a", "c1")).items] == ["c3", "c4"]
+    short = Store(history_limit=2)
+    _configmaps(short, "a", ["c1"])
+    at = int(short.resource_version)
+    _configmaps(short, "a", ["c2", "c3", "c4"])
+    with pytest.raises(ApiError) as err:
+        short.page("configmaps", at=at)
+    assert (err.value.code, err.value.reason) == (410, "Expired")
+
+
 class _CountingDict(dict):
     """Counts the stored objects a page looks at."""
     reads = 0
