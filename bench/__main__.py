@@ -1,4 +1,8 @@
-"""python -m bench [--quick] [--parts placement,readiness,overhead,gang,burst,triggerer|distributed] [--out results/bench]
+"""python -m bench [--quick] [--parts placement,readiness,overhead,gang,burst,triggerer|distributed]
+[--kube simcloud,real] [--out results/bench]
+
+`--kube simcloud,real` runs each part on both Kubernetes backends (simcloud's own API server, then the
+real control plane from `make controlplane`) and prints their headline figures side by side.
 
 `distributed` (GPUs registered -> pod Running on the CeleryExecutor stack) takes minutes and needs
 PostgreSQL and Redis: not in the default parts (`make bench-distributed`)."""
@@ -79,8 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--boots", type=int, default=50, help="emulated boots for the readiness lag")
     p.add_argument("--burst-fleets", help="burst: fleet sizes, comma-separated (default 100,1000; --quick 100)")
     p.add_argument("--burst-jobs", help="burst: jobs per burst, comma-separated (default 50,200; --quick 50)")
+    p.add_argument("--kube", default="simcloud",
+                   help="Kubernetes backends, comma-separated, of simcloud, real (several: side by side)")
     p.add_argument("--out", default=str(REPO / "results" / "bench"), help="where the JSON goes")
     args = p.parse_args(argv)
+    backends = [x.strip() for x in args.kube.split(",") if x.strip()]
+    if not backends or set(backends) - {"simcloud", "real"}:
+        print(f"error: --kube: {args.kube!r}; choose simcloud, real or simcloud,real", file=sys.stderr)
+        return 2
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]
     if unknown := [x for x in parts if x not in PARTS + SLOW_PARTS]:
         print(f"error: --parts: unknown {', '.join(unknown)}; choose from {', '.join(PARTS + SLOW_PARTS)}",
@@ -88,27 +98,34 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     work = Path(tempfile.mkdtemp(prefix="gpuboot-bench-"))
-    summary = {"machine": machine(), "quick": args.quick, "parts": {}}
+    summary: dict = {"machine": machine(), "quick": args.quick, "backends": {}}
     failed = False
-    for part in parts:
-        began = time.perf_counter()
-        out.mkdir(parents=True, exist_ok=True)
-        log_path = out / f"{part}.log"
-        log_path.write_text("")
-        os.environ["GPUBOOT_BENCH_LOG"] = str(log_path)
-        print(f"-- {part}: running (its log: {log_path})", flush=True)
-        try:
-            with output_to(log_path):   # Airflow, simcloud and trigger logs go to the part's log file
-                result = run_part(part, work / part, args)
-        except Exception as error:  # one broken part must not hide the others' figures
-            failed = True
-            with open(log_path, "a") as log:
-                traceback.print_exc(file=log)
-            result = {"error": f"{type(error).__name__}: {error}"}
-        result["wall_seconds"] = round(time.perf_counter() - began, 1)
-        summary["parts"][part] = result
-        (out / f"{part}.json").write_text(json.dumps(result, indent=2) + "\n")
-        print(report.render(part, result), flush=True)
+    for kube in backends:
+        os.environ["GPUBOOT_KUBE"] = kube          # every SimCloud a part starts uses this backend
+        suffix = "" if backends == ["simcloud"] else f".{kube}"
+        results = summary["backends"][kube] = {}
+        for part in parts:
+            began = time.perf_counter()
+            out.mkdir(parents=True, exist_ok=True)
+            log_path = out / f"{part}{suffix}.log"
+            log_path.write_text("")
+            os.environ["GPUBOOT_BENCH_LOG"] = str(log_path)
+            print(f"-- {part} on {kube}: running (its log: {log_path})", flush=True)
+            try:
+                with output_to(log_path):   # Airflow, simcloud and trigger logs go to the part's log file
+                    result = run_part(part, work / kube / part, args)
+            except Exception as error:  # one broken part must not hide the others' figures
+                failed = True
+                with open(log_path, "a") as log:
+                    traceback.print_exc(file=log)
+                result = {"error": f"{type(error).__name__}: {error}"}
+            result["wall_seconds"] = round(time.perf_counter() - began, 1)
+            result["kube"] = kube
+            results[part] = result
+            (out / f"{part}{suffix}.json").write_text(json.dumps(result, indent=2) + "\n")
+            print(report.render(part, result), flush=True)
+    if len(backends) > 1:
+        print(report.side_by_side(summary["backends"]), flush=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"machine: {summary['machine']['cpu']}, {summary['machine']['cores']} cores; wrote {out}/*.json")
     return 1 if failed else 0

@@ -115,6 +115,38 @@ def gang(result: dict) -> str:
             + format_table(rows, columns) + "\n")
 
 
+def headlines(part: str, result: dict) -> dict[str, float | None]:
+    """The figures of a part worth comparing across backends: {label: value}."""
+    if "error" in result:
+        return {}
+    if part == "readiness":
+        return {f"{scenario}, {detector}: median lag s": s.get("median")
+                for scenario, p in result["scenarios"].items() for detector, s in p["lag_seconds"].items()}
+    if part == "overhead":
+        return {f"{r['case']}: trigger -> Running s": r["trigger_to_running_s"] for r in result["rows"]} | {
+            f"{r['case']}: overhead s": r["overhead_s"] for r in result["rows"]}
+    if part == "burst":
+        return {f"{r['jobs']} jobs on {r['nodes']} nodes: placements/s": r["placements_per_s"] for r in result["rows"]} | {
+            f"{r['jobs']} jobs on {r['nodes']} nodes: failed": r["failed"] for r in result["rows"]}
+    if part == "gang":
+        return {"launch -> all ranks Running, median s": result["launch_to_all_running_s"].get("median")}
+    if part == "placement":
+        return {f"{r['nodes']} nodes: API reads ms": _ms(r["api_total_s"]) for r in result["rows"]}
+    return {}
+
+
+def side_by_side(backends: dict[str, dict]) -> str:
+    """One row per headline figure, one column per backend (the same parts, the same machine, one run)."""
+    names = list(backends)
+    rows = []
+    for part in dict.fromkeys(p for results in backends.values() for p in results):
+        figures = {kube: headlines(part, backends[kube].get(part, {"error": "not run"})) for kube in names}
+        for label in dict.fromkeys(k for f in figures.values() for k in f):
+            rows.append({"part": part, "figure": label, **{kube: figures[kube].get(label) for kube in names}})
+    columns = [("part", "part"), ("figure", "figure"), *((kube, kube) for kube in names)]
+    return "== Side by side: the same parts on each Kubernetes backend\n" + format_table(rows, columns) + "\n"
+
+
 def render(part: str, result: dict) -> str:
     if "error" in result:
         return f"== {part}: FAILED: {result['error']}\n"

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import kubernetes
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "plugins"), str(REPO)]
@@ -172,7 +173,10 @@ def airflow_env(home: Path, port: int, password_file: Path, connections_file: Pa
 def running_cloud(fleet: Path, workdir: Path) -> Iterator[SimCloud]:
     say(f"starting the local cloud with fleet {fleet.relative_to(REPO) if fleet.is_relative_to(REPO) else fleet}")
     with SimCloud.start(fleet, workdir) as cloud:
-        say(f"local cloud ready (kubectl --kubeconfig {cloud.kubeconfig} get nodes -o wide)")
+        api = ("the real control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager "
+               f"{kubernetes.client.VersionApi(cloud.core_v1().api_client).get_code().git_version})"
+               if cloud.kube == "real" else "simcloud's own API server")
+        say(f"local cloud ready on {api} (kubectl --kubeconfig {cloud.kubeconfig} get nodes -o wide)")
         try:
             yield cloud
         finally:

@@ -52,6 +52,9 @@ def run_demo(tmp_path: Path, **extra: str) -> tuple[str, Path]:
     out = done.stdout + done.stderr
 
     assert done.returncode == 0, out[-6000:]
+    real = os.environ.get("GPUBOOT_KUBE") == "real"      # make test-real-k8s runs these on it too
+    assert ("local cloud ready on the real control plane" in out and "v1.37.2" in out) if real \
+        else "local cloud ready on simcloud's own API server" in out
     # standalone's five processes share one SQLite file: WAL keeps its readers from failing a writer
     with contextlib.closing(sqlite3.connect(demo_dir / "airflow" / "airflow.db")) as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
