@@ -21,18 +21,25 @@ from gpuboot.core.timefmt import duration, utc
 HOLDING = ("Settling", "Fallback")   # readiness codes of a node whose state holds, waiting out a window
 PHASES = (("up", "instance up"), ("ready", "kubelet Ready"), ("registered", "GPUs registered"),
           ("fired", "settled"))
+MAX_GPU_STEPS = 8    # changes of the GPU count kept per boot (stale -> 0 -> real is three)
 
 
 class BootClock:
     """When each phase of one node's boot was first observed (see the module doc)."""
 
-    def __init__(self, start_requested_at: float | None, marks: Mapping[str, float] | None = None) -> None:
+    def __init__(self, start_requested_at: float | None, marks: Mapping[str, float] | None = None,
+                 gpus: Iterable[Iterable[float]] = ()) -> None:
         self.start_requested_at = start_requested_at
         self.marks: dict[str, float] = dict(marks or {})
+        # [at, allocatable GPUs] at each change of the count: the run page draws stale -> 0 -> real
+        self.gpus: list[list[float]] = [list(g) for g in gpus]
 
     def observe(self, verdict, now: float) -> None:
         """Note the phases a `Readiness` (gpuboot.core.readiness) at time `now` shows reached."""
         evidence = verdict.evidence or {}
+        count = evidence.get("gpus_allocatable")
+        if count is not None and (not self.gpus or self.gpus[-1][1] != count) and len(self.gpus) < MAX_GPU_STEPS:
+            self.gpus.append([now, int(count)])
         if evidence.get("fresh"):
             self.marks.setdefault("up", now)
             if evidence.get("ready") == "True":
@@ -44,12 +51,12 @@ class BootClock:
             self.marks.setdefault("fired", now)
 
     def to_json(self) -> dict:
-        return {"start_requested_at": self.start_requested_at, "marks": dict(self.marks)}
+        return {"start_requested_at": self.start_requested_at, "marks": dict(self.marks), "gpus": list(self.gpus)}
 
     @classmethod
     def from_json(cls, data: Mapping | None) -> BootClock:
         data = data or {}
-        return cls(data.get("start_requested_at"), data.get("marks"))
+        return cls(data.get("start_requested_at"), data.get("marks"), data.get("gpus") or ())
 
     def phases(self) -> list[tuple[str, float]]:
         """(label, seconds) of each phase seen, in order, each from the end of the one before."""
