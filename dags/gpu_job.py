@@ -16,8 +16,10 @@ DOC_MD = """
 ### Run a GPU job
 
 Fill in the form and trigger. Airflow's form checks patterns and bounds only when you press
-Trigger; the plugin's [Run a GPU job](/gpuboot/jobs/new) page (Browse menu) checks every field as
-you leave it, then triggers this DAG. The job runs as five audited steps:
+Trigger; the plugin's **[Run a GPU job](/gpuboot/jobs/new)** page (Browse menu) checks every field as
+you leave it, then triggers this DAG and links to the run. Each run's **GPU placement** tab draws
+where its minutes and money went (queue, boot, device plugin, settle, run); the
+[GPU fleet](/gpuboot/fleet) page shows every node. The job runs as five audited steps:
 
 1. **place**: looks at *every* node, running and stopped, keeps those that can hold
    each task **alone** (GPU, CPU, memory, GPU model, node selector, taints), prefers
@@ -40,11 +42,22 @@ The place task's log shows a table of every candidate node with its verdict.
 """
 
 
+# Airflow's form answers a bad value only on Trigger, one field at a time: the first field's help
+# (markdown, so a link) leads to gpuboot's own form
+JOB_FORM_HINT = " Checked as you type, every field at once: **[Run a GPU job](/gpuboot/jobs/new)**."
+
+
 def trigger_form() -> dict[str, Param]:
     """Airflow Params built from the JobSpec schema, main fields first, the rest under "Advanced"."""
-    return {f["key"]: Param(f["default"], description=f["description"],
-                            **({**f["schema"], "section": "Advanced"} if not f["main"] else f["schema"]))
-            for f in form_fields()}
+    fields = form_fields()
+
+    def param(i: int, f: dict) -> Param:
+        schema = {**f["schema"], "section": "Advanced"} if not f["main"] else f["schema"]
+        if i == 0:      # Airflow shows description_md only when there is no plain description
+            return Param(f["default"], description=None, description_md=f["description"] + JOB_FORM_HINT, **schema)
+        return Param(f["default"], description=f["description"], **schema)
+
+    return {f["key"]: param(i, f) for i, f in enumerate(fields)}
 
 with DAG(
     dag_id="gpu_job",

@@ -22,6 +22,7 @@ CHROMIUM = Path(os.environ.get("GPUBOOT_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SCREENSHOTS = REPO / "results" / "ui"
+DOC_IMAGES = REPO / "docs" / "img"
 # Airflow standalone starts four components: about a minute alone, many more on a shared loaded machine.
 START_TIMEOUT = float(os.environ.get("GPUBOOT_UI_START_TIMEOUT", "900"))
 
@@ -102,4 +103,13 @@ def screenshot(page, name: str) -> Path:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def doc_screenshot(page, name: str) -> Path:
+    """Save what a person sees first (the viewport) as docs/img/<name>.png, the picture the docs
+    and the README show: written by the test that checks the page, so it stays current."""
+    DOC_IMAGES.mkdir(parents=True, exist_ok=True)
+    path = DOC_IMAGES / f"{name}.png"
+    page.screenshot(path=str(path), full_page=False)
     return path

@@ -3,6 +3,8 @@ it is left, by the place step's own validator, and nothing is triggered until al
 Airflow's own form checks patterns and bounds only on Trigger, one field at a time)."""
 from __future__ import annotations
 
+import re
+
 from playwright.sync_api import expect
 
 from tests.ui.harness import login, screenshot
@@ -60,6 +62,8 @@ def test_each_bad_field_says_why_next_to_it_and_nothing_runs_until_all_are_right
     page.get_by_role("button", name="Trigger").click()
     link = page.locator("#run-link")
     expect(link).to_be_visible()
+    expect(page.locator("#run-placement-link")).to_have_attribute(        # and to the run's own page
+        "href", re.compile(r"/dags/gpu_job/runs/[^/]+/plugin/gpu-placement$"))
     screenshot(page, "job-form-triggered")
     created = [r for r in runs(stack) if r["dag_run_id"] not in before]
     assert [r["dag_run_id"] for r in created] == [link.inner_text()]

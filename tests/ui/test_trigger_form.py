@@ -51,6 +51,9 @@ def test_the_form_shows_each_field_as_it_should(stack, page):
     expect(dialog.locator('[name="element_gpu_model"]')).to_have_value("__null__")
     expect(dialog.locator("#element_gpu_model")).to_contain_text("any")
     expect(dialog).not_to_contain_text("null")
+    # the way to gpuboot's own form, which checks every field as it is left: in the form and the DAG's docs
+    expect(field_row(dialog, "name").locator('a[href="/gpuboot/jobs/new"]')).to_have_text("Run a GPU job")
+    assert "(/gpuboot/jobs/new)" in stack.api.get("/dags/gpu_job/details").json()["doc_md"]
 
 
 def test_bad_input_is_refused_unchanged_naming_the_field_and_no_run_is_created(stack, page):

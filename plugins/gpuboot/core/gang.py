@@ -21,6 +21,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gpuboot.core.inventory import parse_time
 from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.model import LABEL_ATTEMPT, LABEL_HOSTNAME, LABEL_JOB, LABEL_RANK, LABEL_TASK, NodeState
 from gpuboot.core.placement import Assignment, Outcome, Plan
@@ -168,6 +169,20 @@ def rank_failure(rank: int, pod: Mapping | None, nodes: Mapping[str, Mapping | N
     if phase == "Running" and nodes is not None and node is not None and node in nodes and not _node_ready(nodes[node]):
         return RankFailure(rank, name, f"its node {node} is not Ready (node lost)")
     return None
+
+
+def pod_times(pod: Mapping | None) -> dict:
+    """When one rank's pod was bound to its node, started running and finished (epoch seconds, None
+    when not yet), read from its status: the run page's last three moments."""
+    pod = pod or {}
+    status = pod.get("status") or {}
+    bound = next((c.get("lastTransitionTime") for c in status.get("conditions") or []
+                  if c.get("type") == "PodScheduled" and c.get("status") == "True"), None)
+    state = next(((s.get("state") or {}) for s in status.get("containerStatuses") or []), {})
+    running = (state.get("running") or state.get("terminated") or {}).get("startedAt")
+    return {"pod": (pod.get("metadata") or {}).get("name"), "node": (pod.get("spec") or {}).get("nodeName"),
+            "phase": status.get("phase"), "bound_at": parse_time(bound), "running_at": parse_time(running),
+            "finished_at": parse_time((state.get("terminated") or {}).get("finishedAt"))}
 
 
 def completion(pods: Sequence[Mapping]) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from gpuboot.core.inventory import node_condition, parse_time
 from gpuboot.core.readiness import FALLBACK, BootBaseline, Readiness, ReadinessTracker
 from gpuboot.core.steplog import BootClock
 from gpuboot.core.timefmt import utc
@@ -40,11 +41,22 @@ class GpuWait:
     def observe(self, node: Mapping | None, now: float) -> Readiness:
         """Judge one Node state; keep the boot's phases and each change of finding."""
         readiness = self.tracker.observe(node, now)
-        self.clock.observe(readiness, now)
+        self.clock.observe(readiness, now, written_at=self.written_at(node, now))
         if self.last is None or readiness.reasons != self.last.reasons:
             self.note(readiness.reason, now)
         self.last = readiness
         return readiness
+
+    def written_at(self, node: Mapping | None, now: float) -> float:
+        """When the kubelet wrote this state of a node we started (its Ready heartbeat, which every
+        status write renews), never after `now` nor before the start: a watch replayed late (the
+        trigger started after the boot) dates each phase by the node's own write, not by the
+        moment the trigger read it. A node up when the job chose it: `now` (no boot to date)."""
+        start = self.baseline.start_requested_at
+        heartbeat = parse_time(node_condition(node).get("lastHeartbeatTime")) if node else None
+        if start is None or heartbeat is None:
+            return now
+        return max(start, min(now, heartbeat))
 
     def note(self, message: str, now: float) -> None:
         self.history = [*self.history, f"{utc(now)} {message}"][-MAX_HISTORY:]

@@ -294,6 +294,8 @@ def _facts_of(free: Resources, allocatable: Resources, price: float | None, need
     gpu, cpu, memory = (free.get(name) - k * need.get(name) for name in (GPU, CPU, MEMORY))
     facts = {"tasks": str(k), "gpu_left": str(gpu), "cpu_left": format_quantity(CPU, cpu),
              "mem_left": format_quantity(MEMORY, memory)}
+    if price is not None:   # the node's USD per hour: the run page prices the hours the run kept it
+        facts["price_per_hour"] = f"{price:g}"
     if needs_start:     # what one slot of the task costs
         slots = _fit_count(allocatable, need, _NO_LIMIT)
         facts["cost_per_slot"] = (f"{price / slots:.4g}/h" if price is not None

@@ -7,8 +7,9 @@ A boot's phases come from what the readiness trigger saw (`BootClock`, fed every
     start requested -> instance up (first status written by the new boot) -> kubelet Ready
     -> GPUs registered (the count covers the request after the kubelet's reset) -> settled (fired)
 
-Times are when the trigger observed each change, so a phase that was replayed from the watch at
-once (the trigger started after it happened) shows as 0 s and the earlier phase carries the time.
+Times are when the node wrote each state (its kubelet's Ready heartbeat, renewed by every status
+write) when the trigger watches a boot it replays from before the start (GpuWait.written_at), so a
+trigger that started after the boot still dates each phase; otherwise when the trigger observed it.
 """
 from __future__ import annotations
 
@@ -21,35 +22,45 @@ from gpuboot.core.timefmt import duration, utc
 HOLDING = ("Settling", "Fallback")   # readiness codes of a node whose state holds, waiting out a window
 PHASES = (("up", "instance up"), ("ready", "kubelet Ready"), ("registered", "GPUs registered"),
           ("fired", "settled"))
+MAX_GPU_STEPS = 8    # changes of the GPU count kept per boot (stale -> 0 -> real is three)
 
 
 class BootClock:
     """When each phase of one node's boot was first observed (see the module doc)."""
 
-    def __init__(self, start_requested_at: float | None, marks: Mapping[str, float] | None = None) -> None:
+    def __init__(self, start_requested_at: float | None, marks: Mapping[str, float] | None = None,
+                 gpus: Iterable[Iterable[float]] = ()) -> None:
         self.start_requested_at = start_requested_at
         self.marks: dict[str, float] = dict(marks or {})
+        # [at, allocatable GPUs] at each change of the count: the run page draws stale -> 0 -> real
+        self.gpus: list[list[float]] = [list(g) for g in gpus]
 
-    def observe(self, verdict, now: float) -> None:
-        """Note the phases a `Readiness` (gpuboot.core.readiness) at time `now` shows reached."""
+    def observe(self, verdict, now: float, written_at: float | None = None) -> None:
+        """Note the phases a `Readiness` (gpuboot.core.readiness) read at time `now` shows reached;
+        `written_at`: when the node wrote that state, if known (GpuWait.written_at), dates the
+        node's phases; "fired" is gpuboot's own verdict, at `now`."""
+        at = now if written_at is None else written_at
         evidence = verdict.evidence or {}
+        count = evidence.get("gpus_allocatable")
+        if count is not None and (not self.gpus or self.gpus[-1][1] != count) and len(self.gpus) < MAX_GPU_STEPS:
+            self.gpus.append([at, int(count)])
         if evidence.get("fresh"):
-            self.marks.setdefault("up", now)
+            self.marks.setdefault("up", at)
             if evidence.get("ready") == "True":
-                self.marks.setdefault("ready", now)
+                self.marks.setdefault("ready", at)
         holding = verdict.ready or verdict.code in HOLDING
         if holding and evidence.get("held_seconds") is not None:   # the rule holds: only the window is left
-            self.marks.setdefault("registered", now - float(evidence["held_seconds"]))
+            self.marks.setdefault("registered", at - float(evidence["held_seconds"]))
         if verdict.ready:
             self.marks.setdefault("fired", now)
 
     def to_json(self) -> dict:
-        return {"start_requested_at": self.start_requested_at, "marks": dict(self.marks)}
+        return {"start_requested_at": self.start_requested_at, "marks": dict(self.marks), "gpus": list(self.gpus)}
 
     @classmethod
     def from_json(cls, data: Mapping | None) -> BootClock:
         data = data or {}
-        return cls(data.get("start_requested_at"), data.get("marks"))
+        return cls(data.get("start_requested_at"), data.get("marks"), data.get("gpus") or ())
 
     def phases(self) -> list[tuple[str, float]]:
         """(label, seconds) of each phase seen, in order, each from the end of the one before."""

@@ -15,7 +15,7 @@ from gpuboot.core.placement import Plan
 from gpuboot.core.steplog import launch_summary
 from gpuboot.core.timefmt import duration
 from gpuboot.hooks.kube import Conflict, InvalidRequest, KubeClient
-from gpuboot.operators.base import GpuJobStep, summarize
+from gpuboot.operators.base import GpuJobStep, push, summarize
 from gpuboot.triggers.gang import GangTrigger
 
 GONE_SECONDS = 60.0          # how long an earlier attempt's pods may take to go before they are force-deleted
@@ -99,6 +99,7 @@ class GpuPodOperator(GpuJobStep, BaseOperator):
         nodes = ", ".join(self.launched.get("nodes") or []) or "?"
         spec = self.spec()
         what = (spec.name if len(names) == 1 else f"{spec.name} (gang of {len(names)})") if spec else "gang"
+        push(context, "pods", event.get("times") or [])     # bound, running, finished per rank: the run page
         if event["status"] == "succeeded":
             self.log.info("gang %s: all %d rank(s) succeeded: %s", event["job_id"], len(names), ", ".join(names))
             summarize(self, context, launch_summary(what, nodes, ", ".join(names), "Succeeded", elapsed))

@@ -234,14 +234,22 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         if history:
             self.log.info("watch of node %s in the triggerer (%d change(s)):\n  %s", node, len(history),
                           "\n  ".join(history))
+        if event.get("status") in ("stopped", "timeout"):
+            # the node the job leaves stays in the evidence (the run page draws its path too), kept
+            # before placing again so a run that fails here still shows it
+            why = event.get("message") if event.get("status") == "stopped" else event.get("reason")
+            seen = {**seen, node: {**(event.get("evidence") or {}), "boot": event.get("boot"),
+                                   "left": why or event["status"], "left_at": time.time(),
+                                   "summary": f"left {node}: {why}"}}
+            context["ti"].xcom_push(key="evidence", value=seen)
         if event.get("status") == "stopped":
-            return self._watch(context, self._move_off(context, state, node, event.get("message") or ""), settle)
+            return self._watch(context, self._move_off(context, state, node, event.get("message") or ""), settle, seen)
         if event.get("status") != "ready":
             result = self._fail_over(context, state, node, event.get("reason"), event.get("evidence") or {})
-            return self._watch(context, result, settle)
+            return self._watch(context, result, settle, seen)
         summary = event.get("summary") or f"node {node} is GPU-ready"
         self.log.info("%s; evidence:\n%s", summary, evidence_block(event.get("evidence") or {}))
-        seen = {**seen, node: {**(event.get("evidence") or {}), "summary": summary}}
+        seen = {**seen, node: {**(event.get("evidence") or {}), "summary": summary, "boot": event.get("boot")}}
         if index + 1 < len(state.baselines):
             self._defer_for(index + 1, settle, seen, state)
         self._hold_until(state, time.time())
@@ -254,11 +262,13 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         boot = self._boot(WaitState(self.plan, [], []))
         return self._watch(context, self.capacity_resumed(boot, event["echo"], "resume_after_capacity"), settle)
 
-    def _watch(self, context, result: BringUp, settle: float):
+    def _watch(self, context, result: BringUp, settle: float, left: Mapping | None = None):
+        """Wait for the nodes of `result`; `left`: evidence of the nodes the job left (kept, see execute_complete)."""
         state = self._state_of(context, result)
+        left = {n: e for n, e in (left or {}).items() if e.get("left")}
         if not result.baselines:
-            return self._cleared(context, {}, state)
-        return self._defer_for(0, settle, {}, state)
+            return self._cleared(context, left, state)
+        return self._defer_for(0, settle, left, state)
 
     def _fail_over(self, context, state: WaitState, node: str, reason: str | None, evidence: Mapping) -> BringUp:
         """Node `node` timed out: re-place the job elsewhere (see the module doc), wait for busy
@@ -299,7 +309,7 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
 
     def _cleared(self, context, evidence: dict, state: WaitState) -> list[str]:
         context["ti"].xcom_push(key="evidence", value=evidence)
-        lines = [e.get("summary") or f"{n} GPU-ready" for n, e in evidence.items()]
+        lines = [e.get("summary") or f"{n} GPU-ready" for n, e in evidence.items() if not e.get("left")]
         summarize(self, context, "; ".join(lines) or "no node to wait for")
         if state.plan:
             context["ti"].xcom_push(key="plan", value=state.plan)
@@ -313,7 +323,8 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         readiness = {b["node"]: self._poke_node(kube, b, settle, now) for b in self._state.baselines}
         waiting = {n: r for n, r in readiness.items() if not r.ready}
         if not waiting:
-            cleared = self._cleared(context, {n: {**r.evidence, "summary": boot_summary(n, self._waits[n].clock)}
+            cleared = self._cleared(context, {n: {**r.evidence, "summary": boot_summary(n, self._waits[n].clock),
+                                                  "boot": self._waits[n].clock.to_json()}
                                               for n, r in readiness.items()}, self._state)
             return PokeReturnValue(is_done=True, xcom_value=cleared)
         for node, r in waiting.items():

@@ -21,7 +21,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from gpuboot.core.gang import CONTAINER, LABEL_ATTEMPT, LABEL_RANK, judge
+from gpuboot.core.gang import CONTAINER, LABEL_ATTEMPT, LABEL_RANK, judge, pod_times
 from gpuboot.core.model import LABEL_JOB, TERMINATED_PHASES
 from gpuboot.hooks.kube import AsyncKubeClient, Gone
 
@@ -39,7 +39,7 @@ def stamp_ns(stamp: str) -> int:
 
 class GangTrigger(BaseTrigger):
     """Fires {"status": "succeeded"|"failed", "failure": {rank, pod, reason, exit_code} | None,
-    "namespace", "pods" (by rank), "job_id", "attempt"}."""
+    "namespace", "pods" (by rank), "job_id", "attempt", "times" (by rank: gpuboot.core.gang.pod_times)}."""
 
     def __init__(self, namespace: str, job_id: str, attempt: int, pods: list[str],
                  kubernetes_conn_id: str = "kubernetes_default", poll_seconds: float = 2.0,
@@ -56,10 +56,10 @@ class GangTrigger(BaseTrigger):
                  "kubernetes_conn_id": self.kubernetes_conn_id, "poll_seconds": self.poll_seconds,
                  "started_at": self.started_at})
 
-    def _event(self, status: str, failure=None) -> TriggerEvent:
+    def _event(self, status: str, failure=None, times: list | None = None) -> TriggerEvent:
         return TriggerEvent({"status": status, "failure": failure.to_json() if failure else None,
                              "namespace": self.namespace, "pods": self.pods, "job_id": self.job_id,
-                             "attempt": self.attempt, "started_at": self.started_at})
+                             "attempt": self.attempt, "started_at": self.started_at, "times": times or []})
 
     async def on_kill(self) -> None:
         """The task was marked failed, cleared or its run deleted while the gang ran: delete its pods,
@@ -113,7 +113,8 @@ class GangTrigger(BaseTrigger):
                                                timeout=DRAIN_SECONDS)
                     if state.failure is not None:
                         self.log.error("gang %s: %s", self.job_id, state.failure.describe())
-                    yield self._event(state.status, state.failure)
+                    yield self._event(state.status, state.failure,
+                                      [pod_times(by_rank.get(rank)) for rank in range(world)])
                     return
                 await self._changed(kube, selector, version)
         finally:

@@ -15,17 +15,18 @@ session, so Airflow's permissions, its validation of the params and its audit lo
 """
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from fastapi import Body, Depends, FastAPI, HTTPException
+from fastapi import Body, Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import HTMLResponse
 
 from gpuboot.core.jobspec import field_errors, form_fields
-from gpuboot.ui.fleet_view import fleet_view, observe_gpus, run_view
+from gpuboot.ui.fleet_view import etag_of, fleet_view, observe_gpus, run_view
 
 CACHE_SECONDS = float(os.environ.get("GPUBOOT_FLEET_CACHE_SECONDS", "3"))
 PAGE = Path(__file__).with_name("fleet.html")
@@ -46,13 +47,19 @@ class FleetCache:
     def __init__(self, ttl: float = CACHE_SECONDS) -> None:
         self.ttl, self.lock = ttl, threading.Lock()
         self.at, self.data, self.gpus_seen, self.surveys = float("-inf"), None, {}, 0
+        self.body, self.etag = b"", ""
 
     def get(self) -> dict:
+        return self.tagged()[0]
+
+    def tagged(self) -> tuple[dict, bytes, str]:
+        """The data, its JSON (encoded once per survey, not per viewer) and its ETag (etag_of)."""
         with self.lock:
             if self.data is None or time.monotonic() - self.at >= self.ttl:
                 self.data = self._read()
+                self.body, self.etag = json.dumps(self.data).encode(), etag_of(self.data)
                 self.at = time.monotonic()
-            return self.data
+            return self.data, self.body, self.etag
 
     def _read(self) -> dict:
         # imported here: every Airflow component loads the plugin, only the API server serves the page
@@ -117,19 +124,29 @@ def _run_data(dag_id: str, run_id: str) -> dict:
     return run_view(xcoms, tasks)
 
 
+def conditional(request: Request, body: bytes, etag: str) -> Response:
+    """The fleet's JSON, or 304 with no body when the page already has it (If-None-Match): an open
+    tab polling an unchanged fleet costs a few hundred bytes a poll, not the whole fleet."""
+    headers = {"ETag": etag, "Cache-Control": "no-cache"}
+    if etag and etag in {t.strip() for t in request.headers.get("if-none-match", "").split(",")}:
+        return Response(status_code=304, headers=headers)
+    return Response(body, media_type="application/json", headers=headers)
+
+
 def create_app() -> FastAPI:
     app = FastAPI(title="gpuboot", description="The GPU fleet as placement sees it, and a job form that checks every field")
+    read = _read_access()      # one dependency object: a benchmark or test may override it
 
     @app.get("/fleet", response_class=HTMLResponse, include_in_schema=False)
     @app.get("/fleet/run", response_class=HTMLResponse, include_in_schema=False)
     def page() -> str:
         return PAGE.read_text()
 
-    @app.get("/api/fleet", dependencies=[_read_access()])
-    def fleet() -> dict:
-        return CACHE.get()
+    @app.get("/api/fleet", dependencies=[read])
+    def fleet(request: Request) -> Response:
+        return conditional(request, *CACHE.tagged()[1:])
 
-    @app.get("/api/runs/{dag_id}/{run_id}", dependencies=[_read_access()])
+    @app.get("/api/runs/{dag_id}/{run_id}", dependencies=[read])
     def run(dag_id: str, run_id: str) -> dict:
         return _run_data(dag_id, run_id)
 
@@ -137,11 +154,11 @@ def create_app() -> FastAPI:
     def job_page() -> str:
         return JOB_PAGE.read_text()
 
-    @app.get("/api/jobs/form", dependencies=[_read_access()])
+    @app.get("/api/jobs/form", dependencies=[read])
     def job_form() -> dict:
         return {"dag_id": JOB_DAG_ID, "fields": form_fields()}
 
-    @app.post("/api/jobs/check", dependencies=[_read_access()])
+    @app.post("/api/jobs/check", dependencies=[read])
     def job_check(conf: dict[str, Any] = Body(embed=True)) -> dict:  # noqa: B008 (FastAPI's declaration)
         return {"errors": field_errors(conf, "job form")}
 

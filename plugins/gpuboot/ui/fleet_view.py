@@ -8,11 +8,14 @@ DAG run, its placement table and boot timeline from the steps' XComs.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Mapping, Sequence
 
 from gpuboot.core.inventory import node_condition, parse_time
 from gpuboot.core.model import ANNOTATION_IDLE_SINCE, NodeState, NodeView, Reservation, Unavailable
 from gpuboot.core.placement import Plan
+from gpuboot.ui.run_timeline import run_timeline
 
 BOOT_STEPS = ("start requested", "Running", "Ready", "GPUs registered")
 
@@ -59,6 +62,60 @@ def boot_timeline(requested_at: float | None, instance: Mapping | None, node: Ma
     return [{"step": step, "at": at} for step, at in zip(BOOT_STEPS, (requested_at, running, ready, gpus))]
 
 
+# GPUs of a node by what its state makes of them (a READY node's split into running / reserved / free)
+_GPU_BUCKET = {NodeState.BOOTING: "booting", NodeState.STOPPED: "stopped", NodeState.STOPPING: "stopped",
+               NodeState.UNAVAILABLE: "unavailable"}
+SPENDING = (NodeState.READY, NodeState.BOOTING)     # states whose instance is up and billed
+COUNTDOWNS = ("expires_in_seconds", "left_seconds")   # fields that change every second: not a change
+
+
+def fleet_totals(rows: Sequence[Mapping]) -> dict:
+    """The page's header: GPUs per model (total = running + reserved + free + stopped + booting +
+    unavailable) and the money: USD per hour of the instances up now, and of it what pays for GPUs
+    nobody uses or holds (a running node's price x its free share of GPUs)."""
+    models: dict[str, dict[str, int]] = {}
+    spending = idle = 0.0
+    unpriced = 0
+    for n in rows:
+        gpus, state = n["gpus"], NodeState(n["state"])
+        if gpus["total"]:
+            t = models.setdefault(n["gpu_model"] or "unknown", dict.fromkeys(
+                ("total", "running", "reserved", "free", "stopped", "booting", "unavailable"), 0))
+            t["total"] += gpus["total"]
+            if state == NodeState.READY:
+                t["running"] += gpus["used"]
+                t["reserved"] += gpus["reserved"]
+                t["free"] += gpus["free"]
+            else:
+                t[_GPU_BUCKET[state]] += gpus["total"]
+        if state in SPENDING:
+            price = n["price_per_hour"]
+            if price is None:
+                unpriced += 1
+                continue
+            spending += price
+            if state == NodeState.READY and gpus["total"]:
+                idle += price * gpus["free"] / gpus["total"]
+    return {"gpus": dict(sorted(models.items())), "usd_per_hour": round(spending, 4),
+            "idle_usd_per_hour": round(idle, 4), "unpriced_nodes_up": unpriced}
+
+
+def etag_of(data: Mapping) -> str:
+    """A weak ETag of the page's JSON: equal whenever nothing but the clock moved (the read time, the
+    survey count and the countdowns the page computes from their deadlines), so a poll of an
+    unchanged fleet is answered 304 with no body."""
+    def stable(value):
+        if isinstance(value, Mapping):
+            return {k: stable(v) for k, v in value.items() if k not in COUNTDOWNS}
+        if isinstance(value, list):
+            return [stable(v) for v in value]
+        return value
+
+    body = {k: stable(v) for k, v in data.items() if k not in ("generated_at", "surveys")}
+    digest = hashlib.blake2b(json.dumps(body, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
+    return f'W/"{digest}"'
+
+
 def fleet_view(views: Sequence[NodeView], nodes: Sequence[Mapping], *, reservations: Sequence[Reservation],
                backed: Iterable[tuple[str, str, str]], marks: Sequence[Unavailable],
                starts: Mapping[str, tuple[str, float]], instances: Mapping[str, Mapping],
@@ -96,6 +153,7 @@ def fleet_view(views: Sequence[NodeView], nodes: Sequence[Mapping], *, reservati
 
     return {
         "generated_at": now,
+        "totals": fleet_totals(rows),
         "nodes": rows,
         "boots": boots,
         "reservations": [{"job_id": r.job_id, "task": r.task, "node": r.node, "gpus": r.resources.gpus,
@@ -140,9 +198,13 @@ def run_view(xcoms: Mapping[str, Mapping[str, object]], tasks: Sequence[Mapping]
                       "ready_since": parse_time(seen.get("ready_since")) if seen else None,
                       "evidence": dict(seen) if seen else None})
     return {
+        "timeline": run_timeline(tasks, plan_json if isinstance(plan_json, Mapping) else None,
+                                 find("start", "baselines") or find("start", "boots") or (), evidence,
+                                 find("launch", "pods") or ()),
         "placement": None if plan is None else {
             "outcome": plan.outcome.value, "message": plan.message, "table": plan.table(),
-            "candidates": plan_json.get("candidates", []), "nodes_to_start": list(plan.nodes_to_start)},
+            "candidates": plan_json.get("candidates", []), "candidates_omitted": plan_json.get("candidates_omitted", 0),
+            "nodes_to_start": list(plan.nodes_to_start)},
         "assignments": (final or {}).get("assignments", []) if isinstance(final, Mapping) else [],
         "boots": boots,
         "tasks": [{"task_id": t.get("task_id"), "state": t.get("state"), "start_date": t.get("start_date"),

@@ -1,7 +1,7 @@
 """The gang's pods and verdicts (gpuboot.core.gang): rank environment, pinning, one fate, adoption."""
 from __future__ import annotations
 
-from gpuboot.core.gang import LABEL_ATTEMPT, LABEL_RANK, MASTER_PORT, adoptable, gang_pods, judge, pod_name
+from gpuboot.core.gang import LABEL_ATTEMPT, LABEL_RANK, MASTER_PORT, adoptable, gang_pods, judge, pod_name, pod_times
 from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.model import NodeState
 from gpuboot.core.placement import Assignment, Outcome, Plan
@@ -122,3 +122,17 @@ def test_a_job_ran_to_completion_only_when_every_pod_of_its_last_attempt_succeed
     assert completion([p("a-1", 1, "Failed"), p("a-2", 2, "Succeeded")]) is None        # the retry's gang counts
     assert completion([p("a-2", 2, "Succeeded"), p("b-2", 2, "Running")]) == \
         "its pod(s) did not all succeed: b-2 Running"
+
+
+def test_a_pods_bound_running_and_finished_times_come_from_its_status():
+    pod = {"metadata": {"name": "train-0"}, "spec": {"nodeName": "gpu-1"},
+           "status": {"phase": "Succeeded",
+                      "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": "2027-01-15T08:00:01Z"}],
+                      "containerStatuses": [{"state": {"terminated": {"startedAt": "2027-01-15T08:00:04Z",
+                                                                      "finishedAt": "2027-01-15T08:01:04Z"}}}]}}
+    times = pod_times(pod)
+    assert (times["pod"], times["node"], times["phase"]) == ("train-0", "gpu-1", "Succeeded")
+    assert (times["running_at"] - times["bound_at"], times["finished_at"] - times["running_at"]) == (3, 60)
+    pending = pod_times({"metadata": {"name": "train-0"}, "status": {"phase": "Pending"}})
+    assert (pending["bound_at"], pending["running_at"], pending["finished_at"]) == (None, None, None)
+    assert pod_times(None)["pod"] is None             # a rank whose pod is gone

@@ -338,3 +338,27 @@ def test_one_resource_whose_zero_was_missed_sends_the_whole_node_to_the_fallback
     assert not t.observe(n, T0 + 38.9).ready
     v = t.observe(n, T0 + 39)
     assert v.ready and "fallback" in v.reason
+
+
+def test_a_boot_replayed_late_is_dated_by_the_nodes_own_writes():
+    """The trigger started 30 s after the boot (Airflow scheduled the wait late) and reads the whole
+    boot from the watch at once: each phase keeps the time the kubelet wrote it, "fired" the verdict's."""
+    from gpuboot.core.gpu_wait import GpuWait
+
+    t = tracker(settle=1.0)
+    wait = GpuWait(t.baseline, t, deadline=T0 + 600)
+    late = T0 + 40
+    for state in (gpu_node(1, boot_id="boot-1", heartbeat=STALE_HB, transition=STALE_HB),    # before the start
+                  gpu_node(1, ready="False", heartbeat=T0 + 4, transition=T0 + 4),           # the new boot writes
+                  gpu_node(0, heartbeat=T0 + 9, transition=T0 + 9),                          # Ready, count reset
+                  gpu_node(1, heartbeat=T0 + 14, transition=T0 + 9)):                        # GPUs registered
+        verdict = wait.observe(state, late)
+    assert verdict.ready
+    assert wait.clock.marks == {"up": T0 + 4, "ready": T0 + 9, "registered": T0 + 14, "fired": late}
+    # the stale count is dated no earlier than the start; the reset and the real count by their writes
+    assert wait.clock.gpus == [[T0, 1], [T0 + 9, 0], [T0 + 14, 1]]
+    # a node up when the job chose it has no boot to date: what the trigger saw, when it saw it
+    up = tracker(settle=1.0, started=None)
+    already = GpuWait(up.baseline, up, deadline=T0 + 600)
+    already.observe(gpu_node(1, heartbeat=T0 - 100, transition=T0 - 3600), T0 + 2)
+    assert already.clock.gpus == [[T0 + 2, 1]]

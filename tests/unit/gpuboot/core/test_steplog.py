@@ -49,6 +49,9 @@ def test_a_boot_is_told_by_its_phases_as_the_tracker_saw_them():
     assert boot_summary("gpu-1", fallback) == ("booted gpu-1 in 17.2 s (instance up 3.1 s, kubelet Ready 9.1 s, "
                                                "GPUs registered 0.0 s, settled 5.0 s)")     # Ready and GPUs seen at once
     assert BootClock.from_json(fast.to_json()).marks == fast.marks
+    # the GPU count's steps as the watch saw them: the stale count, the kubelet's reset, the real count
+    assert fast.gpus == [[T0 + 1, 1], [T0 + 7.1, 0], [T0 + 12.2, 1]]
+    assert BootClock.from_json(fast.to_json()).gpus == fast.gpus
 
 
 def test_a_node_already_up_says_so():

@@ -5,7 +5,7 @@ from gpuboot.core.inventory import build_inventory, parse_time
 from gpuboot.core.model import Reservation, Unavailable
 from gpuboot.core.placement import JobRequest, TaskRequest, place
 from gpuboot.core.resources import Resources
-from gpuboot.ui.fleet_view import boot_timeline, fleet_view, observe_gpus, price_of, run_view
+from gpuboot.ui.fleet_view import boot_timeline, etag_of, fleet_view, observe_gpus, price_of, run_view
 from tests.builders import TYPES, instance, node, pod
 
 NOW = 1_800_000_000.0
@@ -103,3 +103,41 @@ def test_a_runs_view_has_its_placement_table_and_boot_timeline():
         assert boot["ready_since"] == parse_time("2027-01-15T08:00:09Z")      # the page's "Ready since"
         assert boot["evidence"]["path"] == "reset seen"
     assert run_view({}, [])["placement"] is None
+
+
+def test_the_totals_add_up_per_gpu_model_and_the_money_is_what_the_running_nodes_cost():
+    price = {"gpuboot.io/price-per-hour": "2.0"}
+    nodes = [node("busy", gpus=2, heartbeat=NOW, labels=price), node("idle", gpus=2, heartbeat=NOW, labels=price),
+             node("off", gpus=2, ready="Unknown", labels=price),
+             node("a10", gpus=1, heartbeat=NOW, labels=price, gpu_model="NVIDIA-A10")]
+    insts = [instance("busy", start=NOW - 3600, gpus=2), instance("idle", start=NOW - 3600, gpus=2),
+             instance("off", "Stopped", gpus=2), instance("a10", start=NOW - 3600)]
+    bound = pod("train-0", "busy", requests={"nvidia.com/gpu": "1"})
+    held = [Reservation("gb-1", "train", "busy", Resources({"nvidia.com/gpu": 1}), NOW + 600)]
+    vs = build_inventory(nodes, [bound], insts, TYPES, held, NOW)
+    data = fleet_view(vs, nodes, reservations=held, backed=(), marks=[], starts={}, instances={}, gpus_seen={},
+                      now=NOW)
+    totals = data["totals"]
+    assert totals["gpus"]["Tesla-T4"] == {"total": 6, "running": 1, "reserved": 1, "free": 2, "stopped": 2,
+                                          "booting": 0, "unavailable": 0}
+    assert totals["gpus"]["NVIDIA-A10"]["free"] == 1
+    # every model's total is the sum of its nodes' GPUs in the nodes table
+    for model, t in totals["gpus"].items():
+        assert t["total"] == sum(n["gpus"]["total"] for n in data["nodes"] if n["gpu_model"] == model)
+        assert t["total"] == sum(v for k, v in t.items() if k != "total")
+    # three nodes up at 2.0 USD/h; idle: all of "idle", none of "busy", all of "a10"
+    assert (totals["usd_per_hour"], totals["idle_usd_per_hour"]) == (6.0, 4.0)
+
+
+def test_the_etag_moves_with_the_fleet_not_with_the_clock():
+    def data(now, holds):
+        reservations = [Reservation("gb-1", "train", "a", Resources({"nvidia.com/gpu": 1}), NOW + 600)][:holds]
+        nodes = [node("a", gpus=2, heartbeat=now)]
+        vs = build_inventory(nodes, [], [instance("a", start=NOW - 3600, gpus=2)], TYPES, reservations, now)
+        return fleet_view(vs, nodes, reservations=reservations, backed=(), marks=[], starts={}, instances={},
+                          gpus_seen={}, now=now)
+
+    first, later = data(NOW, 1), data(NOW + 3, 1)
+    assert first["reservations"][0]["expires_in_seconds"] != later["reservations"][0]["expires_in_seconds"]
+    assert etag_of(first) == etag_of({**later, "surveys": 9}) and etag_of(first).startswith('W/"')
+    assert etag_of(data(NOW + 3, 0)) != etag_of(first)          # the reservation gone: a change
