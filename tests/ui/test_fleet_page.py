@@ -29,7 +29,7 @@ TRAIN = ("import time\n"
          "print('ui-train done', flush=True)\n")
 RUNS: dict[str, tuple[str, str]] = {}     # runs finished by an earlier test: (run id, node), reused by the next
 # what the page writes for each wait (fleet.html WAIT_LABEL)
-WAIT_LABEL = {"queue": "queue", "boot": "boot", "device plugin": "device plugin", "settle": "settle",
+WAIT_LABEL = {"queue": "queue", "boot": "boot", "device plugin": "device plugin", "detection": "detection", "settle": "settle",
               "launch": "launch", "run": "run"}
 ONE_TIME_FORMAT = r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} UTC$"
 ANY_TIME = r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2})?(?:\.\d+)?(?: UTC|Z|[+-]\d{2}:?\d{2})?"

@@ -17,8 +17,12 @@ from gpuboot.core.inventory import parse_time
 HOUR = 3600.0
 # the waits a person asks about, in the order they happen, each from one moment to the next
 WAITS = (("queue", "run started", "placed"), ("boot", "start requested", "NodeReady"),
-         ("device plugin", "NodeReady", "GPUs registered"), ("settle", "GPUs registered", "GPU-ready"),
-         ("launch", "GPU-ready", "Running"), ("run", "Running", "finished"))
+         ("device plugin", "NodeReady", "GPUs registered"), ("detection", "GPUs registered", "GPUs seen"),
+         ("settle", "GPUs seen", "GPU-ready"), ("launch", "GPU-ready", "Running"), ("run", "Running", "finished"))
+# "GPUs seen": when gpuboot's wait saw the registration, the verdict's time less what it held the count
+# (the settle window). Later than the registration when the wait itself started or ran late (a busy
+# triggerer replays the boot from its watch): that gap is "detection", not settle.
+SEEN_LATE_SECONDS = 0.5
 
 
 def iso_epoch(value: str | None) -> float | None:
@@ -62,9 +66,12 @@ def _node_path(node: str, evidence: Mapping, baseline: Mapping, pods: Sequence[M
     ready = marks.get("ready") or (parse_time(evidence.get("ready_since")) if booted else None)
     moments = {"run started": run_started, "placed": placed, "start requested": requested,
                "instance Running": marks.get("up"), "NodeReady": ready,
-               "GPUs registered": marks.get("registered"), "GPU-ready": marks.get("fired"),
+               "GPUs registered": marks.get("registered"), "GPUs seen": None, "GPU-ready": marks.get("fired"),
                "left": evidence.get("left_at") if evidence.get("left") else None,
                "pod bound": bound, "Running": running, "finished": finished}
+    fired, registered, held = marks.get("fired"), marks.get("registered"), evidence.get("held_seconds")
+    seen = None if None in (fired, registered, held) else fired - held
+    moments["GPUs seen"] = seen if seen is not None and seen - registered > SEEN_LATE_SECONDS else registered
     if not booted:          # up when the job chose it: no boot to tell
         for step in ("start requested", "instance Running", "NodeReady"):
             moments.pop(step)
@@ -73,7 +80,8 @@ def _node_path(node: str, evidence: Mapping, baseline: Mapping, pods: Sequence[M
     else:
         moments.pop("left")
     waits = [{"wait": wait, "from": moments[a], "to": moments[b], "seconds": round(moments[b] - moments[a], 1)}
-             for wait, a, b in WAITS if moments.get(a) is not None and moments.get(b) is not None]
+             for wait, a, b in WAITS if moments.get(a) is not None and moments.get(b) is not None
+             and not (wait == "detection" and moments[a] == moments[b])]
     # the hours the run kept the node up: from the start request when it booted it (boot
     # included), else from its pod's binding; to the pod's end, the job leaving it, or the wait's end
     held_from = requested if booted else bound
@@ -84,7 +92,8 @@ def _node_path(node: str, evidence: Mapping, baseline: Mapping, pods: Sequence[M
         "outcome": ("left" if evidence.get("left") else
                     next((p.get("phase") for p in mine if p.get("phase") == "Failed"), None) or
                     (mine[0].get("phase") if mine else "waiting")),
-        "moments": [{"step": step, "at": at} for step, at in moments.items() if step != "run started"],
+        "moments": [{"step": step, "at": at} for step, at in moments.items()
+                    if step != "run started" and not (step == "GPUs seen" and at == moments.get("GPUs registered"))],
         "gpus": gpu_steps(clock, booted),
         "waits": waits,
         "price_per_hour": price, "hours": None if hours is None else round(hours, 4),

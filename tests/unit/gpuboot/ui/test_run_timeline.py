@@ -85,6 +85,20 @@ def test_a_booted_run_has_every_moment_each_wait_and_its_cost_boot_included():
     assert (data["from"], data["to"]) == (T, T + 95)
 
 
+def test_a_wait_that_saw_the_registration_late_shows_that_as_detection_not_settle():
+    """The verdict fired 60 s after the GPUs registered, holding the count 2 s: 58 s went by before
+    gpuboot's wait saw them (a triggerer busy elsewhere), only 2 s were the settle window."""
+    evidence = booted_evidence("s", T + 2)
+    evidence["boot"]["marks"]["fired"] = T + 2 + 23 + 60
+    evidence["held_seconds"] = 2.0
+    data = timeline(plan_for("s", "stopped"), [{"node": "s", "start_requested_at": T + 2, "gpus_needed": 2}],
+                    {"s": evidence}, [pod("s", "Succeeded", T + 90, T + 91, T + 120)], T + 89)
+    [path] = data["nodes"]
+    assert waits(path)["detection"] == 58.0 and waits(path)["settle"] == 2.0
+    steps = [m["step"] for m in path["moments"]]
+    assert steps.index("GPUs registered") + 1 == steps.index("GPUs seen") == steps.index("GPU-ready") - 1
+
+
 def test_a_run_on_a_running_node_has_no_boot_and_pays_from_its_pod_binding():
     evidence = {"r": {"start_requested_at": None, "boot": boot(None, {"registered": T + 3, "fired": T + 8}, [[T + 3, 2]])}}
     data = timeline(plan_for("r", "ready"), [{"node": "r", "start_requested_at": None, "gpus_needed": 2}], evidence,
