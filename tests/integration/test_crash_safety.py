@@ -24,7 +24,8 @@ from tests.integration.test_resilience import ledger, starts_of, status
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = ("import time\nprint('crash-test begin', flush=True)\ntime.sleep(4)\n"  # sleep-ok: the pod's own workload, not a wait
           "print('crash-test done', flush=True)\n")
-CRASH_JOB = {**JOB, "gpus": 2, "command": ["python", "-c", SCRIPT], "boot_timeout_seconds": 30}
+CRASH_JOB = {**JOB, "gpus": 2, "command": ["python", "-c", SCRIPT],
+             "boot_timeout_seconds": 180}   # a boot timeout is not what this test is about: ample on a loaded machine
 
 
 class Step:
