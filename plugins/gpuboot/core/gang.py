@@ -52,7 +52,8 @@ def draft_gang(spec: JobSpec, job_id: str, attempt: int = 1, ranks: Sequence[int
 
 # Where a refused field of a pod comes from in the job spec (the first match wins).
 _SPEC_FIELDS = (("metadata.name", "name"), ("metadata.labels", "name"), ("spec.tolerations", "tolerations"),
-                ("spec.nodeSelector", "node_selector"), (".env", "env"), (".image", "image"),
+                ("spec.nodeSelector", "node_selector"), (".envFrom", "env_from_secrets"),
+                ("secretKeyRef", "secret_env"), (".env", "env"), (".image", "image"),
                 (".command", "command"), (".args", "args"), (".resources", "gpus, cpu, memory or extra_resources"))
 
 
@@ -72,6 +73,17 @@ def rank_env(rank: int, world_size: int, master_addr: str | None, task_index: in
             {"name": TASK_INDEX_ENV, "value": str(task_index)}]
 
 
+def job_env(spec: JobSpec) -> list[dict]:
+    """The job's own variables in API form: env's values, then secret_env's Secret references
+    (the kubelet reads those values; they never pass through Airflow). The rank variables are gpuboot's."""
+    env: list[dict] = [{"name": k, "value": str(v)} for k, v in spec.env.items() if k not in RANK_ENV]
+    for k, ref in spec.secret_env.items():
+        if k not in RANK_ENV:
+            secret, _, key = ref.partition("/")
+            env.append({"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
+    return env
+
+
 def pod_name(task: str, job_id: str, attempt: int) -> str:
     """Unique per job run and launch attempt: a retry's pods never wait for the old names to free."""
     return f"{task}-{hashlib.sha256(job_id.encode()).hexdigest()[:8]}-{attempt}"
@@ -89,10 +101,11 @@ def gang_pods(spec: JobSpec, plan: Plan, attempt: int, master_addr: str | None,
             continue
         resources = a.requests.to_k8s()
         index = names.index(a.task) if a.task in names else rank
-        env = [{"name": k, "value": str(v)} for k, v in spec.env.items() if k not in RANK_ENV]
-        env += rank_env(rank, world, None if rank == 0 else master_addr, index)
+        env = [*job_env(spec), *rank_env(rank, world, None if rank == 0 else master_addr, index)]
         container = {"name": CONTAINER, "image": spec.image, "env": env,
                      "resources": {"requests": resources, "limits": resources}}
+        if spec.env_from_secrets:
+            container["envFrom"] = [{"secretRef": {"name": name}} for name in spec.env_from_secrets]
         if spec.command:
             container["command"] = list(spec.command)
         if spec.args:
@@ -164,6 +177,12 @@ def rank_failure(rank: int, pod: Mapping | None, nodes: Mapping[str, Mapping | N
         return RankFailure(rank, name, reason, term.get("exitCode"))
     if pod["metadata"].get("deletionTimestamp"):
         return RankFailure(rank, name, "its pod is being deleted (evicted or removed)")
+    for s in status.get("containerStatuses") or []:
+        waiting = (s.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") == "CreateContainerConfigError":    # a Secret or key it reads is missing
+            return RankFailure(rank, name, f"its container cannot be created: {waiting.get('message') or 'config error'}"
+                               ". Create the Secret (and key) in the job's namespace, or fix secret_env / "
+                               "env_from_secrets")
     node = (pod.get("spec") or {}).get("nodeName")
     if phase == "Running" and nodes is not None and node is not None and node in nodes and not _node_ready(nodes[node]):
         return RankFailure(rank, name, f"its node {node} is not Ready (node lost)")

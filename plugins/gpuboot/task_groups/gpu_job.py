@@ -51,7 +51,7 @@ def gpu_job_group(job: Mapping | None = None, *, group_id: str = "gpu_job",
                               plan=start.output["plan"], kubernetes_conn_id=kubernetes_conn_id,
                               ecs_conn_id=ecs_conn_id, ledger_namespace=ledger_namespace, deferrable=deferrable,
                               poke_interval=poke_interval)
-        launch = GpuPodOperator(task_id="launch", job=spec, plan=wait.output["plan"],
+        launch = GpuPodOperator(task_id="launch", job=spec, plan=wait.output["plan"], env_source=job,
                                 kubernetes_conn_id=kubernetes_conn_id, deferrable=deferrable)
         release = ReleaseReservationOperator(task_id="release", kubernetes_conn_id=kubernetes_conn_id,
                                              ledger_namespace=ledger_namespace)

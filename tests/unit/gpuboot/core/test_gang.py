@@ -122,3 +122,24 @@ def test_a_job_ran_to_completion_only_when_every_pod_of_its_last_attempt_succeed
     assert completion([p("a-1", 1, "Failed"), p("a-2", 2, "Succeeded")]) is None        # the retry's gang counts
     assert completion([p("a-2", 2, "Succeeded"), p("b-2", 2, "Running")]) == \
         "its pod(s) did not all succeed: b-2 Running"
+
+
+def test_secret_env_and_env_from_secrets_become_references_the_kubelet_resolves():
+    spec = JobSpec.from_dict({"name": "train", "image": "i", "command": ["true"], "env": {"EPOCHS": "3"},
+                              "secret_env": {"HF_TOKEN": "hf-token/token"}, "env_from_secrets": ["wandb"]})
+    (pod,) = gang_pods(spec, plan(("train", "a")), attempt=1, master_addr=None)
+    container = pod["spec"]["containers"][0]
+    assert env_of(pod)["HF_TOKEN"] == {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+    assert env_of(pod)["EPOCHS"] == "3"
+    assert container["envFrom"] == [{"secretRef": {"name": "wandb"}}]
+
+
+def test_a_missing_secret_fails_the_rank_naming_it_and_the_fix():
+    from gpuboot.core.gang import rank_failure
+
+    pod = {"metadata": {"name": "train-x-1"}, "status": {"phase": "Pending", "containerStatuses": [
+        {"name": "base", "state": {"waiting": {"reason": "CreateContainerConfigError",
+                                               "message": 'secret "hf-token" not found'}}}]}}
+    failure = rank_failure(0, pod)
+    assert failure is not None and 'secret "hf-token" not found' in failure.reason
+    assert "Create the Secret" in failure.reason and "secret_env" in failure.reason
