@@ -22,7 +22,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuboot.core.jobspec import JobSpec
-from gpuboot.core.model import LABEL_ATTEMPT, LABEL_HOSTNAME, LABEL_JOB, LABEL_RANK, LABEL_TASK, NodeState
+from gpuboot.core.model import (
+    LABEL_ATTEMPT,
+    LABEL_HOSTNAME,
+    LABEL_JOB,
+    LABEL_RANK,
+    LABEL_TASK,
+    TERMINATED_PHASES,
+    NodeState,
+)
 from gpuboot.core.placement import Assignment, Outcome, Plan
 
 MASTER_PORT = 29500           # torchrun's default
@@ -221,10 +229,13 @@ def judge(pods: Mapping[int, Mapping | None], world_size: int,
     return GangState("succeeded" if len(done) == world_size else "running", done=tuple(done))
 
 
-def adoptable(pods: Sequence[Mapping], world_size: int) -> tuple[int, list[str]] | None:
+def adoptable(pods: Sequence[Mapping], world_size: int, try_number: int | None = None) -> tuple[int, list[str]] | None:
     """(attempt, pod names by rank) when `pods` (every pod of the job) are one whole launch
-    attempt with no rank failed or being deleted: a worker died while its gang ran, and the
-    retry follows the same pods. None: launch anew (after clearing whatever is there)."""
+    attempt with no rank failed or being deleted, and still live (a rank not yet ended) or of
+    this very try (`try_number`): a worker died while its gang ran, and the retry follows the
+    same pods. A finished gang of an earlier try is never adopted: a cleared launch runs the
+    job again rather than replaying its old verdict. None: launch anew (after clearing whatever
+    is there)."""
     attempts = {(p["metadata"].get("labels") or {}).get(LABEL_ATTEMPT) for p in pods}
     if len(attempts) != 1 or None in attempts:
         return None
@@ -233,4 +244,8 @@ def adoptable(pods: Sequence[Mapping], world_size: int) -> tuple[int, list[str]]
         return None
     if any(rank_failure(rank, pod) is not None for rank, pod in by_rank.items()):
         return None
-    return int(str(attempts.pop())), [by_rank[r]["metadata"]["name"] for r in range(world_size)]
+    attempt = int(str(attempts.pop()))
+    live = any((p.get("status") or {}).get("phase") not in TERMINATED_PHASES for p in pods)
+    if not live and attempt != try_number:
+        return None
+    return attempt, [by_rank[r]["metadata"]["name"] for r in range(world_size)]

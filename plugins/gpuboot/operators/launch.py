@@ -72,7 +72,7 @@ class GpuPodOperator(GpuJobStep, BaseOperator):
         spec = self._with_env_values(spec, context)
         kube = self.kube()
         existing = kube.list_pods(f"{LABEL_JOB}={plan.job_id}")
-        adopted = adoptable(existing, len(plan.assignments))
+        adopted = adoptable(existing, len(plan.assignments), int(context["ti"].try_number))
         if adopted is not None:
             attempt, names = adopted
             self.log.info("adopting the gang of attempt %d, still live: %s", attempt, ", ".join(names))

@@ -87,6 +87,9 @@ def test_a_retry_adopts_only_a_whole_live_attempt():
     assert adoptable([pod(0, "Running", 1)], 2) is None                                # rank 1 never created
     assert adoptable([pod(0, "Running", 1), pod(1, "Failed", 1, code=1)], 2) is None   # one fate: relaunch
     assert adoptable([pod(0, "Running", 1), pod(1, "Running", 2)], 2) is None          # mixed attempts
+    done = [pod(0, "Succeeded", 1, code=0), pod(1, "Succeeded", 1, code=0)]
+    assert adoptable(done, 2, try_number=2) is None            # a finished gang of an earlier try: launch again
+    assert adoptable(done, 2, try_number=1) == (1, ["p0", "p1"])   # this try's own gang: its verdict stands
 
 
 def test_a_draft_gang_is_the_launch_pods_pinned_to_a_placeholder_node():
