@@ -171,9 +171,11 @@ def _node_ready(node: Mapping | None) -> bool:
                                     for c in (node.get("status") or {}).get("conditions") or [])
 
 
-def rank_failure(rank: int, pod: Mapping | None, nodes: Mapping[str, Mapping | None] | None = None) -> RankFailure | None:
-    """Why this rank has failed, or None while it runs or once it succeeded."""
-    name = ((pod or {}).get("metadata") or {}).get("name", f"rank-{rank}")
+def rank_failure(rank: int, pod: Mapping | None, nodes: Mapping[str, Mapping | None] | None = None,
+                 name: str | None = None) -> RankFailure | None:
+    """Why this rank has failed, or None while it runs or once it succeeded. `name`: the rank's pod,
+    for one that is gone."""
+    name = ((pod or {}).get("metadata") or {}).get("name", name or f"rank-{rank}")
     if pod is None:
         return RankFailure(rank, name, "its pod is gone (deleted)")
     status = pod.get("status") or {}
@@ -211,14 +213,14 @@ def completion(pods: Sequence[Mapping]) -> str | None:
 
 
 def judge(pods: Mapping[int, Mapping | None], world_size: int,
-          nodes: Mapping[str, Mapping | None] | None = None) -> GangState:
+          nodes: Mapping[str, Mapping | None] | None = None, names: Sequence[str] = ()) -> GangState:
     """The gang's state from its pods by rank (None: the pod is gone) and, optionally, the
     Nodes of running ranks (a rank whose node is not Ready is lost with it: its containers
     died with the machine even while the pod still reads Running). Of several failed ranks the
     one whose container ended first is named: the others most likely failed because of it."""
     failures, done = [], []
     for rank in range(world_size):
-        failure = rank_failure(rank, pods.get(rank), nodes)
+        failure = rank_failure(rank, pods.get(rank), nodes, names[rank] if rank < len(names) else None)
         if failure is not None:
             finished = _terminated(pods.get(rank) or {}).get("finishedAt") or "~"   # unknown: after any time
             failures.append((finished, rank, failure))

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from gpuboot.core.inventory import build_inventory, is_workload_pod, parse_provider_id, parse_time
+from gpuboot.core.inventory import build_inventory, is_workload_pod, parse_provider_id, parse_time, stopped_reason
 from gpuboot.core.model import (
     ANNOTATION_CORDONED_BY,
     ANNOTATION_IDLE_SINCE,
@@ -252,8 +252,7 @@ def _decide(node: Mapping, by_id: Mapping[str, dict], work: tuple[IdleVerdict, s
         return decide(IdleVerdict.STOPPING, "instance Stopping; un-cordoned once Stopped" if ours
                       else "instance Stopping")
     if status == "Stopped":
-        return decide(IdleVerdict.STOPPED, f"instance Stopped ({instance.get('StoppedMode') or 'mode unknown'})",
-                      uncordon=ours)
+        return decide(IdleVerdict.STOPPED, stopped_reason(instance), uncordon=ours)
     if status in ("Pending", "Starting"):
         return decide(IdleVerdict.STARTING, f"instance {status}", uncordon=ours)
     if status != "Running":

@@ -539,6 +539,29 @@ def field_errors(data: Mapping, source: str = "job form") -> dict[str, str]:
 FORM_GPU_MODELS: tuple[str, ...] = ("T4", "A10", "V100", "A100", "L20", "H20")
 
 
+# Rules the trigger form's schema states as a "format", checked when Airflow validates the params at
+# trigger time. jsonschema says a failed format as "<value> is not a '<format>'", so each format's name is
+# its rule in words: "'Bad_Name' is not a 'Kubernetes name: ...'" instead of the regex the pattern would
+# quote ("does not match '^[a-z0-9]...'"), and "-1 is not a 'whole number...'" instead of "less than or
+# equal to the minimum of -1". Each format comes before the pattern or bound that checks the same rule
+# (jsonschema reports the first failed keyword of equal weight), which stays in the schema for a process
+# where the formats are not registered (register_form_formats: params_schema and the gpuboot plugin do).
+NAME_FORMAT = "Kubernetes name: use lower case letters, digits and '-', at most 63, starting and ending with a letter or digit"
+GPUS_FORMAT = "whole number of GPUs: 0 or more (0 runs on CPU only)"
+FORM_FORMATS = {
+    NAME_FORMAT: lambda v: not isinstance(v, str) or bool(_DNS_LABEL.match(v)),
+    GPUS_FORMAT: lambda v: isinstance(v, bool) or not isinstance(v, int) or v >= 0,
+}
+
+
+def register_form_formats() -> None:
+    """Make jsonschema's FormatChecker (the one Airflow validates params with) know FORM_FORMATS."""
+    from jsonschema import FormatChecker  # type: ignore[import-untyped]
+
+    for name, check in FORM_FORMATS.items():
+        FormatChecker.checkers.setdefault(name, (check, ()))
+
+
 def _optional(schema: dict) -> dict:
     """The schema with "null" among its types: Airflow's form marks a field required unless it may be null,
     and an empty optional field sends null, which JobSpec reads as "the default"."""
@@ -564,10 +587,11 @@ def params_schema() -> dict[str, dict]:
     positive = r"^(?![\s+]*[0.]+(?:[eE][+-]?\d+)?[A-Za-z]*\s*$)" + QUANTITY_PATTERN.removeprefix("^")
     quantity = {"type": ["null", "string"], "pattern": positive, "minLength": 1}
     seconds = {"type": ["null", "integer"], "exclusiveMinimum": 0, "exclusiveMaximum": MAX_TIMEOUT_SECONDS + 1}
+    register_form_formats()
     namespaces = job_namespaces()
     min_boot = min_boot_seconds()
     spec = {
-        "name": (None, {"type": "string", "pattern": DNS_LABEL, "title": "Job name"},
+        "name": (None, {"type": "string", "format": NAME_FORMAT, "pattern": DNS_LABEL, "title": "Job name"},
                  ("Lower-case letters, digits and '-', starting and ending with a letter or digit, at most 63 "
                  "characters (a Kubernetes name), e.g. train-resnet")),
         "image": (None, {"type": "string", "minLength": 1, "pattern": r"^\S+$", "title": "Container image"},
@@ -589,7 +613,7 @@ def params_schema() -> dict[str, dict]:
         "env_from_secrets": (None, _optional({"type": "array", "items": {"type": "string"},
                                               "title": "Secrets as environment"}),
                              "Optional: Secrets of the namespace whose every key becomes a variable, one per line"),
-        "gpus": (1, {"type": ["null", "integer"], "exclusiveMinimum": -1, "title": "GPUs"},
+        "gpus": (1, {"type": ["null", "integer"], "format": GPUS_FORMAT, "exclusiveMinimum": -1, "title": "GPUs"},
                  "GPUs per task: a whole number, 0 or more (0 runs on CPU only)"),
         "cpu": ("1", {**quantity, "title": "CPU"},
                 "CPU per task as a Kubernetes quantity above zero: 500m is half a core, 2 is two cores"),

@@ -309,8 +309,12 @@ class Booker:
                           "; ".join(f"{r.task} -> {r.node} ({r.resources})" for r in change.reservations))
         elif released_because is not None:
             self.log.info("released the reservations of job %s: %s", job_id, released_because)
+        elif plan.outcome == Outcome.BUSY:
+            self.log.info("released the reservations of job %s: it waits, holding nothing, until capacity frees up "
+                          "(%s)", job_id, plan.message)
         else:
-            self.log.info("released the reservations of job %s: it no longer fits (%s)", job_id, plan.outcome.value)
+            self.log.info("released the reservations of job %s: it can no longer run in this fleet (%s)", job_id,
+                          plan.message)
         for node, claim in claimed.items():
             self.log.info("node %s: started by this job, not stopping it, another job claims it: %s", node, claim)
 

@@ -133,13 +133,20 @@ class GpuPodOperator(GpuJobStep, BaseOperator):
         others = [n for n in names if n != failure.pod]
         for name in others:
             kube.delete_pod(namespace, name)
-        raise AirflowException(self._failure_message(kube, namespace, failure, names, others))
+        raise AirflowException(self._failure_message(kube, namespace, failure, names, others, event.get("tail")))
 
     def _failure_message(self, kube: KubeClient, namespace: str, failure: RankFailure, names: list[str],
-                         others: list[str]) -> str:
+                         others: list[str], streamed: list[str] | None = None) -> str:
+        """The failure with the rank's last log lines: from its pod, else (the pod is gone, deleted mid-run)
+        those the trigger streamed into this task's log."""
         tail = kube.pod_log_tail(namespace, failure.pod, self.log_tail_lines, CONTAINER)
+        if not tail and streamed:
+            tail = list(streamed)[-self.log_tail_lines:]
         deleted = f"; the other rank(s) deleted: {', '.join(others)}" if others else ""
-        lines = "\n".join(f"  {line}" for line in tail) or "  (no log: the container never started)"
+        if not tail:
+            return (f"gang of {len(names)}: {failure.describe()}{deleted}. Rank {failure.rank} wrote no log line "
+                    "(its container never started, or printed nothing)")
+        lines = "\n".join(f"  {line}" for line in tail)
         return (f"gang of {len(names)}: {failure.describe()}{deleted}. "
                 f"Last {len(tail)} log line(s) of rank {failure.rank}:\n{lines}")
 
