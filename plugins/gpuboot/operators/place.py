@@ -17,6 +17,7 @@ from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.placement import Outcome, Plan
 from gpuboot.core.ports import EcsError
 from gpuboot.core.steplog import place_summary
+from gpuboot.exceptions import SecondLedger
 from gpuboot.hooks.kube import JOB_POD_RIGHTS
 from gpuboot.lifecycle.batching import book_first
 from gpuboot.lifecycle.booking import CONTENDED_SECONDS, Booker, LedgerContended
@@ -119,6 +120,8 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
         began = time.monotonic()
         try:
             plan = self.place_and_reserve(spec, job_id)
+        except SecondLedger as exc:
+            raise refusal(self, context, f"job {spec.name}: {exc}") from None
         except (LedgerContended, EcsError) as exc:
             if isinstance(exc, EcsError) and exc.kind != "transient":
                 raise
