@@ -45,3 +45,19 @@ def test_a_pod_deleted_mid_run_is_named_and_its_streamed_lines_are_in_the_failur
     assert "Last 6 log line(s) of rank 0:" in message and "line 5 of six" in message, message
     assert "never started" not in message
     release("deleted-mid-run")
+
+
+def test_a_missing_secret_fails_the_launch_at_once_naming_it_and_the_fix(cloud):
+    """Issue 35 #5: a secret_env whose Secret does not exist keeps the container waiting
+    (CreateContainerConfigError, as a kubelet does); the gang fails at once instead of waiting out its run."""
+    job = {**JOB, "name": "nosecret", "cpu": "100m", "memory": "64Mi", "gpus": 0, "allow_gpu_nodes": True,
+           "secret_env": {"HF_TOKEN": "hf-token/token"}}
+    plan, pushed = place(job, job_id="missing-secret")
+    launch = GpuPodOperator(task_id="launch", job=pushed["job"], plan=plan, env_source=job, deferrable=False,
+                            startup_timeout_seconds=30)
+    with pytest.raises(AirflowException) as failed:
+        launch.execute(context("launch"))
+    message = str(failed.value)
+    assert 'its container cannot be created: secret "hf-token" not found' in message, message
+    assert "Create the Secret (and key) in the job's namespace, or fix secret_env" in message
+    release("missing-secret")
