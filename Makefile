@@ -11,10 +11,15 @@ export PYTHONPATH := $(CURDIR)/plugins:$(CURDIR)
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt requirements-test.txt constraints.txt
+# gpuboot itself is installed editable (no dependencies: the lists above hold them), so the source set-up
+# (plugins folder, make demo) has the provider's entry point: Airflow lists its `gpuboot_ecs` connection
+# type and form there too (plugins/gpuboot_plugin.py then leaves the plugin to the entry point).
+$(STAMP): requirements.txt requirements-test.txt constraints.txt pyproject.toml
 	@$(PYTHON) -m uv --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet uv
 	@[ -x $(PY) ] || $(UV) venv --quiet --python 3.11 $(VENV)
 	$(UV) pip install --quiet -p $(PY) -r requirements.txt -r requirements-test.txt -c constraints.txt
+	$(UV) pip install --quiet -p $(PY) --no-deps -e .
+	@rm -rf plugins/*.egg-info    # the build's copy of the metadata: on sys.path, it would list gpuboot twice
 	@touch $(STAMP)
 
 # The default suite runs on 4 workers (pytest-xdist): it mostly waits (boots, settle windows, Airflow), so

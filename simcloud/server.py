@@ -422,7 +422,7 @@ def write_ecs_files(wd: Path, fleet: Fleet, kubeconfig: Path, host: str, ecs_por
         private=True)
     _write(wd / "connections.json", json.dumps({
         "kubernetes_default": kubernetes_connection(kubeconfig),
-        "alibaba_ecs_default": {"conn_type": "alibaba_cloud", "login": fleet.access_key_id,
+        "alibaba_ecs_default": {"conn_type": "gpuboot_ecs", "login": fleet.access_key_id,
                                 "password": fleet.access_key_secret,
                                 "extra": {"region_id": fleet.region,
                                           # the scheme in the URL, not a 4-character "protocol": "http"

@@ -112,6 +112,22 @@ class FakeCluster:
         self._list_versions = getattr(self, "_list_versions", 0) + 1    # a collection version, newer each read
         return node, f"list-{self._list_versions}"
 
+    def merge_patch_node(self, name: str, body: dict) -> dict:
+        """Annotations only (what the ledger's node mark writes), guarded by metadata.resourceVersion."""
+        with self._lock:
+            node = self.get_node(name)
+            meta = body.get("metadata") or {}
+            if meta.get("resourceVersion") not in (None, node["metadata"]["resourceVersion"]):
+                raise Conflict(f"409 node {name} changed")
+            annotations = node["metadata"].setdefault("annotations", {})
+            for key, value in (meta.get("annotations") or {}).items():
+                if value is None:
+                    annotations.pop(key, None)
+                else:
+                    annotations[key] = value
+            self.put_node(node)
+            return self.get_node(name)
+
     # -- ConfigMapStore --------------------------------------------------------------------
     def read_configmap(self, namespace: str, name: str) -> dict | None:
         with self._lock:

@@ -45,6 +45,11 @@ class LedgerFull(Exception):
     """A write would make the ledger ConfigMap larger than a ConfigMap may be (1 MiB)."""
 
 
+class SecondLedger(Exception):
+    """A node to be booked is booked through another ledger: two gpuboot deployments with different
+    ledgers manage the same nodes, and would each promise its GPUs. Nothing was booked."""
+
+
 class BootError(Exception):
     """A start that failed for a reason a retry may fix (not a lack of capacity)."""
 

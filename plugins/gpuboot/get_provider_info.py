@@ -1,6 +1,7 @@
 """What the installed `gpuboot` distribution tells Airflow's providers manager (the
 `apache_airflow_provider` entry point), as providers do: its operators, sensor, triggers and
-hooks by module, and the `alibaba_cloud` connection type of EcsHook with its form, declared as
+hooks by module, and the `gpuboot_ecs` connection type of EcsHook with its form (gpuboot's own name:
+`alibaba_cloud` is apache-airflow-providers-alibaba's; see gpuboot.hooks.ecs.CONN_TYPE), declared as
 data (`conn-fields`, `ui-field-behaviour`) so the UI lists the type without importing the hook.
 
 The plugin itself (gpuboot.ui.plugin) is registered by the `airflow.plugins` entry point, not by
@@ -13,7 +14,7 @@ from typing import Any
 
 PACKAGE = "gpuboot"
 HOOK_CLASS = "gpuboot.hooks.ecs.EcsHook"
-CONN_TYPE = "alibaba_cloud"          # EcsHook.conn_type (a test keeps the two equal)
+CONN_TYPE = "gpuboot_ecs"            # EcsHook.conn_type (a test keeps the two equal)
 HOOK_NAME = "Alibaba Cloud ECS (gpuboot)"
 ECS = "Alibaba Cloud ECS (gpuboot)"
 JOBS = "GPU jobs on stopped ECS nodes (gpuboot)"

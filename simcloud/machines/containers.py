@@ -7,7 +7,8 @@ The rule, so that exit codes and logs are real:
   PATH (`sh -c "..."` works). Without `command`, `args` alone is the command line (the
   image's entrypoint is unknown here). `$(VAR)` references are expanded from the env
   as Kubernetes does (`$$(` escapes).
-* The process gets only the container's env (`value` and `valueFrom.fieldRef`), plus
+* The process gets only the container's env (`value`, `valueFrom.fieldRef`, `valueFrom.secretKeyRef` and
+  `envFrom.secretRef`: a missing Secret or key keeps it waiting in CreateContainerConfigError), plus
   PATH, HOME (= its own temp working dir), HOSTNAME (= pod name), KUBERNETES_SERVICE_HOST/
   _PORT and KUBERNETES_PORT (the address the local API server is bound to, so an in-pod
   client reaches it under `serve --host` too), PYTHONUNBUFFERED=1 (so progress lines arrive as printed), and
@@ -142,6 +143,17 @@ def _expand(text: str, env: dict[str, str]) -> str:
     return _VAR_REF.sub(sub, text)
 
 
+def secret_refs(container: dict) -> list[tuple[str, str | None, bool]]:
+    """The Secrets a container's env reads: (name, key or None for envFrom's every key, optional)."""
+    refs = [((s.get("secretRef") or {}).get("name", ""), None, bool((s.get("secretRef") or {}).get("optional")))
+            for s in container.get("envFrom") or [] if s.get("secretRef")]
+    for item in container.get("env") or []:
+        ref = (item.get("valueFrom") or {}).get("secretKeyRef")
+        if ref:
+            refs.append((ref.get("name", ""), ref.get("key", ""), bool(ref.get("optional"))))
+    return refs
+
+
 def _field_value(pod: dict, path: str) -> str:
     meta, spec, status = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status", {})
     m = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
@@ -179,7 +191,10 @@ class ContainerRunner:
         self._workdirs: dict[str, list[Path]] = {}               # pod uid -> temp dirs to remove
 
     # -- running -----------------------------------------------------------
-    def environment(self, pod: dict, container: dict, extra: dict[str, str]) -> dict[str, str]:
+    def environment(self, pod: dict, container: dict, extra: dict[str, str],
+                    secrets: dict[str, dict[str, str]] | None = None) -> dict[str, str]:
+        """The process's environment; `secrets` (name -> decoded data) are those the container reads
+        (secret_env_names), fetched by the kubelet: envFrom's first, then env in order, as Kubernetes does."""
         env = {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "LANG": "C.UTF-8",
@@ -190,14 +205,24 @@ class ContainerRunner:
             "KUBERNETES_PORT": f"tcp://{self.k8s_host}:{self.k8s_port}",
         }
         env.update(extra)
+        secrets = secrets or {}
+        for source in container.get("envFrom") or []:
+            env.update(secrets.get((source.get("secretRef") or {}).get("name", ""), {}))
         for item in container.get("env") or []:
+            value_from = item.get("valueFrom") or {}
             if "value" in item:
                 env[item["name"]] = _expand(str(item.get("value") or ""), env)
-            elif (item.get("valueFrom") or {}).get("fieldRef"):
-                env[item["name"]] = _field_value(pod, item["valueFrom"]["fieldRef"].get("fieldPath", ""))
+            elif value_from.get("fieldRef"):
+                env[item["name"]] = _field_value(pod, value_from["fieldRef"].get("fieldPath", ""))
+            elif value_from.get("secretKeyRef"):
+                ref = value_from["secretKeyRef"]
+                if ref.get("key") in secrets.get(ref.get("name", ""), {}):
+                    env[item["name"]] = secrets[ref["name"]][ref["key"]]
         return env
 
-    async def start(self, pod: dict, container: dict, extra_env: dict[str, str] | None = None) -> Container:
+    async def start(self, pod: dict, container: dict, extra_env: dict[str, str] | None = None,
+                    secrets: dict[str, dict[str, str]] | None = None) -> Container:
+
         """Start one container of `pod`; raises CannotRun (after logging why) when its command is missing."""
         meta = pod["metadata"]
         name = container["name"]
@@ -212,7 +237,7 @@ class ContainerRunner:
             return ctr
         workdir = Path(tempfile.mkdtemp(prefix=f"{meta.get('namespace')}_{meta['name']}_{name}_", dir=self.root))
         self._workdirs.setdefault(meta.get("uid", ""), []).append(workdir)
-        env = self.environment(pod, container, {"HOME": str(workdir), **(extra_env or {})})
+        env = self.environment(pod, container, {"HOME": str(workdir), **(extra_env or {})}, secrets)
         argv = [_expand(str(a), env) for a in argv]
         # a path is exec'd as given (the exec's own error names what is wrong); a bare name is looked up on PATH
         exe = sys.executable if argv[0] in ("python", "python3") else \

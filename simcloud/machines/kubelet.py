@@ -54,6 +54,7 @@ is down stays Terminating until the kubelet is back (or it is force-deleted).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
 import logging
@@ -70,7 +71,14 @@ from simcloud.kube.admission import parse_quantity as parse_count
 from simcloud.kube.errors import ApiError
 from simcloud.kube.node_lifecycle import LEASE_NAMESPACE, UNREACHABLE, set_lifecycle_taint, set_unknown
 from simcloud.machines.api import KubeletApi
-from simcloud.machines.containers import EXIT_START_ERROR, CannotRun, Container, ContainerRunner, rfc3339
+from simcloud.machines.containers import (
+    EXIT_START_ERROR,
+    CannotRun,
+    Container,
+    ContainerRunner,
+    rfc3339,
+    secret_refs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -553,8 +561,11 @@ class Kubelets:
         extra = {"NVIDIA_VISIBLE_DEVICES": ",".join(map(str, p.gpus))} if p.gpus else {}
         if p.held.get(GPU_MEM):      # what ACK's GPU sharing tells a container about its share
             extra["ALIYUN_COM_GPU_MEM_CONTAINER"] = str(p.held[GPU_MEM])
+        secrets = await self._secrets_for(node, p, pod, c, statuses)
+        if secrets is None:         # deleted while it waited for a Secret
+            return None, EXIT_START_ERROR
         try:
-            ctr = await self.runner.start(pod, c, extra)
+            ctr = await self.runner.start(pod, c, extra, secrets)
         except CannotRun as exc:
             now = rfc3339()
             statuses[c["name"]]["state"] = {"terminated": {
@@ -565,6 +576,40 @@ class Kubelets:
         await self._event_pod(node, pod, "Created", f"Created container {c['name']}")
         await self._event_pod(node, pod, "Started", f"Started container {c['name']}")
         return ctr, 0
+
+    async def _secrets_for(self, node, p, pod, c, statuses) -> dict[str, dict[str, str]] | None:
+        """The Secrets the container's env reads (decoded), as the kubelet fetches them before creating
+        it. One missing (or a key of it) keeps the container waiting, CreateContainerConfigError with
+        the kubelet's message, tried again with a doubling back-off until it appears (None: the pod
+        was deleted meanwhile). An `optional` reference is skipped when missing."""
+        backoff = self.timings.pod_start_seconds or 0.1
+        namespace = pod["metadata"]["namespace"]
+        while not p.closing:
+            out: dict[str, dict[str, str]] = {}
+            problem = None
+            for name, key, optional in secret_refs(c):
+                if name not in out:
+                    try:
+                        secret = await self._api(node).get("secrets", namespace, name)
+                    except ApiError as exc:
+                        if exc.code != 404:
+                            raise
+                        if not optional:
+                            problem = problem or f'secret "{name}" not found'
+                        continue
+                    out[name] = {k: base64.b64decode(v).decode(errors="replace")
+                                 for k, v in (secret.get("data") or {}).items()}
+                    out[name].update(secret.get("stringData") or {})
+                if key is not None and key not in out.get(name, {key: ""}) and not optional:
+                    problem = problem or f"couldn't find key {key} in Secret {namespace}/{name}"
+            if problem is None:
+                return out
+            statuses[c["name"]]["state"] = {"waiting": {"reason": "CreateContainerConfigError", "message": problem}}
+            await self._event_pod(node, pod, "Failed", f"Error: {problem}", "Warning")
+            await self._write_status(node, p, "Pending")
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
+        return None
 
     async def _finish(self, node: _Node, p: _Pod, phase: str, **extra) -> None:
         if node.pods.get(p.uid) is p:

@@ -46,7 +46,7 @@ def test_workdir_files_are_complete_private_and_work_with_real_clients(simcloud_
     conns = load_connections_dict(str(cloud.connections_file))
     k8s, ecs = conns["kubernetes_default"], conns["alibaba_ecs_default"]
     assert k8s.conn_type == "kubernetes" and Path(k8s.extra_dejson["kube_config_path"]) == cloud.kubeconfig
-    assert (ecs.conn_type, ecs.login, ecs.password) == ("alibaba_cloud", cloud.ecs["access_key_id"], secret)
+    assert (ecs.conn_type, ecs.login, ecs.password) == ("gpuboot_ecs", cloud.ecs["access_key_id"], secret)
     assert ecs.extra_dejson == {"region_id": cloud.region, "endpoint": cloud.ecs_endpoint}
     raw = json.loads(cloud.connections_file.read_text())
     monkeypatch.setenv("AIRFLOW_CONN_SIMCLOUD_K8S", json.dumps(raw["kubernetes_default"]))

@@ -69,3 +69,18 @@ def test_a_namespace_outside_the_job_namespaces_is_refused_at_trigger_time(gpu_j
 
     with pytest.raises(ParamValidationError, match="namespace"):
         gpu_job_dag.test(run_conf=dict(JOB, namespace=namespace))
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"name": "Bad_Name"}, "'Bad_Name' is not a \"Kubernetes name: use lower case letters, digits and '-', at most 63"),
+    ({"gpus": -1}, "-1 is not a 'whole number of GPUs: 0 or more (0 runs on CPU only)'"),
+])
+def test_trigger_time_refusals_say_the_rule_in_words(gpu_job_dag, change, words):
+    """Issue 35 #9: the name refusal quoted the regex ("does not match '^[a-z0-9]...'"), gpus -1 said
+    "less than or equal to the minimum of -1"."""
+    from airflow.sdk.exceptions import ParamValidationError
+
+    with pytest.raises(ParamValidationError) as refused:
+        gpu_job_dag.test(run_conf=dict(JOB, **change))
+    first = str(refused.value).splitlines()[0]
+    assert words in first and "does not match" not in first and "minimum of" not in first, first

@@ -22,7 +22,8 @@ from tests.integration.test_operators import JOB, place, release
 from tests.integration.test_resilience import ledger, starts_of, status
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = ("import time\nprint('crash-test begin', flush=True)\ntime.sleep(4)\n"  # sleep-ok: the pod's own workload, not a wait
+# The pod runs until the test opens its gate (a FIFO): it is still running whenever the retry looks.
+SCRIPT = ("import os\nprint('crash-test begin', flush=True)\nopen(os.environ['CRASH_GATE']).read()\n"
           "print('crash-test done', flush=True)\n")
 CRASH_JOB = {**JOB, "gpus": 2, "command": ["python", "-c", SCRIPT],
              "boot_timeout_seconds": 180}   # a boot timeout is not what this test is about: ample on a loaded machine
@@ -67,7 +68,10 @@ def job_pods(cloud, job_id: str) -> list:
 
 
 def test_killed_start_wait_and_launch_retry_to_one_start_one_pod_and_a_clean_ledger(cloud, tmp_path):
-    plan, pushed = place(CRASH_JOB, job_id="crash")
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    crash_job = {**CRASH_JOB, "env": {"CRASH_GATE": str(gate)}}
+    plan, pushed = place(crash_job, job_id="crash")
     assert plan["nodes_to_start"] == ["gpu2-stop"]
     job = pushed["job"]
 
@@ -90,12 +94,14 @@ def test_killed_start_wait_and_launch_retry_to_one_start_one_pod_and_a_clean_led
     assert waited["result"] == ["train"]
 
     # launch: the worker dies while the pod runs; the retry reattaches to that pod
-    launch_kwargs = {"job": job, "plan": waited["pushed"]["plan"], "startup_timeout_seconds": 60}
+    launch_kwargs = {"job": job, "plan": waited["pushed"]["plan"], "env_source": crash_job, "startup_timeout_seconds": 60}
     first = Step(tmp_path, "launch", launch_kwargs)
     wait_until(lambda: any(p.status.phase == "Running" for p in job_pods(cloud, "crash")), timeout=60,
                message=first.text)
     first.kill()
     retry = Step(tmp_path, "launch", launch_kwargs, try_number=2)
+    wait_until(lambda: "adopting the gang of attempt 1" in retry.text(), timeout=120, message=retry.text)
+    gate.write_text("go")                                  # the adopted pod may end now
     retry.result()
     pods = job_pods(cloud, "crash")
     assert len(pods) == 1, [p.metadata.name for p in pods]

@@ -14,7 +14,7 @@ FAST = RetryPolicy(attempts=10, base_seconds=0.01, cap_seconds=0.05, max_total_s
 
 @pytest.fixture
 def hook(ecs_server, monkeypatch):
-    conn = {"conn_type": "alibaba_cloud", "login": ACCESS_KEY_ID, "password": ACCESS_KEY_SECRET,
+    conn = {"conn_type": "gpuboot_ecs", "login": ACCESS_KEY_ID, "password": ACCESS_KEY_SECRET,
             "extra": {"region_id": REGION, "endpoint": ecs_server.endpoint, "protocol": "http"}}
     monkeypatch.setenv("AIRFLOW_CONN_ECS_TEST", json.dumps(conn))
     return EcsHook("ecs_test", retry=FAST)
@@ -114,7 +114,7 @@ def test_no_stock_is_classified_as_capacity(hook, ecs_server):
 
 
 def test_wrong_secret_is_a_permanent_error_that_does_not_echo_it(ecs_server, monkeypatch):
-    conn = {"conn_type": "alibaba_cloud", "login": ACCESS_KEY_ID, "password": "not-the-secret-xyz",
+    conn = {"conn_type": "gpuboot_ecs", "login": ACCESS_KEY_ID, "password": "not-the-secret-xyz",
             "extra": {"region_id": REGION, "endpoint": ecs_server.endpoint, "protocol": "http"}}
     monkeypatch.setenv("AIRFLOW_CONN_ECS_BAD", json.dumps(conn))
     with pytest.raises(EcsError) as err:
@@ -124,7 +124,7 @@ def test_wrong_secret_is_a_permanent_error_that_does_not_echo_it(ecs_server, mon
 
 
 def test_missing_region_names_the_field(monkeypatch):
-    monkeypatch.setenv("AIRFLOW_CONN_ECS_NOREGION", json.dumps({"conn_type": "alibaba_cloud", "login": "a",
+    monkeypatch.setenv("AIRFLOW_CONN_ECS_NOREGION", json.dumps({"conn_type": "gpuboot_ecs", "login": "a",
                                                                  "password": "b"}))
     with pytest.raises(ValueError, match="region_id"):
         EcsHook("ecs_noregion").describe_instances()
@@ -132,9 +132,9 @@ def test_missing_region_names_the_field(monkeypatch):
 
 # -- credential modes (issue 15): every mode the local cloud can serve, none leaking the secret --
 
-def _conn(ecs_server, **fields) -> str:
+def _conn(ecs_server, conn_type: str = "gpuboot_ecs", **fields) -> str:
     extra = {"region_id": REGION, "endpoint": ecs_server.endpoint, "protocol": "http", **fields.pop("extra", {})}
-    return json.dumps({"conn_type": "alibaba_cloud", **fields, "extra": extra})
+    return json.dumps({"conn_type": conn_type, **fields, "extra": extra})
 
 
 @pytest.mark.parametrize("extra", [
@@ -143,12 +143,16 @@ def _conn(ecs_server, **fields) -> str:
     {"extra__alibaba_cloud__access_key_id": ACCESS_KEY_ID, "extra__alibaba_cloud__access_key_secret": ACCESS_KEY_SECRET,
      "region_id": None, "region": REGION},
 ], ids=["alibaba-provider-extras", "prefixed-extras"])
-def test_static_keys_from_the_alibaba_providers_extra_fields(ecs_server, monkeypatch, caplog, extra):
-    """The form of apache-airflow-providers-alibaba (same conn type) keeps the keys in extra fields."""
-    monkeypatch.setenv("AIRFLOW_CONN_ECS_EXTRAS", _conn(ecs_server, extra=extra))
+def test_static_keys_from_the_alibaba_providers_extra_fields(ecs_server, monkeypatch, caplog, capfd, extra):
+    """A connection made with the form of apache-airflow-providers-alibaba (its type `alibaba_cloud`, the keys
+    in extra fields) serves gpuboot as it is, with a warning to give gpuboot its own type (issue 35 #8)."""
+    monkeypatch.setenv("AIRFLOW_CONN_ECS_EXTRAS", _conn(ecs_server, "alibaba_cloud", extra=extra))
     caplog.set_level(logging.DEBUG)
     hook = EcsHook("ecs_extras", retry=FAST)
     instances = hook.describe_instances(["i-gpu-a"])
+    logged = caplog.text + capfd.readouterr().out
+    assert "has type alibaba_cloud, which apache-airflow-providers-alibaba registers too" in logged
+    assert "change its type to gpuboot_ecs" in logged and "cannot read its login/password" not in logged
     assert instances[0]["Status"] == "Stopped"
     assert hook.start_instances(["i-gpu-a"])["i-gpu-a"].outcome == "done"
     # what a task would push to XCom, and every log line, are free of the secret

@@ -255,7 +255,7 @@ def test_the_gang_trigger_is_woken_by_its_pods_changing_not_by_its_poll(cloud, c
            "replicas": 2, "command": command, "env": {"RELEASE": str(fifo)}}
     plan, pushed = place(job, job_id=f"woken-{exit_code}")
     assert plan["outcome"] == "fits", plan["message"]
-    launch = GpuPodOperator(task_id="launch", job=pushed["job"], plan=plan, startup_timeout_seconds=30)
+    launch = GpuPodOperator(task_id="launch", job=pushed["job"], plan=plan, env_source=job, startup_timeout_seconds=30)
     with pytest.raises(TaskDeferred) as deferred:
         launch.execute(context("launch"))
     _path, kwargs = deferred.value.trigger.serialize()
@@ -324,7 +324,7 @@ def test_a_log_stream_cut_while_the_rank_runs_is_opened_again_at_once(cloud, mon
            "command": command, "env": {"GATE_1": str(gates[0]), "GATE_2": str(gates[1])}}
     plan, pushed = place(job, job_id="cut-log")
     assert plan["outcome"] == "fits", plan["message"]
-    launch = GpuPodOperator(task_id="launch", job=pushed["job"], plan=plan, startup_timeout_seconds=30)
+    launch = GpuPodOperator(task_id="launch", job=pushed["job"], plan=plan, env_source=job, startup_timeout_seconds=30)
     with pytest.raises(TaskDeferred) as deferred:
         launch.execute(context("launch"))
     _, kwargs = deferred.value.trigger.serialize()

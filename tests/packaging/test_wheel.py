@@ -2,10 +2,12 @@
 Airflow (from constraints.txt, so uv takes every package from its cache): what a team gets from
 `pip install gpuboot` in its own Airflow 3.3 image.
 
-Checked there, with no checkout on sys.path and an empty plugins folder: `airflow providers
-list` shows the provider; the connection form the UI gets (the api-server's hook metadata
-service) has the `alibaba_cloud` type with its fields; the plugin is loaded from its entry point;
-the `gpu_job` DAG parses.
+Checked there, with no checkout on sys.path and an empty plugins folder, beside the official
+apache-airflow-providers-alibaba (issue 35 #8: both registered `alibaba_cloud`, and Airflow kept the
+official hook and merged the forms): `airflow providers list` shows the provider; the connection
+forms the UI gets (the api-server's hook metadata service) have gpuboot's `gpuboot_ecs` type with
+its fields, and the official `alibaba_cloud` type with the official hook and its own fields only;
+the plugin is loaded from its entry point; the `gpu_job` DAG parses.
 
 The wheel's contents are checked in every run (a build, ~7 s); the installed wheel is slow (90 to 110 s
 on 2 busy cores: the install and two Airflow start-ups) and runs only when
@@ -26,6 +28,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 UV = [shutil.which("python3") or sys.executable, "-m", "uv"]
+OFFICIAL_ALIBABA = "apache-airflow-providers-alibaba==3.5.2"     # installed beside the wheel
 
 # Run inside the fresh virtualenv: what the UI's connection form, the plugin manager and the
 # dag-processor see.
@@ -35,7 +38,7 @@ slow = pytest.mark.skipif(
 PROBE = """
 import json, sys
 from airflow.api_fastapi.core_api.services.ui.connections import HookMetaService
-meta = [m.model_dump() for m in HookMetaService.hook_meta_data() if m.connection_type == "alibaba_cloud"]
+meta = [m.model_dump() for m in HookMetaService.hook_meta_data() if m.connection_type in ("gpuboot_ecs", "alibaba_cloud")]
 from airflow import plugins_manager
 plugins, plugin_errors = plugins_manager._get_plugins()
 from airflow.dag_processing.dagbag import DagBag
@@ -73,7 +76,7 @@ def installed(wheel, tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("site")
     venv = root / "venv"
     _run([*UV, "venv", "--quiet", "--python", "3.11", str(venv)])
-    _run([*UV, "pip", "install", "--quiet", "-p", str(venv / "bin" / "python"), str(wheel),
+    _run([*UV, "pip", "install", "--quiet", "-p", str(venv / "bin" / "python"), str(wheel), OFFICIAL_ALIBABA,
           "-c", str(REPO / "constraints.txt")])
     shutil.copytree(REPO / "dags", root / "dags", ignore=shutil.ignore_patterns("__pycache__"))
     (root / "plugins").mkdir()
@@ -124,7 +127,13 @@ def test_installed_wheel_is_a_provider_with_the_connection_form_the_plugin_and_t
     assert not any(p.startswith(str(REPO)) for p in seen["sys_path"]), "the checkout leaked onto sys.path"
     assert seen["gpuboot"].startswith(installed["venv"]), seen["gpuboot"]
 
-    (meta,) = seen["hook_meta"]
+    assert providers["apache-airflow-providers-alibaba"]
+    by_type = {m["connection_type"]: m for m in seen["hook_meta"]}
+    assert set(by_type) == {"gpuboot_ecs", "alibaba_cloud"}, seen["hook_meta"]
+    official = by_type["alibaba_cloud"]
+    assert official["hook_class_name"].startswith("airflow.providers.alibaba."), official
+    assert not {"region_id", "endpoint", "credential_mode"} & set(official["extra_fields"] or {}), official
+    meta = by_type["gpuboot_ecs"]
     assert (meta["hook_class_name"], meta["hook_name"]) == ("gpuboot.hooks.ecs.EcsHook", "Alibaba Cloud ECS (gpuboot)")
     extra = meta["extra_fields"]
     assert {"region_id", "endpoint", "credential_mode"} <= set(extra)

@@ -116,9 +116,10 @@ def test_entry_points_name_what_exists():
     module, _, attr = points["airflow.plugins"]["gpuboot"].partition(":")
     plugin = getattr(importlib.import_module(module), attr)
     assert issubclass(plugin, AirflowPlugin) and plugin.name == "gpuboot"
-    # the plugins-folder entry of a source checkout registers the same class
-    from gpuboot_plugin import GpuBootPlugin
-    assert GpuBootPlugin is plugin
+    # the plugins-folder entry of a source checkout registers the same class, unless gpuboot is installed
+    import gpuboot_plugin
+    assert points["airflow.plugins"]["gpuboot"] == gpuboot_plugin.ENTRY_POINT
+    assert gpuboot_plugin.INSTALLED or gpuboot_plugin.GpuBootPlugin is plugin
 
 
 def test_provider_info_describes_the_hook_and_validates_against_airflows_schema():
@@ -141,14 +142,21 @@ def test_provider_info_describes_the_hook_and_validates_against_airflows_schema(
     assert [m for m in conn["conn-fields"]["credential_mode"]["schema"]["enum"] if m] == list(CREDENTIAL_MODES)
 
 
-def test_a_source_checkouts_plugins_folder_registers_the_same_plugin():
-    """Without the wheel (make demo, the tests, the distributed run), Airflow's plugins-folder loader
-    finds the plugin in plugins/gpuboot_plugin.py, and only there (.airflowignore keeps gpuboot/ out)."""
+def test_a_source_checkouts_plugins_folder_registers_the_plugin_once():
+    """Airflow finds the plugin once: by the entry point of the installed gpuboot (make install installs
+    this checkout editable, for the provider's connection type and form: issue 35 #8), else in
+    plugins/gpuboot_plugin.py, and only there (.airflowignore keeps gpuboot/ out)."""
+    from airflow import plugins_manager
     from airflow._shared.plugins_manager import _load_plugins_from_plugin_directory
+
+    import gpuboot_plugin
 
     plugins, errors = _load_plugins_from_plugin_directory(plugins_folder=str(ROOT / "plugins"))
     assert errors == {}
-    assert [(p.name, Path(str(p.source.path)).name) for p in plugins] == [("gpuboot", "gpuboot_plugin.py")]
+    folder = [(p.name, Path(str(p.source.path)).name) for p in plugins]
+    assert folder == ([] if gpuboot_plugin.INSTALLED else [("gpuboot", "gpuboot_plugin.py")])
+    loaded, errors = plugins_manager._get_plugins()
+    assert [p.name for p in loaded].count("gpuboot") == 1 and not any("gpuboot" in k for k in errors), errors
 
 
 def test_provider_info_lists_every_operator_sensor_trigger_and_hook_module():
@@ -173,3 +181,13 @@ def test_provider_info_lists_every_operator_sensor_trigger_and_hook_module():
             holding = {m for m in found if any(isinstance(v, type) and issubclass(v, base) and v.__module__ == m
                                                for v in vars(importlib.import_module(m)).values())}
             assert holding == listed, f"{role}: get_provider_info lists {sorted(listed)}, the folder holds {sorted(holding)}"
+
+
+def test_the_source_setup_lists_the_connection_type_and_its_form():
+    """Issue 35 #8: from a checkout (make install, make demo) Airflow listed no gpuboot connection type: the
+    provider's entry point exists only for an installed gpuboot, which make install now makes this checkout."""
+    from airflow.api_fastapi.core_api.services.ui.connections import HookMetaService
+
+    (meta,) = [m for m in HookMetaService.hook_meta_data() if m.connection_type == "gpuboot_ecs"]
+    assert meta.hook_class_name == "gpuboot.hooks.ecs.EcsHook"
+    assert {"region_id", "endpoint", "credential_mode"} <= set(meta.extra_fields or {})

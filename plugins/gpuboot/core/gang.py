@@ -23,7 +23,15 @@ from dataclasses import dataclass
 
 from gpuboot.core.inventory import parse_time
 from gpuboot.core.jobspec import JobSpec
-from gpuboot.core.model import LABEL_ATTEMPT, LABEL_HOSTNAME, LABEL_JOB, LABEL_RANK, LABEL_TASK, NodeState
+from gpuboot.core.model import (
+    LABEL_ATTEMPT,
+    LABEL_HOSTNAME,
+    LABEL_JOB,
+    LABEL_RANK,
+    LABEL_TASK,
+    TERMINATED_PHASES,
+    NodeState,
+)
 from gpuboot.core.placement import Assignment, Outcome, Plan
 
 MASTER_PORT = 29500           # torchrun's default
@@ -53,7 +61,8 @@ def draft_gang(spec: JobSpec, job_id: str, attempt: int = 1, ranks: Sequence[int
 
 # Where a refused field of a pod comes from in the job spec (the first match wins).
 _SPEC_FIELDS = (("metadata.name", "name"), ("metadata.labels", "name"), ("spec.tolerations", "tolerations"),
-                ("spec.nodeSelector", "node_selector"), (".env", "env"), (".image", "image"),
+                ("spec.nodeSelector", "node_selector"), (".envFrom", "env_from_secrets"),
+                ("secretKeyRef", "secret_env"), (".env", "env"), (".image", "image"),
                 (".command", "command"), (".args", "args"), (".resources", "gpus, cpu, memory or extra_resources"))
 
 
@@ -73,6 +82,17 @@ def rank_env(rank: int, world_size: int, master_addr: str | None, task_index: in
             {"name": TASK_INDEX_ENV, "value": str(task_index)}]
 
 
+def job_env(spec: JobSpec) -> list[dict]:
+    """The job's own variables in API form: env's values, then secret_env's Secret references
+    (the kubelet reads those values; they never pass through Airflow). The rank variables are gpuboot's."""
+    env: list[dict] = [{"name": k, "value": str(v)} for k, v in spec.env.items() if k not in RANK_ENV]
+    for k, ref in spec.secret_env.items():
+        if k not in RANK_ENV:
+            secret, _, key = ref.partition("/")
+            env.append({"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
+    return env
+
+
 def pod_name(task: str, job_id: str, attempt: int) -> str:
     """Unique per job run and launch attempt: a retry's pods never wait for the old names to free."""
     return f"{task}-{hashlib.sha256(job_id.encode()).hexdigest()[:8]}-{attempt}"
@@ -90,10 +110,11 @@ def gang_pods(spec: JobSpec, plan: Plan, attempt: int, master_addr: str | None,
             continue
         resources = a.requests.to_k8s()
         index = names.index(a.task) if a.task in names else rank
-        env = [{"name": k, "value": str(v)} for k, v in spec.env.items() if k not in RANK_ENV]
-        env += rank_env(rank, world, None if rank == 0 else master_addr, index)
+        env = [*job_env(spec), *rank_env(rank, world, None if rank == 0 else master_addr, index)]
         container = {"name": CONTAINER, "image": spec.image, "env": env,
                      "resources": {"requests": resources, "limits": resources}}
+        if spec.env_from_secrets:
+            container["envFrom"] = [{"secretRef": {"name": name}} for name in spec.env_from_secrets]
         if spec.command:
             container["command"] = list(spec.command)
         if spec.args:
@@ -151,9 +172,11 @@ def _node_ready(node: Mapping | None) -> bool:
                                     for c in (node.get("status") or {}).get("conditions") or [])
 
 
-def rank_failure(rank: int, pod: Mapping | None, nodes: Mapping[str, Mapping | None] | None = None) -> RankFailure | None:
-    """Why this rank has failed, or None while it runs or once it succeeded."""
-    name = ((pod or {}).get("metadata") or {}).get("name", f"rank-{rank}")
+def rank_failure(rank: int, pod: Mapping | None, nodes: Mapping[str, Mapping | None] | None = None,
+                 name: str | None = None) -> RankFailure | None:
+    """Why this rank has failed, or None while it runs or once it succeeded. `name`: the rank's pod,
+    for one that is gone."""
+    name = ((pod or {}).get("metadata") or {}).get("name", name or f"rank-{rank}")
     if pod is None:
         return RankFailure(rank, name, "its pod is gone (deleted)")
     status = pod.get("status") or {}
@@ -165,6 +188,12 @@ def rank_failure(rank: int, pod: Mapping | None, nodes: Mapping[str, Mapping | N
         return RankFailure(rank, name, reason, term.get("exitCode"))
     if pod["metadata"].get("deletionTimestamp"):
         return RankFailure(rank, name, "its pod is being deleted (evicted or removed)")
+    for s in status.get("containerStatuses") or []:
+        waiting = (s.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") == "CreateContainerConfigError":    # a Secret or key it reads is missing
+            return RankFailure(rank, name, f"its container cannot be created: {waiting.get('message') or 'config error'}"
+                               ". Create the Secret (and key) in the job's namespace, or fix secret_env / "
+                               "env_from_secrets")
     node = (pod.get("spec") or {}).get("nodeName")
     if phase == "Running" and nodes is not None and node is not None and node in nodes and not _node_ready(nodes[node]):
         return RankFailure(rank, name, f"its node {node} is not Ready (node lost)")
@@ -199,14 +228,14 @@ def completion(pods: Sequence[Mapping]) -> str | None:
 
 
 def judge(pods: Mapping[int, Mapping | None], world_size: int,
-          nodes: Mapping[str, Mapping | None] | None = None) -> GangState:
+          nodes: Mapping[str, Mapping | None] | None = None, names: Sequence[str] = ()) -> GangState:
     """The gang's state from its pods by rank (None: the pod is gone) and, optionally, the
     Nodes of running ranks (a rank whose node is not Ready is lost with it: its containers
     died with the machine even while the pod still reads Running). Of several failed ranks the
     one whose container ended first is named: the others most likely failed because of it."""
     failures, done = [], []
     for rank in range(world_size):
-        failure = rank_failure(rank, pods.get(rank), nodes)
+        failure = rank_failure(rank, pods.get(rank), nodes, names[rank] if rank < len(names) else None)
         if failure is not None:
             finished = _terminated(pods.get(rank) or {}).get("finishedAt") or "~"   # unknown: after any time
             failures.append((finished, rank, failure))
@@ -217,10 +246,13 @@ def judge(pods: Mapping[int, Mapping | None], world_size: int,
     return GangState("succeeded" if len(done) == world_size else "running", done=tuple(done))
 
 
-def adoptable(pods: Sequence[Mapping], world_size: int) -> tuple[int, list[str]] | None:
+def adoptable(pods: Sequence[Mapping], world_size: int, try_number: int | None = None) -> tuple[int, list[str]] | None:
     """(attempt, pod names by rank) when `pods` (every pod of the job) are one whole launch
-    attempt with no rank failed or being deleted: a worker died while its gang ran, and the
-    retry follows the same pods. None: launch anew (after clearing whatever is there)."""
+    attempt with no rank failed or being deleted, and still live (a rank not yet ended) or of
+    this very try (`try_number`): a worker died while its gang ran, and the retry follows the
+    same pods. A finished gang of an earlier try is never adopted: a cleared launch runs the
+    job again rather than replaying its old verdict. None: launch anew (after clearing whatever
+    is there)."""
     attempts = {(p["metadata"].get("labels") or {}).get(LABEL_ATTEMPT) for p in pods}
     if len(attempts) != 1 or None in attempts:
         return None
@@ -229,4 +261,8 @@ def adoptable(pods: Sequence[Mapping], world_size: int) -> tuple[int, list[str]]
         return None
     if any(rank_failure(rank, pod) is not None for rank, pod in by_rank.items()):
         return None
-    return int(str(attempts.pop())), [by_rank[r]["metadata"]["name"] for r in range(world_size)]
+    attempt = int(str(attempts.pop()))
+    live = any((p.get("status") or {}).get("phase") not in TERMINATED_PHASES for p in pods)
+    if not live and attempt != try_number:
+        return None
+    return attempt, [by_rank[r]["metadata"]["name"] for r in range(world_size)]

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from gpuboot.core.inventory import build_inventory, is_workload_pod, parse_provider_id, parse_time
+from gpuboot.core.inventory import build_inventory, is_workload_pod, parse_provider_id, parse_time, stopped_reason
 from gpuboot.core.model import (
     ANNOTATION_CORDONED_BY,
     ANNOTATION_IDLE_SINCE,
@@ -36,6 +36,7 @@ from gpuboot.core.model import (
     NodeState,
     NodeView,
     Reservation,
+    ledger_of,
 )
 from gpuboot.core.resources import Resources
 from gpuboot.core.timefmt import duration, rfc3339
@@ -183,12 +184,13 @@ def find_work(nodes: Iterable[Mapping], pods: Iterable[Mapping], reservations: I
 
 def plan_scaledown(nodes: Sequence[dict], pods: Sequence[dict], instances: Sequence[dict],
                    reservations: Sequence[Reservation], now: float, idle_seconds: float,
-                   spare_seconds: float) -> ScaledownPlan:
+                   spare_seconds: float, ledger: str | None = None) -> ScaledownPlan:
     """Decide, for every managed node, whether to stop it, and the idle-since books to keep.
 
     `nodes`/`pods` in API form, `instances` in DescribeInstances form, `reservations` from
     the ledger (expired ones are ignored), `now` in epoch seconds; `idle_seconds` and
-    `spare_seconds` make the `IdleRule`."""
+    `spare_seconds` make the `IdleRule`. `ledger`: the identity of the ledger `reservations` come from; a
+    node booked through another (ANNOTATION_LEDGER) is kept: its bookings are not among them."""
     rule = IdleRule(idle_seconds, spare_seconds)
     by_id = {i["InstanceId"]: i for i in instances if i.get("InstanceId")}
     # The inventory owns the "managed" rule (label or tag) and what is free where (pods and reservations).
@@ -200,6 +202,14 @@ def plan_scaledown(nodes: Sequence[dict], pods: Sequence[dict], instances: Seque
         name = node["metadata"]["name"]
         if not views[name].managed:
             unmanaged.append(name)
+            continue
+        owner = ledger_of(node)
+        if ledger is not None and owner not in (None, ledger):
+            books = (node["metadata"].get("annotations") or {}).get(ANNOTATION_IDLE_SINCE)   # the other's: untouched
+            decisions.append(NodeDecision(
+                verdict=IdleVerdict.KEPT, node=name, instance_id=None, idle_since_before=books, idle_since=books,
+                reason=f"booked through ledger {owner}, not this deployment's {ledger}: its bookings are not in this "
+                       "ledger, so it is never stopped from here"))
             continue
         decisions.append(_decide(node, by_id, work.get(name), now, rule))
     return ScaledownPlan(now=now, idle_seconds=idle_seconds, decisions=_keep_spare(decisions, views, rule),
@@ -252,8 +262,7 @@ def _decide(node: Mapping, by_id: Mapping[str, dict], work: tuple[IdleVerdict, s
         return decide(IdleVerdict.STOPPING, "instance Stopping; un-cordoned once Stopped" if ours
                       else "instance Stopping")
     if status == "Stopped":
-        return decide(IdleVerdict.STOPPED, f"instance Stopped ({instance.get('StoppedMode') or 'mode unknown'})",
-                      uncordon=ours)
+        return decide(IdleVerdict.STOPPED, stopped_reason(instance), uncordon=ours)
     if status in ("Pending", "Starting"):
         return decide(IdleVerdict.STARTING, f"instance {status}", uncordon=ours)
     if status != "Running":

@@ -338,6 +338,20 @@ def _shared_taints(taints: list[dict] | None, known: dict[tuple, tuple]) -> tupl
     return known.setdefault(tuple(tuple(t.items()) for t in wanted), wanted)
 
 
+KEEP_CHARGING = "KeepCharging"
+
+
+def stopped_reason(instance: Mapping) -> str:
+    """How a Stopped instance is described (the fleet page, the candidate table, scale-down's log): one
+    stopped in KeepCharging mode (ECS's default, so stopped outside gpuboot, which stops in StopCharging)
+    is still billed for its compute, and says so."""
+    mode = instance.get("StoppedMode")
+    if mode == KEEP_CHARGING:
+        return ("instance Stopped in KeepCharging mode: still billed for its compute while stopped (stopped outside "
+                "gpuboot; once a job has used it, scale-down stops it in StopCharging)")
+    return "instance Stopped" + (f" ({mode})" if mode else "")
+
+
 def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],
                     instance_types: dict[str, dict], reservations: list[Reservation],
                     now: float, boot_grace_seconds: float = 900) -> list[NodeView]:
@@ -398,8 +412,7 @@ def build_inventory(nodes: list[dict], pods: list[dict], instances: list[dict],
             elif status in ("Pending", "Starting"):
                 state, reason = NodeState.BOOTING, f"instance {status}"
             elif status == "Stopped":
-                mode = instance.get("StoppedMode")
-                state, reason = NodeState.STOPPED, "instance Stopped" + (f" ({mode})" if mode else "")
+                state, reason = NodeState.STOPPED, stopped_reason(instance)
             elif status == "Stopping":
                 state, reason = NodeState.STOPPING, "instance Stopping"
             else:

@@ -55,6 +55,11 @@ _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 _NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+# What a job's env value reads as wherever gpuboot shows or passes the job on (XCom "job", rendered
+# fields, the spec DAGs' docs): its names only. Values may be tokens; launch alone reads them, from
+# the job's source (the DAG run's params or the group's `job`), and puts them in the pods.
+ENV_WITHHELD = "(withheld: env values never leave the job's source)"
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 
 
@@ -90,6 +95,8 @@ class JobSpec:
     command: tuple[str, ...]
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=FrozenDict)
+    secret_env: Mapping[str, str] = field(default_factory=FrozenDict)   # NAME -> "secret-name/key"
+    env_from_secrets: tuple[str, ...] = ()    # Secrets whose every key becomes a variable (envFrom)
     gpus: int = 1
     cpu: str = "1"
     memory: str = "4Gi"
@@ -107,7 +114,7 @@ class JobSpec:
     allow_gpu_nodes: bool = False             # may a CPU-only job (gpus: 0) use, and boot, GPU nodes?
 
     def __post_init__(self):
-        for name in ("env", "node_selector", "extra_resources"):
+        for name in ("env", "secret_env", "node_selector", "extra_resources"):
             object.__setattr__(self, name, FrozenDict(getattr(self, name) or {}))
         object.__setattr__(self, "gpu_model", gpu_model_alternatives(self.gpu_model))
 
@@ -116,8 +123,9 @@ class JobSpec:
         """Validate `data` (YAML spec, DAG params, XCom) into a JobSpec; JobSpecError names the bad field."""
         return _Validator(source).spec(data)
 
-    def to_dict(self) -> dict:
-        """JSON-safe; `JobSpec.from_dict(spec.to_dict()) == spec`."""
+    def to_dict(self, env_values: bool = True) -> dict:
+        """JSON-safe; `JobSpec.from_dict(spec.to_dict()) == spec`. `env_values=False`: the env's
+        values withheld (ENV_WITHHELD), as the job is passed on and shown."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -126,7 +134,18 @@ class JobSpec:
             elif isinstance(value, tuple):
                 value = [dict(v) if isinstance(v, Mapping) else v for v in value]
             out[f.name] = value
+        if not env_values:
+            out["env"] = dict.fromkeys(self.env, ENV_WITHHELD)
         return out
+
+    @property
+    def env_withheld(self) -> bool:
+        """Whether this spec came from a view of the job without its env values (see ENV_WITHHELD)."""
+        return any(value == ENV_WITHHELD for value in self.env.values())
+
+    def env_names(self) -> tuple[str, ...]:
+        """Every variable the job sets itself (env and secret_env; env_from_secrets' keys are the Secrets')."""
+        return (*self.env, *self.secret_env)
 
     @property
     def gang_size(self) -> int:
@@ -194,6 +213,8 @@ class _Validator:
             "command": self.argv("command", raw["command"], required=True),
             "args": self.argv("args", raw.get("args", ())),
             "env": self.env(raw.get("env", {})),
+            "secret_env": self.secret_env(raw.get("secret_env", {})),
+            "env_from_secrets": self.env_from_secrets(raw.get("env_from_secrets", ())),
             "gpus": self.integer("gpus", raw.get("gpus", 1), 0, None),
             "cpu": self.quantity(CPU, raw.get("cpu", "1")),
             "memory": self.quantity(MEMORY, raw.get("memory", "4Gi")),
@@ -215,6 +236,9 @@ class _Validator:
                 "reservation_ttl_seconds", raw["reservation_ttl_seconds"], 1, MAX_TIMEOUT_SECONDS)
         if "min_available" in raw:
             values["min_available"] = self.integer("min_available", raw["min_available"], 1, values["replicas"])
+        both = sorted(set(values["env"]) & set(values["secret_env"]))
+        if both:
+            self.fail(f"secret_env.{both[0]}", "is also set in env", f"Set {both[0]} in one of env and secret_env")
         self.exec_size(values["command"], values["args"], values["env"])
         replicas = values["replicas"]
         longest = len(values["name"]) + (len(f"-{replicas - 1}") if replicas > 1 else 0)
@@ -278,6 +302,42 @@ class _Validator:
                 self.fail(f"env.{name}", f"expected a string value, got {type(item).__name__}", "Quote the value")
             out[name] = str(item)
         return out
+
+    def secret_env(self, value) -> dict[str, str]:
+        """NAME: "secret-name/key", each a variable whose value the kubelet reads from a Secret of the
+        job's namespace (valueFrom.secretKeyRef): the value never passes through Airflow."""
+        example = "{HF_TOKEN: 'hf-token/token'}"
+        if not isinstance(value, Mapping):
+            self.fail("secret_env", f"expected a mapping of NAME: 'secret-name/key', got {type(value).__name__}",
+                      f"Write e.g. {example}")
+        out = {}
+        for name, item in value.items():
+            if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+                self.fail(f"secret_env.{name}", "is not a valid environment variable name",
+                          "Use letters, digits, '_', '-' or '.', not starting with a digit")
+            secret, _, key = item.partition("/") if isinstance(item, str) else ("", "", "")
+            if not (self._secret_name(secret) and _SECRET_KEY.fullmatch(key) and len(key) <= 253):
+                self.fail(f"secret_env.{name}", f"{item!r} does not name a Secret and a key",
+                          f"Write 'secret-name/key' (a Secret of the job's namespace and one of its keys), e.g. {example}")
+            out[name] = f"{secret}/{key}"
+        return out
+
+    def env_from_secrets(self, value) -> tuple[str, ...]:
+        """Secrets of the job's namespace whose every key becomes a variable (envFrom.secretRef)."""
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            self.fail("env_from_secrets", f"expected a list of Secret names, got {type(value).__name__}",
+                      "Write e.g. [wandb, s3-credentials]")
+        for i, item in enumerate(value):
+            if not self._secret_name(item):
+                self.fail(f"env_from_secrets[{i}]", f"{item!r} is not a Secret name",
+                          "Use lower-case letters, digits, '-' and '.', at most 253, e.g. 'wandb'")
+        return tuple(dict.fromkeys(value))
+
+    @staticmethod
+    def _secret_name(value) -> bool:
+        return isinstance(value, str) and len(value) <= 253 and bool(_DNS_SUBDOMAIN.fullmatch(value))
 
     def boot_timeout(self, value, settle: int) -> int:
         """Long enough for a boot to become GPU-ready and hold it: else every boot would time out
@@ -479,6 +539,29 @@ def field_errors(data: Mapping, source: str = "job form") -> dict[str, str]:
 FORM_GPU_MODELS: tuple[str, ...] = ("T4", "A10", "V100", "A100", "L20", "H20")
 
 
+# Rules the trigger form's schema states as a "format", checked when Airflow validates the params at
+# trigger time. jsonschema says a failed format as "<value> is not a '<format>'", so each format's name is
+# its rule in words: "'Bad_Name' is not a 'Kubernetes name: ...'" instead of the regex the pattern would
+# quote ("does not match '^[a-z0-9]...'"), and "-1 is not a 'whole number...'" instead of "less than or
+# equal to the minimum of -1". Each format comes before the pattern or bound that checks the same rule
+# (jsonschema reports the first failed keyword of equal weight), which stays in the schema for a process
+# where the formats are not registered (register_form_formats: params_schema and the gpuboot plugin do).
+NAME_FORMAT = "Kubernetes name: use lower case letters, digits and '-', at most 63, starting and ending with a letter or digit"
+GPUS_FORMAT = "whole number of GPUs: 0 or more (0 runs on CPU only)"
+FORM_FORMATS = {
+    NAME_FORMAT: lambda v: not isinstance(v, str) or bool(_DNS_LABEL.match(v)),
+    GPUS_FORMAT: lambda v: isinstance(v, bool) or not isinstance(v, int) or v >= 0,
+}
+
+
+def register_form_formats() -> None:
+    """Make jsonschema's FormatChecker (the one Airflow validates params with) know FORM_FORMATS."""
+    from jsonschema import FormatChecker  # type: ignore[import-untyped]
+
+    for name, check in FORM_FORMATS.items():
+        FormatChecker.checkers.setdefault(name, (check, ()))
+
+
 def _optional(schema: dict) -> dict:
     """The schema with "null" among its types: Airflow's form marks a field required unless it may be null,
     and an empty optional field sends null, which JobSpec reads as "the default"."""
@@ -504,10 +587,11 @@ def params_schema() -> dict[str, dict]:
     positive = r"^(?![\s+]*[0.]+(?:[eE][+-]?\d+)?[A-Za-z]*\s*$)" + QUANTITY_PATTERN.removeprefix("^")
     quantity = {"type": ["null", "string"], "pattern": positive, "minLength": 1}
     seconds = {"type": ["null", "integer"], "exclusiveMinimum": 0, "exclusiveMaximum": MAX_TIMEOUT_SECONDS + 1}
+    register_form_formats()
     namespaces = job_namespaces()
     min_boot = min_boot_seconds()
     spec = {
-        "name": (None, {"type": "string", "pattern": DNS_LABEL, "title": "Job name"},
+        "name": (None, {"type": "string", "format": NAME_FORMAT, "pattern": DNS_LABEL, "title": "Job name"},
                  ("Lower-case letters, digits and '-', starting and ending with a letter or digit, at most 63 "
                  "characters (a Kubernetes name), e.g. train-resnet")),
         "image": (None, {"type": "string", "minLength": 1, "pattern": r"^\S+$", "title": "Container image"},
@@ -520,8 +604,16 @@ def params_schema() -> dict[str, dict]:
                  "Optional: more arguments after the command, one per line (e.g. --epochs, then 3)"),
         "env": (None, {"type": ["null", "object"], "title": "Environment",
                        "additionalProperties": {"type": ["string", "number"], "maxLength": MAX_ARG_STRLEN - 2}},
-                'Optional: environment variables as a JSON object, e.g. {"EPOCHS": "3"}'),
-        "gpus": (1, {"type": ["null", "integer"], "exclusiveMinimum": -1, "title": "GPUs"},
+                ('Optional: environment variables as a JSON object, e.g. {"EPOCHS": "3"}; shown everywhere '
+                 'by name only. For secrets use Secret environment')),
+        "secret_env": (None, {"type": ["null", "object"], "title": "Secret environment",
+                              "additionalProperties": {"type": "string", "pattern": r"^[a-z0-9][-a-z0-9.]*/[-._a-zA-Z0-9]+$"}},
+                       ('Optional: variables read from Kubernetes Secrets of the namespace, as JSON NAME: '
+                        '"secret-name/key", e.g. {"HF_TOKEN": "hf-token/token"}')),
+        "env_from_secrets": (None, _optional({"type": "array", "items": {"type": "string"},
+                                              "title": "Secrets as environment"}),
+                             "Optional: Secrets of the namespace whose every key becomes a variable, one per line"),
+        "gpus": (1, {"type": ["null", "integer"], "format": GPUS_FORMAT, "exclusiveMinimum": -1, "title": "GPUs"},
                  "GPUs per task: a whole number, 0 or more (0 runs on CPU only)"),
         "cpu": ("1", {**quantity, "title": "CPU"},
                 "CPU per task as a Kubernetes quantity above zero: 500m is half a core, 2 is two cores"),

@@ -23,6 +23,12 @@ LABEL_RANK = "gpuboot.io/rank"              # a gang pod's rank (0 .. WORLD_SIZE
 LABEL_ATTEMPT = "gpuboot.io/attempt"        # the launch attempt a gang pod belongs to
 ANNOTATION_IDLE_SINCE = "gpuboot.io/idle-since"     # when scale-down first saw the node idle (RFC 3339)
 ANNOTATION_CORDONED_BY = "gpuboot.io/cordoned-by"   # who cordoned the node, so only gpuboot un-cordons its own
+ANNOTATION_LEDGER = "gpuboot.io/ledger"             # the ledger (namespace/name) that books the node: one per node
+
+
+def ledger_of(node: Mapping) -> str | None:
+    """The ledger a Node is booked through (ANNOTATION_LEDGER), None before its first booking."""
+    return ((node.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_LEDGER)
 LABEL_HOSTNAME = "kubernetes.io/hostname"
 LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 LABEL_ZONE = "topology.kubernetes.io/zone"

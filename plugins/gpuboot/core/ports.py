@@ -90,6 +90,14 @@ class ConfigMapStore(Protocol):
         """Replace guarded by body.metadata.resourceVersion."""
         ...
 
+    # The ledger's mark on the Nodes it books (ReservationLedger.claim_nodes)
+    def get_node(self, name: str) -> dict:
+        ...
+
+    def merge_patch_node(self, name: str, body: dict) -> dict:
+        """JSON merge patch, guarded (Conflict) when body.metadata.resourceVersion is set."""
+        ...
+
 
 class Ecs(Protocol):
     """What the lifecycle asks of ECS (`gpuboot.hooks.ecs.EcsHook`). Start and stop answer per

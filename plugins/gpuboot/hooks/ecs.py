@@ -90,10 +90,23 @@ CREDENTIAL_MODES = ("static", "default_chain")
 _SECRET_ENV = ("ALIBABA_CLOUD_ACCESS_KEY_SECRET", "ALIBABA_CLOUD_SECURITY_TOKEN")
 
 
-def _extra_field(extra: dict, name: str, conn_type: str = "alibaba_cloud") -> Any:
-    """An extra field as the UI stores it: `name`, or the older `extra__<conn_type>__name`."""
+# gpuboot's connection type. Until 0.2 it was `alibaba_cloud`, which apache-airflow-providers-alibaba
+# registers too: with both installed Airflow keeps one hook and one form for the type, and the other
+# provider's connections fail there (the official hooks refuse gpuboot's login/password with "No
+# access_key_id is specified"). A connection of the old type is still read, for this release, with a
+# warning; its fields are the official provider's where they mean the same (extra access_key_id,
+# access_key_secret, region), so an official `alibaba_cloud` connection can serve gpuboot as it is.
+CONN_TYPE = "gpuboot_ecs"
+OLD_CONN_TYPE = "alibaba_cloud"
+
+
+def _extra_field(extra: dict, name: str) -> Any:
+    """An extra field as the UI stores it: `name`, or the older `extra__<conn_type>__name` of either type."""
     value = extra.get(name)
-    return value if value not in (None, "") else extra.get(f"extra__{conn_type}__{name}")
+    if value not in (None, ""):
+        return value
+    return next((extra[k] for k in (f"extra__{CONN_TYPE}__{name}", f"extra__{OLD_CONN_TYPE}__{name}")
+                 if extra.get(k) not in (None, "")), None)
 
 
 def endpoint_settings(conn_id: str, extra: dict) -> tuple[str | None, str | None]:
@@ -221,7 +234,8 @@ def credential_settings(conn_id: str, login: str | None, password: str | None, e
 
 
 class EcsHook(BaseHook):
-    """ECS through `alibabacloud_ecs20140526`, configured by an `alibaba_cloud` connection:
+    """ECS through `alibabacloud_ecs20140526`, configured by a `gpuboot_ecs` connection (CONN_TYPE; one of
+    the old type `alibaba_cloud`, an official provider's included, is read too, with a warning):
     extra `region_id` (required; `region` is read too), for a private or local endpoint
     `endpoint` ("host:port", or "http://host:port") and `protocol` ("http"/"https"), and `credential_mode` ("static":
     login = AccessKey ID, password = AccessKey secret, or extra access_key_id/access_key_secret;
@@ -232,7 +246,7 @@ class EcsHook(BaseHook):
 
     conn_name_attr = "ecs_conn_id"
     default_conn_name = "alibaba_ecs_default"
-    conn_type = "alibaba_cloud"
+    conn_type = CONN_TYPE
     hook_name = "Alibaba Cloud ECS (gpuboot)"
 
     def __init__(self, ecs_conn_id: str = default_conn_name, retry: RetryPolicy | None = None,
@@ -260,6 +274,12 @@ class EcsHook(BaseHook):
 
         conn = self.get_connection(self.ecs_conn_id)
         extra = conn.extra_dejson
+        if conn.conn_type == OLD_CONN_TYPE:
+            self.log.warning("connection %r has type %s, which apache-airflow-providers-alibaba registers too; "
+                             "gpuboot reads it for this release: change its type to %s%s", self.ecs_conn_id,
+                             OLD_CONN_TYPE, CONN_TYPE,
+                             " (the official provider's hooks cannot read its login/password: they read extra "
+                             "access_key_id / access_key_secret)" if conn.login or conn.password else "")
         region = _extra_field(extra, "region_id") or _extra_field(extra, "region")
         if not region:
             raise ValueError(f"connection {self.ecs_conn_id!r}: missing extra.region_id; "

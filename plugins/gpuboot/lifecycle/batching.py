@@ -62,7 +62,16 @@ from collections.abc import Sequence
 from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.model import Reservation, Unavailable
 from gpuboot.core.placement import JobRequest, Outcome, Plan, Verdict, place
-from gpuboot.lifecycle.booking import Basis, Booker, Booking, Survey, outdated_marks, reservation_ttl, survey
+from gpuboot.lifecycle.booking import (
+    Basis,
+    Booker,
+    Booking,
+    Survey,
+    outdated_marks,
+    plan_nodes,
+    reservation_ttl,
+    survey,
+)
 from gpuboot.lifecycle.ledger import Batch, Decided, LedgerConflict, LedgerState, Queued, RequestQueue, backoff
 
 LEASE_SECONDS = 15         # a leader renews its lease with every batch it commits (half the contention budget:
@@ -203,6 +212,7 @@ class BatchPlacer:
                     p.outcome != Outcome.FITS for p in plans):
                 basis = None            # a verdict of busy or never rests on a recent read, no release pending
                 continue
+            self.ledger.claim_nodes(plan_nodes(plans, basis.survey.nodes))   # SecondLedger: another ledger books them
             for attempt in range(1, 1 << 30):
                 try:
                     self._commit(state, me, queue, plans, added, outdated)

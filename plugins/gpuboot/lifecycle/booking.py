@@ -132,6 +132,12 @@ class Basis:
         return state.released_since(self.seq, job_id)
 
 
+def plan_nodes(plans: Sequence[Plan], nodes: Sequence[dict]) -> list[dict]:
+    """The Nodes (API form) the plans' assignments use."""
+    used = {a.node for p in plans for a in p.assignments}
+    return [n for n in nodes if n["metadata"]["name"] in used]
+
+
 def reservation_ttl(spec: JobSpec) -> float:
     """How long a reservation lives when taken: never less than the boot timeout plus the launch
     (what the run still needs after placing), whatever `reservation_ttl_seconds` says.
@@ -226,6 +232,8 @@ class Booker:
                 basis = None        # stopping a node needs pods listed after this ledger state (module doc)
                 continue
             change = self._change(job_id, plan if fits else None, ttl, now, marks, to_stop, record)   # 4.
+            if fits:
+                self.ledger.claim_nodes(plan_nodes([plan], seen.nodes))   # SecondLedger: another ledger books them
             try:                                                                   # 5. compare-and-swap
                 self.ledger.commit(job_id, change.reservations, state.version, [*marks, *change.fences],
                                    record=change.record, drop_unavailable=outdated, state=state)
@@ -309,8 +317,12 @@ class Booker:
                           "; ".join(f"{r.task} -> {r.node} ({r.resources})" for r in change.reservations))
         elif released_because is not None:
             self.log.info("released the reservations of job %s: %s", job_id, released_because)
+        elif plan.outcome == Outcome.BUSY:
+            self.log.info("released the reservations of job %s: it waits, holding nothing, until capacity frees up "
+                          "(%s)", job_id, plan.message)
         else:
-            self.log.info("released the reservations of job %s: it no longer fits (%s)", job_id, plan.outcome.value)
+            self.log.info("released the reservations of job %s: it can no longer run in this fleet (%s)", job_id,
+                          plan.message)
         for node, claim in claimed.items():
             self.log.info("node %s: started by this job, not stopping it, another job claims it: %s", node, claim)
 

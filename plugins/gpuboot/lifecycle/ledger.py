@@ -46,9 +46,9 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from gpuboot.core.model import Reservation, Unavailable
+from gpuboot.core.model import ANNOTATION_LEDGER, Reservation, Unavailable, ledger_of
 from gpuboot.core.resources import Resources
-from gpuboot.exceptions import LedgerConflict, LedgerFull
+from gpuboot.exceptions import LedgerConflict, LedgerFull, SecondLedger
 from gpuboot.hooks.kube import Conflict, KubeClient
 
 CONFIGMAP = "gpuboot-reservations"
@@ -276,6 +276,32 @@ class ReservationLedger:
     def __init__(self, kube: KubeClient, namespace: str = "default", name: str = CONFIGMAP,
                  clock: Callable[[], float] = time.time) -> None:
         self.kube, self.namespace, self.name, self.clock = kube, namespace, name, clock
+
+    @property
+    def identity(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def claim_nodes(self, nodes: Iterable[dict]) -> None:
+        """Before a booking on them: mark each Node as booked through this ledger (ANNOTATION_LEDGER, first
+        come, a compare-and-swap on the Node), or raise SecondLedger when one names another: its bookings
+        are in a ledger this one never reads (issue 35 #3)."""
+        for seen in nodes:
+            node, name = seen, seen["metadata"]["name"]
+            while ledger_of(node) != self.identity:
+                owner = ledger_of(node)
+                if owner is not None:
+                    raise SecondLedger(
+                        f"node {name} is booked through ledger {owner}, this deployment's is {self.identity}: two "
+                        f"gpuboot deployments with different ledgers on the same nodes would promise the same GPUs "
+                        f"twice, and one's scale-down would stop a node the other booked. Nothing was booked. Give "
+                        f"every deployment on these nodes the same ledger_namespace, or keep their nodes apart "
+                        f"(node_selector); a node moved for good: kubectl annotate node {name} {ANNOTATION_LEDGER}-")
+                try:
+                    self.kube.merge_patch_node(name, {"metadata": {"annotations": {ANNOTATION_LEDGER: self.identity},
+                                                                   "resourceVersion": node["metadata"].get("resourceVersion")}})
+                    break
+                except Conflict:        # the Node changed since it was read (perhaps claimed): read it again
+                    node = self.kube.get_node(name)
 
     def snapshot(self) -> LedgerState:
         cm = self.kube.read_configmap(self.namespace, self.name)

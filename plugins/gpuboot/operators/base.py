@@ -16,7 +16,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from gpuboot.core.jobspec import JobSpec, JobSpecError, params_schema
+from gpuboot.core.jobspec import ENV_WITHHELD, JobSpec, JobSpecError, params_schema
 from gpuboot.hooks.ecs import EcsHook
 from gpuboot.hooks.kube import KubeClient
 from gpuboot.lifecycle.boot import JobBoot
@@ -40,13 +40,25 @@ class GpuJobStep:
     def ledger(self, kube: KubeClient | None = None) -> ReservationLedger:
         return ReservationLedger(kube or self.kube(), self.ledger_namespace)
 
+    def render_template_fields(self, context, jinja_env=None) -> None:
+        """Rendered as usual, then `job` (what "Rendered Templates" shows) keeps its env's names only;
+        the values stay in this task's memory (job_values) for the step itself."""
+        super().render_template_fields(context, jinja_env)  # type: ignore[misc]
+        self._job_values = self.job
+        self.job = withhold_env(self.job)
+
+    def job_values(self) -> Mapping | Any:
+        """`job` as rendered, env values included (the shown `job` has names only)."""
+        return getattr(self, "_job_values", None) or self.job
+
     def spec(self) -> JobSpec | None:
         """The job as the place step validated it (XCom "job"), parsed once; None when wired without it."""
-        if not self.job:
+        job = self.job_values()
+        if not job:
             return None
         cached = getattr(self, "_spec_cache", None)
-        if cached is None or cached[0] is not self.job:
-            cached = (self.job, JobSpec.from_dict(dict(self.job), source="job"))
+        if cached is None or cached[0] is not job:
+            cached = (job, JobSpec.from_dict(dict(job), source="job"))
             self._spec_cache = cached
         return cached[1]
 
@@ -74,6 +86,13 @@ def resolve_job(job: Mapping | None, context: Mapping, declared: Iterable[str] =
         return JobSpec.from_dict(dict(job), source=source)
     except JobSpecError as exc:
         raise AirflowFailException(str(exc)) from None
+
+
+def withhold_env(job: Mapping | Any) -> Mapping | Any:
+    """A job mapping as it may be shown or passed on: the env's names, never its values (ENV_WITHHELD)."""
+    if isinstance(job, Mapping) and isinstance(job.get("env"), Mapping):
+        return {**job, "env": dict.fromkeys(job["env"], ENV_WITHHELD)}
+    return job
 
 
 def job_id_for(dag_id: str, run_id: str, group: str) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -10,12 +11,13 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from gpuboot.core.gang import CONTAINER, LABEL_ATTEMPT, MASTER_PORT, RankFailure, adoptable, gang_pods, rank_failure
+from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.model import LABEL_HOSTNAME, LABEL_JOB, LABEL_RANK
 from gpuboot.core.placement import Plan
 from gpuboot.core.steplog import launch_summary
 from gpuboot.core.timefmt import duration
 from gpuboot.hooks.kube import Conflict, InvalidRequest, KubeClient
-from gpuboot.operators.base import GpuJobStep, push, summarize
+from gpuboot.operators.base import GpuJobStep, push, resolve_job, summarize
 from gpuboot.triggers.gang import GangTrigger
 
 GONE_SECONDS = 60.0          # how long an earlier attempt's pods may take to go before they are force-deleted
@@ -45,12 +47,15 @@ class GpuPodOperator(GpuJobStep, BaseOperator):
     template_fields = ("job", "plan", "launched")
     overwrite_rtif_after_execution = True
 
-    def __init__(self, *, job: Mapping | Any = None, plan: Mapping | Any = None,
+    def __init__(self, *, job: Mapping | Any = None, plan: Mapping | Any = None, env_source: Mapping | None = None,
                  kubernetes_conn_id: str = "kubernetes_default", deferrable: bool = True,
                  poll_seconds: float = 2.0, startup_timeout_seconds: float = 300.0, log_tail_lines: int = 20,
                  **kwargs) -> None:
         super().__init__(**kwargs)
         self.job, self.plan, self.kubernetes_conn_id = job, plan, kubernetes_conn_id
+        # where the env's values are when `job` is the place step's XCom (names only): the job as the
+        # place step got it (a mapping, or None: the DAG run's params). Not a template field: never shown.
+        self.env_source = env_source
         self.deferrable, self.poll_seconds = deferrable, poll_seconds
         self.startup_timeout_seconds, self.log_tail_lines = startup_timeout_seconds, log_tail_lines
         self.launched: dict = {}
@@ -64,9 +69,10 @@ class GpuPodOperator(GpuJobStep, BaseOperator):
         spec, plan = self.spec(), Plan.from_json(self.plan)
         if spec is None or not plan.assignments:
             raise AirflowFailException("launch needs the job (XCom 'job' of place) and a plan with assignments")
+        spec = self._with_env_values(spec, context)
         kube = self.kube()
         existing = kube.list_pods(f"{LABEL_JOB}={plan.job_id}")
-        adopted = adoptable(existing, len(plan.assignments))
+        adopted = adoptable(existing, len(plan.assignments), int(context["ti"].try_number))
         if adopted is not None:
             attempt, names = adopted
             self.log.info("adopting the gang of attempt %d, still live: %s", attempt, ", ".join(names))
@@ -80,6 +86,23 @@ class GpuPodOperator(GpuJobStep, BaseOperator):
         if self.deferrable:
             self.defer(trigger=trigger, method_name="execute_complete")
         return self.execute_complete(context, asyncio.run(_first_event(trigger)))
+
+    def _with_env_values(self, spec: JobSpec, context) -> JobSpec:
+        """The job with its env values, read from the job's source (env_source, rendered here, or the
+        DAG run's params) when `job` carries the names only; never logged nor stored."""
+        if not spec.env_withheld:
+            return spec
+        if self.env_source is None and "name" not in (context.get("params") or {}):
+            raise AirflowFailException(
+                f"job {spec.name}: env: the values of {', '.join(sorted(spec.env))} are withheld from the job launch "
+                "got (the place step's XCom 'job' holds names only). Pass env_source=<the job mapping the place "
+                "step got> to the launch operator (gpu_job_group does), or take the job from the DAG run's params")
+        source = self.render_template(self.env_source, context) if self.env_source is not None else None
+        values = resolve_job(source, context, declared=self.params or ()).env
+        if set(values) != set(spec.env):
+            raise AirflowFailException(f"job {spec.name}: env: the job's source now sets {sorted(values)}, the place "
+                                       f"step placed it with {sorted(spec.env)}. Clear the run from place")
+        return dataclasses.replace(spec, env=values)
 
     def on_kill(self) -> None:
         """Killed in the worker (execution_timeout, marked failed while not deferred): delete the gang's
@@ -111,13 +134,20 @@ class GpuPodOperator(GpuJobStep, BaseOperator):
         others = [n for n in names if n != failure.pod]
         for name in others:
             kube.delete_pod(namespace, name)
-        raise AirflowException(self._failure_message(kube, namespace, failure, names, others))
+        raise AirflowException(self._failure_message(kube, namespace, failure, names, others, event.get("tail")))
 
     def _failure_message(self, kube: KubeClient, namespace: str, failure: RankFailure, names: list[str],
-                         others: list[str]) -> str:
+                         others: list[str], streamed: list[str] | None = None) -> str:
+        """The failure with the rank's last log lines: from its pod, else (the pod is gone, deleted mid-run)
+        those the trigger streamed into this task's log."""
         tail = kube.pod_log_tail(namespace, failure.pod, self.log_tail_lines, CONTAINER)
+        if not tail and streamed:
+            tail = list(streamed)[-self.log_tail_lines:]
         deleted = f"; the other rank(s) deleted: {', '.join(others)}" if others else ""
-        lines = "\n".join(f"  {line}" for line in tail) or "  (no log: the container never started)"
+        if not tail:
+            return (f"gang of {len(names)}: {failure.describe()}{deleted}. Rank {failure.rank} wrote no log line "
+                    "(its container never started, or printed nothing)")
+        lines = "\n".join(f"  {line}" for line in tail)
         return (f"gang of {len(names)}: {failure.describe()}{deleted}. "
                 f"Last {len(tail)} log line(s) of rank {failure.rank}:\n{lines}")
 
@@ -201,6 +231,7 @@ def what_runs(spec, plan: Plan, attempt: int) -> dict:
         "command": list(spec.command),
         "args": list(spec.args),
         "env": sorted({e["name"] for e in container.get("env") or []}),
+        "env_from": list(spec.env_from_secrets),   # (a key named like "secret" is masked by Airflow)
         "resources": dict((container.get("resources") or {}).get("requests") or {}),
     }
 

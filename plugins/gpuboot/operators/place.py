@@ -17,6 +17,7 @@ from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.placement import Outcome, Plan
 from gpuboot.core.ports import EcsError
 from gpuboot.core.steplog import place_summary
+from gpuboot.exceptions import SecondLedger
 from gpuboot.hooks.kube import JOB_POD_RIGHTS
 from gpuboot.lifecycle.batching import book_first
 from gpuboot.lifecycle.booking import CONTENDED_SECONDS, Booker, LedgerContended
@@ -66,7 +67,7 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
     def _spec(self, context) -> JobSpec:
         """The job, with the operator's policy folded in: `cpu_jobs_on_gpu_nodes=False` keeps CPU-only
         jobs off GPU nodes even when they set allow_gpu_nodes; later steps re-place from this spec."""
-        spec = resolve_job(self.job, context, declared=self.params or ())
+        spec = resolve_job(self.job_values(), context, declared=self.params or ())
         if spec.allow_gpu_nodes and spec.gpus == 0 and not self.cpu_jobs_on_gpu_nodes:
             self.log.info("allow_gpu_nodes ignored: this place step forbids GPU nodes for CPU-only jobs "
                           "(cpu_jobs_on_gpu_nodes=False)")
@@ -119,6 +120,8 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
         began = time.monotonic()
         try:
             plan = self.place_and_reserve(spec, job_id)
+        except SecondLedger as exc:
+            raise refusal(self, context, f"job {spec.name}: {exc}") from None
         except (LedgerContended, EcsError) as exc:
             if isinstance(exc, EcsError) and exc.kind != "transient":
                 raise
@@ -138,7 +141,7 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
             self.log.info("%s; re-planning in %.0fs, giving up in %.0fs", plan.message, wake - now, deadline - now)
             self.defer(trigger=WakeUpTrigger(wake, CapacityWait(deadline, []).to_json()), method_name="resume")
         self.log.info("decision: %s; nodes to start: %s", plan.message, list(plan.nodes_to_start) or "none")
-        push(context, "job", spec.to_dict())
+        push(context, "job", spec.to_dict(env_values=False))   # names only: launch reads the values
         push(context, "job_id", job_id)
         summarize(self, context, place_summary(spec.name, plan, time.monotonic() - began))
         return plan.to_json()

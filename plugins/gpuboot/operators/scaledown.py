@@ -55,7 +55,7 @@ from gpuboot.core.idle import (
     recheck,
 )
 from gpuboot.core.inventory import parse_provider_id
-from gpuboot.core.model import Reservation
+from gpuboot.core.model import Reservation, ledger_of
 from gpuboot.core.timefmt import duration
 from gpuboot.hooks.ecs import EcsHook
 from gpuboot.hooks.kube import Conflict, KubeClient
@@ -151,7 +151,8 @@ class IdleScaleDownOperator(GpuJobStep, BaseOperator):
         ids = sorted({p[1] for p in (parse_provider_id((n.get("spec") or {}).get("providerID")) for n in nodes)
                       if p})
         instances = ecs.describe_instances(ids) if ids else []
-        return plan_scaledown(nodes, pods, instances, reservations, self.now(), idle_seconds, spare_seconds), nodes
+        return plan_scaledown(nodes, pods, instances, reservations, self.now(), idle_seconds, spare_seconds,
+                              ledger=ledger.identity), nodes
 
     def keep_books(self, kube: KubeClient, plan: ScaledownPlan) -> None:
         """Write idle-since changes and release cordons that are no longer needed."""
@@ -171,6 +172,10 @@ class IdleScaleDownOperator(GpuJobStep, BaseOperator):
             self.on_cordoned(names)
             reservations = self.fence(ledger, names)
             busy = recheck(nodes, names, kube.list_active_pods(), reservations, self.now())
+            for name in names:      # booked through another deployment's ledger since the survey: not ours to stop
+                owner = ledger_of(kube.get_node(name))
+                if name not in busy and owner not in (None, ledger.identity):
+                    busy[name] = f"booked through ledger {owner} meanwhile"
             for name, why in busy.items():
                 self.log.info("%s: re-check after the cordon found work (%s); un-cordoning, backing off", name, why)
                 patch_node(kube, name, annotations={ANNOTATION_IDLE_SINCE: None}, uncordon=True)

@@ -51,12 +51,16 @@ def gpu_job_group(job: Mapping | None = None, *, group_id: str = "gpu_job",
                               plan=start.output["plan"], kubernetes_conn_id=kubernetes_conn_id,
                               ecs_conn_id=ecs_conn_id, ledger_namespace=ledger_namespace, deferrable=deferrable,
                               poke_interval=poke_interval)
-        launch = GpuPodOperator(task_id="launch", job=spec, plan=wait.output["plan"],
+        launch = GpuPodOperator(task_id="launch", job=spec, plan=wait.output["plan"], env_source=job,
                                 kubernetes_conn_id=kubernetes_conn_id, deferrable=deferrable)
         release = ReleaseReservationOperator(task_id="release", kubernetes_conn_id=kubernetes_conn_id,
                                              ledger_namespace=ledger_namespace)
         # release is the teardown of place's reservation: it runs whatever happens after place
         # succeeded; it fails the run when the job did not run to completion (a teardown is the
         # last task to end, so a run marked failed while it waited would otherwise end green).
-        place >> start >> wait >> launch >> release.as_teardown(setups=place, on_failure_fail_dagrun=True)
+        # start and wait_gpu_ready are setups of launch too: clearing launch (Airflow clears a task's
+        # setups with it) then places, starts and waits for the node again before the pods run,
+        # rather than launching on a node scale-down may have stopped since.
+        place >> start.as_setup() >> wait.as_setup() >> launch
+        launch >> release.as_teardown(setups=place, on_failure_fail_dagrun=True)
     return group

@@ -167,9 +167,7 @@ def _description(source: str, value: Any) -> str | None:
 
 
 def _doc_md(spec: SpecFile) -> str:
-    fields = spec.job.to_dict()
-    if fields.get("env"):  # names only: values may be tokens
-        fields["env"] = dict.fromkeys(fields["env"], "(set)")
+    fields = spec.job.to_dict(env_values=False)    # names only: values may be tokens
     job = yaml.safe_dump(fields, sort_keys=False)
     return (
         f"### Recurring GPU job `{spec.job.name}`\n\n"

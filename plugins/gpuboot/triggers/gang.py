@@ -13,9 +13,11 @@ the start (lines may show twice), never misses the verdict.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import math
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +27,7 @@ from gpuboot.core.gang import CONTAINER, LABEL_ATTEMPT, LABEL_RANK, judge, pod_t
 from gpuboot.core.model import LABEL_JOB, TERMINATED_PHASES
 from gpuboot.hooks.kube import AsyncKubeClient, Gone
 
+TAIL_LINES = 20          # the last log lines of each rank the trigger keeps for the failure message
 DRAIN_SECONDS = 10.0     # how long the verdict waits for the log streams to deliver their last lines
 REOPEN_SECONDS = 1.0     # a running rank's log stream that ended is opened again no sooner than this
 
@@ -39,7 +42,9 @@ def stamp_ns(stamp: str) -> int:
 
 class GangTrigger(BaseTrigger):
     """Fires {"status": "succeeded"|"failed", "failure": {rank, pod, reason, exit_code} | None,
-    "namespace", "pods" (by rank), "job_id", "attempt", "times" (by rank: gpuboot.core.gang.pod_times)}."""
+    "namespace", "pods" (by rank), "job_id", "attempt", "times" (by rank: gpuboot.core.gang.pod_times),
+    "tail" (the failed rank's last TAIL_LINES log lines as streamed: its pod may be gone by the time
+    launch reads them)}."""
 
     def __init__(self, namespace: str, job_id: str, attempt: int, pods: list[str],
                  kubernetes_conn_id: str = "kubernetes_default", poll_seconds: float = 2.0,
@@ -56,10 +61,11 @@ class GangTrigger(BaseTrigger):
                  "kubernetes_conn_id": self.kubernetes_conn_id, "poll_seconds": self.poll_seconds,
                  "started_at": self.started_at})
 
-    def _event(self, status: str, failure=None, times: list | None = None) -> TriggerEvent:
+    def _event(self, status: str, failure=None, times: list | None = None, tail: Sequence[str] = ()) -> TriggerEvent:
         return TriggerEvent({"status": status, "failure": failure.to_json() if failure else None,
                              "namespace": self.namespace, "pods": self.pods, "job_id": self.job_id,
-                             "attempt": self.attempt, "started_at": self.started_at, "times": times or []})
+                             "attempt": self.attempt, "started_at": self.started_at, "times": times or [],
+                             "tail": list(tail)})
 
     async def on_kill(self) -> None:
         """The task was marked failed, cleared or its run deleted while the gang ran: delete its pods,
@@ -73,7 +79,9 @@ class GangTrigger(BaseTrigger):
         world = len(self.pods)
         phases: dict[int, str] = {}
         updated = asyncio.Condition()     # notified each time `phases` is read anew
-        followers = [asyncio.create_task(self._follow_log(kube, rank, phases, updated)) for rank in range(world)]
+        tails = [collections.deque(maxlen=TAIL_LINES) for _ in range(world)]
+        followers = [asyncio.create_task(self._follow_log(kube, rank, phases, updated, tails[rank]))
+                     for rank in range(world)]
         selector = f"{LABEL_JOB}={self.job_id},{LABEL_ATTEMPT}={self.attempt}"
         delay = self.poll_seconds
         loop = asyncio.get_running_loop()
@@ -103,7 +111,7 @@ class GangTrigger(BaseTrigger):
                     phases[rank] = (pod.get("status") or {}).get("phase") or "Pending"
                 async with updated:
                     updated.notify_all()
-                state = judge(by_rank, world, nodes)
+                state = judge(by_rank, world, nodes, self.pods)
                 if state.status != "running":
                     # the streams end with their containers: let them deliver the last lines
                     # (of every rank, or of the failed one: the others are about to be deleted)
@@ -114,7 +122,8 @@ class GangTrigger(BaseTrigger):
                     if state.failure is not None:
                         self.log.error("gang %s: %s", self.job_id, state.failure.describe())
                     yield self._event(state.status, state.failure,
-                                      [pod_times(by_rank.get(rank)) for rank in range(world)])
+                                      [pod_times(by_rank.get(rank)) for rank in range(world)],
+                                      tails[state.failure.rank] if state.failure is not None else ())
                     return
                 await self._changed(kube, selector, version)
         finally:
@@ -140,7 +149,7 @@ class GangTrigger(BaseTrigger):
                     await asyncio.sleep(self.poll_seconds)
 
     async def _follow_log(self, kube: AsyncKubeClient, rank: int, phases: dict[int, str],
-                          updated: asyncio.Condition) -> None:
+                          updated: asyncio.Condition, tail: collections.deque) -> None:
         """Stream one rank's log into this trigger's log; resume (dropping lines already seen by
         their timestamp) when the stream ends before the pod does. A stream that ends while the
         rank runs (the server cut it, or the container just exited) is opened again at once, at
@@ -163,6 +172,7 @@ class GangTrigger(BaseTrigger):
                         continue
                     last = at or last
                     self.log.info("[rank %d] %s", rank, text)
+                    tail.append(text)
             except asyncio.CancelledError:
                 raise
             except Exception:

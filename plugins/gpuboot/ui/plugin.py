@@ -10,8 +10,11 @@ triggerer, as it starts.
 """
 from airflow.plugins_manager import AirflowPlugin
 
+from gpuboot.core.jobspec import register_form_formats
 from gpuboot.ui import run_note as runnote
 from gpuboot.ui import warmup
+
+register_form_formats()     # the API server validates gpu_job's params at trigger time: say its rules in words
 
 URL_PREFIX = "/gpuboot"
 

@@ -87,6 +87,9 @@ def test_a_retry_adopts_only_a_whole_live_attempt():
     assert adoptable([pod(0, "Running", 1)], 2) is None                                # rank 1 never created
     assert adoptable([pod(0, "Running", 1), pod(1, "Failed", 1, code=1)], 2) is None   # one fate: relaunch
     assert adoptable([pod(0, "Running", 1), pod(1, "Running", 2)], 2) is None          # mixed attempts
+    done = [pod(0, "Succeeded", 1, code=0), pod(1, "Succeeded", 1, code=0)]
+    assert adoptable(done, 2, try_number=2) is None            # a finished gang of an earlier try: launch again
+    assert adoptable(done, 2, try_number=1) == (1, ["p0", "p1"])   # this try's own gang: its verdict stands
 
 
 def test_a_draft_gang_is_the_launch_pods_pinned_to_a_placeholder_node():
@@ -136,3 +139,24 @@ def test_a_pods_bound_running_and_finished_times_come_from_its_status():
     pending = pod_times({"metadata": {"name": "train-0"}, "status": {"phase": "Pending"}})
     assert (pending["bound_at"], pending["running_at"], pending["finished_at"]) == (None, None, None)
     assert pod_times(None)["pod"] is None             # a rank whose pod is gone
+
+
+def test_secret_env_and_env_from_secrets_become_references_the_kubelet_resolves():
+    spec = JobSpec.from_dict({"name": "train", "image": "i", "command": ["true"], "env": {"EPOCHS": "3"},
+                              "secret_env": {"HF_TOKEN": "hf-token/token"}, "env_from_secrets": ["wandb"]})
+    (pod,) = gang_pods(spec, plan(("train", "a")), attempt=1, master_addr=None)
+    container = pod["spec"]["containers"][0]
+    assert env_of(pod)["HF_TOKEN"] == {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+    assert env_of(pod)["EPOCHS"] == "3"
+    assert container["envFrom"] == [{"secretRef": {"name": "wandb"}}]
+
+
+def test_a_missing_secret_fails_the_rank_naming_it_and_the_fix():
+    from gpuboot.core.gang import rank_failure
+
+    pod = {"metadata": {"name": "train-x-1"}, "status": {"phase": "Pending", "containerStatuses": [
+        {"name": "base", "state": {"waiting": {"reason": "CreateContainerConfigError",
+                                               "message": 'secret "hf-token" not found'}}}]}}
+    failure = rank_failure(0, pod)
+    assert failure is not None and 'secret "hf-token" not found' in failure.reason
+    assert "Create the Secret" in failure.reason and "secret_env" in failure.reason

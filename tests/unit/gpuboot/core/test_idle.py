@@ -231,6 +231,18 @@ def test_instances_not_running_are_not_stopped_and_lose_idle_since():
     assert p.to_stop == ()
 
 
+def test_an_instance_stopped_in_keep_charging_mode_is_reported_as_still_billed():
+    """Issue 35 #9: it read "instance Stopped (KeepCharging)" like any stopped node, though ECS bills it."""
+    from gpuboot.core.inventory import build_inventory
+
+    node = managed_node("kept", idle_since=NOW - 1800)
+    kept = {**instance("kept", "Stopped"), "StoppedMode": "KeepCharging"}
+    reason = decision(plan([node], instances=[kept]), "kept").reason
+    assert reason.startswith("instance Stopped in KeepCharging mode: still billed for its compute while stopped")
+    (view,) = build_inventory([node], [], [kept], {}, [], NOW)
+    assert view.reason == reason                          # the fleet page and the candidate table say the same
+
+
 def test_gpuboot_cordons_are_released_once_stopped_not_while_stopping():
     nodes = [managed_node("stopped", cordoned_by_us=True), managed_node("stopping", cordoned_by_us=True),
              managed_node("started", cordoned_by_us=True)]

@@ -366,3 +366,23 @@ def test_form_fields_put_the_main_fields_first_and_mark_only_name_image_command_
     assert {f["key"] for f in fields} == set(params_schema())
     assert {f["key"] for f in fields if f["required"]} == {"name", "image", "command"}
     assert all(f["main"] == (f["key"] in FORM_MAIN_FIELDS) for f in fields)
+
+
+def test_env_values_are_withheld_from_the_view_passed_on_and_secret_references_are_checked():
+    from gpuboot.core.jobspec import ENV_WITHHELD
+
+    base = {"name": "train", "image": "i", "command": ["true"]}
+    spec = JobSpec.from_dict({**base, "env": {"TOKEN": "s3cr3t-value"}, "secret_env": {"HF": "hf-token/token"},
+                              "env_from_secrets": "wandb"})
+    shown = spec.to_dict(env_values=False)
+    assert shown["env"] == {"TOKEN": ENV_WITHHELD} and "s3cr3t-value" not in str(shown)
+    again = JobSpec.from_dict(shown)
+    assert again.env_withheld and not spec.env_withheld and again.secret_env == {"HF": "hf-token/token"}
+    assert spec.env_from_secrets == ("wandb",) and spec.env_names() == ("TOKEN", "HF")
+    for bad, field, words in (({"secret_env": {"HF": "no-key"}}, "secret_env.HF", "'secret-name/key'"),
+                              ({"secret_env": {"HF": "Bad_Name/k"}}, "secret_env.HF", "does not name a Secret"),
+                              ({"env": {"HF": "x"}, "secret_env": {"HF": "a/b"}}, "secret_env.HF", "also set in env"),
+                              ({"env_from_secrets": ["UPPER"]}, "env_from_secrets[0]", "is not a Secret name")):
+        with pytest.raises(JobSpecError) as err:
+            JobSpec.from_dict({**base, **bad})
+        assert err.value.field == field and words in str(err.value), str(err.value)

@@ -61,6 +61,16 @@ class Cluster:
     def list_active_pods(self):
         return list(self.pods)
 
+    def get_node(self, name):
+        return next(dict(n) for n in self.nodes if n["metadata"]["name"] == name)
+
+    def merge_patch_node(self, name, body):     # the ledger's mark on a node it books (annotations only)
+        for n in self.nodes:
+            if n["metadata"]["name"] == name:
+                annotations = {**(n["metadata"].get("annotations") or {}), **body["metadata"]["annotations"]}
+                n["metadata"] = {**n["metadata"], "annotations": annotations}
+        return self.get_node(name)
+
     def read_configmap(self, namespace, name):
         with self.lock:
             return None if self.cm is None else {**self.cm, "metadata": {**self.cm["metadata"],
