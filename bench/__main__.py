@@ -1,8 +1,9 @@
 """python -m bench [--quick] [--parts placement,readiness,overhead,gang,burst,triggerer|distributed]
 [--kube simcloud,real] [--out results/bench]
 
-`--kube simcloud,real` runs each part on both Kubernetes backends (simcloud's own API server, then the
-real control plane from `make controlplane`) and prints their headline figures side by side.
+`--kube simcloud,real` runs the parts on each Kubernetes backend in turn (simcloud's own API server, then
+the real control plane from `make controlplane`), each in a process of its own writing into
+results/bench/<backend>/, and prints their headline figures side by side.
 
 `distributed` (GPUs registered -> pod Running on the CeleryExecutor stack) takes minutes and needs
 PostgreSQL and Redis: not in the default parts (`make bench-distributed`)."""
@@ -29,6 +30,7 @@ os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(REPO / "plugins")
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
@@ -97,37 +99,53 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     out = Path(args.out)
-    work = Path(tempfile.mkdtemp(prefix="gpuboot-bench-"))
-    summary: dict = {"machine": machine(), "quick": args.quick, "backends": {}}
-    failed = False
-    for kube in backends:
-        os.environ["GPUBOOT_KUBE"] = kube          # every SimCloud a part starts uses this backend
-        suffix = "" if backends == ["simcloud"] else f".{kube}"
-        results = summary["backends"][kube] = {}
-        for part in parts:
-            began = time.perf_counter()
-            out.mkdir(parents=True, exist_ok=True)
-            log_path = out / f"{part}{suffix}.log"
-            log_path.write_text("")
-            os.environ["GPUBOOT_BENCH_LOG"] = str(log_path)
-            print(f"-- {part} on {kube}: running (its log: {log_path})", flush=True)
-            try:
-                with output_to(log_path):   # Airflow, simcloud and trigger logs go to the part's log file
-                    result = run_part(part, work / kube / part, args)
-            except Exception as error:  # one broken part must not hide the others' figures
-                failed = True
-                with open(log_path, "a") as log:
-                    traceback.print_exc(file=log)
-                result = {"error": f"{type(error).__name__}: {error}"}
-            result["wall_seconds"] = round(time.perf_counter() - began, 1)
-            result["kube"] = kube
-            results[part] = result
-            (out / f"{part}{suffix}.json").write_text(json.dumps(result, indent=2) + "\n")
-            print(report.render(part, result), flush=True)
     if len(backends) > 1:
-        print(report.side_by_side(summary["backends"]), flush=True)
+        return _side_by_side(argv if argv is not None else sys.argv[1:], backends, parts, out)
+    kube = backends[0]
+    os.environ["GPUBOOT_KUBE"] = kube          # every SimCloud a part starts uses this backend
+    work = Path(tempfile.mkdtemp(prefix="gpuboot-bench-"))
+    summary = {"machine": machine(), "quick": args.quick, "kube": kube, "parts": {}}
+    failed = False
+    for part in parts:
+        began = time.perf_counter()
+        out.mkdir(parents=True, exist_ok=True)
+        log_path = out / f"{part}.log"
+        log_path.write_text("")
+        os.environ["GPUBOOT_BENCH_LOG"] = str(log_path)
+        print(f"-- {part} on {kube}: running (its log: {log_path})", flush=True)
+        try:
+            with output_to(log_path):   # Airflow, simcloud and trigger logs go to the part's log file
+                result = run_part(part, work / part, args)
+        except Exception as error:  # one broken part must not hide the others' figures
+            failed = True
+            with open(log_path, "a") as log:
+                traceback.print_exc(file=log)
+            result = {"error": f"{type(error).__name__}: {error}"}
+        result["wall_seconds"] = round(time.perf_counter() - began, 1)
+        summary["parts"][part] = result
+        (out / f"{part}.json").write_text(json.dumps(result, indent=2) + "\n")
+        print(report.render(part, result), flush=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"machine: {summary['machine']['cpu']}, {summary['machine']['cores']} cores; wrote {out}/*.json")
+    return 1 if failed else 0
+
+
+def _side_by_side(argv: list[str], backends: list[str], parts: list[str], out: Path) -> int:
+    """Each backend in a process of its own (Airflow keeps its connections and hooks per process),
+    into out/<backend>/; then their headline figures side by side."""
+    plain = [a for i, a in enumerate(argv)
+             if not (a.startswith(("--kube", "--out")) or (i and argv[i - 1] in ("--kube", "--out")))]
+    failed = False
+    for kube in backends:
+        done = subprocess.run([sys.executable, "-m", "bench", *plain, "--kube", kube, "--out", str(out / kube)],
+                              check=False)
+        failed = failed or done.returncode != 0
+    results = {kube: {part: json.loads(path.read_text()) if (path := out / kube / f"{part}.json").exists()
+                      else {"error": "not run"} for part in parts} for kube in backends}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "side_by_side.json").write_text(json.dumps({"machine": machine(), "backends": results}, indent=2) + "\n")
+    print(report.side_by_side(results), flush=True)
+    print(f"wrote {out}/<backend>/*.json and {out}/side_by_side.json")
     return 1 if failed else 0
 
 

@@ -284,6 +284,25 @@ def test_boot_attempts_are_bounded_and_the_last_failure_leaves_nothing_behind(cl
     wait_until(lambda: status(cloud, "gpu-stop") == status(cloud, "gpu2-stop") == "Stopped", timeout=10)
 
 
+def test_a_job_only_its_failed_node_could_hold_fails_at_once_instead_of_waiting_for_capacity(cloud):
+    """Issue 35 #2: the fleet's only 2-GPU node never became ready for this job. Before, the job then
+    waited for capacity (re-placing every 30 s) until its one-hour queue timeout; now it fails at once,
+    saying why, holding nothing."""
+    cloud.set_faults(never_ready=["gpu2-stop"])
+    plan, pushed = place({**FAST_BOOT, "gpus": 2}, job_id="job")
+    out, _ = start(plan, pushed["job"])
+    assert [b["node"] for b in out["baselines"]] == ["gpu2-stop"]
+    sensor = GpuReadySensor(task_id="wait", baselines=out["baselines"], job=pushed["job"], plan=out["plan"])
+    with pytest.raises(AirflowFailException) as err:
+        run_sensor(sensor, context("wait"))
+    text = str(err.value)
+    assert text.startswith("node gpu2-stop not GPU-ready before the boot timeout")
+    assert "it fits this fleet only with node(s) that already failed for it: gpu2-stop (failed for this job: " \
+        "not GPU-ready within 10.0 s" in text and "Waiting would not help" in text
+    assert held("job") == []
+    wait_until(lambda: status(cloud, "gpu2-stop") == "Stopped", timeout=10)
+
+
 def test_a_node_another_job_claims_is_not_stopped(cloud, capfd):
     """Jobs A and B share the 2-GPU node; A gives up on it, B still holds it: it keeps running."""
     hog_running_node()

@@ -732,7 +732,9 @@ def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unav
 
     `unavailable` (the caller passes only unexpired entries) keeps offerings that ran out of
     stock, and nodes that failed to boot, out of this plan; being temporary, they make a job
-    that only they could hold BUSY, never NEVER. `cost` prices the decision (module doc)."""
+    that only they could hold BUSY, never NEVER. A node that failed for this very job (a mark that
+    never expires for it) does make it NEVER when only such nodes could hold it: waiting for
+    capacity would wait out the queue timeout for nothing. `cost` prices the decision (module doc)."""
     nodes = sorted(nodes, key=operator.attrgetter("name"))
     run_hours = None if job.expected_run_seconds is None else job.expected_run_seconds / HOUR
     blocked = blocked_nodes(unavailable, nodes)
@@ -762,6 +764,8 @@ def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unav
             empty, fleet_groups, fleet_placed = _emptied(job, nodes)
         return Plan(job.job_id, Outcome.NEVER, _never_message(job, empty, fleet_groups, fleet_placed),
                     candidates=tuple(kept), candidates_omitted=omitted)
+    if (never := _never_without_failed_nodes(job, nodes, unavailable)) is not None:
+        return Plan(job.job_id, Outcome.NEVER, never, candidates=tuple(kept), candidates_omitted=omitted)
     message = (f"capacity busy: {len(placed)} of {len(job.tasks)} tasks fit now, {job.min_available} needed at "
                f"once; the fleet can hold the job once capacity frees up")
     for group in groups:
@@ -785,6 +789,23 @@ def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unav
 
 _NOTHING = Resources()
 _READY = NodeState.READY
+
+
+def _never_without_failed_nodes(job: JobRequest, nodes: Sequence[NodeView],
+                                unavailable: Sequence[Unavailable]) -> str | None:
+    """Why the job can never run when it fits the whole fleet only with nodes that already failed for
+    it (marks that never expire for this job): waiting would wait out the queue timeout for nothing.
+    None when the rest of the fleet could hold it (then it is only busy)."""
+    failed = {u.node: u.reason for u in unavailable if u.node and u.expires_at == math.inf}
+    if not failed:
+        return None
+    _, _, placed = _emptied(job, [n for n in nodes if n.name not in failed])
+    if len(placed) >= job.min_available:
+        return None
+    return ("it fits this fleet only with node(s) that already failed for it: "
+            + "; ".join(f"{node} ({why})" for node, why in sorted(failed.items()))
+            + ". Waiting would not help: fix what failed there (the step's log says what it saw) and run the "
+              "job again, or add capacity it fits")
 
 
 def _emptied(job: JobRequest, nodes: Sequence[NodeView]) -> tuple[list[NodeView], list[_Group], dict[str, int]]:

@@ -386,3 +386,20 @@ def test_twins_that_differ_only_in_their_work_are_judged_once_and_taken_oldest_f
         object.__setattr__(n, "twin", nodes[0].twin)     # one twin token, as build_inventory gives them
     plan = place(job(task(), task("u")), nodes)
     assert chosen(plan) == {"t": "n0999", "u": "n0998"} and len(calls) <= 4
+
+
+def test_a_job_only_nodes_that_failed_for_it_could_hold_can_never_run_rather_than_wait():
+    """Issue 35 #2: the only 2-GPU node failed this job's boot: BUSY would wait out the queue timeout."""
+    from gpuboot.core.model import Unavailable
+    fleet = [nv("big", STOPPED, gpus=2), nv("small", READY, gpus=1)]
+    failed = Unavailable(reason="failed for this job: not GPU-ready within 900 s", expires_at=float("inf"), node="big")
+    plan = place(job(task(gpus=2)), fleet, [failed])
+    assert plan.outcome is Outcome.NEVER
+    assert plan.message.startswith("it fits this fleet only with node(s) that already failed for it: big (failed "
+                                   "for this job: not GPU-ready within 900 s)")
+    # a mark that expires (the node unavailable to everyone for a while) leaves the job waiting
+    marked = Unavailable(reason="not GPU-ready within 900 s", expires_at=1e12, node="big")
+    assert place(job(task(gpus=2)), fleet, [marked]).outcome is Outcome.BUSY
+    # another node it fits: still only busy while that one is taken
+    fleet.append(nv("big2", READY, gpus=2, used={GPU: 2}))
+    assert place(job(task(gpus=2)), fleet, [failed]).outcome is Outcome.BUSY
