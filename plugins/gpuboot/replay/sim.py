@@ -15,7 +15,7 @@ from gpuboot.core.model import LABEL_GPU_MODEL, LABEL_HOSTNAME, LABEL_MANAGED, N
 from gpuboot.core.resources import Resources
 
 from .clock import EventClock, Kind
-from .metrics import BootEpisode, Recorder
+from .metrics import BootEpisode, Recorder, team_of
 from .trace import FleetNode, TraceJob
 
 
@@ -31,11 +31,13 @@ class SimConfig:
     stop_seconds: float = 30.0            # Stopping -> Stopped (still billed)
     idle_timeout: float = 600.0           # an empty running node is stopped after this long (IdleRule)
     scaledown_every: float = 300.0        # how often scale-down looks again at a node it keeps as the spare
+    queue_timeout: float = 0.0            # a job still waiting this long after arrival fails (0: never)
+    teams: int = 4                        # trace jobs are spread over this many teams (metrics.team_of)
 
     def __post_init__(self):
         if self.end <= self.start:
             raise ValueError(f"window: end ({self.end}) must be after start ({self.start})")
-        for name in ("start_seconds", "boot_seconds", "device_plugin_seconds", "stop_seconds"):
+        for name in ("start_seconds", "boot_seconds", "device_plugin_seconds", "stop_seconds", "queue_timeout"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
         for name in ("idle_timeout", "scaledown_every"):     # scale-down runs and stops at a time, not at once
@@ -159,7 +161,9 @@ class Simulation:
             if node.episode is not None and node.state is not NodeState.BOOTING:
                 self.recorder.boot_closed(node.episode)   # booted and up, yet none of its jobs ran there
             self.recorder.waiting_at_end += len(node.waiting)
+            self.recorder.unstarted += [job.gpus for job in node.waiting]
         self.recorder.waiting_at_end += len(self.queue)
+        self.recorder.unstarted += [job.gpus for job in self.queue]
 
     # Events -----------------------------------------------------------------
     def _arrival(self, job: TraceJob) -> None:
@@ -248,6 +252,7 @@ class Simulation:
         Placing a job only takes capacity away, so once a request shape is refused
         in this pass, later jobs of the same shape are refused too: skip them.
         """
+        self._drop_late()
         if not self.queue:
             return
         refused: set[Resources] = set()
@@ -257,6 +262,15 @@ class Simulation:
                 refused.add(job.requests)
                 still.append(job)
         self.queue = still
+
+    def _drop_late(self) -> None:
+        """Jobs past their queue timeout fail (the live place step gives up at its deadline)."""
+        timeout = self.config.queue_timeout
+        if timeout and self.queue:
+            late = [job for job in self.queue if job.arrival + timeout <= self.clock.now]
+            if late:
+                self.recorder.timeouts += [job.gpus for job in late]
+                self.queue = [job for job in self.queue if job.arrival + timeout > self.clock.now]
 
     # Power ------------------------------------------------------------------
     def _request_start(self, node: SimNode, job: TraceJob) -> None:
@@ -299,5 +313,6 @@ class Simulation:
         node.idle_token += 1                  # cancels a pending idle stop
         if node.episode is not None and job.name in node.episode.booted_for:
             node.episode.served = True
-        self.recorder.job_started(job.arrival, self.clock.now, job.gpus, job.run_seconds)
+        self.recorder.job_started(job.arrival, self.clock.now, job.gpus, job.run_seconds,
+                                  team_of(job.name, self.config.teams))
         self.clock.schedule(self.clock.now + job.run_seconds, Kind.JOB_END, (job, node.name))
