@@ -32,6 +32,7 @@ DEFAULT_PRIORITY_CLASS = "normal"
 DEFAULT_TEAM = "default"
 ANY_MODEL = "*"                  # a quota key that covers every GPU model
 DEFAULT_STARVE_SECONDS = 600.0   # a job waiting this long gets holds (measured: docs/performance.md)
+DEFAULT_SPARE_HOLDS = 1          # nodes held beyond what the job needs, when their ends are not known
 HOLD_REASON = "held for job"
 _UP = (NodeState.READY, NodeState.BOOTING)
 
@@ -130,6 +131,7 @@ class QueueConfig:
 
     teams: Mapping[str, TeamQuota] = field(default_factory=FrozenDict)
     starve_seconds: float = DEFAULT_STARVE_SECONDS
+    spare_holds: int = DEFAULT_SPARE_HOLDS
 
     def weight(self, team: str) -> float:
         quota = self.teams.get(team)
@@ -147,7 +149,8 @@ class QueueConfig:
         for name, t in (d.get("teams") or {}).items():
             teams[name] = TeamQuota(name, float(t.get("weight", 1.0)), t.get("nominal") or {},
                                     t.get("borrowing_limit"), t.get("lending_limit"), t.get("cohort"))
-        return cls(FrozenDict(teams), float(d.get("starve_seconds", DEFAULT_STARVE_SECONDS)))
+        return cls(FrozenDict(teams), float(d.get("starve_seconds", DEFAULT_STARVE_SECONDS)),
+                   int(d.get("spare_holds", DEFAULT_SPARE_HOLDS)))
 
 
 Usage = Mapping[str, Mapping[str, int]]     # team -> node GPU model -> GPUs in use
@@ -270,10 +273,12 @@ def _free_at(node: NodeView, need_gpus: int, releases: Releases, now: float) -> 
 
 
 def choose_hold(entry: Entry, nodes: Sequence[NodeView], taken: Iterable[str], releases: Releases, now: float,
-                keep: Hold | None = None) -> Hold | None:
+                keep: Hold | None = None, spare: int = 0) -> Hold | None:
     """The running nodes that will hold the whole job soonest (none held for another job): those
     expected free first, then those with the fewest GPUs to drain, then the youngest work (durations
-    are heavy-tailed: young work ends sooner). A hold that still covers the job is kept as it is."""
+    are heavy-tailed: young work ends sooner). While the ends are not known, `spare` more nodes are
+    held: the job takes whichever drains first (the others are let go when it is admitted). A hold
+    that still covers the job is kept as it is."""
     taken = set(taken)
     fit = [n for n in nodes if n.state in _UP and n.name not in taken and gpu_model_matches(entry.models, n.gpu_model)
            and entry.requests.fits_in(n.allocatable)]
@@ -289,13 +294,15 @@ def choose_hold(entry: Entry, nodes: Sequence[NodeView], taken: Iterable[str], r
         ranked.append((_free_at(n, need, releases, now), max(0, need - n.free.gpus), -(n.busy_since or now),
                        n.name, copies))
     ranked.sort()
-    chosen, covered, due = [], 0, now
+    chosen, covered, due, extra = [], 0, now, 0
     for at, _, _, name, copies in ranked:
         if covered >= entry.tasks:
-            break
+            if not math.isinf(due) or extra >= spare:
+                break
+            extra += 1
         chosen.append(name)
         covered += copies
-        due = max(due, at)
+        due = max(due, at) if covered - copies < entry.tasks else due
     if covered < entry.tasks:
         return None
     return Hold(entry.job_id, tuple(sorted(chosen)), None if math.isinf(due) else due,
@@ -382,7 +389,7 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
         if not result.never and not blocker.startswith("quota:") and \
                 (now - entry.enqueued_at >= config.starve_seconds or entry.priority >= PRIORITY_CLASSES["high"]):
             taken = {n for job, h in holds.items() if job != entry.job_id for n in h.nodes}
-            hold = choose_hold(entry, nodes(), taken, releases or {}, now, holds.get(entry.job_id))
+            hold = choose_hold(entry, nodes(), taken, releases or {}, now, holds.get(entry.job_id), config.spare_holds)
             if hold is not None:
                 holds[entry.job_id] = hold
         steps.append(Step(entry, len(steps), False, blocker, tuple(ahead)))

@@ -61,6 +61,8 @@ def parser() -> argparse.ArgumentParser:
                    help="gpuboot's scale-down keeps the fleet's spare (an idle node whose GPUs the other running "
                         "nodes could not replace) this much longer; 0 for none (gpuboot.core.idle.IdleRule)")
     p.add_argument("--queue-timeout", default="0", help="a job still waiting this long fails (live default 1h); 0: never")
+    p.add_argument("--expected-runtime", action="store_true",
+                   help="jobs state their runtime (the trace's own), so holds know when nodes free and backfill fits")
     p.add_argument("--teams", type=int, default=4, help="teams the trace's jobs are spread over (by a hash of the name)")
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
     p.add_argument("--include-cpu-pods", action="store_true", help="also replay pods asking for no GPU")
@@ -96,7 +98,8 @@ def run(args) -> dict:
     config = SimConfig(start=start, end=end, start_seconds=args.start_seconds, boot_seconds=args.boot_seconds,
                        device_plugin_seconds=args.device_plugin_seconds, stop_seconds=args.stop_seconds,
                        idle_timeout=trace.parse_duration(args.idle_timeout, "--idle-timeout"),
-                       queue_timeout=trace.parse_duration(args.queue_timeout, "--queue-timeout"), teams=args.teams)
+                       queue_timeout=trace.parse_duration(args.queue_timeout, "--queue-timeout"), teams=args.teams,
+                       expected_runtime=args.expected_runtime)
     bound = lower_bound_gpu_seconds(loaded.jobs, end)
     money_bound = lower_bound_cost(loaded.jobs, fleet, end)
     results, series = [], {}
@@ -120,7 +123,7 @@ def run(args) -> dict:
                    "fleet_per_hour": round(sum(n.price_per_hour for n in fleet), 2)},
         "config": {k: getattr(config, k) for k in ("start_seconds", "boot_seconds", "device_plugin_seconds",
                                                      "stop_seconds", "idle_timeout", "scaledown_every",
-                                                     "queue_timeout", "teams")}
+                                                     "queue_timeout", "teams", "expected_runtime")}
         | {"gpuboot_spare_seconds": trace.parse_duration(args.spare, "--spare")},
         "notes": [
             "Each pod is one job of one task; arrival = creation_time, run = deletion_time - scheduled_time.",

@@ -209,3 +209,10 @@ def test_entries_and_holds_round_trip_through_json_and_bad_classes_are_refused()
         entry("j", priority_class="urgent")
     config = QueueConfig.from_json({"starve_seconds": 60, "teams": {"a": {"weight": 2, "nominal": {"T4": 4}}}})
     assert config.weight("a") == 2 and config.teams["a"].nominal["T4"] == 4 and config.starve_seconds == 60
+
+
+def test_while_ends_are_unknown_spare_nodes_are_held_and_the_first_to_drain_serves():
+    nodes = [t4("n1", used=6, busy_since=10), t4("n2", used=4, busy_since=10), t4("n3", used=5, busy_since=10)]
+    assert choose_hold(entry("big", gpus=8), nodes, (), {}, 100, spare=1).nodes == ("n2", "n3")
+    known = {"n2": [(4, 500.0)], "n3": [(5, 400.0)], "n1": [(6, 300.0)]}
+    assert choose_hold(entry("big", gpus=8), nodes, (), known, 100, spare=1).nodes == ("n1",)   # known: no spare
