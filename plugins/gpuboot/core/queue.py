@@ -321,7 +321,8 @@ class Attempt:
 
 @dataclass(frozen=True)
 class Step:
-    """The pass's verdict on one entry: its position, admitted or not, and what blocks it."""
+    """The pass's verdict on one entry: its position, admitted or not, what blocks it, and the jobs
+    ahead of it in this pass (admitted ones included: they take their places first)."""
 
     entry: Entry
     position: int
@@ -379,6 +380,7 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
                 team = used.setdefault(entry.team, {})
                 team[result.model or ""] = team.get(result.model or "", 0) + entry.gpus
                 steps.append(Step(entry, len(steps), True, "", tuple(ahead)))
+                ahead.append(entry.job_id)
                 if only == entry.job_id:
                     break
                 continue
