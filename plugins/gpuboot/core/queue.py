@@ -33,6 +33,8 @@ DEFAULT_TEAM = "default"
 ANY_MODEL = "*"                  # a quota key that covers every GPU model
 DEFAULT_STARVE_SECONDS = 600.0   # a job waiting this long gets holds (measured: docs/performance.md)
 DEFAULT_SPARE_HOLDS = 1          # nodes held beyond what the job needs, when their ends are not known
+DEFAULT_MAX_HOLDS = 1              # jobs holding nodes at once: the first starving ones in line (Slurm's top job)
+DEFAULT_PREEMPT_AFTER_SECONDS = 1800.0   # a held job still waiting this long may preempt preemptible jobs
 HOLD_REASON = "held for job"
 _UP = (NodeState.READY, NodeState.BOOTING)
 
@@ -132,6 +134,8 @@ class QueueConfig:
     teams: Mapping[str, TeamQuota] = field(default_factory=FrozenDict)
     starve_seconds: float = DEFAULT_STARVE_SECONDS
     spare_holds: int = DEFAULT_SPARE_HOLDS
+    max_holds: int = DEFAULT_MAX_HOLDS
+    preempt_after_seconds: float | None = DEFAULT_PREEMPT_AFTER_SECONDS   # None: never preempt
 
     def weight(self, team: str) -> float:
         quota = self.teams.get(team)
@@ -149,8 +153,10 @@ class QueueConfig:
         for name, t in (d.get("teams") or {}).items():
             teams[name] = TeamQuota(name, float(t.get("weight", 1.0)), t.get("nominal") or {},
                                     t.get("borrowing_limit"), t.get("lending_limit"), t.get("cohort"))
+        preempt = d.get("preempt_after_seconds", DEFAULT_PREEMPT_AFTER_SECONDS)
         return cls(FrozenDict(teams), float(d.get("starve_seconds", DEFAULT_STARVE_SECONDS)),
-                   int(d.get("spare_holds", DEFAULT_SPARE_HOLDS)))
+                   int(d.get("spare_holds", DEFAULT_SPARE_HOLDS)), int(d.get("max_holds", DEFAULT_MAX_HOLDS)),
+                   None if preempt is None else float(preempt))
 
 
 Usage = Mapping[str, Mapping[str, int]]     # team -> node GPU model -> GPUs in use
@@ -310,6 +316,52 @@ def choose_hold(entry: Entry, nodes: Sequence[NodeView], taken: Iterable[str], r
 
 
 @dataclass(frozen=True)
+class Running:
+    """A job placed on a node, as preemption sees it."""
+
+    job_id: str
+    node: str
+    requests: Resources
+    priority_class: str = DEFAULT_PRIORITY_CLASS
+    preemptible: bool = False
+    started_at: float = 0.0
+
+
+def victims(entry: Entry, hold: Hold, nodes: Sequence[NodeView], running: Sequence[Running], now: float,
+            config: QueueConfig) -> list[str]:
+    """The preemptible jobs on the held nodes whose going makes room for the whole held job now, the
+    youngest first (the least work lost), or [] when that cannot make room or may not happen yet.
+
+    Only jobs that said they are preemptible go, only for a job of a higher class, or of the same
+    class once it has waited `preempt_after_seconds`; a gang's room is made on all its nodes or none."""
+    if config.preempt_after_seconds is None:
+        return []
+    waited = now - entry.enqueued_at >= config.starve_seconds + config.preempt_after_seconds
+    by_name = {n.name: n for n in nodes}
+    chosen: list[str] = []
+    covered = 0
+    for name in hold.nodes:
+        node = by_name.get(name)
+        if node is None or node.state not in _UP or covered >= entry.tasks:
+            continue
+        copies = min(entry.tasks - covered, _slots(node.allocatable, entry.requests))
+        need = Resources({k: v * copies for k, v in entry.requests.items()})
+        free = node.free
+        for job in sorted((r for r in running if r.node == name), key=lambda r: (-r.started_at, r.job_id)):
+            if need.fits_in(free):
+                break
+            outranked = PRIORITY_CLASSES[job.priority_class] < entry.priority or \
+                (PRIORITY_CLASSES[job.priority_class] == entry.priority and waited)
+            if job.preemptible and outranked:
+                chosen.append(job.job_id)
+                free = free + job.requests
+        if not need.fits_in(free):
+            return []
+        covered += copies
+    return chosen if covered >= entry.tasks else []
+
+
+@dataclass(frozen=True)
 class Attempt:
     """What a placement of one entry said: fits (and on which GPU model), or why not."""
 
@@ -335,9 +387,18 @@ class Step:
 class PassResult:
     steps: list[Step]
     holds: dict[str, Hold]
+    preempt: dict[str, list[str]] = field(default_factory=dict)    # held job -> the jobs to requeue for it
 
     def step(self, job_id: str) -> Step | None:
         return next((s for s in self.steps if s.entry.job_id == job_id), None)
+
+
+def needs_hold(entry: Entry, now: float, config: QueueConfig) -> bool:
+    """A job of the high class, or one of more than one GPU that has waited `starve_seconds`. A 1-GPU
+    job needs none: the first GPU that frees goes to the first in line."""
+    if entry.priority >= PRIORITY_CLASSES["high"]:
+        return True
+    return entry.gpus > 1 and now - entry.enqueued_at >= config.starve_seconds
 
 
 def next_in_order(waiting: list[Entry], usage: Usage, capacity: Mapping[str, int], config: QueueConfig) -> Entry:
@@ -348,7 +409,8 @@ def next_in_order(waiting: list[Entry], usage: Usage, capacity: Mapping[str, int
 def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage: Usage, capacity: Mapping[str, int],
              holds: Mapping[str, Hold], nodes: Callable[[], Sequence[NodeView]],
              attempt: Callable[[Entry, list[Unavailable]], Attempt], commit: Callable[[Entry, Attempt], None],
-             releases: Releases | None = None, only: str | None = None) -> PassResult:
+             releases: Releases | None = None, only: str | None = None,
+             running: Sequence[Running] = ()) -> PassResult:
     """One decision over the waiting set, in order: each entry is placed (`attempt`, with the holds
     of other jobs it may not use as marks) and, when it fits and its quota lets it, admitted
     (`commit`, which the caller carries out so the next `nodes()` and `attempt` see it). A
@@ -356,16 +418,26 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
     alone (the live place step), so the pass stops once it is judged.
 
     Placing only takes capacity and a hold only adds marks, so a shape refused with a set of
-    marks is refused again later in the pass: skipped without a placement."""
+    marks is refused again later in the pass: skipped without a placement. `running`: the jobs placed,
+    for preemption (`victims`): the pass only names them; the caller requeues them."""
     used: dict[str, dict[str, int]] = {team: dict(models) for team, models in usage.items()}
     holds = {job: h for job, h in holds.items() if any(e.job_id == job for e in entries)}
-    waiting = list(entries)
+    lines: dict[tuple, list[Entry]] = {}      # (class, team) -> its entries, oldest last: only heads compete
+    for e in entries:
+        lines.setdefault((e.priority, e.team), []).append(e)
+    for line in lines.values():
+        line.sort(key=lambda e: (e.enqueued_at, e.job_id), reverse=True)
     refused: set[tuple] = set()
     steps: list[Step] = []
     ahead: list[str] = []
-    while waiting:
-        entry = next_in_order(waiting, used, capacity, config)
-        waiting.remove(entry)
+    preempt: dict[str, list[str]] = {}
+    gone: set[str] = set()
+    while lines:
+        head = next_in_order([line[-1] for line in lines.values()], used, capacity, config)
+        line = lines[(head.priority, head.team)]
+        entry = line.pop()
+        if not line:
+            del lines[(head.priority, head.team)]
         others = [h for job, h in holds.items() if job != entry.job_id and not h.lets(entry, now)]
         marks = [m for h in others for m in h.marks()]
         key = (entry.shape, frozenset(m.node for m in marks))
@@ -388,14 +460,18 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
             refused.add(key)
             if marks and not result.never:
                 blocker += "; " + "; ".join(f"node(s) {', '.join(h.nodes)} {HOLD_REASON} {h.job_id}" for h in others)
-        if not result.never and not blocker.startswith("quota:") and \
-                (now - entry.enqueued_at >= config.starve_seconds or entry.priority >= PRIORITY_CLASSES["high"]):
+        if needs_hold(entry, now, config) and not result.never and not blocker.startswith("quota:") and \
+                (entry.job_id in holds or len(holds) < config.max_holds):
             taken = {n for job, h in holds.items() if job != entry.job_id for n in h.nodes}
             hold = choose_hold(entry, nodes(), taken, releases or {}, now, holds.get(entry.job_id), config.spare_holds)
             if hold is not None:
                 holds[entry.job_id] = hold
+                chosen = victims(entry, hold, nodes(), [r for r in running if r.job_id not in gone], now, config)
+                if chosen:
+                    preempt[entry.job_id] = chosen
+                    gone.update(chosen)
         steps.append(Step(entry, len(steps), False, blocker, tuple(ahead)))
         ahead.append(entry.job_id)
         if only == entry.job_id:
             break
-    return PassResult(steps, holds)
+    return PassResult(steps, holds, preempt)

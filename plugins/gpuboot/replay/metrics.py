@@ -64,8 +64,10 @@ class Recorder:
     used_gpu_seconds: float = 0.0
     boots: int = 0
     wasted_boots: int = 0
-    waits: list[float] = field(default_factory=list)
-    started: list[tuple[int, str, float]] = field(default_factory=list)   # (GPUs, team, wait) per started job
+    # job -> (GPUs, team, wait): the wait until its last start (a preempted job waits again, from arrival)
+    started_jobs: dict[str, tuple[int, str, float]] = field(default_factory=dict)
+    preemptions: int = 0
+    preempted_gpu_seconds: float = 0.0     # work lost: what preempted jobs had run, redone after requeue
     unstarted: list[int] = field(default_factory=list)     # GPUs of each job still waiting at the window end
     timeouts: list[int] = field(default_factory=list)      # GPUs of each job dropped at its queue timeout
     hold_gpu_seconds: float = 0.0    # GPUs left free on nodes held for a starving job, times how long
@@ -100,10 +102,25 @@ class Recorder:
         if not episode.served:
             self.wasted_boots += 1
 
-    def job_started(self, arrival: float, now: float, gpus: int, run_seconds: float, team: str = "") -> None:
-        self.waits.append(now - arrival)
-        self.started.append((gpus, team, now - arrival))
+    @property
+    def started(self) -> list[tuple[int, str, float]]:
+        return list(self.started_jobs.values())
+
+    @property
+    def waits(self) -> list[float]:
+        return [w for _, _, w in self.started_jobs.values()]
+
+    def job_started(self, arrival: float, now: float, gpus: int, run_seconds: float, team: str = "",
+                    name: str | None = None) -> None:
+        self.started_jobs[name or f"#{len(self.started_jobs)}"] = (gpus, team, now - arrival)
         self.used_gpu_seconds += gpus * max(0.0, min(now + run_seconds, self.end) - now)
+
+    def job_preempted(self, name: str, started_at: float, now: float, gpus: int, run_seconds: float) -> None:
+        """`name` was stopped at `now` to be requeued: not started any more, its run so far lost."""
+        self.started_jobs.pop(name, None)
+        self.preemptions += 1
+        self.preempted_gpu_seconds += gpus * (now - started_at)
+        self.used_gpu_seconds -= gpus * max(0.0, min(started_at + run_seconds, self.end) - now)
 
     def job_never_fits(self, message: str) -> None:
         self.never_fit += 1
@@ -143,6 +160,8 @@ class Recorder:
             "jain_teams": None if (j := self.team_fairness()) is None else round(j, 4),
             "hold_gpu_hours": hours(self.hold_gpu_seconds),
             "hold_cost": round(self.hold_cost, 2),
+            "preemptions": self.preemptions,
+            "preempted_gpu_hours": hours(self.preempted_gpu_seconds),
             "by_size": self.by_size(),
         }
 

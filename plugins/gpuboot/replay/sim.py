@@ -7,12 +7,13 @@ the shared idle-stop rule, and tells the `Recorder` what it cost.
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuboot.core.idle import IdleRule, IdleVerdict
 from gpuboot.core.model import LABEL_GPU_MODEL, LABEL_HOSTNAME, LABEL_MANAGED, NodeState, NodeView, Unavailable
-from gpuboot.core.queue import Attempt, Entry, Hold, run_pass
+from gpuboot.core.queue import Attempt, Entry, Hold, Running, run_pass
 from gpuboot.core.resources import Resources
 
 from .clock import EventClock, Kind
@@ -36,6 +37,7 @@ class SimConfig:
     teams: int = 4                        # trace jobs are spread over this many teams (metrics.team_of)
     poll_seconds: float = 30.0            # a waiting place step looks again this often (busy_poll_seconds)
     expected_runtime: bool = False        # jobs state their runtime (the trace's own) so backfill can use it
+    preemptible: float = 0.0              # the share of jobs that say they are preemptible (metrics.team_of's hash)
 
     def __post_init__(self):
         if self.end <= self.start:
@@ -111,6 +113,7 @@ class Simulation:
         self.nodes = {spec.name: SimNode(spec) for spec in sorted(fleet, key=lambda n: n.name)}
         self.jobs = [job for job in jobs if config.start <= job.arrival < config.end]
         self.job_by_name = {job.name: job for job in self.jobs}
+        self.run_token: dict[str, int] = {}       # job -> its current run (a preempted run's end is ignored)
         self.queue: list[TraceJob] = []
         self.recorder = Recorder(policy.name, config.start, config.end, jobs=len(self.jobs))
         self.idle_rule = IdleRule(config.idle_timeout, getattr(policy, "spare_seconds", 0.0))
@@ -186,14 +189,29 @@ class Simulation:
         if self.queue_config is None:
             self._decide(job, arriving=True)
             return
-        self.entries[job.name] = Entry(job.name, job.requests, 1, job.gpu_models,
-                                       team_of(job.name, self.config.teams), enqueued_at=job.arrival,
-                                       expected_runtime=job.run_seconds if self.config.expected_runtime else None)
+        self._enqueue(job)
         self.queue.append(job)
         self._queue_pass()      # the arriving job's own place step decides at once, in order
 
-    def _job_end(self, payload: tuple[TraceJob, str]) -> None:
-        job, name = payload
+    def _enqueue(self, job: TraceJob) -> None:
+        """The job's queue entry; a preempted job keeps its arrival as its enqueue time."""
+        self.entries[job.name] = Entry(job.name, job.requests, 1, job.gpu_models,
+                                       team_of(job.name, self.config.teams), enqueued_at=job.arrival,
+                                       expected_runtime=job.run_seconds if self.config.expected_runtime else None,
+                                       preemptible=self._preemptible(job))
+        if job.gpus > 1:        # a live waiter polls all along: its pass when it starves, and when it may preempt
+            config = self.queue_config
+            for after in (config.starve_seconds, config.starve_seconds + (config.preempt_after_seconds or 0)):
+                if job.arrival + after > self.clock.now:
+                    self.clock.schedule(job.arrival + after, Kind.QUEUE_PASS)
+
+    def _preemptible(self, job: TraceJob) -> bool:
+        return zlib.crc32(f"preemptible:{job.name}".encode()) % 1000 < self.config.preemptible * 1000
+
+    def _job_end(self, payload: tuple[TraceJob, str, int]) -> None:
+        job, name, token = payload
+        if self.run_token.get(job.name) != token:
+            return              # that run was preempted
         node = self.nodes[name]
         node.running.pop(job.name, None)
         node.allocated = node.allocated - job.requests
@@ -330,12 +348,38 @@ class Simulation:
             self._carry_out(waiting.pop(name), decisions[name], False)
         result = run_pass([self.entries[n] for n in waiting], now=now, config=self.queue_config, usage=self.usage,
                           capacity=self.capacity, holds=self.holds, nodes=self.views, attempt=attempt,
-                          commit=commit, releases=self._releases())
+                          commit=commit, releases=self._releases(), running=self._running())
         for name in never & set(waiting):
             self._carry_out(waiting.pop(name), decisions[name], False)
         self.holds = result.holds
         self.queue = list(waiting.values())
+        for victims in result.preempt.values():
+            for name in victims:
+                self._preempt(name)
         self._account_holds(now)
+        if result.preempt:
+            self._retry_queue()         # the held job finds its room at its next poll
+
+    def _running(self) -> list[Running]:
+        if not self.config.preemptible:
+            return []
+        return [Running(name, node.name, self.job_by_name[name].requests, preemptible=self._preemptible(
+                    self.job_by_name[name]), started_at=began)
+                for node in self.nodes.values() for name, began in node.running.items()]
+
+    def _preempt(self, name: str) -> None:
+        """Stop a running preemptible job and requeue it (its pods deleted; it runs again from the start)."""
+        job = self.job_by_name[name]
+        node = next(n for n in self.nodes.values() if name in n.running)
+        began = node.running.pop(name)
+        node.allocated = node.allocated - job.requests
+        node.changed()
+        team, model = self.team_of_job.pop(name)
+        self.usage[team][model] -= job.gpus
+        self.run_token[name] += 1
+        self.recorder.job_preempted(name, began, self.clock.now, job.gpus, job.run_seconds)
+        self._enqueue(job)
+        self.queue.append(job)
 
     def _releases(self) -> dict[str, list[tuple[int, float | None]]]:
         """Per node, each placed job's GPUs and when it should end: known only when jobs state it."""
@@ -414,5 +458,6 @@ class Simulation:
         if node.episode is not None and job.name in node.episode.booted_for:
             node.episode.served = True
         self.recorder.job_started(job.arrival, self.clock.now, job.gpus, job.run_seconds,
-                                  team_of(job.name, self.config.teams))
-        self.clock.schedule(self.clock.now + job.run_seconds, Kind.JOB_END, (job, node.name))
+                                  team_of(job.name, self.config.teams), job.name)
+        self.run_token[job.name] = self.run_token.get(job.name, 0) + 1
+        self.clock.schedule(self.clock.now + job.run_seconds, Kind.JOB_END, (job, node.name, self.run_token[job.name]))

@@ -10,12 +10,14 @@ from gpuboot.core.queue import (
     Entry,
     Hold,
     QueueConfig,
+    Running,
     TeamQuota,
     choose_hold,
     never_fits_quota,
     ordered,
     quota_blocker,
     run_pass,
+    victims,
 )
 from gpuboot.core.resources import GPU, Resources
 from tests.unit.gpuboot.core.test_placement import nv
@@ -216,3 +218,46 @@ def test_while_ends_are_unknown_spare_nodes_are_held_and_the_first_to_drain_serv
     assert choose_hold(entry("big", gpus=8), nodes, (), {}, 100, spare=1).nodes == ("n2", "n3")
     known = {"n2": [(4, 500.0)], "n3": [(5, 400.0)], "n1": [(6, 300.0)]}
     assert choose_hold(entry("big", gpus=8), nodes, (), known, 100, spare=1).nodes == ("n1",)   # known: no spare
+
+
+# -- preemption and the bounds on holds -----------------------------------------------------
+
+def test_a_one_gpu_job_needs_no_hold_and_only_one_job_holds_nodes_at_a_time():
+    fleet = Fleet(t4("n1", used=8), t4("n2", used=8), t4("n3", used=8))
+    result = fleet.run([entry("one", gpus=1), entry("big", gpus=8, at=1), entry("big2", gpus=8, at=2)], now=10_000)
+    assert set(result.holds) == {"big"}               # big2 waits for its turn to hold
+
+
+def running_on(node, job_id, gpus, started, **kw):
+    return Running(job_id, node, Resources.parse({"cpu": "1", "memory": "1Gi", GPU: gpus}), started_at=started, **kw)
+
+
+def test_a_held_job_preempts_only_preemptible_jobs_youngest_first_once_it_has_waited_long_enough():
+    config = QueueConfig(starve_seconds=600, preempt_after_seconds=1800)
+    nodes = [t4("n1", used=6)]
+    hold = Hold("big", ("n1",), None, since=0)
+    jobs = [running_on("n1", "old", 2, 10, preemptible=True), running_on("n1", "young", 2, 50, preemptible=True),
+            running_on("n1", "keep", 2, 30)]
+    big = entry("big", gpus=6)
+    assert victims(big, hold, nodes, jobs, now=2_000, config=config) == []          # not waited long enough
+    assert victims(big, hold, nodes, jobs, now=2_400, config=config) == ["young", "old"]
+    assert victims(entry("big", gpus=8), hold, nodes, jobs, now=2_400, config=config) == []   # "keep" stays
+    assert victims(big, hold, nodes, jobs, 2_400, QueueConfig(preempt_after_seconds=None)) == []
+
+
+def test_a_higher_class_preempts_at_once_and_never_a_job_of_a_higher_class():
+    config = QueueConfig()
+    hold = Hold("vip", ("n1",), None, since=0)
+    jobs = [running_on("n1", "low", 4, 10, preemptible=True, priority_class="low"),
+            running_on("n1", "top", 4, 20, preemptible=True, priority_class="high")]
+    nodes = [t4("n1", used=8)]
+    assert victims(entry("vip", gpus=4, priority_class="normal"), hold, nodes, jobs, 1, config) == ["low"]
+    assert victims(entry("vip", gpus=8, priority_class="normal"), hold, nodes, jobs, 1, config) == []
+
+
+def test_the_pass_names_the_jobs_to_requeue_for_the_held_job():
+    fleet = Fleet(t4("n1", used=8))
+    result = run_pass([entry("big", gpus=8, priority_class="high")], now=0, config=QueueConfig(), usage={},
+                      capacity={"T4": 8}, holds={}, nodes=fleet.nodes, attempt=fleet.attempt, commit=fleet.commit,
+                      running=[running_on("n1", "p", 8, 0, preemptible=True, priority_class="low")])
+    assert result.holds["big"].nodes == ("n1",) and result.preempt == {"big": ["p"]}

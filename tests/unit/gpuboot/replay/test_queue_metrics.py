@@ -61,3 +61,14 @@ def test_a_job_of_another_gpu_model_is_not_skipped_behind_a_refused_one_of_the_s
         summary = run(policy, fleet, jobs, end=10_000, poll_seconds=0)
         assert summary["by_size"]["1 GPU"]["started"] == 3, policy.name      # t-wait ran when t-short ended
         assert summary["by_size"]["1 GPU"]["wait_max_seconds"] == 30 + 500 - 110, policy.name   # boot 30 s
+
+
+def test_a_held_job_requeues_preemptible_jobs_once_it_has_waited_past_the_threshold():
+    small = [job(f"s{i:03d}", i * 100, 20_000, gpus=1) for i in range(40)]     # long: no hold drains in time
+    fleet, jobs = [node("a", 8, 64), node("b", 8, 64)], [*small, job("big", 2_000, 500, gpus=8)]
+    kept = run(Gpuboot(spare_seconds=0), fleet, jobs, end=80_000)
+    assert kept["preemptions"] == 0 and kept["by_size"]["5-8 GPUs"]["wait_max_seconds"] > 10_000
+    preempting = run(Gpuboot(spare_seconds=0), fleet, jobs, end=80_000, preemptible=1.0)
+    assert 0 < preempting["preemptions"] <= 8 and preempting["preempted_gpu_hours"] > 0
+    assert preempting["by_size"]["5-8 GPUs"]["wait_max_seconds"] <= 600 + 1_800 + 3 * 30
+    assert preempting["by_size"]["1 GPU"]["started"] == 40           # requeued, not failed: all ran again
