@@ -34,6 +34,7 @@ ANY_MODEL = "*"                  # a quota key that covers every GPU model
 DEFAULT_STARVE_SECONDS = 600.0   # a job waiting this long gets holds (measured: docs/performance.md)
 DEFAULT_SPARE_HOLDS = 1          # nodes held beyond what the job needs, when their ends are not known
 DEFAULT_MAX_HOLDS = 1              # jobs holding nodes at once: the first starving ones in line (Slurm's top job)
+DEFAULT_HOLD_SECONDS = 3600.0     # hold only nodes whose work is younger, and for at most this long
 DEFAULT_PREEMPT_AFTER_SECONDS = 1800.0   # a held job still waiting this long may preempt preemptible jobs
 HOLD_REASON = "held for job"
 _UP = (NodeState.READY, NodeState.BOOTING)
@@ -135,6 +136,7 @@ class QueueConfig:
     starve_seconds: float = DEFAULT_STARVE_SECONDS
     spare_holds: int = DEFAULT_SPARE_HOLDS
     max_holds: int = DEFAULT_MAX_HOLDS
+    hold_seconds: float = DEFAULT_HOLD_SECONDS
     preempt_after_seconds: float | None = DEFAULT_PREEMPT_AFTER_SECONDS   # None: never preempt
 
     def weight(self, team: str) -> float:
@@ -156,6 +158,7 @@ class QueueConfig:
         preempt = d.get("preempt_after_seconds", DEFAULT_PREEMPT_AFTER_SECONDS)
         return cls(FrozenDict(teams), float(d.get("starve_seconds", DEFAULT_STARVE_SECONDS)),
                    int(d.get("spare_holds", DEFAULT_SPARE_HOLDS)), int(d.get("max_holds", DEFAULT_MAX_HOLDS)),
+                   float(d.get("hold_seconds", DEFAULT_HOLD_SECONDS)),
                    None if preempt is None else float(preempt))
 
 
@@ -279,22 +282,26 @@ def _free_at(node: NodeView, need_gpus: int, releases: Releases, now: float) -> 
 
 
 def choose_hold(entry: Entry, nodes: Sequence[NodeView], taken: Iterable[str], releases: Releases, now: float,
-                keep: Hold | None = None, spare: int = 0) -> Hold | None:
+                keep: Hold | None = None, spare: int = 0, young: float = math.inf) -> Hold | None:
     """The running nodes that will hold the whole job soonest (none held for another job): those
     expected free first, then those with the fewest GPUs to drain, then the youngest work (durations
     are heavy-tailed: young work ends sooner). While the ends are not known, `spare` more nodes are
     held: the job takes whichever drains first (the others are let go when it is admitted). A hold
-    that still covers the job is kept as it is."""
+    that still covers the job is kept as it is, for `young` seconds at most; only nodes whose oldest
+    work is younger than `young` are held (durations are heavy-tailed: work that has run long runs on,
+    and holding its node would idle the node's other GPUs for days)."""
     taken = set(taken)
     fit = [n for n in nodes if n.state in _UP and n.name not in taken and gpu_model_matches(entry.models, n.gpu_model)
            and entry.requests.fits_in(n.allocatable)]
-    if keep is not None:
+    if keep is not None and now - keep.since < young:
         by_name = {n.name: n for n in fit}
         if all(name in by_name for name in keep.nodes) and \
                 sum(_slots(by_name[name].allocatable, entry.requests) for name in keep.nodes) >= entry.tasks:
             return keep
     ranked = []
     for n in fit:
+        if n.busy_since is not None and now - n.busy_since >= young:
+            continue
         copies = min(entry.tasks, _slots(n.allocatable, entry.requests))
         need = entry.requests.gpus * copies
         ranked.append((_free_at(n, need, releases, now), max(0, need - n.free.gpus), -(n.busy_since or now),
@@ -311,8 +318,15 @@ def choose_hold(entry: Entry, nodes: Sequence[NodeView], taken: Iterable[str], r
         due = max(due, at) if covered - copies < entry.tasks else due
     if covered < entry.tasks:
         return None
-    return Hold(entry.job_id, tuple(sorted(chosen)), None if math.isinf(due) else due,
-                keep.since if keep else now)
+    return Hold(entry.job_id, tuple(sorted(chosen)), None if math.isinf(due) else due, now)
+
+
+def may_preempt(entry: Entry, now: float, config: QueueConfig) -> bool:
+    """A job of the high class at once, any other once it has waited past both thresholds."""
+    if config.preempt_after_seconds is None:
+        return False
+    return entry.priority >= PRIORITY_CLASSES["high"] or \
+        now - entry.enqueued_at >= config.starve_seconds + config.preempt_after_seconds
 
 
 @dataclass(frozen=True)
@@ -325,6 +339,7 @@ class Running:
     priority_class: str = DEFAULT_PRIORITY_CLASS
     preemptible: bool = False
     started_at: float = 0.0
+    enqueued_at: float = 0.0
 
 
 def victims(entry: Entry, hold: Hold, nodes: Sequence[NodeView], running: Sequence[Running], now: float,
@@ -333,7 +348,9 @@ def victims(entry: Entry, hold: Hold, nodes: Sequence[NodeView], running: Sequen
     youngest first (the least work lost), or [] when that cannot make room or may not happen yet.
 
     Only jobs that said they are preemptible go, only for a job of a higher class, or of the same
-    class once it has waited `preempt_after_seconds`; a gang's room is made on all its nodes or none."""
+    class that ranks below it (fewer GPUs per task, or as many and enqueued later: a strict order, so
+    two jobs never requeue each other in turn), once it has waited `preempt_after_seconds`; a gang's
+    room is made on all its nodes or none."""
     if config.preempt_after_seconds is None:
         return []
     waited = now - entry.enqueued_at >= config.starve_seconds + config.preempt_after_seconds
@@ -351,7 +368,8 @@ def victims(entry: Entry, hold: Hold, nodes: Sequence[NodeView], running: Sequen
             if need.fits_in(free):
                 break
             outranked = PRIORITY_CLASSES[job.priority_class] < entry.priority or \
-                (PRIORITY_CLASSES[job.priority_class] == entry.priority and waited)
+                (PRIORITY_CLASSES[job.priority_class] == entry.priority and waited and
+                 (-job.requests.gpus, job.enqueued_at) > (-entry.requests.gpus, entry.enqueued_at))
             if job.preemptible and outranked:
                 chosen.append(job.job_id)
                 free = free + job.requests
@@ -463,10 +481,18 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
         if needs_hold(entry, now, config) and not result.never and not blocker.startswith("quota:") and \
                 (entry.job_id in holds or len(holds) < config.max_holds):
             taken = {n for job, h in holds.items() if job != entry.job_id for n in h.nodes}
-            hold = choose_hold(entry, nodes(), taken, releases or {}, now, holds.get(entry.job_id), config.spare_holds)
-            if hold is not None:
+            hold = choose_hold(entry, nodes(), taken, releases or {}, now, holds.get(entry.job_id), config.spare_holds,
+                               config.hold_seconds)
+            others = [r for r in running if r.job_id not in gone]
+            if hold is None and others and may_preempt(entry, now, config):
+                # no node drains soon: hold one where requeuing preemptible jobs makes room, or none
+                hold = choose_hold(entry, nodes(), taken, releases or {}, now, None, 0)
+                hold = hold if hold and victims(entry, hold, nodes(), others, now, config) else None
+            if hold is None:
+                holds.pop(entry.job_id, None)
+            else:
                 holds[entry.job_id] = hold
-                chosen = victims(entry, hold, nodes(), [r for r in running if r.job_id not in gone], now, config)
+                chosen = victims(entry, hold, nodes(), others, now, config)
                 if chosen:
                     preempt[entry.job_id] = chosen
                     gone.update(chosen)

@@ -218,16 +218,17 @@ def request_of(entry: Entry) -> JobRequest:
                                           for i in range(entry.tasks)), entry.tasks, entry.expected_runtime)
 
 
-def decide(entries: Sequence[Entry], own: tuple[str, JobRequest], views: list, unavailable: Sequence[Unavailable],
-           holds: dict[str, Hold], config: QueueConfig, usage: dict, capacity: dict, now: float) -> PassResult:
+def decide(entries: Sequence[Entry], own: tuple[str, JobRequest] | None, views: list,
+           unavailable: Sequence[Unavailable], holds: dict[str, Hold], config: QueueConfig, usage: dict,
+           capacity: dict, now: float) -> PassResult:
     """The pass for one place step: every waiting job placed in order on a copy of the survey's views
-    (`own`: this job's full request, selectors included); stops at this job's verdict."""
+    (`own`: this job's full request, selectors included); stops at this job's verdict (None: judges all)."""
     views = list(views)
     plans: dict[str, Plan] = {}
     model_of = {v.name: v.gpu_model for v in views}
 
     def attempt(entry: Entry, marks: list[Unavailable]) -> Attempt:
-        request = own[1] if entry.job_id == own[0] else request_of(entry)
+        request = own[1] if own and entry.job_id == own[0] else request_of(entry)
         plan = place(request, views, [*unavailable, *marks])
         plans[entry.job_id] = plan
         model = model_of.get(plan.assignments[0].node) if plan.assignments else None
@@ -240,7 +241,30 @@ def decide(entries: Sequence[Entry], own: tuple[str, JobRequest], views: list, u
                 views[i] = replace(v, allocated=v.allocated + taken[v.name])
 
     return run_pass(entries, now=now, config=config, usage=usage, capacity=capacity, holds=holds,
-                    nodes=lambda: views, attempt=attempt, commit=commit, only=own[0])
+                    nodes=lambda: views, attempt=attempt, commit=commit, only=own[0] if own else None)
+
+
+def capacity_of(views) -> dict[str, int]:
+    """GPUs per GPU model in the fleet (the denominators of the teams' shares)."""
+    capacity: dict[str, int] = {}
+    for v in views:
+        if v.gpu_model:
+            capacity[v.gpu_model] = capacity.get(v.gpu_model, 0) + v.allocatable.gpus
+    return capacity
+
+
+def queue_view(state: QueueState, views, unavailable: Sequence[Unavailable], config: QueueConfig,
+               now: float) -> list[dict]:
+    """Every waiting job in order, as the place steps' pass sees it: position, who is ahead, what
+    blocks it, the nodes held for it (the fleet API's /api/queue; JSON-safe)."""
+    result = decide(state.live(now), None, list(views), unavailable, state.live_holds(now), config,
+                    state.usage(now), capacity_of(views), now)
+    return [{"position": s.position + 1, "job_id": s.entry.job_id, "team": s.entry.team,
+             "priority_class": s.entry.priority_class, "gpus": s.entry.gpus, "tasks": s.entry.tasks,
+             "gpu_models": list(s.entry.models), "waiting_seconds": round(now - s.entry.enqueued_at),
+             "ahead": list(s.ahead), "next": s.admitted, "blocker": s.blocker,
+             "held_nodes": list(result.holds[s.entry.job_id].nodes) if s.entry.job_id in result.holds else []}
+            for s in result.steps]
 
 
 @dataclass(frozen=True)
@@ -282,12 +306,9 @@ def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, c
     state = queue.enqueue(entry)
     ledger = booker.ledger.snapshot()
     seen = survey(booker.kube, booker.ecs, ledger.others(job_id, now), now, booker.boot_grace_seconds)
-    capacity: dict[str, int] = {}
-    for v in seen.views:
-        if v.gpu_model:
-            capacity[v.gpu_model] = capacity.get(v.gpu_model, 0) + v.allocatable.gpus
     result = decide(state.live(now), (job_id, spec.to_job_request(job_id)), seen.views,
-                    ledger.live_unavailable(now), state.live_holds(now), config, state.usage(now), capacity, now)
+                    ledger.live_unavailable(now), state.live_holds(now), config, state.usage(now),
+                    capacity_of(seen.views), now)
     queue.save_holds(result.holds, state)
     step = result.step(job_id)
     waiting = len(state.live(now))

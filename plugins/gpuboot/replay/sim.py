@@ -364,7 +364,7 @@ class Simulation:
         if not self.config.preemptible:
             return []
         return [Running(name, node.name, self.job_by_name[name].requests, preemptible=self._preemptible(
-                    self.job_by_name[name]), started_at=began)
+                    self.job_by_name[name]), started_at=began, enqueued_at=self.job_by_name[name].arrival)
                 for node in self.nodes.values() for name, began in node.running.items()]
 
     def _preempt(self, name: str) -> None:

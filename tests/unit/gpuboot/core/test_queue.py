@@ -229,7 +229,8 @@ def test_a_one_gpu_job_needs_no_hold_and_only_one_job_holds_nodes_at_a_time():
 
 
 def running_on(node, job_id, gpus, started, **kw):
-    return Running(job_id, node, Resources.parse({"cpu": "1", "memory": "1Gi", GPU: gpus}), started_at=started, **kw)
+    return Running(job_id, node, Resources.parse({"cpu": "1", "memory": "1Gi", GPU: gpus}), started_at=started,
+                   enqueued_at=started, **kw)
 
 
 def test_a_held_job_preempts_only_preemptible_jobs_youngest_first_once_it_has_waited_long_enough():
@@ -243,6 +244,9 @@ def test_a_held_job_preempts_only_preemptible_jobs_youngest_first_once_it_has_wa
     assert victims(big, hold, nodes, jobs, now=2_400, config=config) == ["young", "old"]
     assert victims(entry("big", gpus=8), hold, nodes, jobs, now=2_400, config=config) == []   # "keep" stays
     assert victims(big, hold, nodes, jobs, 2_400, QueueConfig(preempt_after_seconds=None)) == []
+    peers = [running_on("n1", "first", 6, 10, preemptible=True)]           # as big and enqueued earlier
+    assert victims(dataclasses.replace(big, enqueued_at=40), hold, nodes, peers, now=2_500, config=config) == []
+    assert victims(big, hold, nodes, peers, now=2_500, config=config) == ["first"]       # enqueued later
 
 
 def test_a_higher_class_preempts_at_once_and_never_a_job_of_a_higher_class():
@@ -261,3 +265,11 @@ def test_the_pass_names_the_jobs_to_requeue_for_the_held_job():
                       capacity={"T4": 8}, holds={}, nodes=fleet.nodes, attempt=fleet.attempt, commit=fleet.commit,
                       running=[running_on("n1", "p", 8, 0, preemptible=True, priority_class="low")])
     assert result.holds["big"].nodes == ("n1",) and result.preempt == {"big": ["p"]}
+
+
+def test_only_nodes_of_young_work_are_held_and_a_hold_is_let_go_once_it_has_lasted_its_time():
+    nodes = [t4("old", used=4, busy_since=0), t4("new", used=6, busy_since=9_000)]
+    hold = choose_hold(entry("big", gpus=8), nodes, (), {}, now=10_000, young=3_600)
+    assert hold.nodes == ("new",) and hold.since == 10_000
+    later = choose_hold(entry("big", gpus=8), nodes, (), {}, now=13_700, keep=hold, young=3_600)
+    assert later is None                      # held an hour and "new"'s work is old now too: nothing to gain

@@ -12,8 +12,8 @@ from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.placement import Outcome
 from gpuboot.core.queue import Entry, Hold, QueueConfig
 from gpuboot.core.resources import GPU, Resources
-from gpuboot.lifecycle.booking import Booker
-from gpuboot.lifecycle.jobqueue import LEASE_SECONDS, JobQueue, book_in_order, queue_config
+from gpuboot.lifecycle.booking import Booker, survey
+from gpuboot.lifecycle.jobqueue import LEASE_SECONDS, JobQueue, book_in_order, queue_config, queue_view
 from tests.fakes import T4, cloud
 
 LOG = logging.getLogger("test-jobqueue")
@@ -122,3 +122,18 @@ def test_the_queue_configuration_is_read_from_the_environment_and_a_bad_one_is_n
     assert config.weight("vision") == 2 and queue_config({}) == QueueConfig()
     with pytest.raises(ValueError, match="GPUBOOT_QUEUE_CONFIG: not a valid queue configuration"):
         queue_config({"GPUBOOT_QUEUE_CONFIG": '{"teams": {"x": {"weight": 0}}}'})
+
+
+def test_the_queue_view_shows_every_waiter_in_order_with_who_is_ahead_and_what_blocks_it():
+    c = cloud({"gpu-run": ("Running", T4)})
+    queue = JobQueue(c.cluster, clock=c.clock)
+    booker = Booker(c.cluster, c.ecs, c.ledger(), LOG, clock=c.clock)
+    booker.book(spec("hog"), "hog")
+    queue.enqueue(entry("older", c.clock()))
+    queue.enqueue(entry("big", c.clock() + 1, gpus=4))
+    views = survey(c.cluster, c.ecs, c.ledger().live(), c.clock()).views
+    rows = queue_view(queue.snapshot(), views, [], QueueConfig(), c.clock() + 5)
+    assert [(r["position"], r["job_id"], r["ahead"], r["next"]) for r in rows] == [
+        (1, "older", [], False), (2, "big", ["older"], False)]
+    assert "capacity busy" in rows[0]["blocker"] and rows[1]["waiting_seconds"] == 4
+    assert "needs a node with 4 nvidia.com/gpu" in rows[1]["blocker"] and rows[1]["held_nodes"] == []
