@@ -483,16 +483,16 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
             taken = {n for job, h in holds.items() if job != entry.job_id for n in h.nodes}
             hold = choose_hold(entry, nodes(), taken, releases or {}, now, holds.get(entry.job_id), config.spare_holds,
                                config.hold_seconds)
-            others = [r for r in running if r.job_id not in gone]
-            if hold is None and others and may_preempt(entry, now, config):
+            movable = [r for r in running if r.job_id not in gone]
+            if hold is None and movable and may_preempt(entry, now, config):
                 # no node drains soon: hold one where requeuing preemptible jobs makes room, or none
                 hold = choose_hold(entry, nodes(), taken, releases or {}, now, None, 0)
-                hold = hold if hold and victims(entry, hold, nodes(), others, now, config) else None
+                hold = hold if hold and victims(entry, hold, nodes(), movable, now, config) else None
             if hold is None:
                 holds.pop(entry.job_id, None)
             else:
                 holds[entry.job_id] = hold
-                chosen = victims(entry, hold, nodes(), others, now, config)
+                chosen = victims(entry, hold, nodes(), movable, now, config)
                 if chosen:
                     preempt[entry.job_id] = chosen
                     gone.update(chosen)
