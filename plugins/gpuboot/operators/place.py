@@ -149,8 +149,8 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
                 raise refusal(self, context, f"job {spec.name} still waiting for capacity after "
                                              f"queue_timeout_seconds={spec.queue_timeout_seconds}: {plan.message}")
             wake = min(deadline, now + self.busy_poll_seconds)
-            self.log.info("%s; %s; re-planning in %.0fs, giving up in %.0fs", plan.message,
-                          self.turn.line() if self.turn else "", wake - now, deadline - now)
+            why = self.turn.line() if self.turn and self.turn.step else plan.message   # the line names the blocker
+            self.log.info("%s; re-planning in %.0fs, giving up in %.0fs", why, wake - now, deadline - now)
             self.defer(trigger=WakeUpTrigger(wake, CapacityWait(deadline, []).to_json()), method_name="resume")
         self.log.info("decision: %s; nodes to start: %s", plan.message, list(plan.nodes_to_start) or "none")
         push(context, "job", spec.to_dict())
