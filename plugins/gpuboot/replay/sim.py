@@ -114,6 +114,7 @@ class Simulation:
         self.jobs = [job for job in jobs if config.start <= job.arrival < config.end]
         self.job_by_name = {job.name: job for job in self.jobs}
         self.run_token: dict[str, int] = {}       # job -> its current run (a preempted run's end is ignored)
+        self.tried: set[str] = set()              # jobs place() has judged once (a NEVER is found then)
         self.queue: list[TraceJob] = []
         self.recorder = Recorder(policy.name, config.start, config.end, jobs=len(self.jobs))
         self.idle_rule = IdleRule(config.idle_timeout, getattr(policy, "spare_seconds", 0.0))
@@ -332,9 +333,15 @@ class Simulation:
         decisions: dict[str, object] = {}
         never: set[str] = set()
 
+        room: dict[tuple, int] = {}     # models -> the most GPUs one node could give now (marks ignored)
+
         def attempt(entry: Entry, marks: list[Unavailable]) -> Attempt:
+            job = waiting[entry.job_id]
+            if job.name in self.tried and job.gpus > self._room(job, room):
+                return Attempt(False, None, "busy")     # no node could give it the GPUs: place() would say so
+            self.tried.add(job.name)
             self.recorder.placement_calls += 1
-            decision = self.policy.decide(waiting[entry.job_id], self, False, marks)
+            decision = self.policy.decide(job, self, False, marks)
             decisions[entry.job_id] = decision
             if decision.never:
                 never.add(entry.job_id)
@@ -342,6 +349,7 @@ class Simulation:
             return Attempt(decision.node is not None, model, decision.never or "busy", bool(decision.never))
 
         def commit(entry: Entry, _: Attempt) -> None:
+            room.clear()
             self._carry_out(waiting.pop(entry.job_id), decisions[entry.job_id], False)
 
         for name in never:
@@ -380,6 +388,16 @@ class Simulation:
         self.recorder.job_preempted(name, began, self.clock.now, job.gpus, job.run_seconds)
         self._enqueue(job)
         self.queue.append(job)
+
+    def _room(self, job: TraceJob, room: dict[tuple, int]) -> int:
+        """The most GPUs any node of the job's models could give it now: free on a node that is up, all
+        on one to start. An upper bound of what place() finds (it also checks CPU, memory and marks), so
+        a job asking more is refused without a placement: a backlog of thousands stays cheap."""
+        if job.gpu_models not in room:
+            room[job.gpu_models] = max(
+                (node.free.gpus if node.state in (NodeState.READY, NodeState.BOOTING) else node.capacity.gpus
+                 for node in self.nodes.values() if job.accepts(node.spec)), default=0)
+        return room[job.gpu_models]
 
     def _releases(self) -> dict[str, list[tuple[int, float | None]]]:
         """Per node, each placed job's GPUs and when it should end: known only when jobs state it."""
