@@ -398,7 +398,11 @@ class Step:
     position: int
     admitted: bool
     blocker: str = ""
-    ahead: tuple[str, ...] = ()
+    order: Sequence[str] = ()      # the pass's order, shared by its steps (copying it per step made a pass quadratic)
+
+    @property
+    def ahead(self) -> tuple[str, ...]:
+        return tuple(self.order[:self.position])
 
 
 @dataclass
@@ -469,7 +473,7 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
                 holds.pop(entry.job_id, None)
                 team = used.setdefault(entry.team, {})
                 team[result.model or ""] = team.get(result.model or "", 0) + entry.gpus
-                steps.append(Step(entry, len(steps), True, "", tuple(ahead)))
+                steps.append(Step(entry, len(steps), True, "", ahead))
                 ahead.append(entry.job_id)
                 if only == entry.job_id:
                     break
@@ -496,7 +500,7 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
                 if chosen:
                     preempt[entry.job_id] = chosen
                     gone.update(chosen)
-        steps.append(Step(entry, len(steps), False, blocker, tuple(ahead)))
+        steps.append(Step(entry, len(steps), False, blocker, ahead))
         ahead.append(entry.job_id)
         if only == entry.job_id:
             break
