@@ -3,9 +3,10 @@
 Pure and deterministic, so the place step (gpuboot.lifecycle.queue) and the trace replay
 (gpuboot.replay) make the same decision over the same waiting set.
 
-Order (`next_in_order`): priority class first, then the team's fair-share deficit (its
-dominant share of the GPUs, per model, in use divided by its weight: the team furthest below
-its share goes first), then age (enqueue time), then the job id. Shares are recomputed as the
+Order (`next_in_order`): priority class first; then jobs waiting past `starve_seconds`, oldest
+first; then the team's fair-share deficit (its dominant share of the GPUs, per model, in use
+divided by its weight: the team furthest below its share goes first), then age (enqueue time),
+then the job id. Shares are recomputed as the
 pass admits jobs, so one team's burst does not take a whole pass.
 
 Quotas (`TeamQuota`, as Kueue's ClusterQueue): GPUs per model, nominal, a borrowing limit and
@@ -225,13 +226,19 @@ def dominant_share(team: str, usage: Usage, capacity: Mapping[str, int], config:
     return share / config.weight(team)
 
 
-def order_key(entry: Entry, usage: Usage, capacity: Mapping[str, int], config: QueueConfig) -> tuple:
-    return (-entry.priority, dominant_share(entry.team, usage, capacity, config), entry.enqueued_at, entry.job_id)
+def order_key(entry: Entry, usage: Usage, capacity: Mapping[str, int], config: QueueConfig,
+              now: float = -math.inf) -> tuple:
+    """Class, then jobs waiting past `starve_seconds` oldest first, then the others by their team's
+    share and age: fair share orders the fresh, and no share keeps a starving job behind fresh ones."""
+    if now - entry.enqueued_at >= config.starve_seconds:
+        return (-entry.priority, 0, 0.0, entry.enqueued_at, entry.job_id)
+    return (-entry.priority, 1, dominant_share(entry.team, usage, capacity, config), entry.enqueued_at, entry.job_id)
 
 
-def ordered(entries: Iterable[Entry], usage: Usage, capacity: Mapping[str, int], config: QueueConfig) -> list[Entry]:
+def ordered(entries: Iterable[Entry], usage: Usage, capacity: Mapping[str, int], config: QueueConfig,
+            now: float = -math.inf) -> list[Entry]:
     """The waiting set in order, shares frozen at `usage` (what a log line or the API shows)."""
-    return sorted(entries, key=lambda e: order_key(e, usage, capacity, config))
+    return sorted(entries, key=lambda e: order_key(e, usage, capacity, config, now))
 
 
 @dataclass(frozen=True)
@@ -423,9 +430,10 @@ def needs_hold(entry: Entry, now: float, config: QueueConfig) -> bool:
     return entry.gpus > 1 and now - entry.enqueued_at >= config.starve_seconds
 
 
-def next_in_order(waiting: list[Entry], usage: Usage, capacity: Mapping[str, int], config: QueueConfig) -> Entry:
+def next_in_order(waiting: list[Entry], usage: Usage, capacity: Mapping[str, int], config: QueueConfig,
+                  now: float = -math.inf) -> Entry:
     """The entry that goes next (order in the module doc), with shares as of `usage`."""
-    return min(waiting, key=lambda e: order_key(e, usage, capacity, config))
+    return min(waiting, key=lambda e: order_key(e, usage, capacity, config, now))
 
 
 def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage: Usage, capacity: Mapping[str, int],
@@ -455,7 +463,7 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
     preempt: dict[str, list[str]] = {}
     gone: set[str] = set()
     while lines:
-        head = next_in_order([line[-1] for line in lines.values()], used, capacity, config)
+        head = next_in_order([line[-1] for line in lines.values()], used, capacity, config, now)
         line = lines[(head.priority, head.team)]
         entry = line.pop()
         if not line:

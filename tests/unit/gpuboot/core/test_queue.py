@@ -273,3 +273,10 @@ def test_only_nodes_of_young_work_are_held_and_a_hold_is_let_go_once_it_has_last
     assert hold.nodes == ("new",) and hold.since == 10_000
     later = choose_hold(entry("big", gpus=8), nodes, (), {}, now=13_700, keep=hold, young=3_600)
     assert later is None                      # held an hour and "new"'s work is old now too: nothing to gain
+
+
+def test_a_job_waiting_past_the_threshold_goes_before_fresh_jobs_whatever_its_teams_share():
+    usage = {"busy": {"T4": 6}}
+    jobs = [entry("starving", at=0, team="busy"), entry("fresh", at=900, team="idle")]
+    assert [e.job_id for e in ordered(jobs, usage, {"T4": 8}, QueueConfig(), now=1_000)] == ["starving", "fresh"]
+    assert [e.job_id for e in ordered(jobs, usage, {"T4": 8}, QueueConfig(), now=500)] == ["fresh", "starving"]
