@@ -22,6 +22,7 @@ RBAC = ROOT / "deploy" / "kubernetes" / "rbac.yaml"
 RAM = ROOT / "deploy" / "ram" / "gpuboot-ecs-policy.json"
 LEDGER_CONFIGMAP = "gpuboot-reservations"
 QUEUE_SHARDS = tuple(f"{LEDGER_CONFIGMAP}-queue-{i}" for i in range(8))   # gpuboot.lifecycle.ledger.RequestQueue
+JOB_QUEUE = "gpuboot-queue"    # gpuboot.lifecycle.jobqueue
 INSTANCE_ARN = "acs:ecs:*:*:instance/*"
 MANAGED_TAG = "acs:ResourceTag/gpuboot:managed"
 
@@ -243,7 +244,7 @@ def test_ledger_is_granted_only_on_its_configmap(rbac):
     for role in rbac["Role"]:
         for (_, resource, verb), names in _grants(role):
             if resource in LEDGER_RESOURCES:
-                expected = () if verb == "create" else (LEDGER_CONFIGMAP, *QUEUE_SHARDS)
+                expected = () if verb == "create" else (LEDGER_CONFIGMAP, *QUEUE_SHARDS, JOB_QUEUE)
                 assert names == expected, f"configmaps {verb}: resourceNames {names}, want {expected}"
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from gpuboot.core.inventory import gpu_model_alternatives, gpu_model_tokens
 from gpuboot.core.model import FrozenDict
 from gpuboot.core.placement import JobRequest, TaskRequest
+from gpuboot.core.queue import DEFAULT_PRIORITY_CLASS, DEFAULT_TEAM, PRIORITY_CLASSES
 from gpuboot.core.resources import CPU, GPU, MEMORY, QUANTITY_PATTERN, QuantityError, Resources, format_quantity
 from gpuboot.exceptions import JobSpecError
 
@@ -112,6 +113,11 @@ class JobSpec:
     reservation_ttl_seconds: int | None = None
     extra_resources: Mapping[str, str] = field(default_factory=FrozenDict)
     allow_gpu_nodes: bool = False             # may a CPU-only job (gpus: 0) use, and boot, GPU nodes?
+    # the job queue (gpuboot.core.queue): whose quota and share, its class, and hints for holds and backfill
+    team: str = DEFAULT_TEAM
+    priority_class: str = DEFAULT_PRIORITY_CLASS
+    preemptible: bool = False
+    expected_runtime_seconds: int | None = None
 
     def __post_init__(self):
         for name in ("env", "secret_env", "node_selector", "extra_resources"):
@@ -169,7 +175,8 @@ class JobSpec:
                                   tolerations=self.tolerations, gpu_model=self.gpu_model,
                                   avoid_gpu_nodes=avoid_gpu_nodes)
                       for name in self.task_names())
-        return JobRequest(job_id=job_id, tasks=tasks, min_available=self.gang_size)
+        return JobRequest(job_id=job_id, tasks=tasks, min_available=self.gang_size,
+                          expected_run_seconds=self.expected_runtime_seconds)
 
 
 # --- validation ---------------------------------------------------------------
@@ -226,6 +233,7 @@ class _Validator:
             "extra_resources": self.extra_resources(raw.get("extra_resources", {})),
             "allow_gpu_nodes": self.boolean("allow_gpu_nodes", raw.get("allow_gpu_nodes", False)),
         }
+        values.update(self.queue_fields(raw))
         values["queue_timeout_seconds"] = self.integer(
             "queue_timeout_seconds", raw.get("queue_timeout_seconds", 3600), 1, MAX_TIMEOUT_SECONDS)
         values["settle_seconds"] = self.integer("settle_seconds", raw.get("settle_seconds", 5), 0, MAX_SETTLE_SECONDS)
@@ -246,6 +254,20 @@ class _Validator:
             self.fail("name", f"task names like {values['name']}-{values['replicas'] - 1} would be {longest} "
                       "characters, over the 63 a Kubernetes label value allows", "Use a shorter name")
         return JobSpec(**values)
+
+    def queue_fields(self, raw: Mapping) -> dict:
+        """team, priority_class, preemptible, expected_runtime_seconds: all optional."""
+        values = {"team": self.dns_label("team", raw.get("team", DEFAULT_TEAM)),
+                  "preemptible": self.boolean("preemptible", raw.get("preemptible", False))}
+        priority = raw.get("priority_class", DEFAULT_PRIORITY_CLASS)
+        if priority not in PRIORITY_CLASSES:
+            self.fail("priority_class", f"{priority!r} is not a priority class",
+                      f"Use one of {', '.join(map(repr, PRIORITY_CLASSES))} ({DEFAULT_PRIORITY_CLASS!r} when left out)")
+        values["priority_class"] = priority
+        if "expected_runtime_seconds" in raw:
+            values["expected_runtime_seconds"] = self.integer(
+                "expected_runtime_seconds", raw["expected_runtime_seconds"], 1, MAX_TIMEOUT_SECONDS)
+        return values
 
     def dns_label(self, key: str, value) -> str:
         if not isinstance(value, str) or not _DNS_LABEL.match(value):
@@ -649,6 +671,16 @@ def params_schema() -> dict[str, dict]:
                             'Optional: other extended resources per task, as JSON, e.g. {"example.com/fpga": 1}'),
         "allow_gpu_nodes": (False, {"type": ["null", "boolean"], "title": "Allow GPU nodes"},
                             "Let a CPU-only job (gpus 0) run on, and boot, GPU nodes (off: it stays on CPU nodes)"),
+        "team": (DEFAULT_TEAM, {"type": ["null", "string"], "pattern": DNS_LABEL, "title": "Team (queue)"},
+                 "Whose quota and fair share the job counts against, e.g. vision"),
+        "priority_class": (DEFAULT_PRIORITY_CLASS, {"type": ["null", "string"], "enum": list(PRIORITY_CLASSES),
+                                                    "title": "Priority class"},
+                           "Waiting jobs of a higher class go first; high also gets held nodes at once"),
+        "preemptible": (False, {"type": ["null", "boolean"], "title": "Preemptible"},
+                        "The job may be stopped and requeued to make room for a job of a higher class"),
+        "expected_runtime_seconds": (None, {**seconds, "title": "Expected runtime (s)"},
+                                     ("Optional: how long the job runs; lets it use nodes held for others "
+                                      "when it ends before they are due")),
     }
     assert set(spec) == set(_DEFAULTS), "params_schema must cover every JobSpec field"
     return {key: {"default": default, "schema": schema, "description": description}

@@ -194,12 +194,14 @@ class Booker:
 
     def book(self, spec: JobSpec | None, job_id: str, *, marks: Sequence[Unavailable] = (),
              release_unplaced: bool = False, place_job: bool = True, failed: Mapping[str, str] | None = None,
-             keep_running: Collection[str] = (), why: str = "the job is giving up") -> Booking:
+             keep_running: Collection[str] = (), why: str = "the job is giving up",
+             held: Sequence[Unavailable] = ()) -> Booking:
         """Place `spec` as `job_id` and commit its reservations (replacing any it held) plus `marks`.
 
         When the job does not fit, nothing is written unless `release_unplaced` (a re-placement:
         the job's old reservations go and the marks are kept either way). `place_job=False`
-        only releases and marks (a job giving up or ending). `failed` (node -> why) adds this
+        only releases and marks (a job giving up or ending). `held`: nodes the job queue holds for
+        other jobs (gpuboot.core.queue), kept out of this plan but never written. `failed` (node -> why) adds this
         job's own verdicts to its record, in the same commit; the job is never placed on a node
         that failed for it. Nodes the job started and the commit moves it off are stopped again
         unless claimed (see the module doc), except those in `keep_running` (its pod ran there).
@@ -220,7 +222,7 @@ class Booker:
             record = self._job_record(state, job_id, now, failed)                  # 1. what the job holds
             basis, seen = self._survey(basis, state, job_id, now)                  # 2. the cluster
             fresh = basis.seq == state.seq      # read after this very ledger state: the unconditional case
-            outdated, plan = self._place(request, job_id, why, state, basis, seen, marks, record, now)   # 3.
+            outdated, plan = self._place(request, job_id, why, state, basis, seen, [*marks, *held], record, now)
             fits = plan.outcome == Outcome.FITS
             if place_job and not fits and not fresh:
                 basis = None        # a verdict of "busy" (or never) rests on the cluster as it is now

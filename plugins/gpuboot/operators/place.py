@@ -16,11 +16,13 @@ from gpuboot.core.gang import draft_gang, spec_field
 from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.placement import Outcome, Plan
 from gpuboot.core.ports import EcsError
+from gpuboot.core.queue import never_fits_quota
 from gpuboot.core.steplog import place_summary
 from gpuboot.exceptions import SecondLedger
 from gpuboot.hooks.kube import JOB_POD_RIGHTS
 from gpuboot.lifecycle.batching import book_first
 from gpuboot.lifecycle.booking import CONTENDED_SECONDS, Booker, LedgerContended
+from gpuboot.lifecycle.jobqueue import JobQueue, Turn, book_in_order, entry_of, queue_config
 from gpuboot.operators.base import GpuJobStep, context_job_id, push, refusal, resolve_job, summarize, summarizes_failure
 from gpuboot.operators.capacity_wait import CapacityWait, defer_for_contention
 from gpuboot.triggers.wake_up import WakeUpTrigger
@@ -56,8 +58,20 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
     @summarizes_failure
     def execute(self, context):
         spec = self._spec(context)
-        self.check_cluster(spec, self.job_id or context_job_id(self, context))
+        job_id = self.job_id or context_job_id(self, context)
+        self.check_quota(spec, job_id)
+        self.check_cluster(spec, job_id)
         return self._attempt(context, spec, time.time() + spec.queue_timeout_seconds)
+
+    def check_quota(self, spec: JobSpec, job_id: str) -> None:
+        """A job its team's quota can never hold is refused now, not after a queue timeout."""
+        try:
+            never = never_fits_quota(entry_of(spec, job_id, time.time()), queue_config())
+        except ValueError as exc:
+            raise AirflowFailException(str(exc)) from None
+        if never:
+            raise AirflowFailException(f"job {spec.name}: team: {never}. Ask for fewer GPUs (gpus x replicas, or "
+                                       f"min_available), or set team to one whose quota can hold the job")
 
     @summarizes_failure
     def resume(self, context, event: Mapping):
@@ -138,7 +152,8 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
                 raise refusal(self, context, f"job {spec.name} still waiting for capacity after "
                                              f"queue_timeout_seconds={spec.queue_timeout_seconds}: {plan.message}")
             wake = min(deadline, now + self.busy_poll_seconds)
-            self.log.info("%s; re-planning in %.0fs, giving up in %.0fs", plan.message, wake - now, deadline - now)
+            why = self.turn.line() if self.turn and self.turn.step else plan.message   # the line names the blocker
+            self.log.info("%s; re-planning in %.0fs, giving up in %.0fs", why, wake - now, deadline - now)
             self.defer(trigger=WakeUpTrigger(wake, CapacityWait(deadline, []).to_json()), method_name="resume")
         self.log.info("decision: %s; nodes to start: %s", plan.message, list(plan.nodes_to_start) or "none")
         push(context, "job", spec.to_dict(env_values=False))   # names only: launch reads the values
@@ -146,10 +161,15 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
         summarize(self, context, place_summary(spec.name, plan, time.monotonic() - began))
         return plan.to_json()
 
+    turn: Turn | None = None
+
     def place_and_reserve(self, spec: JobSpec, job_id: str) -> Plan:
         """The shared place-and-reserve transaction (gpuboot.lifecycle.booking, through a batch in a burst:
-        gpuboot.lifecycle.batching), committed when the job fits."""
+        gpuboot.lifecycle.batching), committed when the job fits and the job queue admits it
+        (gpuboot.lifecycle.jobqueue: its turn, or a backfill that delays no hold)."""
         kube = self.kube()
         booker = Booker(kube, self.ecs(), self.ledger(kube), self.log, max_commit_attempts=self.max_commit_attempts,
                         boot_grace_seconds=self.boot_grace_seconds, contended_seconds=self.contended_seconds)
-        return book_first(booker, spec, job_id).plan     # LedgerContended: the caller defers
+        self.turn = book_in_order(booker, JobQueue(kube, self.ledger_namespace), spec, job_id, queue_config(),
+                                  lambda: book_first(booker, spec, job_id))    # LedgerContended: the caller defers
+        return self.turn.plan

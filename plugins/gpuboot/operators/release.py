@@ -6,6 +6,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from gpuboot.core.gang import completion
 from gpuboot.core.model import LABEL_JOB
+from gpuboot.lifecycle.jobqueue import JobQueue
 from gpuboot.operators.base import GpuJobStep, context_job_id, summarize
 
 
@@ -33,6 +34,7 @@ class ReleaseReservationOperator(GpuJobStep, BaseOperator):
         used = {(p.get("spec") or {}).get("nodeName") for p in pods}
         boot = self.job_boot(job_id)
         released = boot.finish(used=used - {None})
+        JobQueue(self.kube(), self.ledger_namespace).drop(job_id)    # out of the line and of its team's share
         if released:
             line = (f"released {len(released)} reservation(s) of job {job_id}: "
                     + "; ".join(f"{r.task} on {r.node} ({r.resources})" for r in released))

@@ -24,6 +24,22 @@ TABLE = [("policy", "policy"), ("billed_cost", "cost $"), ("lower_bound_cost", "
          ("jobs_never_placed", "never placed"), ("wall_seconds", "sim s")]
 
 
+SIZE_TABLE = [("policy", "policy"), ("size", "job size"), ("started", "started"), ("never_started", "never started"),
+              ("timeouts", "timeouts"), ("wait_p50_seconds", "wait p50 s"), ("wait_p95_seconds", "wait p95 s"),
+              ("wait_p99_seconds", "wait p99 s"), ("wait_max_seconds", "wait max s"), ("jain_teams", "Jain (teams)"),
+              ("hold_cost", "hold cost $"), ("preemptions", "preemptions")]
+
+
+def size_rows(policies: list[dict]) -> list[dict]:
+    """One row per policy and job-size bucket; the policy's team fairness and hold cost on its first row."""
+    rows = []
+    for result in policies:
+        for i, (size, figures) in enumerate(result["by_size"].items()):
+            rows.append({"policy": result["policy"], "size": size, **figures,
+                         **({k: result[k] for k in ("jain_teams", "hold_cost", "preemptions")} if i == 0 else {})})
+    return rows
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gpuboot.replay", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -44,6 +60,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--spare", default=f"{DEFAULT_SPARE_SECONDS / 3600:g}h",
                    help="gpuboot's scale-down keeps the fleet's spare (an idle node whose GPUs the other running "
                         "nodes could not replace) this much longer; 0 for none (gpuboot.core.idle.IdleRule)")
+    p.add_argument("--queue-timeout", default="0", help="a job still waiting this long fails (live default 1h); 0: never")
+    p.add_argument("--expected-runtime", action="store_true",
+                   help="jobs state their runtime (the trace's own), so holds know when nodes free and backfill fits")
+    p.add_argument("--preemptible", type=float, default=0.0,
+                   help="share of jobs (0..1, by a hash of the name) that say they are preemptible: a job held past "
+                        "the preemption threshold may requeue them")
+    p.add_argument("--teams", type=int, default=4, help="teams the trace's jobs are spread over (by a hash of the name)")
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
     p.add_argument("--include-cpu-pods", action="store_true", help="also replay pods asking for no GPU")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="directory for summary.json and replay.png")
@@ -77,7 +100,9 @@ def run(args) -> dict:
     fleet = trace.load_fleet(directory, args.fleet, args.fleet_sample, args.seed)
     config = SimConfig(start=start, end=end, start_seconds=args.start_seconds, boot_seconds=args.boot_seconds,
                        device_plugin_seconds=args.device_plugin_seconds, stop_seconds=args.stop_seconds,
-                       idle_timeout=trace.parse_duration(args.idle_timeout, "--idle-timeout"))
+                       idle_timeout=trace.parse_duration(args.idle_timeout, "--idle-timeout"),
+                       queue_timeout=trace.parse_duration(args.queue_timeout, "--queue-timeout"), teams=args.teams,
+                       expected_runtime=args.expected_runtime, preemptible=args.preemptible)
     bound = lower_bound_gpu_seconds(loaded.jobs, end)
     money_bound = lower_bound_cost(loaded.jobs, fleet, end)
     results, series = [], {}
@@ -100,7 +125,9 @@ def run(args) -> dict:
                    "per_gib_hour": prices.PER_GIB,
                    "fleet_per_hour": round(sum(n.price_per_hour for n in fleet), 2)},
         "config": {k: getattr(config, k) for k in ("start_seconds", "boot_seconds", "device_plugin_seconds",
-                                                     "stop_seconds", "idle_timeout", "scaledown_every")}
+                                                     "stop_seconds", "idle_timeout", "scaledown_every",
+                                                     "queue_timeout", "teams", "expected_runtime",
+                                                     "preemptible")}
         | {"gpuboot_spare_seconds": trace.parse_duration(args.spare, "--spare")},
         "notes": [
             "Each pod is one job of one task; arrival = creation_time, run = deletion_time - scheduled_time.",
@@ -148,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     for reason, count in j["skipped"].items():
         print(f"  skipped {count} pods: {reason}")
     print(format_table(summary["policies"], TABLE))
+    print(format_table(size_rows(summary["policies"]), SIZE_TABLE))
     print(f"wrote {Path(args.out) / 'summary.json'}" + ("" if args.no_plot else f" and {Path(args.out) / 'replay.png'}")
           + f" in {time.perf_counter() - began:.1f}s")
     return 0

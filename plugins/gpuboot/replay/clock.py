@@ -21,6 +21,7 @@ class Kind(IntEnum):
     NODE_STOPPED = 2
     ARRIVAL = 3
     IDLE_CHECK = 4
+    QUEUE_PASS = 5     # the waiting jobs' next poll (gpuboot.core.queue.run_pass)
 
 
 @dataclass(order=True, frozen=True)

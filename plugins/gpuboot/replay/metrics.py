@@ -2,10 +2,30 @@
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 HOUR = 3600.0
+SIZE_BUCKETS = ((1, 1, "1 GPU"), (2, 2, "2 GPUs"), (3, 4, "3-4 GPUs"), (5, 8, "5-8 GPUs"), (9, math.inf, ">8 GPUs"))
+
+
+def size_bucket(gpus: int) -> str:
+    """The job-size bucket waits are reported by (0-GPU jobs count with 1 GPU)."""
+    return next(label for low, high, label in SIZE_BUCKETS if gpus <= high and (gpus >= low or low == 1))
+
+
+def team_of(job_name: str, teams: int) -> str:
+    """A team for a trace job, deterministic from its name (the trace has none): team-0 .. team-<teams-1>."""
+    return f"team-{zlib.crc32(job_name.encode()) % teams}"
+
+
+def jain(values: Sequence[float]) -> float | None:
+    """Jain's fairness index, (sum x)^2 / (n sum x^2): 1 when all are equal, 1/n when one has everything."""
+    if not values:
+        return None
+    squares = sum(v * v for v in values)
+    return 1.0 if squares == 0 else sum(values) ** 2 / (len(values) * squares)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -44,7 +64,14 @@ class Recorder:
     used_gpu_seconds: float = 0.0
     boots: int = 0
     wasted_boots: int = 0
-    waits: list[float] = field(default_factory=list)
+    # job -> (GPUs, team, wait): the wait until its last start (a preempted job waits again, from arrival)
+    started_jobs: dict[str, tuple[int, str, float]] = field(default_factory=dict)
+    preemptions: int = 0
+    preempted_gpu_seconds: float = 0.0     # work lost: what preempted jobs had run, redone after requeue
+    unstarted: list[int] = field(default_factory=list)     # GPUs of each job still waiting at the window end
+    timeouts: list[int] = field(default_factory=list)      # GPUs of each job dropped at its queue timeout
+    hold_gpu_seconds: float = 0.0    # GPUs left free on nodes held for a starving job, times how long
+    hold_cost: float = 0.0           # USD: those GPUs' share of their node's price
     never_fit: int = 0
     never_fit_examples: list[str] = field(default_factory=list)
     waiting_at_end: int = 0
@@ -75,9 +102,25 @@ class Recorder:
         if not episode.served:
             self.wasted_boots += 1
 
-    def job_started(self, arrival: float, now: float, gpus: int, run_seconds: float) -> None:
-        self.waits.append(now - arrival)
+    @property
+    def started(self) -> list[tuple[int, str, float]]:
+        return list(self.started_jobs.values())
+
+    @property
+    def waits(self) -> list[float]:
+        return [w for _, _, w in self.started_jobs.values()]
+
+    def job_started(self, arrival: float, now: float, gpus: int, run_seconds: float, team: str = "",
+                    name: str | None = None) -> None:
+        self.started_jobs[name or f"#{len(self.started_jobs)}"] = (gpus, team, now - arrival)
         self.used_gpu_seconds += gpus * max(0.0, min(now + run_seconds, self.end) - now)
+
+    def job_preempted(self, name: str, started_at: float, now: float, gpus: int, run_seconds: float) -> None:
+        """`name` was stopped at `now` to be requeued: not started any more, its run so far lost."""
+        self.started_jobs.pop(name, None)
+        self.preemptions += 1
+        self.preempted_gpu_seconds += gpus * (now - started_at)
+        self.used_gpu_seconds -= gpus * max(0.0, min(started_at + run_seconds, self.end) - now)
 
     def job_never_fits(self, message: str) -> None:
         self.never_fit += 1
@@ -113,7 +156,34 @@ class Recorder:
             "never_fit_examples": list(self.never_fit_examples),
             "placement_calls": self.placement_calls,
             "wall_seconds": round(wall_seconds, 2),
+            "timeouts": len(self.timeouts),
+            "jain_teams": None if (j := self.team_fairness()) is None else round(j, 4),
+            "hold_gpu_hours": hours(self.hold_gpu_seconds),
+            "hold_cost": round(self.hold_cost, 2),
+            "preemptions": self.preemptions,
+            "preempted_gpu_hours": hours(self.preempted_gpu_seconds),
+            "by_size": self.by_size(),
         }
+
+    def by_size(self) -> dict[str, dict]:
+        """Per job-size bucket: jobs started, still waiting at the end, timed out, and wait percentiles."""
+        out = {}
+        for _, _, label in SIZE_BUCKETS:
+            waits = [w for g, _, w in self.started if size_bucket(g) == label]
+            never = sum(size_bucket(g) == label for g in self.unstarted)
+            late = sum(size_bucket(g) == label for g in self.timeouts)
+            if waits or never or late:
+                out[label] = {"started": len(waits), "never_started": never, "timeouts": late,
+                              **{f"wait_p{q}_seconds": round(percentile(waits, q) or 0.0, 1) for q in (50, 95, 99)},
+                              "wait_max_seconds": round(max(waits, default=0.0), 1)}
+        return out
+
+    def team_fairness(self) -> float | None:
+        """Jain's index over the teams' mean waits (1: every team waits alike)."""
+        per_team: dict[str, list[float]] = {}
+        for _, team, wait in self.started:
+            per_team.setdefault(team, []).append(wait)
+        return jain([sum(w) / len(w) for w in per_team.values()]) if len(per_team) > 1 else None
 
 
 def demand_series(jobs: Iterable, start: float, end: float) -> list[tuple[float, int]]:

@@ -7,12 +7,13 @@ every policy, so only the decisions differ.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpuboot.core.idle import DEFAULT_SPARE_SECONDS
-from gpuboot.core.model import STATE_RANK, NodeState
+from gpuboot.core.model import STATE_RANK, NodeState, Unavailable
 from gpuboot.core.placement import CostModel, JobRequest, Outcome, TaskRequest, place
+from gpuboot.core.queue import QueueConfig
 from gpuboot.core.resources import Resources
 
 _STARTABLE = (NodeState.STOPPED, NodeState.STOPPING)
@@ -25,6 +26,9 @@ class Decision:
     never: str | None = None         # why the job can never run in this fleet
 
 
+DEFAULT_QUEUE = QueueConfig()     # equal weights, no quotas, the default starvation threshold
+
+
 class Gpuboot:
     """Ours: `gpuboot.core.placement.place` as the DAGs call it, and the scale-down's idle rule with its
     spare (gpuboot.core.idle.IdleRule: the idle stop of the others, but the fleet's spare kept up to
@@ -33,16 +37,20 @@ class Gpuboot:
     name = "gpuboot"
     always_on = False
 
-    def __init__(self, place: Callable = place, exact: bool = False, spare_seconds: float = DEFAULT_SPARE_SECONDS):
+    def __init__(self, place: Callable = place, exact: bool = False, spare_seconds: float = DEFAULT_SPARE_SECONDS,
+                 queue: QueueConfig | None = DEFAULT_QUEUE):
         self._place = place   # the product's placement; a test may pass a counting wrapper
         self._exact = exact   # True: show place() every node, not one per class of twins
         self.spare_seconds = spare_seconds
+        self.queue = queue    # the job queue's order, quotas and holds (gpuboot.core.queue); None: today's retry loop
 
-    def decide(self, job, cluster, arriving: bool) -> Decision:
+    def decide(self, job, cluster, arriving: bool, unavailable: Sequence[Unavailable] = ()) -> Decision:
+        """`unavailable`: the holds of other jobs (node marks); the twins kept per class grow by their
+        number, so a held node never hides an unheld twin from place()."""
         request = JobRequest(job_id=job.name, min_available=1,
                              tasks=(TaskRequest(name=job.name, requests=job.requests, gpu_model=job.gpu_models),))
-        plan = self._place(request, cluster.views(None if self._exact else len(request.tasks)),
-                           cost=cost_model(cluster.config))
+        views = cluster.views(None if self._exact else len(request.tasks) + len(unavailable))
+        plan = self._place(request, views, unavailable, cost=cost_model(cluster.config))
         if plan.outcome is Outcome.FITS:
             return Decision(node=plan.assignments[0].node, start=tuple(plan.nodes_to_start))
         if plan.outcome is Outcome.NEVER:
@@ -54,6 +62,16 @@ def cost_model(config) -> CostModel:
     """The placement's cost model with the simulation's own delays (boot, stop, idle stop)."""
     return CostModel(boot_seconds=config.boot_delay, stop_seconds=config.stop_seconds,
                      idle_seconds=config.idle_timeout)
+
+
+class GpubootNoQueue(Gpuboot):
+    """Ours before the job queue: every waiting job retried in arrival order when capacity frees, no
+    order across teams, no holds (kept to measure what the queue changes)."""
+
+    name = "gpuboot-noqueue"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs, queue=None)
 
 
 class AlwaysOn(Gpuboot):
@@ -117,4 +135,4 @@ class QueueTime:
         return Decision()
 
 
-POLICIES = {cls.name: cls for cls in (AlwaysOn, QueueTime, AllocateTime, Gpuboot)}
+POLICIES = {cls.name: cls for cls in (AlwaysOn, QueueTime, AllocateTime, GpubootNoQueue, Gpuboot)}

@@ -7,15 +7,17 @@ the shared idle-stop rule, and tells the `Recorder` what it cost.
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuboot.core.idle import IdleRule, IdleVerdict
-from gpuboot.core.model import LABEL_GPU_MODEL, LABEL_HOSTNAME, LABEL_MANAGED, NodeState, NodeView
+from gpuboot.core.model import LABEL_GPU_MODEL, LABEL_HOSTNAME, LABEL_MANAGED, NodeState, NodeView, Unavailable
+from gpuboot.core.queue import Attempt, Entry, Hold, Running, run_pass
 from gpuboot.core.resources import Resources
 
 from .clock import EventClock, Kind
-from .metrics import BootEpisode, Recorder
+from .metrics import BootEpisode, Recorder, team_of
 from .trace import FleetNode, TraceJob
 
 
@@ -31,11 +33,16 @@ class SimConfig:
     stop_seconds: float = 30.0            # Stopping -> Stopped (still billed)
     idle_timeout: float = 600.0           # an empty running node is stopped after this long (IdleRule)
     scaledown_every: float = 300.0        # how often scale-down looks again at a node it keeps as the spare
+    queue_timeout: float = 0.0            # a job still waiting this long after arrival fails (0: never)
+    teams: int = 4                        # trace jobs are spread over this many teams (metrics.team_of)
+    poll_seconds: float = 30.0            # a waiting place step looks again this often (busy_poll_seconds)
+    expected_runtime: bool = False        # jobs state their runtime (the trace's own) so backfill can use it
+    preemptible: float = 0.0              # the share of jobs that say they are preemptible (metrics.team_of's hash)
 
     def __post_init__(self):
         if self.end <= self.start:
             raise ValueError(f"window: end ({self.end}) must be after start ({self.start})")
-        for name in ("start_seconds", "boot_seconds", "device_plugin_seconds", "stop_seconds"):
+        for name in ("start_seconds", "boot_seconds", "device_plugin_seconds", "stop_seconds", "queue_timeout"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
         for name in ("idle_timeout", "scaledown_every"):     # scale-down runs and stops at a time, not at once
@@ -105,9 +112,22 @@ class Simulation:
         self.clock = EventClock(config.start)
         self.nodes = {spec.name: SimNode(spec) for spec in sorted(fleet, key=lambda n: n.name)}
         self.jobs = [job for job in jobs if config.start <= job.arrival < config.end]
+        self.job_by_name = {job.name: job for job in self.jobs}
+        self.run_token: dict[str, int] = {}       # job -> its current run (a preempted run's end is ignored)
+        self.tried: set[str] = set()              # jobs place() has judged once (a NEVER is found then)
         self.queue: list[TraceJob] = []
         self.recorder = Recorder(policy.name, config.start, config.end, jobs=len(self.jobs))
         self.idle_rule = IdleRule(config.idle_timeout, getattr(policy, "spare_seconds", 0.0))
+        self.queue_config = getattr(policy, "queue", None)     # None: today's retry loop, no order, no holds
+        self.entries: dict[str, Entry] = {}
+        self.holds: dict[str, Hold] = {}
+        self.usage: dict[str, dict[str, int]] = {}             # team -> GPU model -> GPUs placed
+        self.team_of_job: dict[str, tuple[str, str]] = {}      # job placed -> (team, GPU model)
+        self.capacity: dict[str, int] = {}
+        for spec in fleet:
+            self.capacity[spec.gpu_model] = self.capacity.get(spec.gpu_model, 0) + spec.gpus
+        self.pass_due = False
+        self.held_since: tuple[float, float, float] = (config.start, 0.0, 0.0)   # (at, free GPUs, USD/h) held then
 
     # What policies read -----------------------------------------------------
     def ordered_nodes(self) -> list[SimNode]:
@@ -142,7 +162,8 @@ class Simulation:
         for job in self.jobs:
             self.clock.schedule(job.arrival, Kind.ARRIVAL, job)
         handlers = {Kind.ARRIVAL: self._arrival, Kind.JOB_END: self._job_end, Kind.NODE_READY: self._node_ready,
-                    Kind.NODE_STOPPED: self._node_stopped, Kind.IDLE_CHECK: self._idle_check}
+                    Kind.NODE_STOPPED: self._node_stopped, Kind.IDLE_CHECK: self._idle_check,
+                    Kind.QUEUE_PASS: self._queue_pass}
         while (next_at := self.clock.peek_time()) is not None and next_at < self.config.end:
             event = self.clock.pop()
             handlers[event.kind](event.payload)
@@ -153,23 +174,51 @@ class Simulation:
     def _close(self) -> None:
         """At the window end: bill what is still on, count who still waits, judge open boots."""
         end = self.config.end
+        self._account_holds(end)
         for node in self.nodes.values():
             if node.powered_since is not None:
                 self.recorder.powered(node.capacity.gpus, node.price, node.powered_since, end)
             if node.episode is not None and node.state is not NodeState.BOOTING:
                 self.recorder.boot_closed(node.episode)   # booted and up, yet none of its jobs ran there
             self.recorder.waiting_at_end += len(node.waiting)
+            self.recorder.unstarted += [job.gpus for job in node.waiting]
         self.recorder.waiting_at_end += len(self.queue)
+        self.recorder.unstarted += [job.gpus for job in self.queue]
 
     # Events -----------------------------------------------------------------
     def _arrival(self, job: TraceJob) -> None:
-        self._decide(job, arriving=True)
+        if self.queue_config is None:
+            self._decide(job, arriving=True)
+            return
+        self._enqueue(job)
+        self.queue.append(job)
+        self._queue_pass()      # the arriving job's own place step decides at once, in order
 
-    def _job_end(self, payload: tuple[TraceJob, str]) -> None:
-        job, name = payload
+    def _enqueue(self, job: TraceJob) -> None:
+        """The job's queue entry; a preempted job keeps its arrival as its enqueue time."""
+        self.entries[job.name] = Entry(job.name, job.requests, 1, job.gpu_models,
+                                       team_of(job.name, self.config.teams), enqueued_at=job.arrival,
+                                       expected_runtime=job.run_seconds if self.config.expected_runtime else None,
+                                       preemptible=self._preemptible(job))
+        if job.gpus > 1:        # a live waiter polls all along: its pass when it starves, and when it may preempt
+            config = self.queue_config
+            for after in (config.starve_seconds, config.starve_seconds + (config.preempt_after_seconds or 0)):
+                if job.arrival + after > self.clock.now:
+                    self.clock.schedule(job.arrival + after, Kind.QUEUE_PASS)
+
+    def _preemptible(self, job: TraceJob) -> bool:
+        return zlib.crc32(f"preemptible:{job.name}".encode()) % 1000 < self.config.preemptible * 1000
+
+    def _job_end(self, payload: tuple[TraceJob, str, int]) -> None:
+        job, name, token = payload
+        if self.run_token.get(job.name) != token:
+            return              # that run was preempted
         node = self.nodes[name]
         node.running.pop(job.name, None)
         node.allocated = node.allocated - job.requests
+        if job.name in self.team_of_job:
+            team, model = self.team_of_job.pop(job.name)
+            self.usage[team][model] -= job.gpus
         node.changed()
         self._arm_idle(node)
         self._retry_queue()
@@ -221,7 +270,9 @@ class Simulation:
     def _decide(self, job: TraceJob, arriving: bool) -> bool:
         """Ask the policy about `job` and carry it out; False when the job still waits."""
         self.recorder.placement_calls += 1
-        decision = self.policy.decide(job, self, arriving)
+        return self._carry_out(job, self.policy.decide(job, self, arriving), arriving)
+
+    def _carry_out(self, job: TraceJob, decision, arriving: bool) -> bool:
         if decision.never:
             self.recorder.job_never_fits(decision.never)
             return True
@@ -234,6 +285,11 @@ class Simulation:
         node = self.nodes[decision.node]
         node.allocated = node.allocated + job.requests
         node.changed()
+        if job.name in self.entries:
+            team = self.entries.pop(job.name).team
+            self.team_of_job[job.name] = (team, node.spec.gpu_model)
+            by_model = self.usage.setdefault(team, {})
+            by_model[node.spec.gpu_model] = by_model.get(node.spec.gpu_model, 0) + job.gpus
         if node.state is NodeState.READY:
             self._start_job(job, node)
         else:
@@ -248,15 +304,135 @@ class Simulation:
         Placing a job only takes capacity away, so once a request shape is refused
         in this pass, later jobs of the same shape are refused too: skip them.
         """
+        self._drop_late()
         if not self.queue:
             return
-        refused: set[Resources] = set()
+        if self.queue_config is not None:      # the waiting jobs see the release at their next poll
+            if not self.pass_due:
+                self.pass_due = True
+                self.clock.schedule(self.clock.now + self.config.poll_seconds, Kind.QUEUE_PASS)
+            return
+        refused: set[tuple] = set()
         still: list[TraceJob] = []
         for job in self.queue:
-            if job.requests in refused or not self._decide(job, arriving=False):
-                refused.add(job.requests)
+            shape = (job.requests, job.gpu_models)     # a T4 job is not refused because a V100 job was
+            if shape in refused or not self._decide(job, arriving=False):
+                refused.add(shape)
                 still.append(job)
         self.queue = still
+
+    def _queue_pass(self, _payload=None) -> None:
+        """One decision over the waiting set (gpuboot.core.queue.run_pass, as the place steps make it)."""
+        self.pass_due = False
+        self._drop_late()
+        now = self.clock.now
+        self._account_holds(now)
+        waiting = {job.name: job for job in self.queue}
+        for name in [n for n in self.entries if n not in waiting]:
+            del self.entries[name]
+        decisions: dict[str, object] = {}
+        never: set[str] = set()
+
+        room: dict[tuple, int] = {}     # models -> the most GPUs one node could give now (marks ignored)
+
+        def attempt(entry: Entry, marks: list[Unavailable]) -> Attempt:
+            job = waiting[entry.job_id]
+            if job.name in self.tried and job.gpus > self._room(job, room):
+                return Attempt(False, None, "busy")     # no node could give it the GPUs: place() would say so
+            self.tried.add(job.name)
+            self.recorder.placement_calls += 1
+            decision = self.policy.decide(job, self, False, marks)
+            decisions[entry.job_id] = decision
+            if decision.never:
+                never.add(entry.job_id)
+            model = self.nodes[decision.node].spec.gpu_model if decision.node else None
+            return Attempt(decision.node is not None, model, decision.never or "busy", bool(decision.never))
+
+        def commit(entry: Entry, _: Attempt) -> None:
+            room.clear()
+            self._carry_out(waiting.pop(entry.job_id), decisions[entry.job_id], False)
+
+        for name in never:
+            self._carry_out(waiting.pop(name), decisions[name], False)
+        result = run_pass([self.entries[n] for n in waiting], now=now, config=self.queue_config, usage=self.usage,
+                          capacity=self.capacity, holds=self.holds, nodes=self.views, attempt=attempt,
+                          commit=commit, releases=self._releases(), running=self._running())
+        for name in never & set(waiting):
+            self._carry_out(waiting.pop(name), decisions[name], False)
+        self.holds = result.holds
+        self.queue = list(waiting.values())
+        for victims in result.preempt.values():
+            for name in victims:
+                self._preempt(name)
+        self._account_holds(now)
+        if result.preempt:
+            self._retry_queue()         # the held job finds its room at its next poll
+
+    def _running(self) -> list[Running]:
+        if not self.config.preemptible:
+            return []
+        return [Running(name, node.name, self.job_by_name[name].requests, preemptible=self._preemptible(
+                    self.job_by_name[name]), started_at=began, enqueued_at=self.job_by_name[name].arrival)
+                for node in self.nodes.values() for name, began in node.running.items()]
+
+    def _preempt(self, name: str) -> None:
+        """Stop a running preemptible job and requeue it (its pods deleted; it runs again from the start)."""
+        job = self.job_by_name[name]
+        node = next(n for n in self.nodes.values() if name in n.running)
+        began = node.running.pop(name)
+        node.allocated = node.allocated - job.requests
+        node.changed()
+        team, model = self.team_of_job.pop(name)
+        self.usage[team][model] -= job.gpus
+        self.run_token[name] += 1
+        self.recorder.job_preempted(name, began, self.clock.now, job.gpus, job.run_seconds)
+        self._enqueue(job)
+        self.queue.append(job)
+
+    def _room(self, job: TraceJob, room: dict[tuple, int]) -> int:
+        """The most GPUs any node of the job's models could give it now: free on a node that is up, all
+        on one to start. An upper bound of what place() finds (it also checks CPU, memory and marks), so
+        a job asking more is refused without a placement: a backlog of thousands stays cheap."""
+        if job.gpu_models not in room:
+            room[job.gpu_models] = max(
+                (node.free.gpus if node.state in (NodeState.READY, NodeState.BOOTING) else node.capacity.gpus
+                 for node in self.nodes.values() if job.accepts(node.spec)), default=0)
+        return room[job.gpu_models]
+
+    def _releases(self) -> dict[str, list[tuple[int, float | None]]]:
+        """Per node, each placed job's GPUs and when it should end: known only when jobs state it."""
+        known = self.config.expected_runtime
+        out: dict[str, list[tuple[int, float | None]]] = {}
+        for node in self.nodes.values():
+            rows = out.setdefault(node.name, [])
+            for name, began in node.running.items():
+                job = self.job_by_name[name]
+                rows.append((job.gpus, began + job.run_seconds if known else None))
+            rows += [(job.gpus, None) for job in node.waiting]
+        return out
+
+    def _account_holds(self, now: float) -> None:
+        """Bill the GPUs left free on held nodes since the last look, then note what is held now."""
+        at, free, usd = self.held_since
+        self.recorder.hold_gpu_seconds += free * (now - at)
+        self.recorder.hold_cost += usd * (now - at) / 3600.0
+        free = usd = 0.0
+        for hold in self.holds.values():
+            for name in hold.nodes:
+                node = self.nodes[name]
+                if node.state in (NodeState.READY, NodeState.BOOTING) and node.capacity.gpus:
+                    free += max(0, node.free.gpus)
+                    usd += node.price * max(0, node.free.gpus) / node.capacity.gpus
+        self.held_since = (now, free, usd)
+
+    def _drop_late(self) -> None:
+        """Jobs past their queue timeout fail (the live place step gives up at its deadline)."""
+        timeout = self.config.queue_timeout
+        if timeout and self.queue:
+            late = [job for job in self.queue if job.arrival + timeout <= self.clock.now]
+            if late:
+                self.recorder.timeouts += [job.gpus for job in late]
+                self.queue = [job for job in self.queue if job.arrival + timeout > self.clock.now]
 
     # Power ------------------------------------------------------------------
     def _request_start(self, node: SimNode, job: TraceJob) -> None:
@@ -299,5 +475,7 @@ class Simulation:
         node.idle_token += 1                  # cancels a pending idle stop
         if node.episode is not None and job.name in node.episode.booted_for:
             node.episode.served = True
-        self.recorder.job_started(job.arrival, self.clock.now, job.gpus, job.run_seconds)
-        self.clock.schedule(self.clock.now + job.run_seconds, Kind.JOB_END, (job, node.name))
+        self.recorder.job_started(job.arrival, self.clock.now, job.gpus, job.run_seconds,
+                                  team_of(job.name, self.config.teams), job.name)
+        self.run_token[job.name] = self.run_token.get(job.name, 0) + 1
+        self.clock.schedule(self.clock.now + job.run_seconds, Kind.JOB_END, (job, node.name, self.run_token[job.name]))

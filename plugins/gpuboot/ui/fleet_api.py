@@ -1,5 +1,5 @@
 """gpuboot's FastAPI app, mounted by the plugin in Airflow's API server at /gpuboot: the GPU-fleet
-page and the "Run a GPU job" page.
+page, the "Run a GPU job" page, and the job queue (/api/queue: the same pass the place steps run).
 
 Glue only: the cluster is read with placement's own survey (gpuboot.lifecycle.booking.survey over KubeClient
 and EcsHook) plus the ledger, at most once per CACHE_SECONDS however many pages poll; gpuboot.ui.fleet_view
@@ -66,6 +66,7 @@ class FleetCache:
         from gpuboot.hooks.ecs import EcsHook
         from gpuboot.hooks.kube import KubeClient
         from gpuboot.lifecycle.booking import survey
+        from gpuboot.lifecycle.jobqueue import JobQueue, queue_config, queue_view
         from gpuboot.lifecycle.ledger import ReservationLedger
 
         kube_conn, ecs_conn, namespace = _settings()
@@ -89,6 +90,8 @@ class FleetCache:
                           marks=state.live_unavailable(now), starts=starts, instances=instances,
                           gpus_seen=self.gpus_seen, now=now)
         data["surveys"] = self.surveys
+        data["queue"] = queue_view(JobQueue(kube, namespace).snapshot(), seen.views, state.live_unavailable(now),
+                                   queue_config(), now)
         return data
 
 
@@ -145,6 +148,11 @@ def create_app() -> FastAPI:
     @app.get("/api/fleet", dependencies=[read])
     def fleet(request: Request) -> Response:
         return conditional(request, *CACHE.tagged()[1:])
+
+    @app.get("/api/queue", dependencies=[read])
+    def queue() -> dict:
+        """The waiting jobs in order: position, who is ahead, what blocks each, the nodes held for it."""
+        return {"queue": CACHE.get()["queue"]}
 
     @app.get("/api/runs/{dag_id}/{run_id}", dependencies=[read])
     def run(dag_id: str, run_id: str) -> dict:

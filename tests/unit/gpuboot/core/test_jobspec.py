@@ -30,6 +30,17 @@ def test_minimal_spec_gets_defaults():
     assert s.requests() == Resources.parse({"cpu": "1", "memory": "4Gi", GPU: 1})
 
 
+def test_queue_fields_default_so_todays_jobs_run_unchanged_and_the_runtime_reaches_placement():
+    s = JobSpec.from_dict(BASE)
+    assert (s.team, s.priority_class, s.preemptible, s.expected_runtime_seconds) == ("default", "normal", False, None)
+    given = JobSpec.from_dict(spec(team="vision", priority_class="high", preemptible=True,
+                                   expected_runtime_seconds=600))
+    assert JobSpec.from_dict(given.to_dict()) == given
+    assert given.to_job_request("j").expected_run_seconds == 600
+    with pytest.raises(JobSpecError, match=r"priority_class: 'urgent' is not a priority class\. Use one of 'low'"):
+        JobSpec.from_dict(spec(priority_class="urgent"))
+
+
 def test_command_string_is_shell_split():
     s = JobSpec.from_dict(spec(command="python train.py --name 'my run'", args="--epochs 3"))
     assert s.command == ("python", "train.py", "--name", "my run")
@@ -114,6 +125,10 @@ def test_to_job_request_names_tasks_and_gang_size():
     ({"env": {"1BAD": "x"}}, "env.1BAD"),
     ({"gpu": 1}, "gpu"),
     ({"allow_gpu_nodes": "maybe"}, "allow_gpu_nodes"),
+    ({"team": "Vision Team"}, "team"),
+    ({"priority_class": "urgent"}, "priority_class"),
+    ({"preemptible": "sometimes"}, "preemptible"),
+    ({"expected_runtime_seconds": 0}, "expected_runtime_seconds"),
 ])
 def test_catalogue_of_mistakes_names_the_field(changes, field):
     with pytest.raises(JobSpecError) as err:
@@ -265,6 +280,8 @@ def test_params_schema_covers_every_field_with_valid_defaults():
     ("command", []), ("command", ["python"]), ("command", "python x.py"),
     ("image", ""), ("image", "a/b:c"),
     ("allow_gpu_nodes", True), ("allow_gpu_nodes", "maybe"),
+    ("team", "vision"), ("team", "Vision"), ("priority_class", "high"), ("priority_class", "urgent"),
+    ("preemptible", True), ("expected_runtime_seconds", 3600), ("expected_runtime_seconds", 0),
 ])
 def test_params_schema_agrees_with_from_dict(key, value):
     entry = params_schema()[key]

@@ -9,6 +9,7 @@ import time
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
+from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.placement import Outcome, Plan
 from gpuboot.lifecycle.booking import LedgerContended
 from gpuboot.operators.place import PlaceGpuJobOperator
@@ -61,3 +62,15 @@ def test_a_placement_still_contended_at_the_queue_timeout_fails_with_the_reason(
     step = ScriptedPlace(script=[LedgerContended("busy ledger")])
     with pytest.raises(AirflowFailException, match="queue_timeout_seconds=120: busy ledger"):
         step.resume(step_context(), {"echo": {"deadline": time.time() - 1, "tried": []}})
+
+
+def test_a_job_its_teams_quota_can_never_hold_is_refused_at_trigger_time_naming_the_field(monkeypatch):
+    monkeypatch.setenv("GPUBOOT_QUEUE_CONFIG", '{"teams": {"vision": {"nominal": {"T4": 2}}}}')
+    op = PlaceGpuJobOperator(task_id="place", job=JOB)
+    with pytest.raises(AirflowFailException, match=r"team: team vision may use at most 2 GPUs .* needs 4 at once\. "
+                                                   r"Ask for fewer GPUs"):
+        op.check_quota(JobSpec.from_dict({**JOB, "gpus": 2, "replicas": 2, "team": "vision"}), "job-7")
+    op.check_quota(JobSpec.from_dict({**JOB, "gpus": 2, "team": "vision"}), "job-7")     # fits: no refusal
+    monkeypatch.setenv("GPUBOOT_QUEUE_CONFIG", "{not json")
+    with pytest.raises(AirflowFailException, match="GPUBOOT_QUEUE_CONFIG: not a valid queue configuration"):
+        op.check_quota(JobSpec.from_dict(JOB), "job-7")

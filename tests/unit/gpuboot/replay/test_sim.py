@@ -89,7 +89,7 @@ def test_metrics_one_node_two_jobs_by_hand():
     fleet = [node("n", 1, 8)]
     jobs = [job("j1", 0, 100, gpus=1), job("j2", 50, 100, gpus=1)]
     result = run(Gpuboot(spare_seconds=0), fleet, jobs, end=1000, start_seconds=10, boot_seconds=0,
-                 device_plugin_seconds=0, idle_timeout=20, stop_seconds=5)
+                 device_plugin_seconds=0, idle_timeout=20, stop_seconds=5, poll_seconds=0)
     assert result["billed_node_hours"] == pytest.approx(235 / 3600, abs=1e-3)
     assert result["billed_gpu_hours"] == pytest.approx(235 / 3600, abs=1e-3)
     assert result["used_gpu_hours"] == pytest.approx(200 / 3600, abs=1e-3)
@@ -97,6 +97,14 @@ def test_metrics_one_node_two_jobs_by_hand():
     assert result["wait_mean_seconds"] == 35          # (10 + 60) / 2
     assert result["wait_p95_seconds"] == 60
     assert (result["boots"], result["wasted_boots"], result["jobs_never_placed"]) == (1, 0, 0)
+
+
+def test_a_waiting_job_sees_freed_capacity_at_its_next_poll():
+    # as above, but j2 polls every 30 s: it finds j1's GPU free at 140, not at 110
+    jobs = [job("j1", 0, 100, gpus=1), job("j2", 50, 100, gpus=1)]
+    result = run(Gpuboot(spare_seconds=0), [node("n", 1, 8)], jobs, end=1000, start_seconds=10, boot_seconds=0,
+                 device_plugin_seconds=0, idle_timeout=60, stop_seconds=5, poll_seconds=30)
+    assert result["wait_p95_seconds"] == 90 and result["boots"] == 1
 
 
 def test_idle_node_is_stopped_and_booted_again_for_later_work():
@@ -119,9 +127,9 @@ def test_replay_uses_the_products_place_function():
     assert policies.place is gpuboot.core.placement.place
     calls = []
 
-    def counting_place(request, nodes, cost):
+    def counting_place(request, nodes, unavailable, cost):
         calls.append((request.job_id, cost.boot_seconds, cost.idle_seconds))
-        return gpuboot.core.placement.place(request, nodes, cost=cost)
+        return gpuboot.core.placement.place(request, nodes, unavailable, cost=cost)
 
     result = run(Gpuboot(place=counting_place), SEED_FLEET, SEED_JOBS)
     assert calls == [("j1", 30, 600), ("j2", 30, 600)]     # with the simulation's own delays

@@ -76,7 +76,8 @@ def test_command_writes_summary_and_plot_and_prints_the_table(trace_dir, tmp_pat
     out = tmp_path / "out"
     assert cli.main(["--trace", str(trace_dir), "--end", "1000", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert [p["policy"] for p in summary["policies"]] == ["always-on", "queue-time", "allocate-time", "gpuboot"]
+    assert [p["policy"] for p in summary["policies"]] == ["always-on", "queue-time", "allocate-time", "gpuboot-noqueue",
+                                                           "gpuboot"]
     assert summary["jobs"]["replayed"] == 4 and summary["jobs"]["fractional_gpu_as_one"] == 1
     assert summary["jobs"]["gpu_spec"] == 1
     assert (out / "replay.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,329 @@
+"""The job queue in the cluster: who waits, since when, and the holds, in one ConfigMap.
+
+Why in the cluster: every worker and triggerer must agree on the order, and the order must
+survive restarts of any Airflow process. Why a ConfigMap of its own (`gpuboot-queue`, next to
+the ledger): a burst of placements keeps the ledger changing, and a waiter renewing its lease
+every poll should not make those commits conflict. Every write is a compare-and-swap on the
+resourceVersion, as the ledger's.
+
+Lifetime. An entry keeps the enqueue time of its first write for the life of the run (a retry
+or a later poll never moves it back in line), and a lease the waiting step renews at each poll
+(`enqueue`). The run's teardown (release) drops it however the run ends; a run killed
+mid-wait loses its place when its lease runs out (LEASE_SECONDS), and its hold with it.
+
+The decision itself is the core's (`gpuboot.core.queue.run_pass`): each place step runs the
+same pass over the same waiting set and cluster survey and books only when its own job is
+admitted, so all of them agree on who goes first without a leader.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from gpuboot.core.jobspec import JobSpec
+from gpuboot.core.model import Unavailable
+from gpuboot.core.placement import JobRequest, Outcome, Plan, TaskRequest, place
+from gpuboot.core.queue import Attempt, Entry, Hold, PassResult, QueueConfig, Step, run_pass
+from gpuboot.exceptions import Conflict, LedgerConflict
+from gpuboot.lifecycle.booking import Booker, Booking, survey
+from gpuboot.lifecycle.ledger import _retries, backoff
+
+CONFIGMAP = "gpuboot-queue"
+ENTRIES_KEY = "entries.json"
+HOLDS_KEY = "holds.json"
+RUNNING_KEY = "running.json"
+LEASE_SECONDS = 150.0            # a waiter polls every 30 s: five missed polls and its place is gone
+RUNNING_SECONDS = 7 * 24 * 3600  # an admitted job counts for its team's share until release, or this long
+CONFIG_ENV = "GPUBOOT_QUEUE_CONFIG"
+
+
+def queue_config(environ=os.environ) -> QueueConfig:
+    """Teams, quotas and the starvation threshold from GPUBOOT_QUEUE_CONFIG (JSON; unset: equal
+    weights, no quotas), e.g. {"teams": {"vision": {"weight": 2, "nominal": {"A100": 16}}}}."""
+    raw = environ.get(CONFIG_ENV)
+    if not raw:
+        return QueueConfig()
+    try:
+        return QueueConfig.from_json(json.loads(raw))
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:
+        raise ValueError(f"{CONFIG_ENV}: not a valid queue configuration ({exc}). Fix the JSON, e.g. "
+                         '{"starve_seconds": 600, "teams": {"vision": {"weight": 2, "nominal": {"A100": 16}}}}') from None
+
+
+def entry_of(spec: JobSpec, job_id: str, now: float) -> Entry:
+    """The job's queue entry (its shape: one task's requests, the tasks needed at once, the models)."""
+    return Entry(job_id, spec.requests(), spec.gang_size, spec.gpu_model, spec.team, spec.priority_class,
+                 now, spec.expected_runtime_seconds, spec.preemptible)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    entry: Entry
+    lease_until: float
+
+    def to_json(self) -> dict:
+        return {**self.entry.to_json(), "lease_until": self.lease_until}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Waiting:
+        return cls(Entry.from_json(d), float(d["lease_until"]))
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A job the queue let through: its team's use of GPUs of one model, until its release."""
+
+    job_id: str
+    team: str
+    model: str
+    gpus: int
+    until: float
+
+    def to_json(self) -> dict:
+        return {"job_id": self.job_id, "team": self.team, "model": self.model, "gpus": self.gpus, "until": self.until}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Admitted:
+        return cls(d["job_id"], d["team"], d["model"], int(d["gpus"]), float(d["until"]))
+
+
+@dataclass(frozen=True)
+class QueueState:
+    waiting: tuple[Waiting, ...]
+    holds: tuple[Hold, ...]
+    version: str | None
+    running: tuple[Admitted, ...] = ()
+
+    def usage(self, now: float) -> dict[str, dict[str, int]]:
+        """team -> GPU model -> GPUs of the admitted jobs not released yet (fair share and quotas)."""
+        out: dict[str, dict[str, int]] = {}
+        for a in self.running:
+            if a.until > now:
+                out.setdefault(a.team, {})[a.model] = out.get(a.team, {}).get(a.model, 0) + a.gpus
+        return out
+
+    def live(self, now: float) -> list[Entry]:
+        return [w.entry for w in self.waiting if w.lease_until > now]
+
+    def live_holds(self, now: float) -> dict[str, Hold]:
+        alive = {e.job_id for e in self.live(now)}
+        return {h.job_id: h for h in self.holds if h.job_id in alive}
+
+
+class JobQueue:
+    """The waiting jobs and their holds, in ConfigMap `gpuboot-queue` of `namespace`."""
+
+    def __init__(self, kube, namespace: str = "default", name: str = CONFIGMAP,
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.kube, self.namespace, self.name, self.clock, self.sleep = kube, namespace, name, clock, sleep
+
+    def snapshot(self) -> QueueState:
+        cm = self.kube.read_configmap(self.namespace, self.name)
+        if cm is None:
+            return QueueState((), (), None)
+        data = cm.get("data") or {}
+        return QueueState(tuple(Waiting.from_json(d) for d in json.loads(data.get(ENTRIES_KEY) or "[]")),
+                          tuple(Hold.from_json(d) for d in json.loads(data.get(HOLDS_KEY) or "[]")),
+                          cm["metadata"]["resourceVersion"],
+                          tuple(Admitted.from_json(d) for d in json.loads(data.get(RUNNING_KEY) or "[]")))
+
+    def enqueue(self, entry: Entry, lease_seconds: float = LEASE_SECONDS) -> QueueState:
+        """Add the job, or renew its lease keeping its first enqueue time; the state written."""
+        def change(state: QueueState, now: float):
+            mine = next((w for w in state.waiting if w.entry.job_id == entry.job_id and w.lease_until > now), None)
+            kept = replace(entry, enqueued_at=mine.entry.enqueued_at) if mine else entry
+            others = [w for w in state.waiting if w.entry.job_id != entry.job_id]
+            return [*others, Waiting(kept, now + lease_seconds)], list(state.holds), list(state.running)
+        return self._update(change, f"enqueue job {entry.job_id}")
+
+    def admit(self, job_id: str, team: str, model: str | None, gpus: int) -> None:
+        """The job got its place: out of the line, its hold let go, its GPUs counted for its team."""
+        def change(state: QueueState, now: float):
+            return (*_without(state, job_id), [*(a for a in state.running if a.job_id != job_id),
+                                               Admitted(job_id, team, model or "", gpus, now + RUNNING_SECONDS)])
+        self._update(change, f"admit job {job_id}")
+
+    def drop(self, job_id: str) -> None:
+        """Take the job out entirely (idempotent): its run ended, however it ended."""
+        def change(state: QueueState, now: float):
+            known = {w.entry.job_id for w in state.waiting} | {h.job_id for h in state.holds} | \
+                {a.job_id for a in state.running}
+            if job_id not in known:
+                return None
+            return (*_without(state, job_id), [a for a in state.running if a.job_id != job_id])
+        self._update(change, f"drop job {job_id}")
+
+    def save_holds(self, holds: dict[str, Hold], based_on: QueueState) -> bool:
+        """Write the pass's holds, only if the queue has not moved since `based_on` (False: it has;
+        the next poll's pass decides again)."""
+        if [h.to_json() for h in based_on.holds] == [h.to_json() for h in sorted(holds.values(), key=_by_job)]:
+            return True
+        try:
+            self._write(list(based_on.waiting), list(holds.values()), based_on, self.clock(), list(based_on.running))
+            return True
+        except LedgerConflict:
+            return False
+
+    def _update(self, change, what: str) -> QueueState:
+        for attempt in _retries(20):
+            state, now = self.snapshot(), self.clock()
+            new = change(state, now)
+            if new is None:
+                return state
+            try:
+                return self._write(new[0], new[1], state, now, new[2])
+            except LedgerConflict:
+                self.sleep(backoff(attempt))
+        raise LedgerConflict(f"could not {what}: the queue ConfigMap {self.namespace}/{self.name} kept changing")
+
+    def _write(self, waiting: list[Waiting], holds: list[Hold], prev: QueueState, now: float,
+               running: list[Admitted]) -> QueueState:
+        """Compare-and-swap over `prev`, pruning expired leases and the holds of jobs gone."""
+        running = sorted((a for a in running if a.until > now), key=lambda a: a.job_id)
+        waiting = sorted((w for w in waiting if w.lease_until > now), key=lambda w: w.entry.job_id)
+        alive = {w.entry.job_id for w in waiting}
+        holds = sorted((h for h in holds if h.job_id in alive), key=_by_job)
+        body = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": self.name, "namespace": self.namespace,
+                             "labels": {"app.kubernetes.io/managed-by": "gpuboot"}},
+                "data": {ENTRIES_KEY: json.dumps([w.to_json() for w in waiting], sort_keys=True),
+                         HOLDS_KEY: json.dumps([h.to_json() for h in holds], sort_keys=True),
+                         RUNNING_KEY: json.dumps([a.to_json() for a in running], sort_keys=True)}}
+        try:
+            if prev.version is None:
+                written = self.kube.create_configmap(self.namespace, body)
+            else:
+                body["metadata"]["resourceVersion"] = prev.version
+                written = self.kube.replace_configmap(self.namespace, body)
+        except Conflict as exc:
+            raise LedgerConflict(str(exc)) from None
+        return QueueState(tuple(waiting), tuple(holds), (written or {}).get("metadata", {}).get("resourceVersion"),
+                          tuple(running))
+
+
+def _by_job(hold: Hold) -> str:
+    return hold.job_id
+
+
+def _without(state: QueueState, job_id: str) -> tuple[list[Waiting], list[Hold]]:
+    return [w for w in state.waiting if w.entry.job_id != job_id], [h for h in state.holds if h.job_id != job_id]
+
+
+def request_of(entry: Entry) -> JobRequest:
+    """What placement needs of another waiting job (its shape; its selectors are not in the queue)."""
+    return JobRequest(entry.job_id, tuple(TaskRequest(f"{entry.job_id}-{i}", entry.requests, gpu_model=entry.models)
+                                          for i in range(entry.tasks)), entry.tasks, entry.expected_runtime)
+
+
+def decide(entries: Sequence[Entry], own: tuple[str, JobRequest] | None, views: list,
+           unavailable: Sequence[Unavailable], holds: dict[str, Hold], config: QueueConfig, usage: dict,
+           capacity: dict, now: float) -> PassResult:
+    """The pass for one place step: every waiting job placed in order on a copy of the survey's views
+    (`own`: this job's full request, selectors included); stops at this job's verdict (None: judges all)."""
+    views = list(views)
+    plans: dict[str, Plan] = {}
+    model_of = {v.name: v.gpu_model for v in views}
+
+    def attempt(entry: Entry, marks: list[Unavailable]) -> Attempt:
+        request = own[1] if own and entry.job_id == own[0] else request_of(entry)
+        plan = place(request, views, [*unavailable, *marks])
+        plans[entry.job_id] = plan
+        model = model_of.get(plan.assignments[0].node) if plan.assignments else None
+        return Attempt(plan.outcome is Outcome.FITS, model, plan.message, plan.outcome is Outcome.NEVER)
+
+    def commit(entry: Entry, _: Attempt) -> None:
+        taken = {a.node: a.requests for a in plans[entry.job_id].assignments}
+        for i, v in enumerate(views):
+            if v.name in taken:
+                views[i] = replace(v, allocated=v.allocated + taken[v.name])
+
+    return run_pass(entries, now=now, config=config, usage=usage, capacity=capacity, holds=holds,
+                    nodes=lambda: views, attempt=attempt, commit=commit, only=own[0] if own else None)
+
+
+def capacity_of(views) -> dict[str, int]:
+    """GPUs per GPU model in the fleet (the denominators of the teams' shares)."""
+    capacity: dict[str, int] = {}
+    for v in views:
+        if v.gpu_model:
+            capacity[v.gpu_model] = capacity.get(v.gpu_model, 0) + v.allocatable.gpus
+    return capacity
+
+
+def queue_view(state: QueueState, views, unavailable: Sequence[Unavailable], config: QueueConfig,
+               now: float) -> list[dict]:
+    """Every waiting job in order, as the place steps' pass sees it: position, who is ahead, what
+    blocks it, the nodes held for it (the fleet API's /api/queue; JSON-safe)."""
+    result = decide(state.live(now), None, list(views), unavailable, state.live_holds(now), config,
+                    state.usage(now), capacity_of(views), now)
+    return [{"position": s.position + 1, "job_id": s.entry.job_id, "team": s.entry.team,
+             "priority_class": s.entry.priority_class, "gpus": s.entry.gpus, "tasks": s.entry.tasks,
+             "gpu_models": list(s.entry.models), "waiting_seconds": round(now - s.entry.enqueued_at),
+             "ahead": list(s.ahead), "next": s.admitted, "blocker": s.blocker,
+             "held_nodes": list(result.holds[s.entry.job_id].nodes) if s.entry.job_id in result.holds else []}
+            for s in result.steps]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What the queue said to one place step: the plan (FITS once booked) and the job's line."""
+
+    plan: Plan
+    step: Step | None = None
+    waiting: int = 0
+
+    def line(self) -> str:
+        """Position, who is ahead, what blocks it: the waiting step's log line."""
+        if self.step is None:
+            return "no other job waits: placed on its own"
+        ahead = list(self.step.ahead)
+        who = ", ".join(ahead[:5]) + (f" and {len(ahead) - 5} more" if len(ahead) > 5 else "") if ahead else "nobody"
+        return (f"queue position {self.step.position + 1} of {self.waiting}; ahead: {who}; "
+                f"blocked by: {self.step.blocker or 'nothing (admitted)'}")
+
+
+def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, config: QueueConfig,
+                  first: Callable[[], Booking]) -> Turn:
+    """Place the job only when the queue admits it (module doc); `first` is the place step's own path
+    (the batch) when no other job waits. A job that does not get its place stays in the line."""
+    now = booker.clock()
+    state = queue.snapshot()
+    entry = entry_of(spec, job_id, now)
+    if not any(e.job_id != job_id for e in state.live(now)):
+        booking = first()
+        plan = booking.plan
+        if plan.outcome is Outcome.FITS:
+            queue.admit(job_id, spec.team, _model(plan, booking.survey.views if booking.survey else (), entry),
+                        entry.gpus)
+            return Turn(plan)
+        if plan.outcome is Outcome.BUSY:
+            state = queue.enqueue(entry)
+            return Turn(plan, Step(entry, 0, False, plan.message), len(state.live(now)))
+        return Turn(plan)
+    state = queue.enqueue(entry)
+    ledger = booker.ledger.snapshot()
+    seen = survey(booker.kube, booker.ecs, ledger.others(job_id, now), now, booker.boot_grace_seconds)
+    result = decide(state.live(now), (job_id, spec.to_job_request(job_id)), seen.views,
+                    ledger.live_unavailable(now), state.live_holds(now), config, state.usage(now),
+                    capacity_of(seen.views), now)
+    queue.save_holds(result.holds, state)
+    step = result.step(job_id)
+    waiting = len(state.live(now))
+    if step is None or not step.admitted:
+        blocker = step.blocker if step else "not judged"
+        return Turn(Plan(job_id, Outcome.BUSY, f"waiting in the job queue: {blocker}"), step, waiting)
+    held = [m for h in result.holds.values() if h.job_id != job_id and not h.lets(step.entry, now) for m in h.marks()]
+    plan = booker.book(spec, job_id, held=held).plan
+    if plan.outcome is Outcome.FITS:
+        queue.admit(job_id, spec.team, _model(plan, seen.views, entry), entry.gpus)
+    return Turn(plan, step, waiting)
+
+
+def _model(plan: Plan, views, entry: Entry) -> str | None:
+    """The GPU model the job got (the batch path shows no views: the one model it accepts, if one)."""
+    by_name = {v.name: v.gpu_model for v in views}
+    found = by_name.get(plan.assignments[0].node) if plan.assignments else None
+    return found or (entry.models[0] if len(entry.models) == 1 else None)

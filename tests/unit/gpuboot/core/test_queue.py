@@ -1,0 +1,282 @@
+"""The queue's rules, each on a fleet small enough to check by hand (gpuboot.core.queue)."""
+import dataclasses
+
+import pytest
+
+from gpuboot.core.model import NodeState
+from gpuboot.core.placement import JobRequest, Outcome, TaskRequest, place
+from gpuboot.core.queue import (
+    Attempt,
+    Entry,
+    Hold,
+    QueueConfig,
+    Running,
+    TeamQuota,
+    choose_hold,
+    never_fits_quota,
+    ordered,
+    quota_blocker,
+    run_pass,
+    victims,
+)
+from gpuboot.core.resources import GPU, Resources
+from tests.unit.gpuboot.core.test_placement import nv
+
+
+def entry(job_id, gpus=1, tasks=1, at=0.0, **kw):
+    return Entry(job_id, Resources.parse({"cpu": "1", "memory": "1Gi", GPU: gpus}), tasks=tasks, enqueued_at=at, **kw)
+
+
+class Fleet:
+    """NodeViews that take the pass's admissions, placed by the product's placement."""
+
+    def __init__(self, *views):
+        self.views = {v.name: v for v in views}
+        self.admitted = []
+
+    def nodes(self):
+        return list(self.views.values())
+
+    def attempt(self, e, marks):
+        request = JobRequest(e.job_id, tuple(TaskRequest(f"{e.job_id}-{i}", e.requests, gpu_model=e.models)
+                                             for i in range(e.tasks)), e.tasks)
+        plan = place(request, self.nodes(), marks)
+        self._plan = plan
+        model = self.views[plan.assignments[0].node].gpu_model if plan.assignments else None
+        return Attempt(plan.outcome is Outcome.FITS, model, plan.message, plan.outcome is Outcome.NEVER)
+
+    def commit(self, e, _):
+        for a in self._plan.assignments:
+            v = self.views[a.node]
+            self.views[a.node] = dataclasses.replace(v, allocated=v.allocated + a.requests)
+        self.admitted.append(e.job_id)
+
+    def run(self, entries, now=0.0, config=None, usage=None, holds=None, releases=None, capacity=None):
+        return run_pass(entries, now=now, config=config or QueueConfig(), usage=usage or {}, capacity=capacity or {"T4": 8},
+                        holds=holds or {}, nodes=self.nodes, attempt=self.attempt, commit=self.commit,
+                        releases=releases or {})
+
+
+def t4(name, gpus=8, used=0, state=NodeState.READY, busy_since=None):
+    return nv(name, state=state, gpus=gpus, cpu="64", memory="256Gi", gpu_model="T4", busy_since=busy_since,
+              used={GPU: used, "cpu": "0", "memory": "0"} if used else None)
+
+
+# -- order ---------------------------------------------------------------------------------
+
+def test_priority_class_goes_before_fair_share_and_age():
+    old, high = entry("old", at=0, priority_class="low"), entry("high", at=50, priority_class="high")
+    assert [e.job_id for e in ordered([old, entry("mid", at=10), high], {}, {"T4": 8}, QueueConfig())] == \
+        ["high", "mid", "old"]
+
+
+def test_the_team_furthest_below_its_weighted_share_goes_first_then_age():
+    config = QueueConfig({"a": TeamQuota("a", weight=1), "b": TeamQuota("b", weight=3)})
+    usage = {"a": {"T4": 2}, "b": {"T4": 4}}          # shares 2/8 for a, (4/8)/3 for b: b is further below
+    jobs = [entry("a1", at=0, team="a"), entry("b1", at=5, team="b"), entry("b0", at=1, team="b")]
+    assert [e.job_id for e in ordered(jobs, usage, {"T4": 8}, config)] == ["b0", "b1", "a1"]
+
+
+def test_a_pass_recomputes_shares_so_one_teams_burst_alternates_with_another():
+    fleet = Fleet(t4("n1", gpus=4))
+    burst = [entry(f"a{i}", at=i, team="a") for i in range(3)] + [entry("b0", at=10, team="b")]
+    result = fleet.run(burst, capacity={"T4": 4})
+    assert fleet.admitted == ["a0", "b0", "a1", "a2"]
+    assert [s.position for s in result.steps] == [0, 1, 2, 3]
+
+
+# -- quotas --------------------------------------------------------------------------------
+
+COHORT = QueueConfig({"a": TeamQuota("a", nominal={"T4": 4}, cohort="ml", borrowing_limit={"T4": 2}),
+                      "b": TeamQuota("b", nominal={"T4": 4}, cohort="ml", lending_limit={"T4": 1}),
+                      "solo": TeamQuota("solo", nominal={"A100": 2})})
+
+
+def test_a_team_uses_its_nominal_quota_then_borrows_within_its_limit():
+    assert quota_blocker(entry("j", 4, team="a"), "T4", {}, COHORT) is None
+    assert quota_blocker(entry("j", 1, team="a"), "T4", {"a": {"T4": 4}}, COHORT) is None     # borrows 1 of b's 1
+    blocked = quota_blocker(entry("j", 3, team="a"), "T4", {"a": {"T4": 4}}, COHORT)
+    assert "borrowing limit 2" in blocked
+
+
+def test_the_cohort_lends_only_what_its_lending_limits_allow():
+    # a lends all its 4, b lends 1 of its 4 (keeps 3): a pool of 5, all of it used by a's 5
+    usage = {"a": {"T4": 5}, "b": {"T4": 3}}
+    assert "cohort ml has lent all it may of T4 GPUs (5)" in quota_blocker(entry("j", 1, team="a"), "T4", usage, COHORT)
+    assert quota_blocker(entry("j", 1, team="b"), "T4", usage, COHORT) is None      # within b's nominal
+
+
+def test_a_team_without_a_cohort_stops_at_its_nominal_and_at_models_it_has_no_quota_for():
+    assert "over its nominal 2" in quota_blocker(entry("j", 3, team="solo"), "NVIDIA-A100-SXM4-80GB", {}, COHORT)
+    assert "no quota for GPU model T4" in quota_blocker(entry("j", 1, team="solo"), "T4", {}, COHORT)
+    assert quota_blocker(entry("j", 64, team="nobody"), "T4", {}, COHORT) is None   # no quota: unlimited
+
+
+def test_a_job_that_can_never_fit_its_quota_is_named_at_trigger_time():
+    # a: nominal 4 + borrowing limit 2, but the cohort's pool is only 5 (a lends 4, b lends 1)
+    assert never_fits_quota(entry("j", 5, team="a", models=("T4",)), COHORT) is None
+    message = never_fits_quota(entry("j", 3, tasks=2, team="a", models=("T4",)), COHORT)
+    assert "at most 5 GPUs of T4" in message and "needs 6" in message
+    assert never_fits_quota(entry("j", 1, team="solo", models=("T4",)), COHORT) is not None
+
+
+def test_quota_blocks_admission_in_a_pass_and_says_so():
+    config = QueueConfig({"a": TeamQuota("a", nominal={"T4": 1})})
+    fleet = Fleet(t4("n1"))
+    result = fleet.run([entry("a0", team="a"), entry("a1", at=1, team="a"), entry("b0", at=2, team="b")], config=config)
+    assert fleet.admitted == ["a0", "b0"]
+    assert result.step("a1").blocker.startswith("quota: team a would use 2 T4 GPUs")
+
+
+# -- holds and backfill ----------------------------------------------------------------------
+
+def test_a_starving_big_job_holds_the_nodes_that_free_soonest_and_small_jobs_cannot_take_them():
+    fleet = Fleet(t4("n1", used=7, busy_since=100), t4("n2", used=7, busy_since=0), t4("n3", used=7, busy_since=50))
+    big, small = entry("big", gpus=8, at=0), entry("small", at=5)
+    releases = {"n1": [(7, None)], "n2": [(7, 2000.0)], "n3": [(7, None)]}
+    early = fleet.run([big, small], now=100, releases=releases)
+    assert early.holds == {} and fleet.admitted == ["small"]            # not starving yet: best effort
+    fleet = Fleet(t4("n1", used=7, busy_since=100), t4("n2", used=7, busy_since=0), t4("n3", used=7, busy_since=50))
+    late = fleet.run([big, small], now=700, releases=releases)
+    assert late.holds["big"].nodes == ("n2",) and late.holds["big"].due == 2000.0   # the known end, soonest
+    assert fleet.admitted == ["small"] and fleet.views["n2"].allocated.gpus == 7     # small went elsewhere
+    assert "held for job big" in late.step("small").blocker or late.step("small").admitted
+
+
+def test_without_known_ends_the_hold_takes_the_node_with_least_to_drain_then_the_youngest_work():
+    nodes = [t4("n1", used=6, busy_since=10), t4("n2", used=4, busy_since=10), t4("n3", used=4, busy_since=90)]
+    hold = choose_hold(entry("big", gpus=8), nodes, taken=(), releases={}, now=100)
+    assert hold.nodes == ("n3",) and hold.due is None
+
+
+def test_backfill_onto_a_held_node_only_when_it_ends_before_the_hold_is_due():
+    hold = {"big": Hold("big", ("n1",), due=1000.0, since=0)}
+    for runtime, goes in ((800, True), (1200, False), (None, False)):
+        fleet = Fleet(t4("n1", used=4))
+        fleet.run([entry("big", gpus=8), entry("s", at=1, expected_runtime=runtime)], now=100, holds=hold)
+        assert ("s" in fleet.admitted) is goes, runtime
+
+
+def test_small_jobs_boot_stopped_nodes_the_held_job_would_not_use():
+    fleet = Fleet(t4("n1", used=4), t4("n2", gpus=2, state=NodeState.STOPPED))
+    result = fleet.run([entry("big", gpus=8), entry("s", at=1)], now=10_000)
+    assert result.holds["big"].nodes == ("n1",)
+    assert fleet.admitted == ["s"] and fleet.views["n2"].allocated.gpus == 1
+
+
+def test_a_gang_is_held_as_a_whole_or_not_at_all():
+    nodes = [t4("n1", used=4), t4("n2", used=4)]
+    assert choose_hold(entry("g", gpus=8, tasks=2), nodes, (), {}, 0).nodes == ("n1", "n2")
+    assert choose_hold(entry("g", gpus=8, tasks=3), nodes, (), {}, 0) is None
+    assert choose_hold(entry("g", gpus=8, tasks=2), nodes, taken={"n2"}, releases={}, now=0) is None
+
+
+def test_a_hold_is_kept_while_it_still_covers_the_job_and_dropped_once_the_job_is_admitted():
+    kept = Hold("big", ("n2",), None, since=5)
+    nodes = [t4("n1", used=1), t4("n2", used=6)]
+    assert choose_hold(entry("big", gpus=8), nodes, (), {}, 100, keep=kept) is kept
+    fleet = Fleet(t4("n1", used=1), t4("n2"))
+    result = fleet.run([entry("big", gpus=8)], now=100, holds={"big": kept})
+    assert fleet.admitted == ["big"] and result.holds == {}
+
+
+def test_a_high_priority_job_gets_its_hold_at_once():
+    fleet = Fleet(t4("n1", used=4))
+    result = fleet.run([entry("vip", gpus=8, at=99, priority_class="high")], now=100)
+    assert result.holds["vip"].nodes == ("n1",)
+
+
+def test_a_refused_shape_skips_only_jobs_of_the_same_gpu_models():
+    fleet = Fleet(nv("v", gpus=8, cpu="64", memory="256Gi", gpu_model="V100", used={GPU: 8}), t4("t"))
+    result = fleet.run([entry("v100", models=("V100",)), entry("t4", at=1, models=("T4",)),
+                        entry("v100b", at=2, models=("V100",))])
+    assert fleet.admitted == ["t4"]
+    assert "same shape" in result.step("v100b").blocker
+
+
+def test_only_stops_at_the_entry_asked_for_and_names_who_is_ahead():
+    fleet = Fleet(t4("n1", used=8))
+    result = run_pass([entry("a"), entry("b", at=1), entry("c", at=2)], now=0, config=QueueConfig(), usage={},
+                      capacity={"T4": 8}, holds={}, nodes=fleet.nodes, attempt=fleet.attempt, commit=fleet.commit,
+                      only="b")
+    assert [s.entry.job_id for s in result.steps] == ["a", "b"] and result.step("b").ahead == ("a",)
+
+
+def test_entries_and_holds_round_trip_through_json_and_bad_classes_are_refused():
+    e = entry("j", gpus=2, tasks=3, team="t", priority_class="high", expected_runtime=60.0, preemptible=True)
+    assert Entry.from_json(e.to_json()) == e
+    h = Hold("j", ("a", "b"), 10.0, 1.0)
+    assert Hold.from_json(h.to_json()) == h
+    with pytest.raises(ValueError, match="priority_class"):
+        entry("j", priority_class="urgent")
+    config = QueueConfig.from_json({"starve_seconds": 60, "teams": {"a": {"weight": 2, "nominal": {"T4": 4}}}})
+    assert config.weight("a") == 2 and config.teams["a"].nominal["T4"] == 4 and config.starve_seconds == 60
+
+
+def test_while_ends_are_unknown_spare_nodes_are_held_and_the_first_to_drain_serves():
+    nodes = [t4("n1", used=6, busy_since=10), t4("n2", used=4, busy_since=10), t4("n3", used=5, busy_since=10)]
+    assert choose_hold(entry("big", gpus=8), nodes, (), {}, 100, spare=1).nodes == ("n2", "n3")
+    known = {"n2": [(4, 500.0)], "n3": [(5, 400.0)], "n1": [(6, 300.0)]}
+    assert choose_hold(entry("big", gpus=8), nodes, (), known, 100, spare=1).nodes == ("n1",)   # known: no spare
+
+
+# -- preemption and the bounds on holds -----------------------------------------------------
+
+def test_a_one_gpu_job_needs_no_hold_and_only_one_job_holds_nodes_at_a_time():
+    fleet = Fleet(t4("n1", used=8), t4("n2", used=8), t4("n3", used=8))
+    result = fleet.run([entry("one", gpus=1), entry("big", gpus=8, at=1), entry("big2", gpus=8, at=2)], now=10_000)
+    assert set(result.holds) == {"big"}               # big2 waits for its turn to hold
+
+
+def running_on(node, job_id, gpus, started, **kw):
+    return Running(job_id, node, Resources.parse({"cpu": "1", "memory": "1Gi", GPU: gpus}), started_at=started,
+                   enqueued_at=started, **kw)
+
+
+def test_a_held_job_preempts_only_preemptible_jobs_youngest_first_once_it_has_waited_long_enough():
+    config = QueueConfig(starve_seconds=600, preempt_after_seconds=1800)
+    nodes = [t4("n1", used=6)]
+    hold = Hold("big", ("n1",), None, since=0)
+    jobs = [running_on("n1", "old", 2, 10, preemptible=True), running_on("n1", "young", 2, 50, preemptible=True),
+            running_on("n1", "keep", 2, 30)]
+    big = entry("big", gpus=6)
+    assert victims(big, hold, nodes, jobs, now=2_000, config=config) == []          # not waited long enough
+    assert victims(big, hold, nodes, jobs, now=2_400, config=config) == ["young", "old"]
+    assert victims(entry("big", gpus=8), hold, nodes, jobs, now=2_400, config=config) == []   # "keep" stays
+    assert victims(big, hold, nodes, jobs, 2_400, QueueConfig(preempt_after_seconds=None)) == []
+    peers = [running_on("n1", "first", 6, 10, preemptible=True)]           # as big and enqueued earlier
+    assert victims(dataclasses.replace(big, enqueued_at=40), hold, nodes, peers, now=2_500, config=config) == []
+    assert victims(big, hold, nodes, peers, now=2_500, config=config) == ["first"]       # enqueued later
+
+
+def test_a_higher_class_preempts_at_once_and_never_a_job_of_a_higher_class():
+    config = QueueConfig()
+    hold = Hold("vip", ("n1",), None, since=0)
+    jobs = [running_on("n1", "low", 4, 10, preemptible=True, priority_class="low"),
+            running_on("n1", "top", 4, 20, preemptible=True, priority_class="high")]
+    nodes = [t4("n1", used=8)]
+    assert victims(entry("vip", gpus=4, priority_class="normal"), hold, nodes, jobs, 1, config) == ["low"]
+    assert victims(entry("vip", gpus=8, priority_class="normal"), hold, nodes, jobs, 1, config) == []
+
+
+def test_the_pass_names_the_jobs_to_requeue_for_the_held_job():
+    fleet = Fleet(t4("n1", used=8))
+    result = run_pass([entry("big", gpus=8, priority_class="high")], now=0, config=QueueConfig(), usage={},
+                      capacity={"T4": 8}, holds={}, nodes=fleet.nodes, attempt=fleet.attempt, commit=fleet.commit,
+                      running=[running_on("n1", "p", 8, 0, preemptible=True, priority_class="low")])
+    assert result.holds["big"].nodes == ("n1",) and result.preempt == {"big": ["p"]}
+
+
+def test_only_nodes_of_young_work_are_held_and_a_hold_is_let_go_once_it_has_lasted_its_time():
+    nodes = [t4("old", used=4, busy_since=0), t4("new", used=6, busy_since=9_000)]
+    hold = choose_hold(entry("big", gpus=8), nodes, (), {}, now=10_000, young=3_600)
+    assert hold.nodes == ("new",) and hold.since == 10_000
+    later = choose_hold(entry("big", gpus=8), nodes, (), {}, now=13_700, keep=hold, young=3_600)
+    assert later is None                      # held an hour and "new"'s work is old now too: nothing to gain
+
+
+def test_a_job_waiting_past_the_threshold_goes_before_fresh_jobs_whatever_its_teams_share():
+    usage = {"busy": {"T4": 6}}
+    jobs = [entry("starving", at=0, team="busy"), entry("fresh", at=900, team="idle")]
+    assert [e.job_id for e in ordered(jobs, usage, {"T4": 8}, QueueConfig(), now=1_000)] == ["starving", "fresh"]
+    assert [e.job_id for e in ordered(jobs, usage, {"T4": 8}, QueueConfig(), now=500)] == ["fresh", "starving"]

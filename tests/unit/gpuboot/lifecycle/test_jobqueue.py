@@ -1,0 +1,139 @@
+"""The job queue in the cluster (gpuboot.lifecycle.jobqueue) on the in-memory fakes: entries with a
+fixed enqueue time and a lease, holds, admissions, many writers at once, and the place step's
+turn (a newcomer never takes the place of an older waiter)."""
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from gpuboot.core.jobspec import JobSpec
+from gpuboot.core.placement import Outcome
+from gpuboot.core.queue import Entry, Hold, QueueConfig
+from gpuboot.core.resources import GPU, Resources
+from gpuboot.lifecycle.booking import Booker, survey
+from gpuboot.lifecycle.jobqueue import LEASE_SECONDS, JobQueue, book_in_order, queue_config, queue_view
+from tests.fakes import T4, cloud
+
+LOG = logging.getLogger("test-jobqueue")
+
+
+def entry(job_id: str, at: float, gpus: int = 1, team: str = "default") -> Entry:
+    return Entry(job_id, Resources({GPU: gpus}), enqueued_at=at, team=team)
+
+
+def spec(name: str, **more) -> JobSpec:
+    return JobSpec.from_dict({"name": name, "image": "python:3.11", "command": ["true"], "gpus": 1, "cpu": "1",
+                              "memory": "1Gi", "boot_timeout_seconds": 300, **more})
+
+
+def test_an_entry_keeps_its_first_enqueue_time_while_its_lease_is_renewed():
+    c = cloud()
+    queue = JobQueue(c.cluster, clock=c.clock)
+    queue.enqueue(entry("a", c.clock()))
+    c.clock.advance(100)
+    state = queue.enqueue(entry("a", c.clock()))       # the next poll: same place in line, a new lease
+    (waiting,) = state.waiting
+    assert waiting.entry.enqueued_at == c.clock() - 100 and waiting.lease_until == c.clock() + LEASE_SECONDS
+
+
+def test_a_waiter_killed_mid_wait_loses_its_place_and_its_hold_within_one_lease():
+    c = cloud()
+    queue = JobQueue(c.cluster, clock=c.clock)
+    state = queue.enqueue(entry("dead", c.clock()))
+    assert queue.save_holds({"dead": Hold("dead", ("gpu-run",), None, c.clock())}, state)
+    c.clock.advance(LEASE_SECONDS - 1)
+    state = queue.enqueue(entry("alive", c.clock()))
+    assert [e.job_id for e in state.live(c.clock())] == ["alive", "dead"] and state.live_holds(c.clock())
+    c.clock.advance(2)                                  # the dead waiter never renewed
+    state = queue.snapshot()
+    assert [e.job_id for e in state.live(c.clock())] == ["alive"] and state.live_holds(c.clock()) == {}
+    state = queue.enqueue(entry("alive", c.clock()))    # the next write prunes it
+    assert [w.entry.job_id for w in state.waiting] == ["alive"] and state.holds == ()
+
+
+def test_admission_counts_the_teams_gpus_until_the_release_drops_them():
+    c = cloud()
+    queue = JobQueue(c.cluster, clock=c.clock)
+    queue.enqueue(entry("a", c.clock(), gpus=2, team="vision"))
+    queue.admit("a", "vision", "Tesla-T4", 2)
+    state = queue.snapshot()
+    assert state.live(c.clock()) == [] and state.usage(c.clock()) == {"vision": {"Tesla-T4": 2}}
+    queue.drop("a")
+    queue.drop("a")                                     # idempotent: a teardown may run twice
+    assert queue.snapshot().usage(c.clock()) == {}
+
+
+def test_a_stale_hold_write_is_refused_not_lost_over_a_newer_queue():
+    c = cloud()
+    queue = JobQueue(c.cluster, clock=c.clock)
+    before = queue.enqueue(entry("a", c.clock()))
+    queue.enqueue(entry("b", c.clock()))
+    assert not queue.save_holds({"a": Hold("a", ("gpu-run",), None, c.clock())}, before)
+    assert [w.entry.job_id for w in queue.snapshot().waiting] == ["a", "b"]
+
+
+def test_many_actors_enqueue_admit_and_release_at_once_and_no_write_is_lost():
+    c = cloud()
+    c.cluster.conflict_next_writes(20)       # other writers keep getting there first, as in a burst
+
+    def actor(i: int) -> None:
+        queue = JobQueue(c.cluster, clock=c.clock)      # each its own client, as each worker has
+        queue.enqueue(entry(f"job-{i}", c.clock()))
+        if i % 3 == 0:
+            queue.admit(f"job-{i}", "default", "Tesla-T4", 1)
+        if i % 2 == 0:
+            queue.drop(f"job-{i}")
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(actor, range(40)))
+    state = JobQueue(c.cluster, clock=c.clock).snapshot()
+    assert sorted(e.job_id for e in state.live(c.clock())) == sorted(
+        f"job-{i}" for i in range(40) if i % 2 and i % 3)
+    assert sorted(a.job_id for a in state.running) == sorted(f"job-{i}" for i in range(40) if i % 3 == 0 and i % 2)
+    assert c.cluster.refused >= 20          # every refused write was retried
+
+
+def test_a_newcomer_never_takes_the_place_an_older_waiter_is_owed():
+    c = cloud({"gpu-run": ("Running", T4)})
+    queue = JobQueue(c.cluster, clock=c.clock)
+
+    def turn(name: str):
+        booker = Booker(c.cluster, c.ecs, c.ledger(), LOG, clock=c.clock)
+        return book_in_order(booker, queue, spec(name), name, QueueConfig(), lambda: booker.book(spec(name), name))
+
+    assert turn("first").plan.outcome is Outcome.FITS
+    older = turn("older")
+    assert older.plan.outcome is Outcome.BUSY and "queue position 1 of 1" in older.line()
+    c.clock.advance(10)
+    newcomer = turn("newcomer")
+    assert newcomer.plan.outcome is Outcome.BUSY
+    assert "queue position 2 of 2; ahead: older; blocked by:" in newcomer.line()
+    c.ledger().release("first")                         # the GPU frees: the newcomer polls first
+    again = turn("newcomer")
+    assert again.plan.outcome is Outcome.BUSY and "ahead: older" in again.line()
+    assert turn("older").plan.outcome is Outcome.FITS
+    assert [e.job_id for e in queue.snapshot().live(c.clock())] == ["newcomer"]
+
+
+def test_the_queue_configuration_is_read_from_the_environment_and_a_bad_one_is_named():
+    config = queue_config({"GPUBOOT_QUEUE_CONFIG": '{"teams": {"vision": {"weight": 2, "nominal": {"T4": 4}}}}'})
+    assert config.weight("vision") == 2 and queue_config({}) == QueueConfig()
+    with pytest.raises(ValueError, match="GPUBOOT_QUEUE_CONFIG: not a valid queue configuration"):
+        queue_config({"GPUBOOT_QUEUE_CONFIG": '{"teams": {"x": {"weight": 0}}}'})
+
+
+def test_the_queue_view_shows_every_waiter_in_order_with_who_is_ahead_and_what_blocks_it():
+    c = cloud({"gpu-run": ("Running", T4)})
+    queue = JobQueue(c.cluster, clock=c.clock)
+    booker = Booker(c.cluster, c.ecs, c.ledger(), LOG, clock=c.clock)
+    booker.book(spec("hog"), "hog")
+    queue.enqueue(entry("older", c.clock()))
+    queue.enqueue(entry("big", c.clock() + 1, gpus=4))
+    views = survey(c.cluster, c.ecs, c.ledger().live(), c.clock()).views
+    rows = queue_view(queue.snapshot(), views, [], QueueConfig(), c.clock() + 5)
+    assert [(r["position"], r["job_id"], r["ahead"], r["next"]) for r in rows] == [
+        (1, "older", [], False), (2, "big", ["older"], False)]
+    assert "capacity busy" in rows[0]["blocker"] and rows[1]["waiting_seconds"] == 4
+    assert "needs a node with 4 nvidia.com/gpu" in rows[1]["blocker"] and rows[1]["held_nodes"] == []
