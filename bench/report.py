@@ -123,8 +123,8 @@ def headlines(part: str, result: dict) -> dict[str, float | None]:
         return {f"{scenario}, {detector}: median lag s": s.get("median")
                 for scenario, p in result["scenarios"].items() for detector, s in p["lag_seconds"].items()}
     if part == "overhead":
-        return {f"{r['case']}: trigger -> Running s": r["trigger_to_running_s"] for r in result["rows"]} | {
-            f"{r['case']}: overhead s": r["overhead_s"] for r in result["rows"]}
+        return {f"{r['case']}: trigger -> Running s": r["trigger_to_running_s"] for r in result["rows"]
+                if "trigger_to_running_s" in r} | {f"{r['case']}: overhead s": r["overhead_s"] for r in result["rows"]}
     if part == "burst":
         return {f"{r['jobs']} jobs on {r['nodes']} nodes: placements/s": r["placements_per_s"] for r in result["rows"]} | {
             f"{r['jobs']} jobs on {r['nodes']} nodes: failed": r["failed"] for r in result["rows"]}

@@ -21,3 +21,11 @@ def test_headlines_of_a_failed_part_are_empty():
     assert report.headlines("burst", {"error": "x"}) == {}
     assert report.headlines("burst", BURST) == {"200 jobs on 1000 nodes: placements/s": 22.9,
                                                 "200 jobs on 1000 nodes: failed": 0}
+
+
+def test_overhead_headlines_take_the_difference_row_without_a_trigger_time():
+    rows = [{"case": "gpu_job, needs a boot", "trigger_to_running_s": 9.0, "overhead_s": 1.0},
+            {"case": "difference", "overhead_s": 0.5}]
+    assert report.headlines("overhead", {"rows": rows}) == {"gpu_job, needs a boot: trigger -> Running s": 9.0,
+                                                            "gpu_job, needs a boot: overhead s": 1.0,
+                                                            "difference: overhead s": 0.5}
