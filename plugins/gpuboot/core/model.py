@@ -132,7 +132,9 @@ class Unavailable:
     (it blocks only nodes that would need a start: Karpenter's insufficient-capacity cache),
     or one node that did not become GPU-ready in time (it blocks that node in any state).
     `boot_id`: for a node mark, the bootID the failed boot left (the evidence the mark rests
-    on; gpuboot.lifecycle.booking drops the mark once the node reports another boot or is Ready)."""
+    on; gpuboot.lifecycle.booking drops the mark once the node reports another boot or is Ready).
+    `failed_for_job`: the node failed the job being placed (its own record, never stored as a mark):
+    placement says NEVER, not BUSY, when only such nodes could hold the job."""
 
     reason: str
     expires_at: float
@@ -140,6 +142,7 @@ class Unavailable:
     zone: str | None = None
     node: str | None = None
     boot_id: str | None = None
+    failed_for_job: bool = False
 
     def __post_init__(self):
         if (self.node is None) == (self.instance_type is None or self.zone is None):

@@ -732,8 +732,8 @@ def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unav
 
     `unavailable` (the caller passes only unexpired entries) keeps offerings that ran out of
     stock, and nodes that failed to boot, out of this plan; being temporary, they make a job
-    that only they could hold BUSY, never NEVER. A node that failed for this very job (a mark that
-    never expires for it) does make it NEVER when only such nodes could hold it: waiting for
+    that only they could hold BUSY, never NEVER. A node that failed for this very job (a mark with
+    `failed_for_job`) does make it NEVER when only such nodes could hold it: waiting for
     capacity would wait out the queue timeout for nothing. `cost` prices the decision (module doc)."""
     nodes = sorted(nodes, key=operator.attrgetter("name"))
     run_hours = None if job.expected_run_seconds is None else job.expected_run_seconds / HOUR
@@ -794,9 +794,10 @@ _READY = NodeState.READY
 def _never_without_failed_nodes(job: JobRequest, nodes: Sequence[NodeView],
                                 unavailable: Sequence[Unavailable]) -> str | None:
     """Why the job can never run when it fits the whole fleet only with nodes that already failed for
-    it (marks that never expire for this job): waiting would wait out the queue timeout for nothing.
+    it (`failed_for_job` marks; a hold for another job is not one): waiting would wait out the queue
+    timeout for nothing.
     None when the rest of the fleet could hold it (then it is only busy)."""
-    failed = {u.node: u.reason for u in unavailable if u.node and u.expires_at == math.inf}
+    failed = {u.node: u.reason for u in unavailable if u.node and u.failed_for_job}
     if not failed:
         return None
     _, _, placed = _emptied(job, [n for n in nodes if n.name not in failed])

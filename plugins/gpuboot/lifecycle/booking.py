@@ -274,7 +274,7 @@ class Booker:
         """The marks whose evidence is gone, and the plan: the pure core's placement against the live
         marks, this call's and the job's own failures (or, releasing only, an empty plan)."""
         outdated = outdated_marks([m for m in state.live_unavailable(now) if m in basis.marks], seen.nodes, seen.views)
-        own = [Unavailable(reason=f"failed for this job: {w}", expires_at=float("inf"), node=n)
+        own = [Unavailable(reason=f"failed for this job: {w}", expires_at=float("inf"), node=n, failed_for_job=True)
                for n, w in sorted((record.failed_nodes if record else {}).items())]
         unavailable = [*(m for m in state.live_unavailable(now) if m not in outdated), *marks, *own]
         plan = place(request, seen.views, unavailable) if request is not None else \

@@ -392,14 +392,18 @@ def test_a_job_only_nodes_that_failed_for_it_could_hold_can_never_run_rather_tha
     """Issue 35 #2: the only 2-GPU node failed this job's boot: BUSY would wait out the queue timeout."""
     from gpuboot.core.model import Unavailable
     fleet = [nv("big", STOPPED, gpus=2), nv("small", READY, gpus=1)]
-    failed = Unavailable(reason="failed for this job: not GPU-ready within 900 s", expires_at=float("inf"), node="big")
+    failed = Unavailable(reason="failed for this job: not GPU-ready within 900 s", expires_at=float("inf"), node="big",
+                         failed_for_job=True)
     plan = place(job(task(gpus=2)), fleet, [failed])
     assert plan.outcome is Outcome.NEVER
     assert plan.message.startswith("it fits this fleet only with node(s) that already failed for it: big (failed "
                                    "for this job: not GPU-ready within 900 s)")
-    # a mark that expires (the node unavailable to everyone for a while) leaves the job waiting
+    # a mark that expires (the node unavailable to everyone for a while), or a queue's hold for another
+    # job (no expiry, but not this job's failure), leaves the job waiting
     marked = Unavailable(reason="not GPU-ready within 900 s", expires_at=1e12, node="big")
+    held = Unavailable(reason="held for job other", expires_at=float("inf"), node="big")
     assert place(job(task(gpus=2)), fleet, [marked]).outcome is Outcome.BUSY
+    assert place(job(task(gpus=2)), fleet, [held]).outcome is Outcome.BUSY
     # another node it fits: still only busy while that one is taken
     fleet.append(nv("big2", READY, gpus=2, used={GPU: 2}))
     assert place(job(task(gpus=2)), fleet, [failed]).outcome is Outcome.BUSY
