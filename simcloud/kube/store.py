@@ -105,6 +105,11 @@ def too_large_resource_version(requested: int, current: int) -> ApiError:
                      "retryAfterSeconds": 1})
 
 
+def _namespace_range(keys: list[tuple[str, str]], namespace: str) -> tuple[int, int]:
+    """The slice of sorted (namespace, name) keys in `namespace` (not in one whose name extends it)."""
+    return bisect_left(keys, (namespace,)), bisect_left(keys, (namespace + "\0",))
+
+
 def _is_terminal(pod: dict) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
@@ -226,7 +231,7 @@ class Store:
             keys = [k for k in keys if k in objects]
             lo, hi = 0, len(keys)
         elif info.namespaced and namespace:
-            lo, hi = bisect_left(keys, (namespace,)), bisect_left(keys, (namespace + "\0",))
+            lo, hi = _namespace_range(keys, namespace)
         else:
             lo, hi = 0, len(keys)
         if after is not None:
@@ -446,8 +451,9 @@ class Store:
         return marked
 
     def _namespace_content(self, resource: str, namespace: str) -> list[dict]:
+        """What page() would list, read without finalizing (page() finalizes, which calls this)."""
         keys = self._keys[resource]
-        lo, hi = bisect_left(keys, (namespace,)), bisect_left(keys, (namespace + "\0",))
+        lo, hi = _namespace_range(keys, namespace)
         return [self._objects[resource][k] for k in keys[lo:hi]]
 
     def _finalize_namespaces(self) -> None:

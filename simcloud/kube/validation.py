@@ -258,16 +258,23 @@ def _quantities(values, path: str, container: bool) -> list[Cause]:
                 and not is_extended(resource):
             causes.append(_invalid_value(where, resource, "must be a standard resource for containers"))
         causes += [_invalid_value(where, resource, e) for e in qualified_name_errors(resource)]
-        try:
-            quantity = parse_quantity(raw)
-        except ValueError as exc:
-            causes.append(_invalid_value(where, str(raw), str(exc)))
-            continue
-        if quantity < 0:
-            causes.append(_invalid_value(where, str(raw), "must be greater than or equal to 0"))
-        elif _integral(resource) and quantity != quantity.to_integral_value():
-            causes.append(_invalid_value(where, str(raw), "must be an integer"))
+        causes += _quantity_value(where, resource, raw, canonical=False)
     return causes
+
+
+def _quantity_value(where: str, resource: str, raw, canonical: bool) -> list[Cause]:
+    """ValidateResourceQuantityValue: a quantity that parses, is non-negative and whole for integer
+    resources; the value shown as sent, or `canonical` (a node's status: its Quantity's String())."""
+    try:
+        quantity = parse_quantity(raw)
+    except ValueError as exc:
+        return [_invalid_value(where, str(raw), str(exc))]
+    shown = _decimal_si(quantity) if canonical else str(raw)
+    if quantity < 0:
+        return [_invalid_value(where, shown, "must be greater than or equal to 0")]
+    if _integral(resource) and quantity != quantity.to_integral_value():
+        return [_invalid_value(where, shown, "must be an integer")]
+    return []
 
 
 def _requirements(resources: dict, path: str) -> list[Cause]:
@@ -391,20 +398,10 @@ def _decimal_si(quantity) -> str:
 
 
 def _node_resources(values, path: str) -> list[Cause]:
-    """ValidateNodeResources: each quantity non-negative and whole for integer resources, on the path
-    `status.capacity.<name>` (Child, not Key) with the canonical value, as kube-apiserver 1.37 words it."""
-    causes = []
-    for resource, raw in (values or {}).items():
-        try:
-            quantity = parse_quantity(raw)
-        except ValueError as exc:
-            causes.append(_invalid_value(f"{path}.{resource}", str(raw), str(exc)))
-            continue
-        if quantity < 0:
-            causes.append(_invalid_value(f"{path}.{resource}", _decimal_si(quantity), "must be greater than or equal to 0"))
-        elif _integral(resource) and quantity != quantity.to_integral_value():
-            causes.append(_invalid_value(f"{path}.{resource}", _decimal_si(quantity), "must be an integer"))
-    return causes
+    """ValidateNodeResources: each quantity on the path `status.capacity.<name>` (Child, not Key) with
+    the canonical value, as kube-apiserver 1.37 words it; resource names are not checked there."""
+    return [c for resource, raw in (values or {}).items()
+            for c in _quantity_value(f"{path}.{resource}", resource, raw, canonical=True)]
 
 
 def _node(node: dict) -> list[Cause]:

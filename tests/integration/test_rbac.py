@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,7 +23,7 @@ from kubernetes.client.rest import ApiException
 
 from gpuboot.core.jobspec import DEFAULT_JOB_NAMESPACES, JobSpec, JobSpecError, params_schema
 from gpuboot.lifecycle.ledger import CONFIGMAP
-from tests.conformance.k8s_harness import K8sServer, pod_body, start_server
+from tests.conformance.k8s_harness import K8sServer, k8s, pod_body  # noqa: F401  (k8s: the fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACES = REPO / "deploy/kubernetes/namespace.yaml"
@@ -37,23 +36,11 @@ NODE = "gpu-a"
 
 @pytest.fixture(scope="module")
 def real_cluster(tmp_path_factory):
+    """The real plane the harness's `k8s` fixture uses under --kube=real, with the shipped manifests'
+    namespaces (this module's name overrides the conformance suite's)."""
     from tests.real_k8s.cluster import real_k8s
     with real_k8s(tmp_path_factory.mktemp("rbac-k8s"), (NAMESPACES, RBAC)) as cluster:
         yield cluster
-
-
-@pytest.fixture
-def k8s(request, tmp_path):
-    """simcloud's API server in process, or (--kube=real) one real control plane for the module, reset
-    after each test."""
-    if os.environ.get("GPUBOOT_KUBE") == "real":
-        cluster = request.getfixturevalue("real_cluster")
-        yield cluster
-        cluster.reset()
-        return
-    server = start_server(tmp_path)
-    yield server
-    server._stop()
 
 
 def create_all(api_client, docs: list[dict]) -> None:

@@ -29,7 +29,7 @@ from gpuboot.core.placement import JobRequest, Outcome, Plan, TaskRequest, place
 from gpuboot.core.queue import Attempt, Entry, Hold, PassResult, QueueConfig, Step, run_pass
 from gpuboot.exceptions import Conflict, LedgerConflict
 from gpuboot.lifecycle.booking import Booker, Booking, survey
-from gpuboot.lifecycle.ledger import _retries, backoff
+from gpuboot.lifecycle.ledger import backoff, write_attempts
 
 CONFIGMAP = "gpuboot-queue"
 ENTRIES_KEY = "entries.json"
@@ -168,7 +168,7 @@ class JobQueue:
             return False
 
     def _update(self, change, what: str) -> QueueState:
-        for attempt in _retries(20):
+        for attempt in write_attempts(20):
             state, now = self.snapshot(), self.clock()
             new = change(state, now)
             if new is None:

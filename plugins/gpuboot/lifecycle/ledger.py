@@ -65,7 +65,7 @@ MAX_LEDGER_BYTES = 1_000_000    # the API server refuses a ConfigMap over 1 MiB 
 WRITE_CONTENDED_SECONDS = 30    # a read-modify-write (renew, release, marks) retries conflicts at least this long
 
 
-def _retries(attempts: int):
+def write_attempts(attempts: int):
     """Attempt numbers for a read-modify-write: at least `attempts`, and for WRITE_CONTENDED_SECONDS
     (a burst of placements keeps the ledger changing; a release must not fail for that)."""
     give_up = time.monotonic() + WRITE_CONTENDED_SECONDS
@@ -354,7 +354,7 @@ class ReservationLedger:
         """Read-modify-write through conflicts: `change(state)` returns the new entries, as
         (reservations, unavailable, records) or with the batch state fourth (or None: nothing to
         write). Returns the state the write was guarded by (None: nothing written)."""
-        for attempt in _retries(attempts):
+        for attempt in write_attempts(attempts):
             state = self.snapshot()
             new = change(state)
             if new is None:
@@ -416,7 +416,7 @@ class ReservationLedger:
     def release(self, job_id: str, attempts: int = 20) -> list[Reservation]:
         """Remove every entry of `job_id`, its record included (idempotent); returns the
         reservations that were removed."""
-        for attempt in _retries(attempts):
+        for attempt in write_attempts(attempts):
             state = self.snapshot()
             mine = [r for r in state.reservations if r.job_id == job_id]
             jobs = [j for j in state.jobs if j.job_id != job_id]
