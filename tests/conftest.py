@@ -90,3 +90,29 @@ def fresh_price_cache():
     PRICES.clear()
     yield
     PRICES.clear()
+
+
+# Per-folder time (issue 31): the summed test time (setup, call and teardown) of each folder under tests/,
+# and its span on the clock (first start to last end: on xdist workers, folders overlap). Printed after
+# every run, so a slow folder shows without a separate profiling run.
+_FOLDER_TIMES: dict[str, list[float]] = {}
+
+
+def pytest_runtest_logreport(report):
+    parts = report.nodeid.split("::")[0].split("/")
+    folder = "/".join(parts[:2]) if len(parts) > 2 else parts[0]
+    spent = _FOLDER_TIMES.setdefault(folder, [0.0, 0, float("inf"), 0.0])
+    spent[0] += report.duration
+    spent[1] += report.when == "call" or (report.when == "setup" and report.skipped)
+    if getattr(report, "start", None) is not None:
+        spent[2], spent[3] = min(spent[2], report.start), max(spent[3], report.stop)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _FOLDER_TIMES or len(_FOLDER_TIMES) < 2:
+        return
+    terminalreporter.section("time per folder")
+    terminalreporter.write_line(f"{'folder':<24} {'tests':>6} {'test time':>10} {'span':>8}")
+    for folder, (spent, count, first, last) in sorted(_FOLDER_TIMES.items(), key=lambda kv: -kv[1][0]):
+        span = f"{last - first:7.0f}s" if last > first else "      -"
+        terminalreporter.write_line(f"{folder:<24} {int(count):>6} {spent:>9.0f}s {span}")
