@@ -18,6 +18,7 @@ DAY = 86400
 PLACES = {name for name, cls in POLICIES.items() if issubclass(cls, Gpuboot)}   # policies that call place()
 DEFAULT_OUT = Path(__file__).resolve().parents[3] / "results" / "replay"
 TABLE = [("policy", "policy"), ("billed_cost", "cost $"), ("lower_bound_cost", "cost lower bound $"),
+         ("cost_ratio", "x bound"),
          ("billed_node_hours", "node-h"), ("billed_gpu_hours", "GPU-h"),
          ("lower_bound_gpu_hours", "GPU-h lower bound"), ("wait_mean_seconds", "wait mean s"),
          ("wait_p95_seconds", "wait p95 s"), ("boots", "boots"), ("wasted_boots", "wasted boots"),
@@ -28,6 +29,15 @@ SIZE_TABLE = [("policy", "policy"), ("size", "job size"), ("started", "started")
               ("timeouts", "timeouts"), ("wait_p50_seconds", "wait p50 s"), ("wait_p95_seconds", "wait p95 s"),
               ("wait_p99_seconds", "wait p99 s"), ("wait_max_seconds", "wait max s"), ("jain_teams", "Jain (teams)"),
               ("hold_cost", "hold cost $"), ("preemptions", "preemptions")]
+
+
+GAP_TABLE = [("policy", "policy"), ("fragmentation", "fragmentation $"), ("spare", "spare $"), ("idle", "idle $"),
+             ("boots", "boots $"), ("placement", "placement $"), ("shift", "shift $")]
+
+
+def gap_rows(policies: list[dict]) -> list[dict]:
+    """One row per policy: its bill above the lower bound, by cause (metrics.Recorder.gap)."""
+    return [{"policy": r["policy"], **r["gap_to_bound"]} for r in policies if r.get("gap_to_bound")]
 
 
 def size_rows(policies: list[dict]) -> list[dict]:
@@ -175,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     for reason, count in j["skipped"].items():
         print(f"  skipped {count} pods: {reason}")
     print(format_table(summary["policies"], TABLE))
+    print("above the cost lower bound, by cause:")
+    print(format_table(gap_rows(summary["policies"]), GAP_TABLE))
     print(format_table(size_rows(summary["policies"]), SIZE_TABLE))
     print(f"wrote {Path(args.out) / 'summary.json'}" + ("" if args.no_plot else f" and {Path(args.out) / 'replay.png'}")
           + f" in {time.perf_counter() - began:.1f}s")

@@ -4,6 +4,7 @@ import pytest
 from gpuboot.replay import prices
 from gpuboot.replay.metrics import lower_bound_cost
 from gpuboot.replay.policies import POLICIES
+from gpuboot.replay.sim import SimConfig, Simulation
 from tests.unit.gpuboot.replay.test_sim import job, node, run
 
 
@@ -43,3 +44,25 @@ def test_no_policy_beats_the_money_lower_bound(policy):
     bound = lower_bound_cost(jobs, fleet, 20_000)
     assert result["jobs_never_placed"] == 0
     assert result["billed_cost"] >= bound > 0
+
+
+def test_the_gap_to_the_bound_is_split_by_cause_and_adds_up():
+    """One 2-GPU node, two 1-GPU jobs nearly one after the other, then idle: boots (booting +
+    stopping), fragmentation (the empty GPU while one job runs), idle (the idle time), nothing else."""
+    fleet = [node("a", 2, 2, mem_gib=8, model="T4")]     # 2 GPUs, 2 vCPU: a 1-GPU 1-vCPU job holds half
+    price = fleet[0].price_per_hour
+    jobs = [job("one", 0, 3600, gpus=1, mem_gib=1), job("two", 3600, 3600, gpus=1, mem_gib=1)]
+    bound = lower_bound_cost(jobs, fleet, 20_000)
+    sim = Simulation(fleet, jobs, POLICIES["gpuboot"](spare_seconds=0),
+                     SimConfig(start=0, end=20_000, start_seconds=10, boot_seconds=10, device_plugin_seconds=10,
+                               stop_seconds=5, idle_timeout=600))
+    result = sim.run().summary(0.0, 0.0, bound)
+    gap = result["gap_to_bound"]
+    assert sum(gap.values()) == pytest.approx(result["billed_cost"] - bound, abs=0.02)
+    assert gap["boots"] == pytest.approx(price * 35 / 3600, abs=0.01)               # 30 s boot + 5 s stop
+    assert gap["idle"] == pytest.approx(price * 600 / 3600, abs=0.01)
+    # busy from 30 s (the boot) to 7,200 s, the two jobs overlapping for 30 s: half the node unused but 30 s
+    assert gap["fragmentation"] == pytest.approx(price * (7170 - 3600) / 3600, abs=0.01)
+    assert gap["spare"] == gap["placement"] == 0
+    assert gap["shift"] == 0            # both ran their whole run inside the window, as the bound counts them
+    assert result["cost_ratio"] == pytest.approx(result["billed_cost"] / bound, rel=1e-3)
