@@ -78,6 +78,12 @@ def parser() -> argparse.ArgumentParser:
                         "the preemption threshold may requeue them")
     p.add_argument("--teams", type=int, default=4, help="teams the trace's jobs are spread over (by a hash of the name)")
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
+    p.add_argument("--gpu-share", choices=trace.GPU_SHARE, default="all",
+                   help="the trace's GPU-sharing variants: every GPU pod, only those with whole GPUs, or only those "
+                        "sharing a GPU (each as 1 whole GPU)")
+    p.add_argument("--gpu-model-share", type=float, default=0.0,
+                   help="the GPU-model variant: this share (0..1) of the jobs that accept any GPU model accept only "
+                        "one model of the fleet, by a hash of the name, in proportion to the fleet's GPUs")
     p.add_argument("--include-cpu-pods", action="store_true", help="also replay pods asking for no GPU")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="directory for summary.json and replay.png")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -104,10 +110,13 @@ def run(args) -> dict:
                                f"choose from {', '.join(POLICIES)}")
     directory = trace.find_trace_dir(args.trace)
     start, end = _window(args)
-    loaded = trace.load_jobs(directory, start, end, include_cpu_only=args.include_cpu_pods)
+    loaded = trace.load_jobs(directory, start, end, include_cpu_only=args.include_cpu_pods, gpu_share=args.gpu_share)
     if end is None:   # open window: until the last job ends, so every job may run to completion
         end = max((j.arrival + j.run_seconds for j in loaded.jobs), default=start + 1)
     fleet = trace.load_fleet(directory, args.fleet, args.fleet_sample, args.seed)
+    if args.gpu_model_share:
+        loaded.jobs = trace.pin_gpu_models(loaded.jobs, fleet, args.gpu_model_share)
+        loaded.gpu_spec = sum(bool(job.gpu_models) for job in loaded.jobs)
     config = SimConfig(start=start, end=end, start_seconds=args.start_seconds, boot_seconds=args.boot_seconds,
                        device_plugin_seconds=args.device_plugin_seconds, stop_seconds=args.stop_seconds,
                        idle_timeout=trace.parse_duration(args.idle_timeout, "--idle-timeout"),
@@ -129,7 +138,8 @@ def run(args) -> dict:
                    "days": round((end - start) / DAY, 3)},
         "fleet": {"nodes": len(fleet), "gpus": sum(n.gpus for n in fleet),
                   "sample": "all" if args.fleet is None else f"{args.fleet_sample} (seed {args.seed})"},
-        "jobs": {"replayed": len(loaded.jobs), "skipped": dict(loaded.skipped),
+        "jobs": {"replayed": len(loaded.jobs), "skipped": dict(loaded.skipped), "gpu_share": args.gpu_share,
+                 "gpu_model_share": args.gpu_model_share,
                  "fractional_gpu_as_one": loaded.fractional, "gpu_spec": loaded.gpu_spec},
         "prices": {"source": prices.SOURCE, "per_gpu_hour": dict(prices.PER_GPU), "per_vcpu_hour": prices.PER_VCPU,
                    "per_gib_hour": prices.PER_GIB,

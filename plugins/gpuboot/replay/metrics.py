@@ -6,6 +6,8 @@ import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from gpuboot.core.inventory import gpu_model_matches
+
 HOUR = 3600.0
 SIZE_BUCKETS = ((1, 1, "1 GPU"), (2, 2, "2 GPUs"), (3, 4, "3-4 GPUs"), (5, 8, "5-8 GPUs"), (9, math.inf, ">8 GPUs"))
 
@@ -250,23 +252,28 @@ def share_per_hour(need, capacity, price_per_hour: float) -> float:
 
 
 class CheapestShare:
-    """The smallest `share_per_hour` of any node of the fleet that holds a request (0 if none does)."""
+    """The smallest `share_per_hour` of any node of the fleet that holds a job (0 if none does), among
+    the GPU models it accepts."""
 
     def __init__(self, fleet: Sequence):
-        self._shapes = {(n.capacity, n.price_per_hour) for n in fleet}
+        self._shapes = {(n.capacity, n.price_per_hour, n.gpu_model) for n in fleet}
         self._cache: dict = {}
 
-    def __call__(self, need) -> float:
-        if need not in self._cache:
-            self._cache[need] = min((share_per_hour(need, capacity, price) for capacity, price in self._shapes
-                                     if need.fits_in(capacity)), default=0.0)
-        return self._cache[need]
+    def __call__(self, job) -> float:
+        key = (job.requests, job.gpu_models)
+        if key not in self._cache:
+            self._cache[key] = min((share_per_hour(job.requests, capacity, price)
+                                    for capacity, price, model in self._shapes
+                                    if job.requests.fits_in(capacity) and gpu_model_matches(job.gpu_models, model)),
+                                   default=0.0)
+        return self._cache[key]
 
 
 def lower_bound_cost(jobs: Iterable, fleet: Sequence, end: float) -> float:
     """USD no policy can beat on this fleet: each job, from arrival for as long as it runs inside
-    the window, pays the smallest share of a node it fits: its largest fraction of the node's
-    GPUs, CPU or memory, times the node's price (perfect packing, no boot, no idle time)."""
+    the window, pays the smallest share of a node it fits (of a GPU model it accepts): its largest
+    fraction of the node's GPUs, CPU or memory, times the node's price (perfect packing, no boot,
+    no idle time)."""
     cheapest = CheapestShare(fleet)
-    return sum(cheapest(job.requests) * max(0.0, min(job.arrival + job.run_seconds, end) - job.arrival) / HOUR
+    return sum(cheapest(job) * max(0.0, min(job.arrival + job.run_seconds, end) - job.arrival) / HOUR
                for job in jobs)

@@ -391,7 +391,7 @@ class Simulation:
         self._mark(node)
         began = node.running.pop(name)
         self.recorder.job_share(share_per_hour(job.requests, node.capacity, node.price),
-                                self.cheapest_share(job.requests), began + job.run_seconds, self.clock.now)
+                                self.cheapest_share(job), began + job.run_seconds, self.clock.now)
         node.allocated = node.allocated - job.requests
         node.changed()
         team, model = self.team_of_job.pop(name)
@@ -499,7 +499,7 @@ class Simulation:
     def _start_job(self, job: TraceJob, node: SimNode) -> None:
         self._mark(node)
         self.recorder.job_share(share_per_hour(job.requests, node.capacity, node.price),
-                                self.cheapest_share(job.requests), self.clock.now, self.clock.now + job.run_seconds)
+                                self.cheapest_share(job), self.clock.now, self.clock.now + job.run_seconds)
         node.running[job.name] = self.clock.now
         node.changed()
         node.idle_token += 1                  # cancels a pending idle stop
