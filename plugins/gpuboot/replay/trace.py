@@ -207,10 +207,11 @@ def pin_gpu_models(jobs: list[TraceJob], fleet: list[FleetNode], share: float) -
         fits = sorted(m for m in gpus if any(n.model == m and job.requests.fits_in(n.capacity) for n in fleet))
         weights = [gpus[m] for m in fits]
         point = (draw // 1000) % max(1, sum(weights))
+        chosen = ()
         for model, weight in zip(fits, weights):
             if point < weight:
-                job = replace(job, gpu_models=(model,))
+                chosen = (model,)
                 break
             point -= weight
-        pinned.append(job)
+        pinned.append(replace(job, gpu_models=chosen) if chosen else job)
     return pinned
