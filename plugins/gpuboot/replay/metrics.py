@@ -277,3 +277,53 @@ def lower_bound_cost(jobs: Iterable, fleet: Sequence, end: float) -> float:
     cheapest = CheapestShare(fleet)
     return sum(cheapest(job) * max(0.0, min(job.arrival + job.run_seconds, end) - job.arrival) / HOUR
                for job in jobs)
+
+
+CPU_STEP = 8000     # whole_node_floor counts CPU in steps of 8 cores (the nodes' sizes are multiples of it)
+
+
+def whole_node_floor(jobs: Iterable, fleet: Sequence, end: float) -> float:
+    """USD of the cheapest set of whole nodes of `fleet` whose GPUs and CPUs cover the jobs' summed
+    demand at every instant (each job from arrival for its run, inside the window), as if jobs
+    could move between nodes at no cost and split across them. Memory and GPU models are ignored.
+    A relaxation of any placement that starts jobs on arrival, so, unlike lower_bound_cost, it
+    charges what no such policy escapes: powering whole nodes, not shares of them."""
+    deltas: dict[float, list[int]] = {}
+    for job in jobs:
+        run_end = min(job.arrival + job.run_seconds, end)
+        if run_end <= job.arrival:
+            continue
+        for at, sign in ((job.arrival, 1), (run_end, -1)):
+            delta = deltas.setdefault(at, [0, 0])
+            delta[0] += sign * job.gpus
+            delta[1] += sign * job.requests.get("cpu")
+    levels: dict[tuple[int, int], float] = {}
+    gpus = cpu = 0
+    last = None
+    for at in sorted(deltas):
+        if last is not None and (gpus or cpu):
+            key = (gpus, math.ceil(cpu / CPU_STEP))
+            levels[key] = levels.get(key, 0.0) + at - last
+        gpus, cpu, last = gpus + deltas[at][0], cpu + deltas[at][1], at
+    if not levels:
+        return 0.0
+    top_g, top_c = max(g for g, _ in levels), max(c for _, c in levels)
+    # best[g][c]: the cheapest nodes with at least g GPUs and c CPU steps (a bounded knapsack, each node once)
+    best = [[math.inf] * (top_c + 1) for _ in range(top_g + 1)]
+    best[0][0] = 0.0
+    for node in fleet:
+        node_g, node_c = node.gpus, node.cpu_milli // CPU_STEP
+        for g in range(top_g, -1, -1):
+            row = best[g]
+            to = best[min(top_g, g + node_g)]
+            for c in range(top_c, -1, -1):
+                if row[c] < math.inf:
+                    target = min(top_c, c + node_c)
+                    to[target] = min(to[target], row[c] + node.price_per_hour)
+    for g in range(top_g, -1, -1):      # covering more than asked is allowed
+        for c in range(top_c, -1, -1):
+            if g < top_g:
+                best[g][c] = min(best[g][c], best[g + 1][c])
+            if c < top_c:
+                best[g][c] = min(best[g][c], best[g][c + 1])
+    return sum(best[g][c] * seconds for (g, c), seconds in levels.items()) / HOUR

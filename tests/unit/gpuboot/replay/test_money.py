@@ -2,7 +2,7 @@
 import pytest
 
 from gpuboot.replay import prices
-from gpuboot.replay.metrics import lower_bound_cost
+from gpuboot.replay.metrics import lower_bound_cost, whole_node_floor
 from gpuboot.replay.policies import POLICIES
 from gpuboot.replay.sim import SimConfig, Simulation
 from tests.unit.gpuboot.replay.test_sim import job, node, run
@@ -66,3 +66,17 @@ def test_the_gap_to_the_bound_is_split_by_cause_and_adds_up():
     assert gap["spare"] == gap["placement"] == 0
     assert gap["shift"] == 0            # both ran their whole run inside the window, as the bound counts them
     assert result["cost_ratio"] == pytest.approx(result["billed_cost"] / bound, rel=1e-3)
+
+
+def test_the_whole_node_floor_powers_whole_nodes_for_the_summed_demand():
+    fleet = [node("big", 8, 96, model="G2"), node("small", 2, 16, model="P100"), node("small2", 2, 16, model="P100")]
+    big, small = fleet[0].price_per_hour, fleet[1].price_per_hour
+    one = job("one", 0, 3600, gpus=1, cpus=4)
+    assert whole_node_floor([one], fleet, 10**6) == pytest.approx(small)        # one small node for the hour
+    three = [job(f"j{i}", 0, 3600, gpus=1, cpus=4) for i in range(3)]
+    assert whole_node_floor(three, fleet, 10**6) == pytest.approx(min(2 * small, big))
+    # jobs split across nodes in the relaxation: 9 GPUs need the big node and a small one
+    nine = [job(f"k{i}", 0, 7200, gpus=1, cpus=1) for i in range(9)]
+    assert whole_node_floor(nine, fleet, 10**6) == pytest.approx((big + small) * 2)
+    assert whole_node_floor(nine, fleet, 3600) == pytest.approx(big + small)      # clipped to the window
+    assert lower_bound_cost(nine, fleet, 10**6) <= whole_node_floor(nine, fleet, 10**6)

@@ -97,7 +97,7 @@ def test_gpu_sharing_variants_keep_only_whole_or_only_shared_gpu_pods(trace_dir)
     assert names("shared") == ["p-shared"]
     assert names("whole") == ["p-full", "p-gang", "p-spec"]
     assert names("all") == ["p-full", "p-shared", "p-gang", "p-spec"]
-    with pytest.raises(trace.TraceError, match="gpu share: 'half'.*all, whole, shared"):
+    with pytest.raises(trace.TraceError, match=r"gpu share: 'half'.*all, whole, shared"):
         trace.load_jobs(trace_dir, gpu_share="half")
 
 
@@ -112,5 +112,5 @@ def test_gpu_model_variant_pins_a_share_of_free_jobs_to_one_model_of_the_fleet_t
         (model,) = pinned[name].gpu_models
         assert any(n.model == model and pinned[name].requests.fits_in(n.capacity) for n in fleet)
     assert trace.pin_gpu_models(jobs, fleet, 1.0) == list(pinned.values())    # deterministic
-    with pytest.raises(trace.TraceError, match="gpu-model share: 1.5 must be between 0 and 1"):
+    with pytest.raises(trace.TraceError, match=r"gpu-model share: 1\.5 must be between 0 and 1"):
         trace.pin_gpu_models(jobs, fleet, 1.5)
