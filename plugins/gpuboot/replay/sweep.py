@@ -110,6 +110,10 @@ def plot_sweep(path: Path, result: dict) -> Path:
     bound = next((p["lower_bound_cost"] for p in result["points"] if p.get("lower_bound_cost") is not None), None)
     if bound is not None:
         axis.axhline(bound, color="black", linewidth=0.8, linestyle=":", label=f"cost lower bound {bound:,.0f} $")
+    floor = next((p["whole_node_floor_cost"] for p in result["points"] if p.get("whole_node_floor_cost")), None)
+    if floor is not None:
+        axis.axhline(floor, color="grey", linewidth=0.8, linestyle="--",
+                     label=f"whole-node floor {floor:,.0f} $ (jobs free to move)")
     axis.set_xscale("symlog", linthresh=10)
     axis.set_xlim(left=0)                         # waits are never negative
     axis.set_xlabel("mean wait per job (s)")
