@@ -80,3 +80,18 @@ def test_the_whole_node_floor_powers_whole_nodes_for_the_summed_demand():
     assert whole_node_floor(nine, fleet, 10**6) == pytest.approx((big + small) * 2)
     assert whole_node_floor(nine, fleet, 3600) == pytest.approx(big + small)      # clipped to the window
     assert lower_bound_cost(nine, fleet, 10**6) <= whole_node_floor(nine, fleet, 10**6)
+
+
+def test_an_empty_node_kept_as_the_spare_past_the_idle_time_is_billed_as_spare():
+    fleet = [node("a", 2, 2, mem_gib=8, model="T4")]
+    price = fleet[0].price_per_hour
+    jobs = [job("one", 0, 3600, gpus=2, cpus=2, mem_gib=1)]                # fills the node: no fragmentation
+    sim = Simulation(fleet, jobs, POLICIES["gpuboot"](spare_seconds=1200),
+                     SimConfig(start=0, end=20_000, start_seconds=10, boot_seconds=10, device_plugin_seconds=10,
+                               stop_seconds=5, idle_timeout=600))
+    result = sim.run().summary(0.0, 0.0, lower_bound_cost(jobs, fleet, 20_000))
+    gap = result["gap_to_bound"]
+    assert gap["idle"] == pytest.approx(price * 600 / 3600, abs=0.01)       # the idle time, then
+    assert gap["spare"] == pytest.approx(price * 1200 / 3600, abs=0.01)     # kept as the fleet's spare
+    assert gap["fragmentation"] == pytest.approx(0, abs=0.01)
+    assert sum(gap.values()) == pytest.approx(result["billed_cost"] - result["lower_bound_cost"], abs=0.02)
