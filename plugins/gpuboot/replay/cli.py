@@ -70,6 +70,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--spare", default=f"{DEFAULT_SPARE_SECONDS / 3600:g}h",
                    help="gpuboot's scale-down keeps the fleet's spare (an idle node whose GPUs the other running "
                         "nodes could not replace) this much longer; 0 for none (gpuboot.core.idle.IdleRule)")
+    p.add_argument("--boot-fill-from-load", type=float, default=0.0,
+                   help="gpuboot's jobs set the gpu_job field boot_fill_from_load: a start is priced as if the node "
+                        "would carry this times the GPUs in use now (0: off, every slot of the node)")
     p.add_argument("--queue-timeout", default="0", help="a job still waiting this long fails (live default 1h); 0: never")
     p.add_argument("--expected-runtime", action="store_true",
                    help="jobs state their runtime (the trace's own), so holds know when nodes free and backfill fits")
@@ -127,7 +130,8 @@ def run(args) -> dict:
     floor = round(whole_node_floor(loaded.jobs, fleet, end), 2)
     results, series = [], {}
     for name in names:
-        spare = {"spare_seconds": trace.parse_duration(args.spare, "--spare")} if name in PLACES else {}
+        spare = {"spare_seconds": trace.parse_duration(args.spare, "--spare"),
+                 "boot_fill_from_load": args.boot_fill_from_load} if name in PLACES else {}
         policy = POLICIES[name](exact=args.exact, **spare) if name in PLACES else POLICIES[name]()
         sim = Simulation(fleet, loaded.jobs, policy, config)
         recorder = sim.run()
@@ -149,7 +153,8 @@ def run(args) -> dict:
                                                      "stop_seconds", "idle_timeout", "scaledown_every",
                                                      "queue_timeout", "teams", "expected_runtime",
                                                      "preemptible")}
-        | {"gpuboot_spare_seconds": trace.parse_duration(args.spare, "--spare")},
+        | {"gpuboot_spare_seconds": trace.parse_duration(args.spare, "--spare"),
+           "gpuboot_boot_fill_from_load": args.boot_fill_from_load},
         "notes": [
             "Each pod is one job of one task; arrival = creation_time, run = deletion_time - scheduled_time.",
             "Pods sharing a GPU (gpu_milli < 1000) are replayed as 1 whole GPU: gpuboot allocates whole GPUs.",

@@ -95,3 +95,14 @@ def test_an_empty_node_kept_as_the_spare_past_the_idle_time_is_billed_as_spare()
     assert gap["spare"] == pytest.approx(price * 1200 / 3600, abs=0.01)     # kept as the fleet's spare
     assert gap["fragmentation"] == pytest.approx(0, abs=0.01)
     assert sum(gap.values()) == pytest.approx(result["billed_cost"] - result["lower_bound_cost"], abs=0.02)
+
+
+def test_boot_fill_from_load_boots_the_small_node_when_little_runs():
+    """The gpu_job field, as the replay's jobs set it: one 1-GPU job on an idle fleet boots the
+    cheapest node outright instead of the cheapest slot (placement.CostModel)."""
+    fleet = [node("big", 8, 96, mem_gib=384, model="G2"), node("small", 2, 16, mem_gib=120, model="P100")]
+    jobs = [job("one", 0, 3600, gpus=1, cpus=4)]
+    today = run(POLICIES["gpuboot"](spare_seconds=0), fleet, jobs, end=20_000)
+    filled = run(POLICIES["gpuboot"](spare_seconds=0, boot_fill_from_load=4), fleet, jobs, end=20_000)
+    assert filled["billed_cost"] < today["billed_cost"]
+    assert filled["billed_cost"] == pytest.approx(fleet[1].price_per_hour * (30 + 3600 + 600 + 5) / 3600, abs=0.01)
