@@ -26,9 +26,9 @@ long as the decision keeps it up, and makes the job wait:
   it starts will get instead (`JobRequest.boot_fill_from_load` = N, the gpu_job field of that
   name): at most N times the GPUs in use now on the running and booting nodes, in copies of the
   task (at least one), so on a fleet whose demand seldom fills a large node a start goes to a
-  small one (docs/performance.md, How far from the bound: 27-30 % cheaper on the trace's
-  shared-GPU variant, 8 % or more dearer on the default trace, where long jobs then stay on
-  small nodes);
+  small one (docs/performance.md, How far from the bound: N = 4 is 27 % cheaper on the trace's
+  shared-GPU variant, 6-12 % dearer on the default trace and its other variants, where long
+  jobs then stay on small nodes; so it is off unless a job asks);
 * `wait_h`: the job's wait, the boot delay for a node that needs a start (plus the stop
   for one still stopping), at `wait_usd_per_hour` (default 10 USD per job-hour, an
   operator's value of a job's time; see the sweep in docs/performance.md to choose it from data).
