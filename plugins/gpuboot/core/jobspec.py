@@ -41,6 +41,7 @@ MIN_BOOT_SECONDS_ENV = "GPUBOOT_MIN_BOOT_SECONDS"
 DEFAULT_MIN_BOOT_SECONDS = 60
 MAX_SETTLE_SECONDS = 600
 MAX_REPLICAS = 1000
+MAX_BOOT_FILL_FROM_LOAD = 64       # boot_fill_from_load: past this the forecast is "any node fills" (off in effect)
 # The namespaces jobs may run in: an allow-list, so that whoever may trigger `gpu_job` cannot
 # create pods in kube-system or another team's namespace. Comma-separated, set in the
 # environment of every Airflow component (the form is built by the DAG processor, the spec
@@ -118,6 +119,8 @@ class JobSpec:
     priority_class: str = DEFAULT_PRIORITY_CLASS
     preemptible: bool = False
     expected_runtime_seconds: int | None = None
+    # placement: how full a node this job starts will get, from the load now (placement.CostModel; 0: off)
+    boot_fill_from_load: int = 0
 
     def __post_init__(self):
         for name in ("env", "secret_env", "node_selector", "extra_resources"):
@@ -176,7 +179,8 @@ class JobSpec:
                                   avoid_gpu_nodes=avoid_gpu_nodes)
                       for name in self.task_names())
         return JobRequest(job_id=job_id, tasks=tasks, min_available=self.gang_size,
-                          expected_run_seconds=self.expected_runtime_seconds)
+                          expected_run_seconds=self.expected_runtime_seconds,
+                          boot_fill_from_load=float(self.boot_fill_from_load))
 
 
 # --- validation ---------------------------------------------------------------
@@ -234,6 +238,8 @@ class _Validator:
             "allow_gpu_nodes": self.boolean("allow_gpu_nodes", raw.get("allow_gpu_nodes", False)),
         }
         values.update(self.queue_fields(raw))
+        values["boot_fill_from_load"] = self.integer(
+            "boot_fill_from_load", raw.get("boot_fill_from_load", 0), 0, MAX_BOOT_FILL_FROM_LOAD)
         values["queue_timeout_seconds"] = self.integer(
             "queue_timeout_seconds", raw.get("queue_timeout_seconds", 3600), 1, MAX_TIMEOUT_SECONDS)
         values["settle_seconds"] = self.integer("settle_seconds", raw.get("settle_seconds", 5), 0, MAX_SETTLE_SECONDS)
@@ -678,6 +684,11 @@ def params_schema() -> dict[str, dict]:
                            "Waiting jobs of a higher class go first; high also gets held nodes at once"),
         "preemptible": (False, {"type": ["null", "boolean"], "title": "Preemptible"},
                         "The job may be stopped and requeued to make room for a job of a higher class"),
+        "boot_fill_from_load": (0, {"type": ["null", "integer"], "minimum": 0, "maximum": MAX_BOOT_FILL_FROM_LOAD,
+                                    "title": "Boot fill from load"},
+                                ("Optional, 0 (off) to 64: a node this job starts is priced as if it would carry "
+                                 "this times the GPUs in use now; e.g. 4 on a fleet whose demand seldom fills "
+                                 "a large node")),
         "expected_runtime_seconds": (None, {**seconds, "title": "Expected runtime (s)"},
                                      ("Optional: how long the job runs; lets it use nodes held for others "
                                       "when it ends before they are due")),

@@ -22,7 +22,13 @@ long as the decision keeps it up, and makes the job wait:
 * `run_h`: the job's expected duration when the spec gives it, else `run_hours`;
 * `slots`: copies of the task the empty node holds. The hours are shared by the tasks the
   node carries while it is up, so a task pays its slot's share, and a node whose CPU or
-  memory cannot feed all its GPUs pays for the GPUs it strands;
+  memory cannot feed all its GPUs pays for the GPUs it strands. A job may say how full a node
+  it starts will get instead (`JobRequest.boot_fill_from_load` = N, the gpu_job field of that
+  name): at most N times the GPUs in use now on the running and booting nodes, in copies of the
+  task (at least one), so on a fleet whose demand seldom fills a large node a start goes to a
+  small one (docs/performance.md, How far from the bound: N = 4 is 27 % cheaper on the trace's
+  shared-GPU variant, 6-12 % dearer on the default trace and its other variants, where long
+  jobs then stay on small nodes; so it is off unless a job asks);
 * `wait_h`: the job's wait, the boot delay for a node that needs a start (plus the stop
   for one still stopping), at `wait_usd_per_hour` (default 10 USD per job-hour, an
   operator's value of a job's time; see the sweep in docs/performance.md to choose it from data).
@@ -59,7 +65,7 @@ import itertools
 import math
 import operator
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from gpuboot.core.inventory import gpu_model_alternatives, gpu_model_matches
@@ -86,6 +92,7 @@ class CostModel:
     idle_seconds: float = 600.0        # the idle tail before scale-down stops the node
     run_hours: float = 1.0             # a job's duration when its spec does not say
     wait_usd_per_hour: float = 10.0    # what one hour of a job's wait is worth
+    start_fill: float | None = None    # copies of a task a started node is expected to carry (None: all it holds)
 
     def __post_init__(self):
         for name in ("boot_seconds", "stop_seconds", "idle_seconds", "run_hours", "wait_usd_per_hour"):
@@ -94,9 +101,11 @@ class CostModel:
 
     def per_task(self, node: NodeView, need: Resources, run_hours: float | None = None) -> tuple[bool, float]:
         """(priced, cost of one task on `node`) in USD, or in GPU-hours when the node has no price."""
-        slots = max(1, _fit_count(node.allocatable, need, _NO_LIMIT))
+        slots: float = max(1, _fit_count(node.allocatable, need, _NO_LIMIT))
         rank = STATE_RANK[node.state]
         start = rank >= 2
+        if start and self.start_fill is not None:
+            slots = min(slots, max(1.0, self.start_fill))
         wait = (self.boot_seconds + (self.stop_seconds if rank == 3 else 0.0)) if rank >= 1 else 0.0
         hours = (self.boot_seconds + self.idle_seconds) / HOUR if start else 0.0
         hours += self.run_hours if run_hours is None else run_hours
@@ -145,10 +154,14 @@ class JobRequest:
     tasks: tuple[TaskRequest, ...]
     min_available: int
     expected_run_seconds: float | None = None   # how long the job runs, when its spec says
+    boot_fill_from_load: float = 0.0    # > 0: a start is shared by this times the GPUs in use (CostModel doc)
 
     def __post_init__(self):
         if self.expected_run_seconds is not None and self.expected_run_seconds < 0:
             raise ValueError(f"job {self.job_id}: expected_run_seconds: must be >= 0, got {self.expected_run_seconds}")
+        if self.boot_fill_from_load < 0:
+            raise ValueError(f"job {self.job_id}: boot_fill_from_load: must be >= 0 (0: off), "
+                             f"got {self.boot_fill_from_load}")
         if not self.tasks:
             raise ValueError(f"job {self.job_id}: tasks: a job needs at least one task")
         names = [t.name for t in self.tasks]
@@ -162,12 +175,12 @@ class JobRequest:
         """What placement needs of the job, and nothing else (no command, env or image): the form a
         batch placer reads it in from the ledger (gpuboot.lifecycle.batching)."""
         return {"job_id": self.job_id, "tasks": [t.to_json() for t in self.tasks], "min_available": self.min_available,
-                "expected_run_seconds": self.expected_run_seconds}
+                "expected_run_seconds": self.expected_run_seconds, "boot_fill_from_load": self.boot_fill_from_load}
 
     @classmethod
     def from_json(cls, d: Mapping) -> JobRequest:
         return cls(d["job_id"], tuple(TaskRequest.from_json(t) for t in d["tasks"]), int(d["min_available"]),
-                   d.get("expected_run_seconds"))
+                   d.get("expected_run_seconds"), float(d.get("boot_fill_from_load") or 0.0))
 
 
 class Outcome(str, Enum):
@@ -726,6 +739,17 @@ def _never_message(job: JobRequest, nodes: Sequence[NodeView], groups: list[_Gro
             f"even the whole fleet, empty, holds only {len(placed)}")
 
 
+def _with_start_fill(job: JobRequest, nodes: Sequence[NodeView], cost: CostModel) -> CostModel:
+    """`cost` with the job's forecast of how full a node it starts will get (CostModel doc): its
+    `boot_fill_from_load` times the GPUs in use on the running and booting nodes, in copies of its
+    largest task. The load is read from `nodes`, the same snapshot the plan is made on."""
+    if not job.boot_fill_from_load:
+        return cost
+    in_use = sum(n.allocated.gpus for n in nodes if n.state in (NodeState.READY, NodeState.BOOTING))
+    per_task = max((t.requests.gpus for t in job.tasks), default=0) or 1
+    return replace(cost, start_fill=job.boot_fill_from_load * in_use / per_task)
+
+
 def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unavailable] = (),
           cost: CostModel = DEFAULT_COST) -> Plan:
     """Plan `job` on `nodes`: FITS with assignments, or BUSY / NEVER with a message that says why.
@@ -737,6 +761,7 @@ def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unav
     capacity would wait out the queue timeout for nothing. `cost` prices the decision (module doc)."""
     nodes = sorted(nodes, key=operator.attrgetter("name"))
     run_hours = None if job.expected_run_seconds is None else job.expected_run_seconds / HOUR
+    cost = _with_start_fill(job, nodes, cost)
     blocked = blocked_nodes(unavailable, nodes)
     groups = _groups(job, nodes, whole_fleet=False, unavailable=unavailable, cost=cost, run_hours=run_hours,
                      blocked=blocked)

@@ -9,7 +9,7 @@ from pathlib import Path
 from gpuboot.core.idle import DEFAULT_SPARE_SECONDS
 
 from . import prices, trace
-from .metrics import demand_series, lower_bound_cost, lower_bound_gpu_seconds
+from .metrics import demand_series, lower_bound_cost, lower_bound_gpu_seconds, whole_node_floor
 from .policies import POLICIES, Gpuboot
 from .report import format_table, write_json
 from .sim import SimConfig, Simulation
@@ -18,6 +18,7 @@ DAY = 86400
 PLACES = {name for name, cls in POLICIES.items() if issubclass(cls, Gpuboot)}   # policies that call place()
 DEFAULT_OUT = Path(__file__).resolve().parents[3] / "results" / "replay"
 TABLE = [("policy", "policy"), ("billed_cost", "cost $"), ("lower_bound_cost", "cost lower bound $"),
+         ("cost_ratio", "x bound"), ("whole_node_floor_cost", "whole-node floor $"),
          ("billed_node_hours", "node-h"), ("billed_gpu_hours", "GPU-h"),
          ("lower_bound_gpu_hours", "GPU-h lower bound"), ("wait_mean_seconds", "wait mean s"),
          ("wait_p95_seconds", "wait p95 s"), ("boots", "boots"), ("wasted_boots", "wasted boots"),
@@ -28,6 +29,15 @@ SIZE_TABLE = [("policy", "policy"), ("size", "job size"), ("started", "started")
               ("timeouts", "timeouts"), ("wait_p50_seconds", "wait p50 s"), ("wait_p95_seconds", "wait p95 s"),
               ("wait_p99_seconds", "wait p99 s"), ("wait_max_seconds", "wait max s"), ("jain_teams", "Jain (teams)"),
               ("hold_cost", "hold cost $"), ("preemptions", "preemptions")]
+
+
+GAP_TABLE = [("policy", "policy"), ("fragmentation", "fragmentation $"), ("spare", "spare $"), ("idle", "idle $"),
+             ("boots", "boots $"), ("placement", "placement $"), ("shift", "shift $")]
+
+
+def gap_rows(policies: list[dict]) -> list[dict]:
+    """One row per policy: its bill above the lower bound, by cause (metrics.Recorder.gap)."""
+    return [{"policy": r["policy"], **r["gap_to_bound"]} for r in policies if r.get("gap_to_bound")]
 
 
 def size_rows(policies: list[dict]) -> list[dict]:
@@ -60,6 +70,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--spare", default=f"{DEFAULT_SPARE_SECONDS / 3600:g}h",
                    help="gpuboot's scale-down keeps the fleet's spare (an idle node whose GPUs the other running "
                         "nodes could not replace) this much longer; 0 for none (gpuboot.core.idle.IdleRule)")
+    p.add_argument("--boot-fill-from-load", type=float, default=0.0,
+                   help="gpuboot's jobs set the gpu_job field boot_fill_from_load: a start is priced as if the node "
+                        "would carry this times the GPUs in use now (0: off, every slot of the node)")
     p.add_argument("--queue-timeout", default="0", help="a job still waiting this long fails (live default 1h); 0: never")
     p.add_argument("--expected-runtime", action="store_true",
                    help="jobs state their runtime (the trace's own), so holds know when nodes free and backfill fits")
@@ -68,6 +81,12 @@ def parser() -> argparse.ArgumentParser:
                         "the preemption threshold may requeue them")
     p.add_argument("--teams", type=int, default=4, help="teams the trace's jobs are spread over (by a hash of the name)")
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
+    p.add_argument("--gpu-share", choices=trace.GPU_SHARE, default="all",
+                   help="the trace's GPU-sharing variants: every GPU pod, only those with whole GPUs, or only those "
+                        "sharing a GPU (each as 1 whole GPU)")
+    p.add_argument("--gpu-model-share", type=float, default=0.0,
+                   help="the GPU-model variant: this share (0..1) of the jobs that accept any GPU model accept only "
+                        "one model of the fleet, by a hash of the name, in proportion to the fleet's GPUs")
     p.add_argument("--include-cpu-pods", action="store_true", help="also replay pods asking for no GPU")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="directory for summary.json and replay.png")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -94,10 +113,13 @@ def run(args) -> dict:
                                f"choose from {', '.join(POLICIES)}")
     directory = trace.find_trace_dir(args.trace)
     start, end = _window(args)
-    loaded = trace.load_jobs(directory, start, end, include_cpu_only=args.include_cpu_pods)
+    loaded = trace.load_jobs(directory, start, end, include_cpu_only=args.include_cpu_pods, gpu_share=args.gpu_share)
     if end is None:   # open window: until the last job ends, so every job may run to completion
         end = max((j.arrival + j.run_seconds for j in loaded.jobs), default=start + 1)
     fleet = trace.load_fleet(directory, args.fleet, args.fleet_sample, args.seed)
+    if args.gpu_model_share:
+        loaded.jobs = trace.pin_gpu_models(loaded.jobs, fleet, args.gpu_model_share)
+        loaded.gpu_spec = sum(bool(job.gpu_models) for job in loaded.jobs)
     config = SimConfig(start=start, end=end, start_seconds=args.start_seconds, boot_seconds=args.boot_seconds,
                        device_plugin_seconds=args.device_plugin_seconds, stop_seconds=args.stop_seconds,
                        idle_timeout=trace.parse_duration(args.idle_timeout, "--idle-timeout"),
@@ -105,13 +127,15 @@ def run(args) -> dict:
                        expected_runtime=args.expected_runtime, preemptible=args.preemptible)
     bound = lower_bound_gpu_seconds(loaded.jobs, end)
     money_bound = lower_bound_cost(loaded.jobs, fleet, end)
+    floor = round(whole_node_floor(loaded.jobs, fleet, end), 2)
     results, series = [], {}
     for name in names:
-        spare = {"spare_seconds": trace.parse_duration(args.spare, "--spare")} if name in PLACES else {}
+        spare = {"spare_seconds": trace.parse_duration(args.spare, "--spare"),
+                 "boot_fill_from_load": args.boot_fill_from_load} if name in PLACES else {}
         policy = POLICIES[name](exact=args.exact, **spare) if name in PLACES else POLICIES[name]()
         sim = Simulation(fleet, loaded.jobs, policy, config)
         recorder = sim.run()
-        results.append(recorder.summary(bound, sim.wall_seconds, money_bound))
+        results.append(recorder.summary(bound, sim.wall_seconds, money_bound) | {"whole_node_floor_cost": floor})
         series[name] = recorder.series
     summary = {
         "trace": str(directory),
@@ -119,7 +143,8 @@ def run(args) -> dict:
                    "days": round((end - start) / DAY, 3)},
         "fleet": {"nodes": len(fleet), "gpus": sum(n.gpus for n in fleet),
                   "sample": "all" if args.fleet is None else f"{args.fleet_sample} (seed {args.seed})"},
-        "jobs": {"replayed": len(loaded.jobs), "skipped": dict(loaded.skipped),
+        "jobs": {"replayed": len(loaded.jobs), "skipped": dict(loaded.skipped), "gpu_share": args.gpu_share,
+                 "gpu_model_share": args.gpu_model_share,
                  "fractional_gpu_as_one": loaded.fractional, "gpu_spec": loaded.gpu_spec},
         "prices": {"source": prices.SOURCE, "per_gpu_hour": dict(prices.PER_GPU), "per_vcpu_hour": prices.PER_VCPU,
                    "per_gib_hour": prices.PER_GIB,
@@ -128,7 +153,8 @@ def run(args) -> dict:
                                                      "stop_seconds", "idle_timeout", "scaledown_every",
                                                      "queue_timeout", "teams", "expected_runtime",
                                                      "preemptible")}
-        | {"gpuboot_spare_seconds": trace.parse_duration(args.spare, "--spare")},
+        | {"gpuboot_spare_seconds": trace.parse_duration(args.spare, "--spare"),
+           "gpuboot_boot_fill_from_load": args.boot_fill_from_load},
         "notes": [
             "Each pod is one job of one task; arrival = creation_time, run = deletion_time - scheduled_time.",
             "Pods sharing a GPU (gpu_milli < 1000) are replayed as 1 whole GPU: gpuboot allocates whole GPUs.",
@@ -140,6 +166,9 @@ def run(args) -> dict:
             ("billed_cost: each node's price (gpuboot.replay.prices) for every second it was powered on (booting, "
             "running, idle, stopping). lower_bound_cost: each job, from arrival for its run, pays its largest share "
             "(GPUs, CPU or memory) of the cheapest node that holds it (perfect packing, no boot, no idle time)."),
+            ("whole_node_floor_cost: the cheapest whole nodes of the fleet whose GPUs and CPUs cover the summed "
+             "demand at every instant, jobs free to move and split (metrics.whole_node_floor); gap_to_bound: "
+             "billed_cost - lower_bound_cost by cause (metrics.Recorder.gap)."),
         ],
         "policies": results,
     }
@@ -175,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     for reason, count in j["skipped"].items():
         print(f"  skipped {count} pods: {reason}")
     print(format_table(summary["policies"], TABLE))
+    print("above the cost lower bound, by cause:")
+    print(format_table(gap_rows(summary["policies"]), GAP_TABLE))
     print(format_table(size_rows(summary["policies"]), SIZE_TABLE))
     print(f"wrote {Path(args.out) / 'summary.json'}" + ("" if args.no_plot else f" and {Path(args.out) / 'replay.png'}")
           + f" in {time.perf_counter() - began:.1f}s")

@@ -6,6 +6,8 @@ import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from gpuboot.core.inventory import gpu_model_matches
+
 HOUR = 3600.0
 SIZE_BUCKETS = ((1, 1, "1 GPU"), (2, 2, "2 GPUs"), (3, 4, "3-4 GPUs"), (5, 8, "5-8 GPUs"), (9, math.inf, ">8 GPUs"))
 
@@ -72,6 +74,13 @@ class Recorder:
     timeouts: list[int] = field(default_factory=list)      # GPUs of each job dropped at its queue timeout
     hold_gpu_seconds: float = 0.0    # GPUs left free on nodes held for a starving job, times how long
     hold_cost: float = 0.0           # USD: those GPUs' share of their node's price
+    # The bill by what the powered seconds were for (USD; `gap()` sets them against the lower bound):
+    booting_cost: float = 0.0        # nodes booting (ECS start, kubelet, device plugin) or stopping
+    idle_cost: float = 0.0           # nodes up with nothing on them, within the idle time
+    spare_cost: float = 0.0          # nodes up with nothing on them past the idle time (the spare kept)
+    busy_cost: float = 0.0           # nodes up with at least one job running
+    share_cost: float = 0.0          # the running jobs' own shares of those nodes (lower_bound_cost's share)
+    cheapest_share_cost: float = 0.0     # the same jobs, as long as they ran, at their cheapest share
     never_fit: int = 0
     never_fit_examples: list[str] = field(default_factory=list)
     waiting_at_end: int = 0
@@ -89,6 +98,33 @@ class Recorder:
         self.node_seconds += seconds
         self.gpu_seconds += seconds * gpus
         self.cost += seconds / HOUR * price_per_hour
+
+    def segment(self, kind: str, price_per_hour: float, since: float, until: float) -> None:
+        """`until - since` seconds (clipped to the window) of a node at `price_per_hour` spent as `kind`:
+        booting (or stopping), idle, spare or busy."""
+        seconds = max(0.0, min(until, self.end) - max(since, self.start))
+        setattr(self, f"{kind}_cost", getattr(self, f"{kind}_cost") + seconds / HOUR * price_per_hour)
+
+    def job_share(self, actual_per_hour: float, cheapest_per_hour: float, since: float, until: float) -> None:
+        """A job ran from `since` to `until` holding `actual_per_hour` USD/h of its node's price, where its
+        cheapest share (lower_bound_cost's) is `cheapest_per_hour`; negative spans take a run back."""
+        seconds = min(until, self.end) - min(max(since, self.start), self.end)
+        self.share_cost += seconds / HOUR * actual_per_hour
+        self.cheapest_share_cost += seconds / HOUR * cheapest_per_hour
+
+    def gap(self, lower_bound_cost: float | None) -> dict | None:
+        """The bill minus the lower bound, by cause (USD; they add up to billed - bound):
+        boots (booting and stopping time), idle (empty nodes within the idle time), spare (empty
+        nodes kept past it), fragmentation (busy nodes' price the running jobs' shares leave
+        unused), placement (jobs on a dearer share than their cheapest), shift (the bound's runs
+        from arrival against the real ones from start: waits and the window's end)."""
+        if lower_bound_cost is None:
+            return None
+        parts = {"boots": self.booting_cost, "idle": self.idle_cost, "spare": self.spare_cost,
+                 "fragmentation": self.busy_cost - self.share_cost,
+                 "placement": self.share_cost - self.cheapest_share_cost,
+                 "shift": self.cheapest_share_cost - lower_bound_cost}
+        return {name: round(value, 2) for name, value in parts.items()}
 
     def power_change(self, at: float, nodes: int, gpus: int) -> None:
         self._nodes_on += nodes
@@ -160,6 +196,8 @@ class Recorder:
             "jain_teams": None if (j := self.team_fairness()) is None else round(j, 4),
             "hold_gpu_hours": hours(self.hold_gpu_seconds),
             "hold_cost": round(self.hold_cost, 2),
+            "cost_ratio": None if not lower_bound_cost else round(self.cost / lower_bound_cost, 4),
+            "gap_to_bound": self.gap(lower_bound_cost),
             "preemptions": self.preemptions,
             "preempted_gpu_hours": hours(self.preempted_gpu_seconds),
             "by_size": self.by_size(),
@@ -208,18 +246,84 @@ def lower_bound_gpu_seconds(jobs: Iterable, end: float) -> float:
     return sum(job.gpus * max(0.0, min(job.arrival + job.run_seconds, end) - job.arrival) for job in jobs)
 
 
+def share_per_hour(need, capacity, price_per_hour: float) -> float:
+    """USD/h of a node that `need` holds: its largest fraction of the node's GPUs, CPU or memory."""
+    return price_per_hour * max((need.get(name) / capacity.get(name) for name in need if need.get(name)), default=0.0)
+
+
+class CheapestShare:
+    """The smallest `share_per_hour` of any node of the fleet that holds a job (0 if none does), among
+    the GPU models it accepts."""
+
+    def __init__(self, fleet: Sequence):
+        self._shapes = {(n.capacity, n.price_per_hour, n.gpu_model) for n in fleet}
+        self._cache: dict = {}
+
+    def __call__(self, job) -> float:
+        key = (job.requests, job.gpu_models)
+        if key not in self._cache:
+            self._cache[key] = min((share_per_hour(job.requests, capacity, price)
+                                    for capacity, price, model in self._shapes
+                                    if job.requests.fits_in(capacity) and gpu_model_matches(job.gpu_models, model)),
+                                   default=0.0)
+        return self._cache[key]
+
+
 def lower_bound_cost(jobs: Iterable, fleet: Sequence, end: float) -> float:
     """USD no policy can beat on this fleet: each job, from arrival for as long as it runs inside
-    the window, pays the smallest share of a node it fits: its largest fraction of the node's
-    GPUs, CPU or memory, times the node's price (perfect packing, no boot, no idle time)."""
-    shapes = {(n.capacity, n.price_per_hour) for n in fleet}
-    cheapest: dict = {}
-    total = 0.0
+    the window, pays the smallest share of a node it fits (of a GPU model it accepts): its largest
+    fraction of the node's GPUs, CPU or memory, times the node's price (perfect packing, no boot,
+    no idle time)."""
+    cheapest = CheapestShare(fleet)
+    return sum(cheapest(job) * max(0.0, min(job.arrival + job.run_seconds, end) - job.arrival) / HOUR
+               for job in jobs)
+
+
+CPU_STEP = 8000     # whole_node_floor counts CPU in steps of 8 cores (the nodes' sizes are multiples of it)
+
+
+def whole_node_floor(jobs: Iterable, fleet: Sequence, end: float) -> float:
+    """USD of the cheapest set of whole nodes of `fleet` whose GPUs and CPUs cover the jobs' summed
+    demand at every instant (each job from arrival for its run, inside the window), as if jobs
+    could move between nodes at no cost and split across them. Memory and GPU models are ignored.
+    A relaxation of any placement that starts jobs on arrival, so, unlike lower_bound_cost, it
+    charges what no such policy escapes: powering whole nodes, not shares of them."""
+    deltas: dict[float, list[int]] = {}
     for job in jobs:
-        need = job.requests
-        if need not in cheapest:
-            shares = [price * max((need.get(name) / capacity.get(name) for name in need if need.get(name)), default=0.0)
-                      for capacity, price in shapes if need.fits_in(capacity)]
-            cheapest[need] = min(shares, default=0.0)
-        total += cheapest[need] * max(0.0, min(job.arrival + job.run_seconds, end) - job.arrival) / HOUR
-    return total
+        run_end = min(job.arrival + job.run_seconds, end)
+        if run_end <= job.arrival:
+            continue
+        for at, sign in ((job.arrival, 1), (run_end, -1)):
+            delta = deltas.setdefault(at, [0, 0])
+            delta[0] += sign * job.gpus
+            delta[1] += sign * job.requests.get("cpu")
+    levels: dict[tuple[int, int], float] = {}
+    gpus = cpu = 0
+    last = None
+    for at in sorted(deltas):
+        if last is not None and (gpus or cpu):
+            key = (gpus, math.ceil(cpu / CPU_STEP))
+            levels[key] = levels.get(key, 0.0) + at - last
+        gpus, cpu, last = gpus + deltas[at][0], cpu + deltas[at][1], at
+    if not levels:
+        return 0.0
+    top_g, top_c = max(g for g, _ in levels), max(c for _, c in levels)
+    # best[g][c]: the cheapest nodes with at least g GPUs and c CPU steps (a bounded knapsack, each node once)
+    best = [[math.inf] * (top_c + 1) for _ in range(top_g + 1)]
+    best[0][0] = 0.0
+    for node in fleet:
+        node_g, node_c = node.gpus, node.cpu_milli // CPU_STEP
+        for g in range(top_g, -1, -1):
+            row = best[g]
+            to = best[min(top_g, g + node_g)]
+            for c in range(top_c, -1, -1):
+                if row[c] < math.inf:
+                    target = min(top_c, c + node_c)
+                    to[target] = min(to[target], row[c] + node.price_per_hour)
+    for g in range(top_g, -1, -1):      # covering more than asked is allowed
+        for c in range(top_c, -1, -1):
+            if g < top_g:
+                best[g][c] = min(best[g][c], best[g + 1][c])
+            if c < top_c:
+                best[g][c] = min(best[g][c], best[g][c + 1])
+    return sum(best[g][c] * seconds for (g, c), seconds in levels.items()) / HOUR

@@ -38,16 +38,18 @@ class Gpuboot:
     always_on = False
 
     def __init__(self, place: Callable = place, exact: bool = False, spare_seconds: float = DEFAULT_SPARE_SECONDS,
-                 queue: QueueConfig | None = DEFAULT_QUEUE):
+                 queue: QueueConfig | None = DEFAULT_QUEUE, boot_fill_from_load: float = 0.0):
         self._place = place   # the product's placement; a test may pass a counting wrapper
-        self._exact = exact   # True: show place() every node, not one per class of twins
+        # True: show place() every node, not one per class of twins; always so when place() reads the load
+        self._exact = exact or bool(boot_fill_from_load)
+        self.boot_fill_from_load = boot_fill_from_load   # the gpu_job field of that name (placement.CostModel)
         self.spare_seconds = spare_seconds
         self.queue = queue    # the job queue's order, quotas and holds (gpuboot.core.queue); None: today's retry loop
 
     def decide(self, job, cluster, arriving: bool, unavailable: Sequence[Unavailable] = ()) -> Decision:
         """`unavailable`: the holds of other jobs (node marks); the twins kept per class grow by their
         number, so a held node never hides an unheld twin from place()."""
-        request = JobRequest(job_id=job.name, min_available=1,
+        request = JobRequest(job_id=job.name, min_available=1, boot_fill_from_load=self.boot_fill_from_load,
                              tasks=(TaskRequest(name=job.name, requests=job.requests, gpu_model=job.gpu_models),))
         views = cluster.views(None if self._exact else len(request.tasks) + len(unavailable))
         plan = self._place(request, views, unavailable, cost=cost_model(cluster.config))

@@ -17,7 +17,7 @@ from gpuboot.core.queue import Attempt, Entry, Hold, Running, run_pass
 from gpuboot.core.resources import Resources
 
 from .clock import EventClock, Kind
-from .metrics import BootEpisode, Recorder, team_of
+from .metrics import BootEpisode, CheapestShare, Recorder, share_per_hour, team_of
 from .trace import FleetNode, TraceJob
 
 
@@ -71,6 +71,7 @@ class SimNode:
         self.start_after_stop = False
         self.idle_token = 0
         self.idle_since = 0.0
+        self.marked_at = 0.0                 # the bill is split by cause up to here (Simulation._mark)
         self._view: NodeView | None = None
 
     @property
@@ -126,6 +127,7 @@ class Simulation:
         self.capacity: dict[str, int] = {}
         for spec in fleet:
             self.capacity[spec.gpu_model] = self.capacity.get(spec.gpu_model, 0) + spec.gpus
+        self.cheapest_share = CheapestShare(fleet)
         self.pass_due = False
         self.held_since: tuple[float, float, float] = (config.start, 0.0, 0.0)   # (at, free GPUs, USD/h) held then
 
@@ -155,6 +157,8 @@ class Simulation:
     # The run -----------------------------------------------------------------
     def run(self) -> Recorder:
         began = time.perf_counter()
+        for node in self.nodes.values():
+            node.marked_at = self.config.start
         if self.policy.always_on:
             for node in self.nodes.values():
                 node.state = NodeState.READY
@@ -176,6 +180,7 @@ class Simulation:
         end = self.config.end
         self._account_holds(end)
         for node in self.nodes.values():
+            self._mark(node)
             if node.powered_since is not None:
                 self.recorder.powered(node.capacity.gpus, node.price, node.powered_since, end)
             if node.episode is not None and node.state is not NodeState.BOOTING:
@@ -214,6 +219,7 @@ class Simulation:
         if self.run_token.get(job.name) != token:
             return              # that run was preempted
         node = self.nodes[name]
+        self._mark(node)
         node.running.pop(job.name, None)
         node.allocated = node.allocated - job.requests
         if job.name in self.team_of_job:
@@ -225,6 +231,7 @@ class Simulation:
 
     def _node_ready(self, name: str) -> None:
         node = self.nodes[name]
+        self._mark(node)
         node.state = NodeState.READY
         node.changed()
         waiting, node.waiting = node.waiting, []
@@ -235,6 +242,7 @@ class Simulation:
 
     def _node_stopped(self, name: str) -> None:
         node = self.nodes[name]
+        self._mark(node)
         node.state = NodeState.STOPPED
         self._power_off(node)
         node.changed()
@@ -259,6 +267,7 @@ class Simulation:
             latest = node.idle_since + rule.idle_seconds + rule.spare_seconds
             self.clock.schedule(min(now + self.config.scaledown_every, latest), Kind.IDLE_CHECK, payload)
             return
+        self._mark(node)
         node.state = NodeState.STOPPING
         node.changed()
         if node.episode is not None:
@@ -379,7 +388,10 @@ class Simulation:
         """Stop a running preemptible job and requeue it (its pods deleted; it runs again from the start)."""
         job = self.job_by_name[name]
         node = next(n for n in self.nodes.values() if name in n.running)
+        self._mark(node)
         began = node.running.pop(name)
+        self.recorder.job_share(share_per_hour(job.requests, node.capacity, node.price),
+                                self.cheapest_share(job), began + job.run_seconds, self.clock.now)
         node.allocated = node.allocated - job.requests
         node.changed()
         team, model = self.team_of_job.pop(name)
@@ -445,6 +457,7 @@ class Simulation:
             node.episode.booted_for.add(job.name)
 
     def _boot(self, node: SimNode) -> None:
+        self._mark(node)
         node.state = NodeState.BOOTING
         node.changed()
         node.episode = node.episode or BootEpisode(node.name, self.clock.now)
@@ -469,7 +482,24 @@ class Simulation:
                                 (node.name, node.idle_token))
 
     # Jobs -------------------------------------------------------------------
+    def _mark(self, node: SimNode) -> None:
+        """Bill `node`'s seconds since its last mark to what they were for (Recorder.gap), before it changes:
+        booting or stopping, busy, or empty (idle up to its idle time, the spare after)."""
+        now, since = self.clock.now, node.marked_at
+        node.marked_at = now
+        if node.state in (NodeState.BOOTING, NodeState.STOPPING):
+            self.recorder.segment("booting", node.price, since, now)
+        elif node.state is NodeState.READY and node.running:
+            self.recorder.segment("busy", node.price, since, now)
+        elif node.state is NodeState.READY:
+            spare_from = min(max(since, node.idle_since + self.config.idle_timeout), now)
+            self.recorder.segment("idle", node.price, since, spare_from)
+            self.recorder.segment("spare", node.price, spare_from, now)
+
     def _start_job(self, job: TraceJob, node: SimNode) -> None:
+        self._mark(node)
+        self.recorder.job_share(share_per_hour(job.requests, node.capacity, node.price),
+                                self.cheapest_share(job), self.clock.now, self.clock.now + job.run_seconds)
         node.running[job.name] = self.clock.now
         node.changed()
         node.idle_token += 1                  # cancels a pending idle stop

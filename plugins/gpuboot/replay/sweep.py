@@ -18,7 +18,7 @@ from .report import format_table, write_json
 
 DEFAULT_POLICIES = "allocate-time,queue-time,gpuboot"
 TABLE = [("policy", "policy"), ("idle_timeout", "idle s"), ("boot_delay", "boot s"), ("billed_cost", "cost $"),
-         ("lower_bound_cost", "cost lower bound $"), ("billed_node_hours", "node-h"), ("wait_mean_seconds", "wait mean s"),
+         ("lower_bound_cost", "cost lower bound $"), ("cost_ratio", "x bound"), ("billed_node_hours", "node-h"), ("wait_mean_seconds", "wait mean s"),
          ("wait_p95_seconds", "wait p95 s"), ("boots", "boots"), ("jobs_never_placed", "never placed")]
 _PHASES = (("start_seconds", 60.0), ("boot_seconds", 60.0), ("device_plugin_seconds", 30.0))
 
@@ -30,6 +30,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--boot-delays", default="150,300",
                    help="comma-separated total boot delays (ECS start + kubelet + device plugin, split 60:60:30)")
     p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated replay policies")
+    p.add_argument("--spares", default="",
+                   help="comma-separated spare times (e.g. 0,1h,4h): gpuboot's policies once per spare, side by side "
+                        "as 'gpuboot, spare 1h' (the baselines keep no spare and run once); default: --spare alone")
     p.add_argument("--out", default=str(cli.DEFAULT_OUT), help="directory for sweep.json and sweep.png")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     return p
@@ -52,19 +55,31 @@ def run(argv: list[str]) -> dict:
     """Sweep with the replay's own options (cli.parser) plus this parser's; returns sweep.json's content."""
     args, rest = parser().parse_known_args(argv)
     idles, boots = _list(args.idle_timeouts, "--idle-timeouts"), _list(args.boot_delays, "--boot-delays")
+    spares = _list(args.spares, "--spares") if args.spares.strip() else [None]
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
     points, base = [], None
     for boot in boots:
         for idle in idles:
-            replay_args = cli.parser().parse_args([*rest, "--policies", args.policies, "--no-plot",
-                                                   "--out", str(Path(args.out) / "sweep-runs"),
-                                                   "--idle-timeout", f"{idle:g}"])
-            for name, value in phases(boot).items():
-                setattr(replay_args, name, value)
-            summary = cli.run(replay_args)
-            base = base or {k: summary[k] for k in ("trace", "window", "fleet", "jobs")}
-            for row in summary["policies"]:
-                points.append({"idle_timeout": idle, "boot_delay": boot, **row})
-    result = {**base, "idle_timeouts": idles, "boot_delays": boots, "points": points}
+            for i, spare in enumerate(spares):
+                # the baselines ignore the spare: run them with the first spare only
+                policies = [n for n in names if i == 0 or n in cli.PLACES]
+                if not policies:
+                    continue
+                extra = [] if spare is None else ["--spare", f"{spare:g}"]
+                replay_args = cli.parser().parse_args([*rest, *extra, "--policies", ",".join(policies), "--no-plot",
+                                                       "--out", str(Path(args.out) / "sweep-runs"),
+                                                       "--idle-timeout", f"{idle:g}"])
+                for name, value in phases(boot).items():
+                    setattr(replay_args, name, value)
+                summary = cli.run(replay_args)
+                base = base or {k: summary[k] for k in ("trace", "window", "fleet", "jobs")}
+                for row in summary["policies"]:
+                    label = row["policy"]
+                    if spare is not None and len(spares) > 1 and label in cli.PLACES:
+                        label = f"{label}, spare {spare / 3600:g}h"
+                    points.append({"idle_timeout": idle, "boot_delay": boot, **row, "policy": label})
+    result = {**base, "idle_timeouts": idles, "boot_delays": boots, "spares": [s for s in spares if s is not None],
+              "points": points}
     out = Path(args.out)
     write_json(out / "sweep.json", result)
     if not args.no_plot:
@@ -95,6 +110,10 @@ def plot_sweep(path: Path, result: dict) -> Path:
     bound = next((p["lower_bound_cost"] for p in result["points"] if p.get("lower_bound_cost") is not None), None)
     if bound is not None:
         axis.axhline(bound, color="black", linewidth=0.8, linestyle=":", label=f"cost lower bound {bound:,.0f} $")
+    floor = next((p["whole_node_floor_cost"] for p in result["points"] if p.get("whole_node_floor_cost")), None)
+    if floor is not None:
+        axis.axhline(floor, color="grey", linewidth=0.8, linestyle="--",
+                     label=f"whole-node floor {floor:,.0f} $ (jobs free to move)")
     axis.set_xscale("symlog", linthresh=10)
     axis.set_xlim(left=0)                         # waits are never negative
     axis.set_xlabel("mean wait per job (s)")

@@ -9,8 +9,9 @@ from __future__ import annotations
 import csv
 import random
 import re
+import zlib
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpuboot.core.inventory import gpu_model_alternatives, gpu_model_matches
@@ -144,9 +145,16 @@ class JobLoad:
     gpu_spec: int = 0           # pods that accept only some GPU models (gpu_spec), placed on one of them
 
 
+GPU_SHARE = ("all", "whole", "shared")     # load_jobs' gpu_share: every GPU pod, or only one kind
+
+
 def load_jobs(directory: Path, start: float = 0.0, end: float | None = None,
-              include_cpu_only: bool = False) -> JobLoad:
-    """Pods created in [start, end) as jobs of one task each."""
+              include_cpu_only: bool = False, gpu_share: str = "all") -> JobLoad:
+    """Pods created in [start, end) as jobs of one task each. `gpu_share` derives the trace's
+    GPU-sharing variants: "whole" keeps only the pods with whole GPUs, "shared" only the pods
+    sharing a GPU (gpu_milli < 1000, each replayed as 1 whole GPU), "all" both."""
+    if gpu_share not in GPU_SHARE:
+        raise TraceError(f"gpu share: {gpu_share!r} is not known; use one of {', '.join(GPU_SHARE)}")
     source = str(directory / POD_FILE)
     jobs: list[TraceJob] = []
     skipped: Counter = Counter()
@@ -168,6 +176,9 @@ def load_jobs(directory: Path, start: float = 0.0, end: float | None = None,
                 skipped["CPU-only (runs on CPU nodes, not this GPU fleet)"] += 1
                 continue
             fractional = gpus == 1 and 0 < milli < 1000
+            if gpus and gpu_share != "all" and fractional != (gpu_share == "shared"):
+                skipped[f"not in the '{gpu_share}' GPU-sharing variant"] += 1
+                continue
             fractional_count += fractional
             models = gpu_model_alternatives(row.get("gpu_spec") or "")    # 'V100M16|V100M32'
             gpu_spec_count += bool(models)
@@ -176,3 +187,31 @@ def load_jobs(directory: Path, start: float = 0.0, end: float | None = None,
             jobs.append(TraceJob(row["name"], float(created), float(run), requests, fractional, models))
     jobs.sort(key=lambda j: (j.arrival, j.name))
     return JobLoad(jobs, skipped, fractional_count, gpu_spec_count)
+
+
+def pin_gpu_models(jobs: list[TraceJob], fleet: list[FleetNode], share: float) -> list[TraceJob]:
+    """The trace's GPU-model variant: a `share` (0..1) of the GPU jobs that accept any model, chosen
+    by a hash of the name, accept only one model of `fleet` that can hold them, drawn by the same
+    hash in proportion to the fleet's GPUs of each model (as gpu_spec pins a pod to its models)."""
+    if not 0 <= share <= 1:
+        raise TraceError(f"gpu-model share: {share!r} must be between 0 and 1, e.g. 0.3")
+    gpus: Counter = Counter()
+    for node in fleet:
+        gpus[node.model] += node.gpus
+    pinned = []
+    for job in jobs:
+        draw = zlib.crc32(f"gpu-model:{job.name}".encode())
+        if job.gpu_models or not job.gpus or draw % 1000 >= share * 1000:
+            pinned.append(job)
+            continue
+        fits = sorted(m for m in gpus if any(n.model == m and job.requests.fits_in(n.capacity) for n in fleet))
+        weights = [gpus[m] for m in fits]
+        point = (draw // 1000) % max(1, sum(weights))
+        chosen = ()
+        for model, weight in zip(fits, weights):
+            if point < weight:
+                chosen = (model,)
+                break
+            point -= weight
+        pinned.append(replace(job, gpu_models=chosen) if chosen else job)
+    return pinned

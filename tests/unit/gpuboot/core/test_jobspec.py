@@ -282,6 +282,8 @@ def test_params_schema_covers_every_field_with_valid_defaults():
     ("allow_gpu_nodes", True), ("allow_gpu_nodes", "maybe"),
     ("team", "vision"), ("team", "Vision"), ("priority_class", "high"), ("priority_class", "urgent"),
     ("preemptible", True), ("expected_runtime_seconds", 3600), ("expected_runtime_seconds", 0),
+    ("boot_fill_from_load", 4), ("boot_fill_from_load", 0), ("boot_fill_from_load", -1), ("boot_fill_from_load", 65),
+    ("boot_fill_from_load", 1.5),
 ])
 def test_params_schema_agrees_with_from_dict(key, value):
     entry = params_schema()[key]
@@ -403,3 +405,12 @@ def test_env_values_are_withheld_from_the_view_passed_on_and_secret_references_a
         with pytest.raises(JobSpecError) as err:
             JobSpec.from_dict({**base, **bad})
         assert err.value.field == field and words in str(err.value), str(err.value)
+
+
+def test_boot_fill_from_load_reaches_the_job_request_and_is_off_by_default():
+    assert JobSpec.from_dict(spec()).to_job_request("j").boot_fill_from_load == 0
+    request = JobSpec.from_dict(spec(boot_fill_from_load=4)).to_job_request("j")
+    assert request.boot_fill_from_load == 4
+    assert type(request).from_json(request.to_json()) == request          # the batch placer's form
+    with pytest.raises(JobSpecError, match=r"boot_fill_from_load.*between 0 and 64"):
+        JobSpec.from_dict(spec(boot_fill_from_load=100))

@@ -2,6 +2,7 @@
 import pytest
 
 from gpuboot.core.placement import DEFAULT_COST, CostModel, JobRequest, place
+from gpuboot.core.resources import GPU
 from tests.unit.gpuboot.core.test_placement import BOOTING, READY, STOPPED, STOPPING, chosen, job, nv, task
 
 COST = CostModel(boot_seconds=180, stop_seconds=36, idle_seconds=540, run_hours=2.0, wait_usd_per_hour=20.0)
@@ -66,3 +67,28 @@ def test_a_negative_cost_setting_is_refused_by_name(field):
 def test_a_negative_expected_duration_is_refused_by_name():
     with pytest.raises(ValueError, match="expected_run_seconds"):
         JobRequest("j", (task(),), 1, expected_run_seconds=-5)
+
+
+def test_boot_fill_from_load_prices_a_start_by_how_full_the_load_says_it_gets():
+    """A start's hours are shared by at most N x the GPUs in use now (in copies of the task), not by
+    every slot: with little running, the small node wins; with enough running, the big node's slot
+    again; and a running node still beats any start (module doc)."""
+    big = nv("big", STOPPED, gpus=8, cpu="96", memory="384Gi", price_per_hour=12.9)     # 1.61 per slot
+    small = nv("small", STOPPED, gpus=2, cpu="16", memory="64Gi", price_per_hour=4.04)  # 2.02 per slot
+
+    def request(fill):
+        return JobRequest("j", (task(),), 1, boot_fill_from_load=fill)
+
+    def busy(gpus):        # a running node with `gpus` GPUs in use and none free
+        return nv("busy", READY, gpus=gpus, cpu="64", memory="256Gi", used={"cpu": "8", GPU: gpus},
+                  price_per_hour=1.0)
+
+    assert chosen(place(request(0), [big, small])) == {"t": "big"}                 # off: today's per slot
+    assert chosen(place(request(4), [big, small])) == {"t": "small"}               # nothing runs: fill 1
+    assert chosen(place(request(4), [big, small, busy(1)])) == {"t": "small"}      # 4 copies: 3.2 > 2.02
+    assert chosen(place(request(4), [big, small, busy(2)])) == {"t": "big"}        # 8 copies: 1.61 < 2.02
+    assert chosen(place(request(1), [big, small, busy(2)])) == {"t": "small"}      # 2 copies: 6.45 > 2.02
+    roomy = nv("roomy", READY, gpus=8, cpu="96", memory="384Gi", price_per_hour=50.0)
+    assert chosen(place(request(4), [big, small, roomy])) == {"t": "roomy"}        # running first, still
+    with pytest.raises(ValueError, match="boot_fill_from_load: must be >= 0"):
+        request(-1)

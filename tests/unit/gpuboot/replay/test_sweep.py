@@ -32,3 +32,13 @@ def test_sweep_writes_every_point_and_the_scatter(trace_dir, tmp_path, capsys):
 def test_bad_lists_name_the_option(trace_dir, tmp_path, capsys, option):
     assert sweep.main(["--trace", str(trace_dir), "--out", str(tmp_path), option, "soon"]) == 2
     assert option in capsys.readouterr().err
+
+
+def test_spares_put_gpuboot_at_each_spare_beside_the_baselines_run_once(trace_dir, tmp_path):
+    out = tmp_path / "out"
+    assert sweep.main(["--trace", str(trace_dir), "--end", "1000", "--out", str(out), "--idle-timeouts", "1m",
+                       "--boot-delays", "150", "--policies", "allocate-time,gpuboot", "--spares", "0,1h",
+                       "--no-plot"]) == 0
+    result = json.loads((out / "sweep.json").read_text())
+    assert sorted(p["policy"] for p in result["points"]) == ["allocate-time", "gpuboot, spare 0h", "gpuboot, spare 1h"]
+    assert result["spares"] == [0.0, 3600.0]

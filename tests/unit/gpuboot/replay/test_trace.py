@@ -88,3 +88,29 @@ def test_command_writes_summary_and_plot_and_prints_the_table(trace_dir, tmp_pat
 def test_unknown_policy_is_a_clear_error(trace_dir, tmp_path, capsys):
     assert cli.main(["--trace", str(trace_dir), "--policies", "gpuboot,fastest", "--out", str(tmp_path)]) == 2
     assert "--policies: unknown fastest" in capsys.readouterr().err
+
+
+def test_gpu_sharing_variants_keep_only_whole_or_only_shared_gpu_pods(trace_dir):
+    def names(share):
+        return [j.name for j in trace.load_jobs(trace_dir, 0, 1000, gpu_share=share).jobs]
+
+    assert names("shared") == ["p-shared"]
+    assert names("whole") == ["p-full", "p-gang", "p-spec"]
+    assert names("all") == ["p-full", "p-shared", "p-gang", "p-spec"]
+    with pytest.raises(trace.TraceError, match=r"gpu share: 'half'.*all, whole, shared"):
+        trace.load_jobs(trace_dir, gpu_share="half")
+
+
+def test_gpu_model_variant_pins_a_share_of_free_jobs_to_one_model_of_the_fleet_that_holds_them(trace_dir):
+    fleet = trace.load_fleet(trace_dir)
+    jobs = trace.load_jobs(trace_dir, 0, 1000).jobs
+    assert trace.pin_gpu_models(jobs, fleet, 0.0) == jobs
+    pinned = {j.name: j for j in trace.pin_gpu_models(jobs, fleet, 1.0)}
+    assert pinned["p-spec"].gpu_models == ("V100M16", "V100M32")         # the trace's own gpu_spec is kept
+    assert pinned["p-gang"].gpu_models == ("G2",)                         # only the G2 node holds 8 GPUs
+    for name in ("p-full", "p-shared"):
+        (model,) = pinned[name].gpu_models
+        assert any(n.model == model and pinned[name].requests.fits_in(n.capacity) for n in fleet)
+    assert trace.pin_gpu_models(jobs, fleet, 1.0) == list(pinned.values())    # deterministic
+    with pytest.raises(trace.TraceError, match=r"gpu-model share: 1\.5 must be between 0 and 1"):
+        trace.pin_gpu_models(jobs, fleet, 1.5)
