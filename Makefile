@@ -73,10 +73,12 @@ demo: install
 demo-gang: install
 	DEMO_JOB=gang $(PY) scripts/demo.py
 
-# The demo end to end in oneshot mode (slow: boots Airflow standalone), kept out of `make test`.
+# The demo end to end in oneshot mode (slow: boots Airflow standalone), kept out of `make test`; then, in one
+# more such stack, a user cancelling runs and someone stopping the chosen instance through ECS (issue 35).
+DEMO_STACK_TESTS := tests/e2e/test_demo.py tests/e2e/test_cancel_and_stop_in_the_stack.py
 .PHONY: test-demo
 test-demo: install
-	GPUBOOT_TEST_DEMO=1 $(PY) -m pytest tests/e2e/test_demo.py
+	GPUBOOT_TEST_DEMO=1 $(PY) -m pytest $(DEMO_STACK_TESTS)
 
 # The browser tests (tests/ui): headless Debian Chromium (/usr/bin/chromium) driven by Playwright against the
 # demo's stack (local cloud + Airflow standalone): the GPU-fleet page while a job boots a node, and the

@@ -98,5 +98,5 @@ test-real-k8s: install controlplane
 	GPUBOOT_REAL_K8S=1 GPUBOOT_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) $(PY) -m pytest tests/real_k8s
 	@echo "test-real-k8s: product tests on the real control plane; left out: $(REAL_K8S_LEFT_OUT)"
 	GPUBOOT_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) $(PY) -m pytest --kube=real --durations=15 $(REAL_K8S_TESTS)
-	@echo "test-real-k8s: the demo and the gang demo (make demo, make demo-gang) on the real control plane"
-	GPUBOOT_TEST_DEMO=1 GPUBOOT_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) $(PY) -m pytest --kube=real tests/e2e/test_demo.py
+	@echo "test-real-k8s: the demo and the gang demo (make demo, make demo-gang), cancel and external stop in the demo's stack, on the real control plane"
+	GPUBOOT_TEST_DEMO=1 GPUBOOT_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) $(PY) -m pytest --kube=real $(DEMO_STACK_TESTS)

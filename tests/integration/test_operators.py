@@ -32,14 +32,18 @@ JOB = {"name": "train", "image": "python:3.11", "command": ["python", "-c", "pri
 
 
 class TaskInstanceStandIn:
-    """Just enough of a task instance: identity and XCom pushes."""
+    """Just enough of a task instance: identity, XCom pushes, and pulls of what a test put in `pulls`."""
 
     def __init__(self, task_id: str):
         self.dag_id, self.task_id, self.run_id, self.map_index, self.try_number = "d", task_id, "r1", -1, 1
         self.pushed: dict[str, object] = {}
+        self.pulls: dict[tuple[str, str], object] = {}     # (task id, key) -> value
 
     def xcom_push(self, key, value):
         self.pushed[key] = value
+
+    def xcom_pull(self, task_ids=None, key="return_value", **_):
+        return self.pulls.get((task_ids, key))
 
 
 def context(task_id: str, params: dict | None = None) -> dict:

@@ -243,11 +243,14 @@ class JobBoot:
         whose boot was waited for are marked (see `_node_marks`), the job is re-placed in the same
         commit (nodes it started and leaves are stopped unless claimed), the new plan is brought up.
         `blame=False` (the instance was stopped outside gpuboot: not the node's fault): no mark and
-        no failure recorded, only the re-placement."""
+        no failure recorded, only the re-placement, on another node when one fits now: whoever stopped
+        it (a person, a spot reclaim) meant it, so it is started again only when nothing else fits."""
         tried = [*tried, *(f"node {n}: {why}" for n, why in sorted(bad.items()))]
         marks = self._node_marks(bad, evidence or {}) if blame else []
+        avoid = [] if blame else [Unavailable(reason=f"stopped outside gpuboot while job {self.job_id} waited for it",
+                                              expires_at=self.clock() + LAUNCH_MARGIN_SECONDS, node=n) for n in bad]
         new_plan = self._replace(marks, tried, why="not GPU-ready in time" if blame else "stopped outside gpuboot",
-                                 failed=bad if blame else None)
+                                 failed=bad if blame else None, avoid=avoid)
         return self.bring_up(new_plan, tried)
 
     def finish(self, used: Collection[str] = ()) -> list:
@@ -268,13 +271,17 @@ class JobBoot:
         return reservation_ttl(self.spec) if self.spec else LAUNCH_MARGIN_SECONDS
 
     def _replace(self, marks: list[Unavailable], tried: list[str], why: str,
-                 failed: Mapping[str, str] | None = None) -> Plan:
+                 failed: Mapping[str, str] | None = None, avoid: Sequence[Unavailable] = ()) -> Plan:
         """Commit the marks (and the job's failed nodes) with a new placement (or, once
         `max_attempts` failures are used up, only with the release), return the new plan.
-        Nodes the job started and the commit moves it off are stopped by the booker."""
+        Nodes the job started and the commit moves it off are stopped by the booker. `avoid`: nodes
+        kept out of this placement only (never written) while another fits now."""
         out_of_attempts = len(tried) >= self.max_attempts or self.spec is None
         booking = self.booker.book(self.spec, self.job_id, marks=marks, release_unplaced=True,
-                                   place_job=not out_of_attempts, failed=failed)
+                                   place_job=not out_of_attempts, failed=failed, held=avoid)
+        if avoid and not out_of_attempts and booking.plan.outcome != Outcome.FITS:
+            # nothing else fits now: the avoided node is the job's place again, rather than a wait
+            booking = self.booker.book(self.spec, self.job_id, marks=marks, release_unplaced=True, failed=failed)
         if out_of_attempts:
             limit = (f"max_attempts={self.max_attempts}" if self.spec is not None
                      else "no job spec given to re-place it with; pass job=...")

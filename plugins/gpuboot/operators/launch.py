@@ -81,6 +81,8 @@ class GpuPodOperator(GpuJobStep, BaseOperator):
             attempt = int(context["ti"].try_number)
             names = self._create(kube, spec, plan, attempt)
         self.launched = {**what_runs(spec, plan, attempt), "pods": names}
+        # where the gang runs, for release: a cancel deletes the pods, yet their nodes did run the job
+        push(context, "nodes", sorted({a.node for a in plan.assignments}))
         trigger = GangTrigger(spec.namespace, plan.job_id, attempt, names, self.kubernetes_conn_id, self.poll_seconds,
                               started_at=time.time())
         if self.deferrable:

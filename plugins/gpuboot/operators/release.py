@@ -20,7 +20,10 @@ RELEASE_CONTENDED_SECONDS = 900   # a release that cannot commit for contention 
 class ReleaseReservationOperator(GpuJobStep, BaseOperator):
     """End the job's reservations whatever happened upstream (idempotent). A node the job
     started (its ledger record) where none of its pods ran is stopped again unless another job
-    claims it: a run that failed before its launch leaves no instance running.
+    claims it: a run that failed before its launch leaves no instance running. The nodes the launch
+    step created the gang on (its XCom "nodes", with `launch_task_id`) count as run on even when
+    the pods are gone (a cancel deletes them): those go back to the idle rules, like any node
+    that ran work.
 
     Then it fails (without retries; the gpu_job group makes it a teardown that fails the run) when the job
     did not run to completion, read from its pods: a run a user marked failed while it waited
@@ -36,11 +39,12 @@ class ReleaseReservationOperator(GpuJobStep, BaseOperator):
     contended_until: float | None = None      # while releasing again after contention: the deadline it carries
 
     def __init__(self, *, job_id: str | None = None, kubernetes_conn_id: str = "kubernetes_default",
-                 ecs_conn_id: str = "alibaba_ecs_default", ledger_namespace: str = "default", **kwargs) -> None:
+                 ecs_conn_id: str = "alibaba_ecs_default", ledger_namespace: str = "default",
+                 launch_task_id: str | None = None, **kwargs) -> None:
         kwargs.setdefault("trigger_rule", TriggerRule.ALL_DONE)
         super().__init__(**kwargs)
         self.job_id, self.kubernetes_conn_id, self.ledger_namespace = job_id, kubernetes_conn_id, ledger_namespace
-        self.ecs_conn_id = ecs_conn_id
+        self.ecs_conn_id, self.launch_task_id = ecs_conn_id, launch_task_id
 
     def execute(self, context):
         job_id = self.job_id or context_job_id(self, context)
@@ -61,6 +65,9 @@ class ReleaseReservationOperator(GpuJobStep, BaseOperator):
         """Release, drop the job from the queue, and fail when the job did not run to completion."""
         pods = self.kube().list_pods(f"{LABEL_JOB}={job_id}")
         used = {(p.get("spec") or {}).get("nodeName") for p in pods}
+        launched = set(context["ti"].xcom_pull(task_ids=self.launch_task_id, key="nodes") or ()
+                       if self.launch_task_id else ())
+        used |= launched
         boot = self.job_boot(job_id)
         released = boot.finish(used=used - {None})
         JobQueue(self.kube(), self.ledger_namespace).drop(job_id)    # out of the line and of its team's share
@@ -72,6 +79,8 @@ class ReleaseReservationOperator(GpuJobStep, BaseOperator):
         ran = sorted(used - {None})
         summarize(self, context, line + (f"; its pods ran on {', '.join(ran)}" if ran else "; no pod of it ran"))
         unfinished = completion(pods)
+        if not pods and launched:
+            unfinished = f"its pod(s) on {', '.join(sorted(launched))} were deleted before they finished"
         if unfinished is not None:
             raise AirflowFailException(f"job {job_id} did not run to completion ({unfinished}): the run fails; "
                                        "the reservations are released")

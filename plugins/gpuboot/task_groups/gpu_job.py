@@ -54,7 +54,7 @@ def gpu_job_group(job: Mapping | None = None, *, group_id: str = "gpu_job",
         launch = GpuPodOperator(task_id="launch", job=spec, plan=wait.output["plan"], env_source=job,
                                 kubernetes_conn_id=kubernetes_conn_id, deferrable=deferrable)
         release = ReleaseReservationOperator(task_id="release", kubernetes_conn_id=kubernetes_conn_id,
-                                             ledger_namespace=ledger_namespace)
+                                             ledger_namespace=ledger_namespace, launch_task_id=launch.task_id)
         # release is the teardown of place's reservation: it runs whatever happens after place
         # succeeded; it fails the run when the job did not run to completion (a teardown is the
         # last task to end, so a run marked failed while it waited would otherwise end green).
