@@ -8,7 +8,9 @@ resourceVersion, as the ledger's.
 
 Lifetime. An entry keeps the enqueue time of its first write for the life of the run (a retry
 or a later poll never moves it back in line), and a lease the waiting step renews at each poll
-(`enqueue`). The run's teardown (release) drops it however the run ends; a run killed
+(`enqueue`). It keeps the job's queue deadline the same way (fixed when the place step first ran,
+carried into the admission record): the start step and the sensor, when they wait for capacity
+again, read it (`deadline_of`), so the queue timeout counts once per job, not once per step. The run's teardown (release) drops it however the run ends; a run killed
 mid-wait loses its place when its lease runs out (LEASE_SECONDS), and its hold with it.
 
 The decision itself is the core's (`gpuboot.core.queue.run_pass`): each place step runs the
@@ -27,6 +29,7 @@ from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.model import Unavailable
 from gpuboot.core.placement import JobRequest, Outcome, Plan, TaskRequest, place
 from gpuboot.core.queue import Attempt, Entry, Hold, PassResult, QueueConfig, Step, run_pass
+from gpuboot.core.timefmt import utc_relative
 from gpuboot.exceptions import Conflict, LedgerConflict
 from gpuboot.lifecycle.booking import Booker, Booking, survey
 from gpuboot.lifecycle.ledger import backoff, write_attempts
@@ -59,17 +62,22 @@ def entry_of(spec: JobSpec, job_id: str, now: float) -> Entry:
                  now, spec.expected_runtime_seconds, spec.preemptible)
 
 
+def _when(value) -> float | None:
+    return None if value is None else float(value)
+
+
 @dataclass(frozen=True)
 class Waiting:
     entry: Entry
     lease_until: float
+    deadline: float | None = None     # the job's queue deadline (None: written before deadlines were kept)
 
     def to_json(self) -> dict:
-        return {**self.entry.to_json(), "lease_until": self.lease_until}
+        return {**self.entry.to_json(), "lease_until": self.lease_until, "deadline": self.deadline}
 
     @classmethod
     def from_json(cls, d: dict) -> Waiting:
-        return cls(Entry.from_json(d), float(d["lease_until"]))
+        return cls(Entry.from_json(d), float(d["lease_until"]), _when(d.get("deadline")))
 
 
 @dataclass(frozen=True)
@@ -81,13 +89,15 @@ class Admitted:
     model: str
     gpus: int
     until: float
+    deadline: float | None = None     # the queue deadline it was admitted with: later waits keep it
 
     def to_json(self) -> dict:
-        return {"job_id": self.job_id, "team": self.team, "model": self.model, "gpus": self.gpus, "until": self.until}
+        return {"job_id": self.job_id, "team": self.team, "model": self.model, "gpus": self.gpus, "until": self.until,
+                "deadline": self.deadline}
 
     @classmethod
     def from_json(cls, d: dict) -> Admitted:
-        return cls(d["job_id"], d["team"], d["model"], int(d["gpus"]), float(d["until"]))
+        return cls(d["job_id"], d["team"], d["model"], int(d["gpus"]), float(d["until"]), _when(d.get("deadline")))
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,12 @@ class QueueState:
         alive = {e.job_id for e in self.live(now)}
         return {h.job_id: h for h in self.holds if h.job_id in alive}
 
+    def deadline_of(self, job_id: str, now: float) -> float | None:
+        """The job's queue deadline as first written: its live entry's, else its admission's."""
+        found = [w.deadline for w in self.waiting if w.entry.job_id == job_id and w.lease_until > now] + \
+            [a.deadline for a in self.running if a.job_id == job_id and a.until > now]
+        return next((d for d in found if d is not None), None)
+
 
 class JobQueue:
     """The waiting jobs and their holds, in ConfigMap `gpuboot-queue` of `namespace`."""
@@ -130,21 +146,30 @@ class JobQueue:
                           cm["metadata"]["resourceVersion"],
                           tuple(Admitted.from_json(d) for d in json.loads(data.get(RUNNING_KEY) or "[]")))
 
-    def enqueue(self, entry: Entry, lease_seconds: float = LEASE_SECONDS) -> QueueState:
-        """Add the job, or renew its lease keeping its first enqueue time; the state written."""
+    def enqueue(self, entry: Entry, deadline: float | None = None, lease_seconds: float = LEASE_SECONDS) -> QueueState:
+        """Add the job, or renew its lease keeping its first enqueue time and deadline; the state written."""
         def change(state: QueueState, now: float):
             mine = next((w for w in state.waiting if w.entry.job_id == entry.job_id and w.lease_until > now), None)
             kept = replace(entry, enqueued_at=mine.entry.enqueued_at) if mine else entry
             others = [w for w in state.waiting if w.entry.job_id != entry.job_id]
-            return [*others, Waiting(kept, now + lease_seconds)], list(state.holds), list(state.running)
+            fixed = state.deadline_of(entry.job_id, now) or deadline
+            return [*others, Waiting(kept, now + lease_seconds, fixed)], list(state.holds), list(state.running)
         return self._update(change, f"enqueue job {entry.job_id}")
 
-    def admit(self, job_id: str, team: str, model: str | None, gpus: int) -> None:
-        """The job got its place: out of the line, its hold let go, its GPUs counted for its team."""
+    def admit(self, job_id: str, team: str, model: str | None, gpus: int, deadline: float | None = None) -> None:
+        """The job got its place: out of the line, its hold let go, its GPUs counted for its team
+        (and its queue deadline kept for the steps that may wait again)."""
         def change(state: QueueState, now: float):
+            fixed = state.deadline_of(job_id, now) or deadline
             return (*_without(state, job_id), [*(a for a in state.running if a.job_id != job_id),
-                                               Admitted(job_id, team, model or "", gpus, now + RUNNING_SECONDS)])
+                                               Admitted(job_id, team, model or "", gpus, now + RUNNING_SECONDS, fixed)])
         self._update(change, f"admit job {job_id}")
+
+    def deadline(self, job_id: str, timeout_seconds: float) -> float:
+        """The job's queue deadline: the one fixed when it first came to the queue, or `timeout_seconds`
+        from now when it has none yet (its first place attempt, or a run admitted before deadlines were kept)."""
+        now = self.clock()
+        return self.snapshot().deadline_of(job_id, now) or now + timeout_seconds
 
     def drop(self, job_id: str) -> None:
         """Take the job out entirely (idempotent): its run ended, however it ended."""
@@ -269,26 +294,30 @@ def queue_view(state: QueueState, views, unavailable: Sequence[Unavailable], con
 
 @dataclass(frozen=True)
 class Turn:
-    """What the queue said to one place step: the plan (FITS once booked) and the job's line."""
+    """What the queue said to one place step: the plan (FITS once booked), the job's line, its deadline."""
 
     plan: Plan
     step: Step | None = None
     waiting: int = 0
+    deadline: float | None = None
 
-    def line(self) -> str:
-        """Position, who is ahead, what blocks it: the waiting step's log line."""
+    def line(self, now: float | None = None) -> str:
+        """Position, who is ahead, what blocks it, until when it waits: the waiting step's log line."""
         if self.step is None:
             return "no other job waits: placed on its own"
         ahead = list(self.step.ahead)
         who = ", ".join(ahead[:5]) + (f" and {len(ahead) - 5} more" if len(ahead) > 5 else "") if ahead else "nobody"
+        until = "" if self.deadline is None else \
+            f"; queue deadline {utc_relative(self.deadline, time.time() if now is None else now)}"
         return (f"queue position {self.step.position + 1} of {self.waiting}; ahead: {who}; "
-                f"blocked by: {self.step.blocker or 'nothing (admitted)'}")
+                f"blocked by: {self.step.blocker or 'nothing (admitted)'}{until}")
 
 
 def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, config: QueueConfig,
-                  first: Callable[[], Booking]) -> Turn:
+                  first: Callable[[], Booking], deadline: float | None = None) -> Turn:
     """Place the job only when the queue admits it (module doc); `first` is the place step's own path
-    (the batch) when no other job waits. A job that does not get its place stays in the line."""
+    (the batch) when no other job waits. A job that does not get its place stays in the line, with
+    `deadline` (kept from its first enqueue, whatever a later call passes)."""
     now = booker.clock()
     state = queue.snapshot()
     entry = entry_of(spec, job_id, now)
@@ -297,13 +326,15 @@ def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, c
         plan = booking.plan
         if plan.outcome is Outcome.FITS:
             queue.admit(job_id, spec.team, _model(plan, booking.survey.views if booking.survey else (), entry),
-                        entry.gpus)
-            return Turn(plan)
+                        entry.gpus, deadline)
+            return Turn(plan, deadline=deadline)
         if plan.outcome is Outcome.BUSY:
-            state = queue.enqueue(entry)
-            return Turn(plan, Step(entry, 0, False, plan.message), len(state.live(now)))
-        return Turn(plan)
-    state = queue.enqueue(entry)
+            state = queue.enqueue(entry, deadline)
+            return Turn(plan, Step(entry, 0, False, plan.message), len(state.live(now)),
+                        state.deadline_of(job_id, now))
+        return Turn(plan, deadline=deadline)
+    state = queue.enqueue(entry, deadline)
+    deadline = state.deadline_of(job_id, now)
     ledger = booker.ledger.snapshot()
     seen = survey(booker.kube, booker.ecs, ledger.others(job_id, now), now, booker.boot_grace_seconds)
     result = decide(state.live(now), (job_id, spec.to_job_request(job_id)), seen.views,
@@ -314,12 +345,12 @@ def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, c
     waiting = len(state.live(now))
     if step is None or not step.admitted:
         blocker = step.blocker if step else "not judged"
-        return Turn(Plan(job_id, Outcome.BUSY, f"waiting in the job queue: {blocker}"), step, waiting)
+        return Turn(Plan(job_id, Outcome.BUSY, f"waiting in the job queue: {blocker}"), step, waiting, deadline)
     held = [m for h in result.holds.values() if h.job_id != job_id and not h.lets(step.entry, now) for m in h.marks()]
     plan = booker.book(spec, job_id, held=held).plan
     if plan.outcome is Outcome.FITS:
-        queue.admit(job_id, spec.team, _model(plan, seen.views, entry), entry.gpus)
-    return Turn(plan, step, waiting)
+        queue.admit(job_id, spec.team, _model(plan, seen.views, entry), entry.gpus, deadline)
+    return Turn(plan, step, waiting, deadline)
 
 
 def _model(plan: Plan, views, entry: Entry) -> str | None:

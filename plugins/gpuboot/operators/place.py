@@ -18,6 +18,7 @@ from gpuboot.core.placement import Outcome, Plan
 from gpuboot.core.ports import EcsError
 from gpuboot.core.queue import never_fits_quota
 from gpuboot.core.steplog import place_summary
+from gpuboot.core.timefmt import utc_relative
 from gpuboot.exceptions import SecondLedger
 from gpuboot.hooks.kube import JOB_POD_RIGHTS
 from gpuboot.lifecycle.batching import book_first
@@ -61,7 +62,9 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
         job_id = self.job_id or context_job_id(self, context)
         self.check_quota(spec, job_id)
         self.check_cluster(spec, job_id)
-        return self._attempt(context, spec, time.time() + spec.queue_timeout_seconds)
+        # fixed at the job's first enqueue (a retry keeps it); start and wait read the same one
+        deadline = JobQueue(self.kube(), self.ledger_namespace).deadline(job_id, spec.queue_timeout_seconds)
+        return self._attempt(context, spec, deadline)
 
     def check_quota(self, spec: JobSpec, job_id: str) -> None:
         """A job its team's quota can never hold is refused now, not after a queue timeout."""
@@ -133,7 +136,7 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
         job_id = self.job_id or context_job_id(self, context)
         began = time.monotonic()
         try:
-            plan = self.place_and_reserve(spec, job_id)
+            plan = self.place_and_reserve(spec, job_id, deadline)
         except SecondLedger as exc:
             raise refusal(self, context, f"job {spec.name}: {exc}") from None
         except (LedgerContended, EcsError) as exc:
@@ -152,8 +155,10 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
                 raise refusal(self, context, f"job {spec.name} still waiting for capacity after "
                                              f"queue_timeout_seconds={spec.queue_timeout_seconds}: {plan.message}")
             wake = min(deadline, now + self.busy_poll_seconds)
-            why = self.turn.line() if self.turn and self.turn.step else plan.message   # the line names the blocker
-            self.log.info("%s; re-planning in %.0fs, giving up in %.0fs", why, wake - now, deadline - now)
+            # the queue's line: position, who is ahead, what blocks it, the deadline
+            why = self.turn.line(now) if self.turn and self.turn.step else \
+                f"{plan.message}; queue deadline {utc_relative(deadline, now)}"
+            self.log.info("%s; re-planning in %.0fs at the latest", why, wake - now)
             self.defer(trigger=WakeUpTrigger(wake, CapacityWait(deadline, []).to_json()), method_name="resume")
         self.log.info("decision: %s; nodes to start: %s", plan.message, list(plan.nodes_to_start) or "none")
         push(context, "job", spec.to_dict(env_values=False))   # names only: launch reads the values
@@ -163,7 +168,7 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
 
     turn: Turn | None = None
 
-    def place_and_reserve(self, spec: JobSpec, job_id: str) -> Plan:
+    def place_and_reserve(self, spec: JobSpec, job_id: str, deadline: float | None = None) -> Plan:
         """The shared place-and-reserve transaction (gpuboot.lifecycle.booking, through a batch in a burst:
         gpuboot.lifecycle.batching), committed when the job fits and the job queue admits it
         (gpuboot.lifecycle.jobqueue: its turn, or a backfill that delays no hold)."""
@@ -171,5 +176,5 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
         booker = Booker(kube, self.ecs(), self.ledger(kube), self.log, max_commit_attempts=self.max_commit_attempts,
                         boot_grace_seconds=self.boot_grace_seconds, contended_seconds=self.contended_seconds)
         self.turn = book_in_order(booker, JobQueue(kube, self.ledger_namespace), spec, job_id, queue_config(),
-                                  lambda: book_first(booker, spec, job_id))    # LedgerContended: the caller defers
+                                  lambda: book_first(booker, spec, job_id), deadline)  # LedgerContended: the caller defers
         return self.turn.plan

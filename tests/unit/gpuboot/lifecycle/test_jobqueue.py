@@ -12,6 +12,7 @@ from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.placement import Outcome
 from gpuboot.core.queue import Entry, Hold, QueueConfig
 from gpuboot.core.resources import GPU, Resources
+from gpuboot.core.timefmt import utc
 from gpuboot.lifecycle.booking import Booker, survey
 from gpuboot.lifecycle.jobqueue import LEASE_SECONDS, JobQueue, book_in_order, queue_config, queue_view
 from tests.fakes import T4, cloud
@@ -36,6 +37,23 @@ def test_an_entry_keeps_its_first_enqueue_time_while_its_lease_is_renewed():
     state = queue.enqueue(entry("a", c.clock()))       # the next poll: same place in line, a new lease
     (waiting,) = state.waiting
     assert waiting.entry.enqueued_at == c.clock() - 100 and waiting.lease_until == c.clock() + LEASE_SECONDS
+
+
+def test_the_queue_deadline_is_fixed_at_the_first_enqueue_and_kept_through_admission():
+    c = cloud()
+    queue = JobQueue(c.cluster, clock=c.clock)
+    first = queue.deadline("a", 3600)                    # the place step's first try: an hour from now
+    assert first == c.clock() + 3600
+    queue.enqueue(entry("a", c.clock()), first)
+    c.clock.advance(100)
+    assert queue.deadline("a", 3600) == first           # a later poll, or a retry of the step, keeps it
+    queue.enqueue(entry("a", c.clock()), c.clock() + 3600)
+    assert queue.snapshot().waiting[0].deadline == first
+    queue.admit("a", "default", "Tesla-T4", 1, c.clock() + 3600)
+    c.clock.advance(600)
+    assert queue.deadline("a", 3600) == first           # start and wait read the same one
+    queue.drop("a")
+    assert queue.deadline("a", 3600) == c.clock() + 3600   # a new run of the job: a new deadline
 
 
 def test_a_waiter_killed_mid_wait_loses_its_place_and_its_hold_within_one_lease():
@@ -101,11 +119,14 @@ def test_a_newcomer_never_takes_the_place_an_older_waiter_is_owed():
 
     def turn(name: str):
         booker = Booker(c.cluster, c.ecs, c.ledger(), LOG, clock=c.clock)
-        return book_in_order(booker, queue, spec(name), name, QueueConfig(), lambda: booker.book(spec(name), name))
+        return book_in_order(booker, queue, spec(name), name, QueueConfig(), lambda: booker.book(spec(name), name),
+                             c.clock() + 3600)
 
     assert turn("first").plan.outcome is Outcome.FITS
     older = turn("older")
     assert older.plan.outcome is Outcome.BUSY and "queue position 1 of 1" in older.line()
+    assert older.deadline == c.clock() + 3600 and older.line(c.clock()).endswith(
+        f"queue deadline {utc(c.clock() + 3600)} (in 60 min)")
     c.clock.advance(10)
     newcomer = turn("newcomer")
     assert newcomer.plan.outcome is Outcome.BUSY
@@ -113,6 +134,7 @@ def test_a_newcomer_never_takes_the_place_an_older_waiter_is_owed():
     c.ledger().release("first")                         # the GPU frees: the newcomer polls first
     again = turn("newcomer")
     assert again.plan.outcome is Outcome.BUSY and "ahead: older" in again.line()
+    assert again.deadline == newcomer.deadline          # its later polls keep the deadline of its first
     assert turn("older").plan.outcome is Outcome.FITS
     assert [e.job_id for e in queue.snapshot().live(c.clock())] == ["newcomer"]
 
