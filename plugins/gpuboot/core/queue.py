@@ -55,6 +55,7 @@ class Entry:
     enqueued_at: float = 0.0
     expected_runtime: float | None = None
     preemptible: bool = False
+    name: str = ""                  # the job's own name (the spec's), for people: the id is a hash
 
     def __post_init__(self):
         if self.priority_class not in PRIORITY_CLASSES:
@@ -81,13 +82,14 @@ class Entry:
         return {"job_id": self.job_id, "requests": self.requests.to_json(), "tasks": self.tasks,
                 "models": list(self.models), "team": self.team, "priority_class": self.priority_class,
                 "enqueued_at": self.enqueued_at, "expected_runtime": self.expected_runtime,
-                "preemptible": self.preemptible}
+                "preemptible": self.preemptible, "name": self.name}
 
     @classmethod
     def from_json(cls, d: Mapping) -> Entry:
         return cls(d["job_id"], Resources.from_json(d["requests"]), int(d.get("tasks", 1)), tuple(d.get("models") or ()),
                    d.get("team", DEFAULT_TEAM), d.get("priority_class", DEFAULT_PRIORITY_CLASS),
-                   float(d.get("enqueued_at", 0.0)), d.get("expected_runtime"), bool(d.get("preemptible")))
+                   float(d.get("enqueued_at", 0.0)), d.get("expected_runtime"), bool(d.get("preemptible")),
+                   str(d.get("name") or ""))
 
 
 @dataclass(frozen=True)
@@ -410,6 +412,16 @@ class Step:
     @property
     def ahead(self) -> tuple[str, ...]:
         return tuple(self.order[:self.position])
+
+    @property
+    def blocked_by(self) -> str:
+        """What kind of thing stops it: "quota", "hold" (nodes held for another job), "capacity"
+        (busy, or no node of its shape), or "" (admitted); the queue table's column."""
+        if self.admitted:
+            return ""
+        if self.blocker.startswith("quota:"):
+            return "quota"
+        return "hold" if HOLD_REASON in self.blocker else "capacity"
 
 
 @dataclass

@@ -59,7 +59,7 @@ def queue_config(environ=os.environ) -> QueueConfig:
 def entry_of(spec: JobSpec, job_id: str, now: float) -> Entry:
     """The job's queue entry (its shape: one task's requests, the tasks needed at once, the models)."""
     return Entry(job_id, spec.requests(), spec.gang_size, spec.gpu_model, spec.team, spec.priority_class,
-                 now, spec.expected_runtime_seconds, spec.preemptible)
+                 now, spec.expected_runtime_seconds, spec.preemptible, spec.name)
 
 
 def _when(value) -> float | None:
@@ -280,14 +280,19 @@ def capacity_of(views) -> dict[str, int]:
 
 def queue_view(state: QueueState, views, unavailable: Sequence[Unavailable], config: QueueConfig,
                now: float) -> list[dict]:
-    """Every waiting job in order, as the place steps' pass sees it: position, who is ahead, what
-    blocks it, the nodes held for it (the fleet API's /api/queue; JSON-safe)."""
+    """Every waiting job in order, as the place steps' pass sees it: position, team, class, shape,
+    since when it waits and until when (its queue deadline), who is ahead, what blocks it and what
+    kind of thing that is (quota, hold, capacity), the nodes held for it (the fleet page's queue
+    table and /api/queue; JSON-safe)."""
     result = decide(state.live(now), None, list(views), unavailable, state.live_holds(now), config,
                     state.usage(now), capacity_of(views), now)
-    return [{"position": s.position + 1, "job_id": s.entry.job_id, "team": s.entry.team,
+    deadlines = {w.entry.job_id: w.deadline for w in state.waiting}
+    return [{"position": s.position + 1, "job_id": s.entry.job_id, "name": s.entry.name, "team": s.entry.team,
              "priority_class": s.entry.priority_class, "gpus": s.entry.gpus, "tasks": s.entry.tasks,
-             "gpu_models": list(s.entry.models), "waiting_seconds": round(now - s.entry.enqueued_at),
-             "ahead": list(s.ahead), "next": s.admitted, "blocker": s.blocker,
+             "gpus_per_task": s.entry.requests.gpus, "gpu_models": list(s.entry.models),
+             "preemptible": s.entry.preemptible, "enqueued_at": s.entry.enqueued_at,
+             "deadline": deadlines.get(s.entry.job_id), "ahead": list(s.ahead), "next": s.admitted,
+             "blocked_by": s.blocked_by, "blocker": s.blocker,
              "held_nodes": list(result.holds[s.entry.job_id].nodes) if s.entry.job_id in result.holds else []}
             for s in result.steps]
 

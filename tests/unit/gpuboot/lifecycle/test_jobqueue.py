@@ -151,11 +151,21 @@ def test_the_queue_view_shows_every_waiter_in_order_with_who_is_ahead_and_what_b
     queue = JobQueue(c.cluster, clock=c.clock)
     booker = Booker(c.cluster, c.ecs, c.ledger(), LOG, clock=c.clock)
     booker.book(spec("hog"), "hog")
-    queue.enqueue(entry("older", c.clock()))
+    queue.enqueue(entry("older", c.clock()), c.clock() + 3600)
     queue.enqueue(entry("big", c.clock() + 1, gpus=4))
     views = survey(c.cluster, c.ecs, c.ledger().live(), c.clock()).views
     rows = queue_view(queue.snapshot(), views, [], QueueConfig(), c.clock() + 5)
     assert [(r["position"], r["job_id"], r["ahead"], r["next"]) for r in rows] == [
         (1, "older", [], False), (2, "big", ["older"], False)]
-    assert "capacity busy" in rows[0]["blocker"] and rows[1]["waiting_seconds"] == 4
+    assert "capacity busy" in rows[0]["blocker"] and rows[0]["blocked_by"] == "capacity"
+    assert rows[0]["deadline"] == c.clock() + 3600 and rows[1]["enqueued_at"] == c.clock() + 1
     assert "needs a node with 4 nvidia.com/gpu" in rows[1]["blocker"] and rows[1]["held_nodes"] == []
+    assert (rows[1]["gpus"], rows[1]["tasks"], rows[1]["gpus_per_task"], rows[1]["team"]) == (4, 1, 4, "default")
+    # a job that fits a stopped node but not its team's quota: blocked by the quota
+    c = cloud({"gpu-stop": ("Stopped", T4)})
+    queue = JobQueue(c.cluster, clock=c.clock)
+    queue.enqueue(entry("capped", c.clock(), team="vision"))
+    views = survey(c.cluster, c.ecs, c.ledger().live(), c.clock()).views
+    config = QueueConfig.from_json({"teams": {"vision": {"nominal": {"T4": 0}}}})
+    [row] = queue_view(queue.snapshot(), views, [], config, c.clock())
+    assert row["blocked_by"] == "quota" and row["blocker"].startswith("quota: team vision"), row
