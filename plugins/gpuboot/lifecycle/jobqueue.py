@@ -38,9 +38,16 @@ CONFIGMAP = "gpuboot-queue"
 ENTRIES_KEY = "entries.json"
 HOLDS_KEY = "holds.json"
 RUNNING_KEY = "running.json"
+CHANGES_KEY = "changes"          # arrivals and releases so far: what wakes a waiter (gpuboot.triggers.wake_up)
+WAKE_POSITIONS = 8               # waiters this near the front are woken by a release; the rest poll on their timer
 LEASE_SECONDS = 150.0            # a waiter polls every 30 s: five missed polls and its place is gone
 RUNNING_SECONDS = 7 * 24 * 3600  # an admitted job counts for its team's share until release, or this long
 CONFIG_ENV = "GPUBOOT_QUEUE_CONFIG"
+
+
+def changes_of(configmap: dict | None) -> int:
+    """The queue's change counter (0 before the first arrival)."""
+    return int(((configmap or {}).get("data") or {}).get(CHANGES_KEY) or 0)
 
 
 def queue_config(environ=os.environ) -> QueueConfig:
@@ -106,6 +113,7 @@ class QueueState:
     holds: tuple[Hold, ...]
     version: str | None
     running: tuple[Admitted, ...] = ()
+    changes: int = 0           # arrivals and releases so far (CHANGES_KEY)
 
     def usage(self, now: float) -> dict[str, dict[str, int]]:
         """team -> GPU model -> GPUs of the admitted jobs not released yet (fair share and quotas)."""
@@ -144,7 +152,8 @@ class JobQueue:
         return QueueState(tuple(Waiting.from_json(d) for d in json.loads(data.get(ENTRIES_KEY) or "[]")),
                           tuple(Hold.from_json(d) for d in json.loads(data.get(HOLDS_KEY) or "[]")),
                           cm["metadata"]["resourceVersion"],
-                          tuple(Admitted.from_json(d) for d in json.loads(data.get(RUNNING_KEY) or "[]")))
+                          tuple(Admitted.from_json(d) for d in json.loads(data.get(RUNNING_KEY) or "[]")),
+                          changes_of(cm))
 
     def enqueue(self, entry: Entry, deadline: float | None = None, lease_seconds: float = LEASE_SECONDS) -> QueueState:
         """Add the job, or renew its lease keeping its first enqueue time and deadline; the state written."""
@@ -153,7 +162,8 @@ class JobQueue:
             kept = replace(entry, enqueued_at=mine.entry.enqueued_at) if mine else entry
             others = [w for w in state.waiting if w.entry.job_id != entry.job_id]
             fixed = state.deadline_of(entry.job_id, now) or deadline
-            return [*others, Waiting(kept, now + lease_seconds, fixed)], list(state.holds), list(state.running)
+            arrival = mine is None      # a renewal wakes nobody: every waiter renews at every poll
+            return [*others, Waiting(kept, now + lease_seconds, fixed)], list(state.holds), list(state.running), arrival
         return self._update(change, f"enqueue job {entry.job_id}")
 
     def admit(self, job_id: str, team: str, model: str | None, gpus: int, deadline: float | None = None) -> None:
@@ -162,7 +172,8 @@ class JobQueue:
         def change(state: QueueState, now: float):
             fixed = state.deadline_of(job_id, now) or deadline
             return (*_without(state, job_id), [*(a for a in state.running if a.job_id != job_id),
-                                               Admitted(job_id, team, model or "", gpus, now + RUNNING_SECONDS, fixed)])
+                                               Admitted(job_id, team, model or "", gpus, now + RUNNING_SECONDS, fixed)],
+                    False)
         self._update(change, f"admit job {job_id}")
 
     def deadline(self, job_id: str, timeout_seconds: float) -> float:
@@ -178,8 +189,8 @@ class JobQueue:
                 {a.job_id for a in state.running}
             if job_id not in known:
                 return None
-            return (*_without(state, job_id), [a for a in state.running if a.job_id != job_id])
-        self._update(change, f"drop job {job_id}")
+            return (*_without(state, job_id), [a for a in state.running if a.job_id != job_id], True)
+        self._update(change, f"drop job {job_id}")      # a release (or a waiter gone): wakes the waiters
 
     def save_holds(self, holds: dict[str, Hold], based_on: QueueState) -> bool:
         """Write the pass's holds, only if the queue has not moved since `based_on` (False: it has;
@@ -199,14 +210,16 @@ class JobQueue:
             if new is None:
                 return state
             try:
-                return self._write(new[0], new[1], state, now, new[2])
+                return self._write(*new[:2], state, now, *new[2:])
             except LedgerConflict:
                 self.sleep(backoff(attempt))
         raise LedgerConflict(f"could not {what}: the queue ConfigMap {self.namespace}/{self.name} kept changing")
 
     def _write(self, waiting: list[Waiting], holds: list[Hold], prev: QueueState, now: float,
-               running: list[Admitted]) -> QueueState:
-        """Compare-and-swap over `prev`, pruning expired leases and the holds of jobs gone."""
+               running: list[Admitted], wakes: bool = False) -> QueueState:
+        """Compare-and-swap over `prev`, pruning expired leases and the holds of jobs gone; `wakes`:
+        an arrival or a release, counted (CHANGES_KEY) for the waiters' triggers."""
+        changes = prev.changes + (1 if wakes else 0)
         running = sorted((a for a in running if a.until > now), key=lambda a: a.job_id)
         waiting = sorted((w for w in waiting if w.lease_until > now), key=lambda w: w.entry.job_id)
         alive = {w.entry.job_id for w in waiting}
@@ -216,7 +229,8 @@ class JobQueue:
                              "labels": {"app.kubernetes.io/managed-by": "gpuboot"}},
                 "data": {ENTRIES_KEY: json.dumps([w.to_json() for w in waiting], sort_keys=True),
                          HOLDS_KEY: json.dumps([h.to_json() for h in holds], sort_keys=True),
-                         RUNNING_KEY: json.dumps([a.to_json() for a in running], sort_keys=True)}}
+                         RUNNING_KEY: json.dumps([a.to_json() for a in running], sort_keys=True),
+                         CHANGES_KEY: str(changes)}}
         try:
             if prev.version is None:
                 written = self.kube.create_configmap(self.namespace, body)
@@ -226,7 +240,7 @@ class JobQueue:
         except Conflict as exc:
             raise LedgerConflict(str(exc)) from None
         return QueueState(tuple(waiting), tuple(holds), (written or {}).get("metadata", {}).get("resourceVersion"),
-                          tuple(running))
+                          tuple(running), changes)
 
 
 def _by_job(hold: Hold) -> str:
@@ -305,6 +319,16 @@ class Turn:
     step: Step | None = None
     waiting: int = 0
     deadline: float | None = None
+    changes: int | None = None      # the queue's change counter the decision saw
+
+    @property
+    def wake_after(self) -> int | None:
+        """The counter past which the waiter's trigger wakes it early (None: its timer only). Only the
+        first WAKE_POSITIONS in line: a release frees room for the front of the line, and waking every
+        waiter would run the pass in a worker for each of them at every release."""
+        if self.step is None or self.step.admitted or self.step.position >= WAKE_POSITIONS:
+            return None
+        return self.changes
 
     def line(self, now: float | None = None) -> str:
         """Position, who is ahead, what blocks it, until when it waits: the waiting step's log line."""
@@ -336,7 +360,7 @@ def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, c
         if plan.outcome is Outcome.BUSY:
             state = queue.enqueue(entry, deadline)
             return Turn(plan, Step(entry, 0, False, plan.message), len(state.live(now)),
-                        state.deadline_of(job_id, now))
+                        state.deadline_of(job_id, now), state.changes)
         return Turn(plan, deadline=deadline)
     state = queue.enqueue(entry, deadline)
     deadline = state.deadline_of(job_id, now)
@@ -350,12 +374,13 @@ def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, c
     waiting = len(state.live(now))
     if step is None or not step.admitted:
         blocker = step.blocker if step else "not judged"
-        return Turn(Plan(job_id, Outcome.BUSY, f"waiting in the job queue: {blocker}"), step, waiting, deadline)
+        return Turn(Plan(job_id, Outcome.BUSY, f"waiting in the job queue: {blocker}"), step, waiting, deadline,
+                    state.changes)
     held = [m for h in result.holds.values() if h.job_id != job_id and not h.lets(step.entry, now) for m in h.marks()]
     plan = booker.book(spec, job_id, held=held).plan
     if plan.outcome is Outcome.FITS:
         queue.admit(job_id, spec.team, _model(plan, seen.views, entry), entry.gpus, deadline)
-    return Turn(plan, step, waiting, deadline)
+    return Turn(plan, step, waiting, deadline, state.changes)
 
 
 def _model(plan: Plan, views, entry: Entry) -> str | None:

@@ -23,7 +23,7 @@ from gpuboot.exceptions import SecondLedger
 from gpuboot.hooks.kube import JOB_POD_RIGHTS
 from gpuboot.lifecycle.batching import book_first
 from gpuboot.lifecycle.booking import CONTENDED_SECONDS, Booker, LedgerContended
-from gpuboot.lifecycle.jobqueue import JobQueue, Turn, book_in_order, entry_of, queue_config
+from gpuboot.lifecycle.jobqueue import CONFIGMAP, JobQueue, Turn, book_in_order, entry_of, queue_config
 from gpuboot.operators.base import GpuJobStep, context_job_id, push, refusal, resolve_job, summarize, summarizes_failure
 from gpuboot.operators.capacity_wait import CapacityWait, defer_for_contention
 from gpuboot.triggers.wake_up import WakeUpTrigger
@@ -78,7 +78,10 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
 
     @summarizes_failure
     def resume(self, context, event: Mapping):
-        """Back from the busy-wait timer: place again (the queue deadline comes back in the event)."""
+        """Back from the busy-wait (its timer, or a release or an arrival in the job queue): place again
+        (the queue deadline comes back in the event)."""
+        if event.get("woken") == "queue":
+            self.log.info("woken by a release or an arrival in the job queue: placing again")
         return self._attempt(context, self._spec(context), CapacityWait.from_json(event["echo"]).deadline)
 
     def _spec(self, context) -> JobSpec:
@@ -158,8 +161,12 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
             # the queue's line: position, who is ahead, what blocks it, the deadline
             why = self.turn.line(now) if self.turn and self.turn.step else \
                 f"{plan.message}; queue deadline {utc_relative(deadline, now)}"
-            self.log.info("%s; re-planning in %.0fs at the latest", why, wake - now)
-            self.defer(trigger=WakeUpTrigger(wake, CapacityWait(deadline, []).to_json()), method_name="resume")
+            wake_after = self.turn.wake_after if self.turn else None
+            self.log.info("%s; re-planning in %.0fs at the latest%s", why, wake - now,
+                          ", or as soon as a job is released or arrives" if wake_after is not None else "")
+            self.defer(trigger=WakeUpTrigger(wake, CapacityWait(deadline, []).to_json(),
+                                             queue=(self.ledger_namespace, CONFIGMAP), changes_seen=wake_after,
+                                             kubernetes_conn_id=self.kubernetes_conn_id), method_name="resume")
         self.log.info("decision: %s; nodes to start: %s", plan.message, list(plan.nodes_to_start) or "none")
         push(context, "job", spec.to_dict(env_values=False))   # names only: launch reads the values
         push(context, "job_id", job_id)

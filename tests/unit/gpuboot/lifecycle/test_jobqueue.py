@@ -9,12 +9,20 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from gpuboot.core.jobspec import JobSpec
-from gpuboot.core.placement import Outcome
-from gpuboot.core.queue import Entry, Hold, QueueConfig
+from gpuboot.core.placement import Outcome, Plan
+from gpuboot.core.queue import Entry, Hold, QueueConfig, Step
 from gpuboot.core.resources import GPU, Resources
 from gpuboot.core.timefmt import utc
 from gpuboot.lifecycle.booking import Booker, survey
-from gpuboot.lifecycle.jobqueue import LEASE_SECONDS, JobQueue, book_in_order, queue_config, queue_view
+from gpuboot.lifecycle.jobqueue import (
+    LEASE_SECONDS,
+    WAKE_POSITIONS,
+    JobQueue,
+    Turn,
+    book_in_order,
+    queue_config,
+    queue_view,
+)
 from tests.fakes import T4, cloud
 
 LOG = logging.getLogger("test-jobqueue")
@@ -54,6 +62,31 @@ def test_the_queue_deadline_is_fixed_at_the_first_enqueue_and_kept_through_admis
     assert queue.deadline("a", 3600) == first           # start and wait read the same one
     queue.drop("a")
     assert queue.deadline("a", 3600) == c.clock() + 3600   # a new run of the job: a new deadline
+
+
+def test_arrivals_and_releases_move_the_change_counter_renewals_and_admissions_do_not():
+    c = cloud()
+    queue = JobQueue(c.cluster, clock=c.clock)
+    assert queue.snapshot().changes == 0
+    assert queue.enqueue(entry("a", c.clock())).changes == 1            # an arrival
+    assert queue.enqueue(entry("a", c.clock())).changes == 1            # its renewal
+    assert queue.enqueue(entry("b", c.clock())).changes == 2
+    queue.admit("a", "default", "Tesla-T4", 1)
+    assert queue.snapshot().changes == 2
+    queue.drop("a")                                                      # a release
+    assert queue.snapshot().changes == 3
+    queue.drop("a")                                                      # nothing left to drop
+    assert queue.snapshot().changes == 3
+
+
+def test_only_the_front_of_the_line_is_woken_early_the_rest_wait_on_their_timer():
+    def turn(position: int, admitted: bool = False) -> Turn:
+        return Turn(Plan("j", Outcome.BUSY, ""), Step(entry("j", 0), position, admitted, "capacity busy"), 20,
+                    changes=7)
+
+    assert turn(0).wake_after == 7 and turn(WAKE_POSITIONS - 1).wake_after == 7
+    assert turn(WAKE_POSITIONS).wake_after is None and turn(0, admitted=True).wake_after is None
+    assert Turn(Plan("j", Outcome.FITS, ""), changes=7).wake_after is None
 
 
 def test_a_waiter_killed_mid_wait_loses_its_place_and_its_hold_within_one_lease():
