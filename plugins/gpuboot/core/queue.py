@@ -469,7 +469,7 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
         lines.setdefault((e.priority, e.team), []).append(e)
     for line in lines.values():
         line.sort(key=lambda e: (e.enqueued_at, e.job_id), reverse=True)
-    refused: set[tuple] = set()
+    refused: dict[tuple, tuple[str, str]] = {}     # shape and marks -> the job refused so, and why
     steps: list[Step] = []
     ahead: list[str] = []
     preempt: dict[str, list[str]] = {}
@@ -483,8 +483,8 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
         others = [h for job, h in holds.items() if job != entry.job_id and not h.lets(entry, now)]
         marks = [m for h in others for m in h.marks()]
         key = (entry.shape, frozenset(m.node for m in marks))
-        result = Attempt(False, message="the same shape was refused earlier in this pass") if key in refused \
-            else attempt(entry, marks)
+        result = Attempt(False, message=f"as {refused[key][0]} ahead of it, of the same shape: {refused[key][1]}") \
+            if key in refused else attempt(entry, marks)
         blocker = result.message
         if result.fits:
             blocker = quota_blocker(entry, result.model, used, config) or ""
@@ -499,7 +499,7 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
                     break
                 continue
         else:
-            refused.add(key)
+            refused.setdefault(key, (entry.job_id, result.message))
             if marks and not result.never:
                 blocker += "; " + "; ".join(f"node(s) {', '.join(h.nodes)} {HOLD_REASON} {h.job_id}" for h in others)
         if needs_hold(entry, now, config) and not result.never and not blocker.startswith("quota:") and \

@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.model import Unavailable
@@ -141,8 +141,10 @@ class JobQueue:
     """The waiting jobs and their holds, in ConfigMap `gpuboot-queue` of `namespace`."""
 
     def __init__(self, kube, namespace: str = "default", name: str = CONFIGMAP,
-                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> None:
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+                 lease_seconds: float = LEASE_SECONDS) -> None:
         self.kube, self.namespace, self.name, self.clock, self.sleep = kube, namespace, name, clock, sleep
+        self.lease_seconds = lease_seconds
 
     def snapshot(self) -> QueueState:
         cm = self.kube.read_configmap(self.namespace, self.name)
@@ -155,7 +157,7 @@ class JobQueue:
                           tuple(Admitted.from_json(d) for d in json.loads(data.get(RUNNING_KEY) or "[]")),
                           changes_of(cm))
 
-    def enqueue(self, entry: Entry, deadline: float | None = None, lease_seconds: float = LEASE_SECONDS) -> QueueState:
+    def enqueue(self, entry: Entry, deadline: float | None = None, lease_seconds: float | None = None) -> QueueState:
         """Add the job, or renew its lease keeping its first enqueue time and deadline; the state written."""
         def change(state: QueueState, now: float):
             mine = next((w for w in state.waiting if w.entry.job_id == entry.job_id and w.lease_until > now), None)
@@ -163,7 +165,7 @@ class JobQueue:
             others = [w for w in state.waiting if w.entry.job_id != entry.job_id]
             fixed = state.deadline_of(entry.job_id, now) or deadline
             arrival = mine is None      # a renewal wakes nobody: every waiter renews at every poll
-            return [*others, Waiting(kept, now + lease_seconds, fixed)], list(state.holds), list(state.running), arrival
+            return [*others, Waiting(kept, now + (lease_seconds or self.lease_seconds), fixed)], list(state.holds), list(state.running), arrival
         return self._update(change, f"enqueue job {entry.job_id}")
 
     def admit(self, job_id: str, team: str, model: str | None, gpus: int, deadline: float | None = None) -> None:
@@ -320,6 +322,7 @@ class Turn:
     waiting: int = 0
     deadline: float | None = None
     changes: int | None = None      # the queue's change counter the decision saw
+    names: Mapping[str, str] = field(default_factory=dict)    # job id -> the job's name, for the line
 
     @property
     def wake_after(self) -> int | None:
@@ -334,7 +337,7 @@ class Turn:
         """Position, who is ahead, what blocks it, until when it waits: the waiting step's log line."""
         if self.step is None:
             return "no other job waits: placed on its own"
-        ahead = list(self.step.ahead)
+        ahead = [f"{self.names[j]} ({j})" if self.names.get(j) else j for j in self.step.ahead]
         who = ", ".join(ahead[:5]) + (f" and {len(ahead) - 5} more" if len(ahead) > 5 else "") if ahead else "nobody"
         until = "" if self.deadline is None else \
             f"; queue deadline {utc_relative(self.deadline, time.time() if now is None else now)}"
@@ -372,15 +375,16 @@ def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, c
     queue.save_holds(result.holds, state)
     step = result.step(job_id)
     waiting = len(state.live(now))
+    names = {e.job_id: e.name for e in state.live(now) if e.name and e.name != e.job_id}
     if step is None or not step.admitted:
         blocker = step.blocker if step else "not judged"
         return Turn(Plan(job_id, Outcome.BUSY, f"waiting in the job queue: {blocker}"), step, waiting, deadline,
-                    state.changes)
+                    state.changes, names)
     held = [m for h in result.holds.values() if h.job_id != job_id and not h.lets(step.entry, now) for m in h.marks()]
     plan = booker.book(spec, job_id, held=held).plan
     if plan.outcome is Outcome.FITS:
         queue.admit(job_id, spec.team, _model(plan, seen.views, entry), entry.gpus, deadline)
-    return Turn(plan, step, waiting, deadline, state.changes)
+    return Turn(plan, step, waiting, deadline, state.changes, names)
 
 
 def _model(plan: Plan, views, entry: Entry) -> str | None:

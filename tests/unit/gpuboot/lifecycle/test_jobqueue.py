@@ -89,6 +89,14 @@ def test_only_the_front_of_the_line_is_woken_early_the_rest_wait_on_their_timer(
     assert Turn(Plan("j", Outcome.FITS, ""), changes=7).wake_after is None
 
 
+def test_the_log_line_names_the_jobs_ahead_by_name_and_id_and_says_the_deadline():
+    step = Step(entry("gb-3", 0), 2, False, "capacity busy: every node that fits is in use", ("gb-1", "gb-2", "gb-3"))
+    turn = Turn(Plan("gb-3", Outcome.BUSY, ""), step, 3, 1_800_003_600.0, names={"gb-1": "resnet"})
+    assert turn.line(1_800_000_000.0) == (
+        "queue position 3 of 3; ahead: resnet (gb-1), gb-2; blocked by: capacity busy: every node that fits is in "
+        "use; queue deadline 2027-01-15 09:00:00 UTC (in 60 min)")
+
+
 def test_a_waiter_killed_mid_wait_loses_its_place_and_its_hold_within_one_lease():
     c = cloud()
     queue = JobQueue(c.cluster, clock=c.clock)
