@@ -5,7 +5,7 @@ one ledger.
 
 Each process runs the place step's turn (`book_in_order`, the batch path when nobody waits) and,
 while it waits, the place step's trigger (WakeUpTrigger on the queue's change counter, a short
-timer behind it), until its job is admitted; then it "runs" a moment and is released as its
+timer behind it), until its job is admitted; then it runs (until the test lets it end) and is released as its
 release step does. One waiter is killed (SIGKILL) at the front of the line: it must lose its
 place within one lease and block no one after. The decisions must never disagree: one team, one
 class, so the order is age only, and no two decisions (of either deployment) put two jobs in
@@ -22,15 +22,18 @@ import queue as queues
 import signal
 import time
 
+import pytest
+
 from gpuboot.hooks.kube import KubeClient
 from gpuboot.lifecycle.jobqueue import CONFIGMAP, JobQueue
 from simcloud.harness import wait_until
 
 LEASE = 6.0              # the waiters' lease here (LEASE_SECONDS in production): a killed waiter's is out in 6 s
-RUN_SECONDS = 1.0        # how long an admitted job holds its GPU before its release
 FILLERS = 4              # the test fleet's GPUs (tests/integration/conftest.py FLEET)
-WAITERS = 8
+WAITERS = 6
 MP = mp.get_context("fork")      # the parent's imports are shared, as in a Celery prefork worker
+# 11 processes each building its clients and placing, on a shared 2-core machine: minutes
+pytestmark = pytest.mark.timeout(2400)
 
 
 def spec(name: str):
@@ -47,15 +50,16 @@ def first_event(trigger) -> dict:
     return asyncio.run(first())
 
 
-def run_step(job: str, deployment: str, out, go) -> None:
-    """One run's place step, waiting as the deferred step does, then its release."""
+def run_step(job: str, deployment: str, out, go, finish) -> None:
+    """One run's place step, waiting as the deferred step does, then (once `finish` is set: its job's
+    run) its release."""
     try:
-        _run_step(job, deployment, out, go)
+        _run_step(job, deployment, out, go, finish)
     except BaseException as exc:          # reported to the parent, which fails the test with it
         out.put(("error", job, f"{type(exc).__name__}: {exc}"))
 
 
-def _run_step(job: str, deployment: str, out, go) -> None:
+def _run_step(job: str, deployment: str, out, go, finish) -> None:
     from gpuboot.core.placement import Outcome
     from gpuboot.core.queue import QueueConfig
     from gpuboot.hooks.ecs import EcsHook
@@ -80,7 +84,7 @@ def _run_step(job: str, deployment: str, out, go) -> None:
             out.put(("decided", job, deployment, list(turn.step.ahead), began))
         if turn.plan.outcome is Outcome.FITS:
             out.put(("admitted", job, time.time()))
-            time.sleep(RUN_SECONDS)       # sleep-ok: the job's own run
+            finish.wait(600)                # the job's run, as long as the test says
             ReservationLedger(kube).release(job)
             JobQueue(kube).drop(job)
             out.put(("released", job, time.time()))
@@ -100,16 +104,22 @@ class Runs:
     def __init__(self) -> None:
         self.out, self.procs, self.events = MP.Queue(), {}, []
 
-    def start(self, job: str, deployment: str) -> mp.Process:
-        go = MP.Event()
-        proc = MP.Process(target=run_step, args=(job, deployment, self.out, go), daemon=True)
+    def start(self, job: str, deployment: str, runs_until_told: bool = False) -> mp.Process:
+        go, finish = MP.Event(), MP.Event()
+        if not runs_until_told:
+            finish.set()
+        proc = MP.Process(target=run_step, args=(job, deployment, self.out, go, finish), daemon=True)
         proc.start()
-        self.procs[job] = (proc, go)
+        self.procs[job] = (proc, go, finish)
         return proc
 
     def go(self, *jobs: str) -> None:
         for job in jobs:
             self.procs[job][1].set()
+
+    def finish(self, *jobs: str) -> None:
+        for job in jobs:
+            self.procs[job][2].set()
 
     def read(self) -> None:
         while True:
@@ -125,7 +135,7 @@ class Runs:
         return [e for e in self.events if e[0] == kind and (job is None or e[1] == job)]
 
     def stop(self) -> None:
-        for proc, _ in self.procs.values():
+        for proc, *_ in self.procs.values():
             if proc.is_alive():
                 proc.kill()
             proc.join(10)
@@ -139,8 +149,8 @@ def test_runs_in_many_processes_of_two_deployments_queue_agree_and_a_killed_wait
         fillers = [f"fill-{i}" for i in range(FILLERS)]
         waiters = [f"wait-{i}" for i in range(WAITERS)]
         for i, job in enumerate([*fillers, "victim", *waiters]):
-            runs.start(job, "ab"[i % 2])
-        runs.go(*fillers)                    # the fleet's GPUs taken, all at once
+            runs.start(job, "ab"[i % 2], runs_until_told=job in fillers)
+        runs.go(*fillers)                    # the fleet's GPUs taken, all at once, until the test says
         # (each process's first placement builds its clients: seconds on a loaded machine)
         wait_until(lambda: len(runs.seen("admitted")) == FILLERS, timeout=600, interval=0.2)
         runs.go("victim")                    # first in line, then killed mid-wait
@@ -148,6 +158,8 @@ def test_runs_in_many_processes_of_two_deployments_queue_agree_and_a_killed_wait
         os.kill(runs.procs["victim"][0].pid, signal.SIGKILL)
         killed = time.time()
         runs.go(*waiters)                    # a burst of arrivals behind it, across both deployments
+        wait_until(lambda: len({e[1] for e in runs.seen("waiting")}) == 1 + WAITERS, timeout=600, interval=0.2)
+        runs.finish(*fillers)                # then the GPUs free, one release after another
 
         # every other job runs; the victim's place is gone within one lease
         wait_until(lambda: len(runs.seen("released")) == FILLERS + WAITERS, timeout=600, interval=0.5)
