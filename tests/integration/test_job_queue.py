@@ -82,17 +82,19 @@ def test_a_waiter_is_woken_by_a_release_not_by_its_timer_and_places_at_once(clou
     assert waiter.resume(ctx, event)["outcome"] == "fits"
 
 
-def test_a_lease_renewal_wakes_no_one_and_a_plain_timer_ignores_the_queue(cloud):
+def test_only_a_release_wakes_the_waiters_and_a_plain_timer_ignores_the_queue(cloud):
     queue = JobQueue(KubeClient())
     seen = queue.enqueue(Entry("a", Resources({GPU: 1}))).changes
     assert queue.enqueue(Entry("a", Resources({GPU: 1}))).changes == seen          # a renewal
-    assert queue.enqueue(Entry("b", Resources({GPU: 1}))).changes == seen + 1      # an arrival
+    assert queue.enqueue(Entry("b", Resources({GPU: 1}))).changes == seen          # an arrival
     queue.admit("a", "default", "T4", 1)
-    assert queue.snapshot().changes == seen + 1                                     # an admission
+    assert queue.snapshot().changes == seen                                         # an admission
+    queue.drop("a")
+    assert queue.snapshot().changes == seen + 1                                     # a release
     started = time.time()
     event = first_event(WakeUpTrigger(started + 3, {"n": 1}, queue=("default", CONFIGMAP), changes_seen=seen,
                                       poll_seconds=0.5))
-    assert event["woken"] == "queue" and time.time() - started < 3                  # b arrived after `seen`
+    assert event["woken"] == "queue" and time.time() - started < 3                  # a left after `seen`
     event = first_event(WakeUpTrigger(time.time() + 1.5, {"n": 2}))
     assert event == {"status": "wake", "echo": {"n": 2}, "woken": "timer", "summary": "woke up to try again"}
 

@@ -38,7 +38,7 @@ CONFIGMAP = "gpuboot-queue"
 ENTRIES_KEY = "entries.json"
 HOLDS_KEY = "holds.json"
 RUNNING_KEY = "running.json"
-CHANGES_KEY = "changes"          # arrivals and releases so far: what wakes a waiter (gpuboot.triggers.wake_up)
+CHANGES_KEY = "changes"          # releases so far: what wakes a waiter early (gpuboot.triggers.wake_up)
 WAKE_POSITIONS = 8               # waiters this near the front are woken by a release; the rest poll on their timer
 LEASE_SECONDS = 150.0            # a waiter polls every 30 s: five missed polls and its place is gone
 RUNNING_SECONDS = 7 * 24 * 3600  # an admitted job counts for its team's share until release, or this long
@@ -46,7 +46,7 @@ CONFIG_ENV = "GPUBOOT_QUEUE_CONFIG"
 
 
 def changes_of(configmap: dict | None) -> int:
-    """The queue's change counter (0 before the first arrival)."""
+    """The queue's change counter: its releases so far (0 before the first)."""
     return int(((configmap or {}).get("data") or {}).get(CHANGES_KEY) or 0)
 
 
@@ -113,7 +113,7 @@ class QueueState:
     holds: tuple[Hold, ...]
     version: str | None
     running: tuple[Admitted, ...] = ()
-    changes: int = 0           # arrivals and releases so far (CHANGES_KEY)
+    changes: int = 0           # releases so far (CHANGES_KEY)
 
     def usage(self, now: float) -> dict[str, dict[str, int]]:
         """team -> GPU model -> GPUs of the admitted jobs not released yet (fair share and quotas)."""
@@ -164,8 +164,8 @@ class JobQueue:
             kept = replace(entry, enqueued_at=mine.entry.enqueued_at) if mine else entry
             others = [w for w in state.waiting if w.entry.job_id != entry.job_id]
             fixed = state.deadline_of(entry.job_id, now) or deadline
-            arrival = mine is None      # a renewal wakes nobody: every waiter renews at every poll
-            return [*others, Waiting(kept, now + (lease_seconds or self.lease_seconds), fixed)], list(state.holds), list(state.running), arrival
+            return [*others, Waiting(kept, now + (lease_seconds or self.lease_seconds), fixed)], list(state.holds), \
+                list(state.running), False
         return self._update(change, f"enqueue job {entry.job_id}")
 
     def admit(self, job_id: str, team: str, model: str | None, gpus: int, deadline: float | None = None) -> None:
@@ -192,7 +192,7 @@ class JobQueue:
             if job_id not in known:
                 return None
             return (*_without(state, job_id), [a for a in state.running if a.job_id != job_id], True)
-        self._update(change, f"drop job {job_id}")      # a release (or a waiter gone): wakes the waiters
+        self._update(change, f"drop job {job_id}")      # a release (or a waiter gone): wakes the front of the line
 
     def save_holds(self, holds: dict[str, Hold], based_on: QueueState) -> bool:
         """Write the pass's holds, only if the queue has not moved since `based_on` (False: it has;
@@ -220,7 +220,7 @@ class JobQueue:
     def _write(self, waiting: list[Waiting], holds: list[Hold], prev: QueueState, now: float,
                running: list[Admitted], wakes: bool = False) -> QueueState:
         """Compare-and-swap over `prev`, pruning expired leases and the holds of jobs gone; `wakes`:
-        an arrival or a release, counted (CHANGES_KEY) for the waiters' triggers."""
+        a release, counted (CHANGES_KEY) for the waiters' triggers."""
         changes = prev.changes + (1 if wakes else 0)
         running = sorted((a for a in running if a.until > now), key=lambda a: a.job_id)
         waiting = sorted((w for w in waiting if w.lease_until > now), key=lambda w: w.entry.job_id)

@@ -78,10 +78,10 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
 
     @summarizes_failure
     def resume(self, context, event: Mapping):
-        """Back from the busy-wait (its timer, or a release or an arrival in the job queue): place again
+        """Back from the busy-wait (its timer, or a release in the job queue): place again
         (the queue deadline comes back in the event)."""
         if event.get("woken") == "queue":
-            self.log.info("woken by a release or an arrival in the job queue: placing again")
+            self.log.info("woken by a release in the job queue: placing again")
         return self._attempt(context, self._spec(context), CapacityWait.from_json(event["echo"]).deadline)
 
     def _spec(self, context) -> JobSpec:
@@ -163,7 +163,7 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
                 f"{plan.message}; queue deadline {utc_relative(deadline, now)}"
             wake_after = self.turn.wake_after if self.turn else None
             self.log.info("%s; re-planning in %.0fs at the latest%s", why, wake - now,
-                          ", or as soon as a job is released or arrives" if wake_after is not None else "")
+                          ", or as soon as a job is released" if wake_after is not None else "")
             self.defer(trigger=WakeUpTrigger(wake, CapacityWait(deadline, []).to_json(),
                                              queue=(self.ledger_namespace, CONFIGMAP), changes_seen=wake_after,
                                              kubernetes_conn_id=self.kubernetes_conn_id), method_name="resume")

@@ -1,10 +1,11 @@
 """WakeUpTrigger: the timer a step waiting for capacity defers on, holding no worker slot; for a job
-waiting in the job queue, also woken early by a release or an arrival there.
+waiting in the job queue, also woken early by a release there.
 
 Why a change counter and not only the timer: freed capacity should go to the first in line within
-seconds, not at whichever waiter's 30 s timer fires next. The job queue counts its arrivals and
-releases (gpuboot.lifecycle.jobqueue, `changes`; a lease renewal does not count, or every poll of
-every waiter would wake all the others). The trigger reads that counter every `poll_seconds`, one
+seconds, not at whichever waiter's 30 s timer fires next. The job queue counts its releases
+(gpuboot.lifecycle.jobqueue, `changes`). Not lease renewals (every poll of every waiter would wake
+all the others) and not arrivals: an arrival frees nothing, and its own place step runs the pass
+for it at once (what a leader-based scheduler is woken by an arrival to do). The trigger reads that counter every `poll_seconds`, one
 read per triggerer and queue however many waiters it runs (`queue_changes`), and fires as soon as
 it moved past the value the step saw when it decided to wait; a lost read only leaves the timer.
 """
@@ -78,6 +79,6 @@ class WakeUpTrigger(BaseTrigger):
             changes = await queue_changes(self.kubernetes_conn_id, *self.queue, max_age=self.poll_seconds)
             if changes is not None and changes > self.changes_seen:
                 yield ShortEvent({"status": "wake", "echo": self.echo, "woken": "queue",
-                                  "summary": "woken by a release or an arrival in the job queue"})
+                                  "summary": "woken by a release in the job queue"})
                 return
         yield ShortEvent({"status": "wake", "echo": self.echo, "woken": "timer", "summary": "woke up to try again"})
