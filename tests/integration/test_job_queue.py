@@ -38,7 +38,7 @@ def test_an_older_waiter_gets_the_freed_gpu_before_a_newcomer(cloud):
     older = place("older")
     assert older.turn.plan.outcome is Outcome.BUSY and older.turn.line().startswith("queue position 1 of 1")
     newcomer = place("newcomer")
-    assert "queue position 2 of 2; ahead: older" in newcomer.turn.line()
+    assert "queue position 2 of 2; ahead: q (older)" in newcomer.turn.line()       # the job's name, then its id
     ReservationLedger(KubeClient()).release("fill-0")
     JobQueue(KubeClient()).drop("fill-0")                # what the release step does
     assert place("newcomer").turn.plan.outcome is Outcome.BUSY      # polls first, but older is owed the GPU

@@ -166,10 +166,11 @@ def test_runs_in_many_processes_of_two_deployments_queue_agree_and_a_killed_wait
         wait_until(lambda: len(runs.seen("released")) == FILLERS + WAITERS, timeout=600, interval=0.5)
         line = JobQueue(KubeClient()).snapshot()
         assert not runs.seen("admitted", "victim")
-        assert line.live(time.time()) == [] and line.running == ()
-        # blocked by no one: no decision begun a lease after the kill still counts the victim ahead
+        assert line.live(killed + LEASE) == [] and line.running == ()     # the victim's lease ran out by then
+        # blocked by no one: no decision begun a lease after the kill still counts the victim ahead (on a
+        # fast backend there may be none: the victim takes one slot of the pass, the others cycle through)
         late = [(job, ahead) for _, job, _, ahead, at, _ in runs.seen("decided") if at >= killed + LEASE]
-        assert late and not [job for job, ahead in late if "victim" in ahead], late
+        assert not [job for job, ahead in late if "victim" in ahead], late
         assert runs.seen("decided", "victim")                     # it was in line, first, when killed
 
         # one order for everyone: no decision, of either deployment, puts two jobs the other way round.
