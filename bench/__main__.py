@@ -38,7 +38,7 @@ import traceback  # noqa: E402
 from bench import report  # noqa: E402
 from bench.common import output_to  # noqa: E402
 
-PARTS = ("placement", "readiness", "overhead", "gang", "burst", "triggerer")
+PARTS = ("placement", "readiness", "overhead", "gang", "burst", "triggerer", "queue_wake")
 SLOW_PARTS = ("distributed",)     # only when asked for by name
 
 
@@ -68,6 +68,9 @@ def run_part(part: str, workdir: Path, args) -> dict:
     if part == "triggerer":
         from bench import triggerer_loop
         return triggerer_loop.run(workdir, quick=args.quick)
+    if part == "queue_wake":
+        from bench import queue_wake
+        return queue_wake.run(2 if args.quick else 4, seed=0)
     from bench import overhead
     return overhead.run(workdir, quick=args.quick)
 

@@ -147,8 +147,18 @@ def side_by_side(backends: dict[str, dict]) -> str:
     return "== Side by side: the same parts on each Kubernetes backend\n" + format_table(rows, columns) + "\n"
 
 
+def queue_wake(result: dict) -> str:
+    lines = ["== release -> waiter placed (bench.queue_wake: the job queue's release counter wakes the waiter)"]
+    for r in result["runs"]:
+        lines.append(f"   release {r['offset']:5.1f} s into the {result['poll_seconds']:g} s poll: woken by "
+                     f"{r['woken']}, placed {r['release_to_placed']:.2f} s after the release")
+    s = result["release_to_placed"]
+    lines.append(f"   median {s['median']} s, mean {result['mean_release_to_placed']} s, max {s['max']} s")
+    return "\n".join(lines) + "\n"
+
+
 def render(part: str, result: dict) -> str:
     if "error" in result:
         return f"== {part}: FAILED: {result['error']}\n"
     return {"placement": placement, "readiness": readiness, "overhead": overhead, "gang": gang, "burst": burst,
-            "distributed": distributed, "triggerer": triggerer}[part](result)
+            "distributed": distributed, "triggerer": triggerer, "queue_wake": queue_wake}[part](result)

@@ -55,6 +55,7 @@ class Entry:
     enqueued_at: float = 0.0
     expected_runtime: float | None = None
     preemptible: bool = False
+    name: str = ""                  # the job's own name (the spec's), for people: the id is a hash
 
     def __post_init__(self):
         if self.priority_class not in PRIORITY_CLASSES:
@@ -81,13 +82,14 @@ class Entry:
         return {"job_id": self.job_id, "requests": self.requests.to_json(), "tasks": self.tasks,
                 "models": list(self.models), "team": self.team, "priority_class": self.priority_class,
                 "enqueued_at": self.enqueued_at, "expected_runtime": self.expected_runtime,
-                "preemptible": self.preemptible}
+                "preemptible": self.preemptible, "name": self.name}
 
     @classmethod
     def from_json(cls, d: Mapping) -> Entry:
         return cls(d["job_id"], Resources.from_json(d["requests"]), int(d.get("tasks", 1)), tuple(d.get("models") or ()),
                    d.get("team", DEFAULT_TEAM), d.get("priority_class", DEFAULT_PRIORITY_CLASS),
-                   float(d.get("enqueued_at", 0.0)), d.get("expected_runtime"), bool(d.get("preemptible")))
+                   float(d.get("enqueued_at", 0.0)), d.get("expected_runtime"), bool(d.get("preemptible")),
+                   str(d.get("name") or ""))
 
 
 @dataclass(frozen=True)
@@ -411,6 +413,16 @@ class Step:
     def ahead(self) -> tuple[str, ...]:
         return tuple(self.order[:self.position])
 
+    @property
+    def blocked_by(self) -> str:
+        """What kind of thing stops it: "quota", "hold" (nodes held for another job), "capacity"
+        (busy, or no node of its shape), or "" (admitted); the queue table's column."""
+        if self.admitted:
+            return ""
+        if self.blocker.startswith("quota:"):
+            return "quota"
+        return "hold" if HOLD_REASON in self.blocker else "capacity"
+
 
 @dataclass
 class PassResult:
@@ -457,7 +469,7 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
         lines.setdefault((e.priority, e.team), []).append(e)
     for line in lines.values():
         line.sort(key=lambda e: (e.enqueued_at, e.job_id), reverse=True)
-    refused: set[tuple] = set()
+    refused: dict[tuple, tuple[str, str]] = {}     # shape and marks -> the job refused so, and why
     steps: list[Step] = []
     ahead: list[str] = []
     preempt: dict[str, list[str]] = {}
@@ -471,8 +483,8 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
         others = [h for job, h in holds.items() if job != entry.job_id and not h.lets(entry, now)]
         marks = [m for h in others for m in h.marks()]
         key = (entry.shape, frozenset(m.node for m in marks))
-        result = Attempt(False, message="the same shape was refused earlier in this pass") if key in refused \
-            else attempt(entry, marks)
+        result = Attempt(False, message=f"as {refused[key][0]} ahead of it, of the same shape: {refused[key][1]}") \
+            if key in refused else attempt(entry, marks)
         blocker = result.message
         if result.fits:
             blocker = quota_blocker(entry, result.model, used, config) or ""
@@ -487,7 +499,7 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
                     break
                 continue
         else:
-            refused.add(key)
+            refused.setdefault(key, (entry.job_id, result.message))
             if marks and not result.never:
                 blocker += "; " + "; ".join(f"node(s) {', '.join(h.nodes)} {HOLD_REASON} {h.job_id}" for h in others)
         if needs_hold(entry, now, config) and not result.never and not blocker.startswith("quota:") and \

@@ -551,6 +551,22 @@ class AsyncKubeClient:
             response = await _checked(await client.CoreV1Api(api).read_node(name, _preload_content=False))
             return json.loads(await response.read())
 
+    async def read_configmap(self, namespace: str, name: str) -> dict | None:
+        """The ConfigMap, or None when it does not exist (404)."""
+        hook = await self.hook()
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        async with hook.get_conn() as api:
+            try:
+                response = await _checked(await client.CoreV1Api(api).read_namespaced_config_map(
+                    name, namespace, _preload_content=False))
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+            return json.loads(await response.read())
+
     def node_events(self, name: str, resource_version: str | None, log=None) -> NodeEvents:
         """The one stream of a Node's states (see NodeEvents), from `resource_version` when given."""
         return NodeEvents(self, name, resource_version, log)

@@ -8,7 +8,9 @@ resourceVersion, as the ledger's.
 
 Lifetime. An entry keeps the enqueue time of its first write for the life of the run (a retry
 or a later poll never moves it back in line), and a lease the waiting step renews at each poll
-(`enqueue`). The run's teardown (release) drops it however the run ends; a run killed
+(`enqueue`). It keeps the job's queue deadline the same way (fixed when the place step first ran,
+carried into the admission record): the start step and the sensor, when they wait for capacity
+again, read it (`deadline_of`), so the queue timeout counts once per job, not once per step. The run's teardown (release) drops it however the run ends; a run killed
 mid-wait loses its place when its lease runs out (LEASE_SECONDS), and its hold with it.
 
 The decision itself is the core's (`gpuboot.core.queue.run_pass`): each place step runs the
@@ -20,13 +22,14 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.model import Unavailable
 from gpuboot.core.placement import JobRequest, Outcome, Plan, TaskRequest, place
 from gpuboot.core.queue import Attempt, Entry, Hold, PassResult, QueueConfig, Step, run_pass
+from gpuboot.core.timefmt import utc_relative
 from gpuboot.exceptions import Conflict, LedgerConflict
 from gpuboot.lifecycle.booking import Booker, Booking, survey
 from gpuboot.lifecycle.ledger import backoff, write_attempts
@@ -35,9 +38,16 @@ CONFIGMAP = "gpuboot-queue"
 ENTRIES_KEY = "entries.json"
 HOLDS_KEY = "holds.json"
 RUNNING_KEY = "running.json"
+CHANGES_KEY = "changes"          # releases so far: what wakes a waiter early (gpuboot.triggers.wake_up)
+WAKE_POSITIONS = 8               # waiters this near the front are woken by a release; the rest poll on their timer
 LEASE_SECONDS = 150.0            # a waiter polls every 30 s: five missed polls and its place is gone
 RUNNING_SECONDS = 7 * 24 * 3600  # an admitted job counts for its team's share until release, or this long
 CONFIG_ENV = "GPUBOOT_QUEUE_CONFIG"
+
+
+def changes_of(configmap: dict | None) -> int:
+    """The queue's change counter: its releases so far (0 before the first)."""
+    return int(((configmap or {}).get("data") or {}).get(CHANGES_KEY) or 0)
 
 
 def queue_config(environ=os.environ) -> QueueConfig:
@@ -56,20 +66,25 @@ def queue_config(environ=os.environ) -> QueueConfig:
 def entry_of(spec: JobSpec, job_id: str, now: float) -> Entry:
     """The job's queue entry (its shape: one task's requests, the tasks needed at once, the models)."""
     return Entry(job_id, spec.requests(), spec.gang_size, spec.gpu_model, spec.team, spec.priority_class,
-                 now, spec.expected_runtime_seconds, spec.preemptible)
+                 now, spec.expected_runtime_seconds, spec.preemptible, spec.name)
+
+
+def _when(value) -> float | None:
+    return None if value is None else float(value)
 
 
 @dataclass(frozen=True)
 class Waiting:
     entry: Entry
     lease_until: float
+    deadline: float | None = None     # the job's queue deadline (None: written before deadlines were kept)
 
     def to_json(self) -> dict:
-        return {**self.entry.to_json(), "lease_until": self.lease_until}
+        return {**self.entry.to_json(), "lease_until": self.lease_until, "deadline": self.deadline}
 
     @classmethod
     def from_json(cls, d: dict) -> Waiting:
-        return cls(Entry.from_json(d), float(d["lease_until"]))
+        return cls(Entry.from_json(d), float(d["lease_until"]), _when(d.get("deadline")))
 
 
 @dataclass(frozen=True)
@@ -81,13 +96,15 @@ class Admitted:
     model: str
     gpus: int
     until: float
+    deadline: float | None = None     # the queue deadline it was admitted with: later waits keep it
 
     def to_json(self) -> dict:
-        return {"job_id": self.job_id, "team": self.team, "model": self.model, "gpus": self.gpus, "until": self.until}
+        return {"job_id": self.job_id, "team": self.team, "model": self.model, "gpus": self.gpus, "until": self.until,
+                "deadline": self.deadline}
 
     @classmethod
     def from_json(cls, d: dict) -> Admitted:
-        return cls(d["job_id"], d["team"], d["model"], int(d["gpus"]), float(d["until"]))
+        return cls(d["job_id"], d["team"], d["model"], int(d["gpus"]), float(d["until"]), _when(d.get("deadline")))
 
 
 @dataclass(frozen=True)
@@ -96,6 +113,7 @@ class QueueState:
     holds: tuple[Hold, ...]
     version: str | None
     running: tuple[Admitted, ...] = ()
+    changes: int = 0           # releases so far (CHANGES_KEY)
 
     def usage(self, now: float) -> dict[str, dict[str, int]]:
         """team -> GPU model -> GPUs of the admitted jobs not released yet (fair share and quotas)."""
@@ -112,13 +130,21 @@ class QueueState:
         alive = {e.job_id for e in self.live(now)}
         return {h.job_id: h for h in self.holds if h.job_id in alive}
 
+    def deadline_of(self, job_id: str, now: float) -> float | None:
+        """The job's queue deadline as first written: its live entry's, else its admission's."""
+        found = [w.deadline for w in self.waiting if w.entry.job_id == job_id and w.lease_until > now] + \
+            [a.deadline for a in self.running if a.job_id == job_id and a.until > now]
+        return next((d for d in found if d is not None), None)
+
 
 class JobQueue:
     """The waiting jobs and their holds, in ConfigMap `gpuboot-queue` of `namespace`."""
 
     def __init__(self, kube, namespace: str = "default", name: str = CONFIGMAP,
-                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> None:
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+                 lease_seconds: float = LEASE_SECONDS) -> None:
         self.kube, self.namespace, self.name, self.clock, self.sleep = kube, namespace, name, clock, sleep
+        self.lease_seconds = lease_seconds
 
     def snapshot(self) -> QueueState:
         cm = self.kube.read_configmap(self.namespace, self.name)
@@ -128,23 +154,35 @@ class JobQueue:
         return QueueState(tuple(Waiting.from_json(d) for d in json.loads(data.get(ENTRIES_KEY) or "[]")),
                           tuple(Hold.from_json(d) for d in json.loads(data.get(HOLDS_KEY) or "[]")),
                           cm["metadata"]["resourceVersion"],
-                          tuple(Admitted.from_json(d) for d in json.loads(data.get(RUNNING_KEY) or "[]")))
+                          tuple(Admitted.from_json(d) for d in json.loads(data.get(RUNNING_KEY) or "[]")),
+                          changes_of(cm))
 
-    def enqueue(self, entry: Entry, lease_seconds: float = LEASE_SECONDS) -> QueueState:
-        """Add the job, or renew its lease keeping its first enqueue time; the state written."""
+    def enqueue(self, entry: Entry, deadline: float | None = None, lease_seconds: float | None = None) -> QueueState:
+        """Add the job, or renew its lease keeping its first enqueue time and deadline; the state written."""
         def change(state: QueueState, now: float):
             mine = next((w for w in state.waiting if w.entry.job_id == entry.job_id and w.lease_until > now), None)
             kept = replace(entry, enqueued_at=mine.entry.enqueued_at) if mine else entry
             others = [w for w in state.waiting if w.entry.job_id != entry.job_id]
-            return [*others, Waiting(kept, now + lease_seconds)], list(state.holds), list(state.running)
+            fixed = state.deadline_of(entry.job_id, now) or deadline
+            return [*others, Waiting(kept, now + (lease_seconds or self.lease_seconds), fixed)], list(state.holds), \
+                list(state.running), False
         return self._update(change, f"enqueue job {entry.job_id}")
 
-    def admit(self, job_id: str, team: str, model: str | None, gpus: int) -> None:
-        """The job got its place: out of the line, its hold let go, its GPUs counted for its team."""
+    def admit(self, job_id: str, team: str, model: str | None, gpus: int, deadline: float | None = None) -> None:
+        """The job got its place: out of the line, its hold let go, its GPUs counted for its team
+        (and its queue deadline kept for the steps that may wait again)."""
         def change(state: QueueState, now: float):
+            fixed = state.deadline_of(job_id, now) or deadline
             return (*_without(state, job_id), [*(a for a in state.running if a.job_id != job_id),
-                                               Admitted(job_id, team, model or "", gpus, now + RUNNING_SECONDS)])
+                                               Admitted(job_id, team, model or "", gpus, now + RUNNING_SECONDS, fixed)],
+                    False)
         self._update(change, f"admit job {job_id}")
+
+    def deadline(self, job_id: str, timeout_seconds: float) -> float:
+        """The job's queue deadline: the one fixed when it first came to the queue, or `timeout_seconds`
+        from now when it has none yet (its first place attempt, or a run admitted before deadlines were kept)."""
+        now = self.clock()
+        return self.snapshot().deadline_of(job_id, now) or now + timeout_seconds
 
     def drop(self, job_id: str) -> None:
         """Take the job out entirely (idempotent): its run ended, however it ended."""
@@ -153,8 +191,8 @@ class JobQueue:
                 {a.job_id for a in state.running}
             if job_id not in known:
                 return None
-            return (*_without(state, job_id), [a for a in state.running if a.job_id != job_id])
-        self._update(change, f"drop job {job_id}")
+            return (*_without(state, job_id), [a for a in state.running if a.job_id != job_id], True)
+        self._update(change, f"drop job {job_id}")      # a release (or a waiter gone): wakes the front of the line
 
     def save_holds(self, holds: dict[str, Hold], based_on: QueueState) -> bool:
         """Write the pass's holds, only if the queue has not moved since `based_on` (False: it has;
@@ -174,14 +212,16 @@ class JobQueue:
             if new is None:
                 return state
             try:
-                return self._write(new[0], new[1], state, now, new[2])
+                return self._write(*new[:2], state, now, *new[2:])
             except LedgerConflict:
                 self.sleep(backoff(attempt))
         raise LedgerConflict(f"could not {what}: the queue ConfigMap {self.namespace}/{self.name} kept changing")
 
     def _write(self, waiting: list[Waiting], holds: list[Hold], prev: QueueState, now: float,
-               running: list[Admitted]) -> QueueState:
-        """Compare-and-swap over `prev`, pruning expired leases and the holds of jobs gone."""
+               running: list[Admitted], wakes: bool = False) -> QueueState:
+        """Compare-and-swap over `prev`, pruning expired leases and the holds of jobs gone; `wakes`:
+        a release, counted (CHANGES_KEY) for the waiters' triggers."""
+        changes = prev.changes + (1 if wakes else 0)
         running = sorted((a for a in running if a.until > now), key=lambda a: a.job_id)
         waiting = sorted((w for w in waiting if w.lease_until > now), key=lambda w: w.entry.job_id)
         alive = {w.entry.job_id for w in waiting}
@@ -191,7 +231,8 @@ class JobQueue:
                              "labels": {"app.kubernetes.io/managed-by": "gpuboot"}},
                 "data": {ENTRIES_KEY: json.dumps([w.to_json() for w in waiting], sort_keys=True),
                          HOLDS_KEY: json.dumps([h.to_json() for h in holds], sort_keys=True),
-                         RUNNING_KEY: json.dumps([a.to_json() for a in running], sort_keys=True)}}
+                         RUNNING_KEY: json.dumps([a.to_json() for a in running], sort_keys=True),
+                         CHANGES_KEY: str(changes)}}
         try:
             if prev.version is None:
                 written = self.kube.create_configmap(self.namespace, body)
@@ -201,7 +242,7 @@ class JobQueue:
         except Conflict as exc:
             raise LedgerConflict(str(exc)) from None
         return QueueState(tuple(waiting), tuple(holds), (written or {}).get("metadata", {}).get("resourceVersion"),
-                          tuple(running))
+                          tuple(running), changes)
 
 
 def _by_job(hold: Hold) -> str:
@@ -255,40 +296,60 @@ def capacity_of(views) -> dict[str, int]:
 
 def queue_view(state: QueueState, views, unavailable: Sequence[Unavailable], config: QueueConfig,
                now: float) -> list[dict]:
-    """Every waiting job in order, as the place steps' pass sees it: position, who is ahead, what
-    blocks it, the nodes held for it (the fleet API's /api/queue; JSON-safe)."""
+    """Every waiting job in order, as the place steps' pass sees it: position, team, class, shape,
+    since when it waits and until when (its queue deadline), who is ahead, what blocks it and what
+    kind of thing that is (quota, hold, capacity), the nodes held for it (the fleet page's queue
+    table and /api/queue; JSON-safe)."""
     result = decide(state.live(now), None, list(views), unavailable, state.live_holds(now), config,
                     state.usage(now), capacity_of(views), now)
-    return [{"position": s.position + 1, "job_id": s.entry.job_id, "team": s.entry.team,
+    deadlines = {w.entry.job_id: w.deadline for w in state.waiting}
+    return [{"position": s.position + 1, "job_id": s.entry.job_id, "name": s.entry.name, "team": s.entry.team,
              "priority_class": s.entry.priority_class, "gpus": s.entry.gpus, "tasks": s.entry.tasks,
-             "gpu_models": list(s.entry.models), "waiting_seconds": round(now - s.entry.enqueued_at),
-             "ahead": list(s.ahead), "next": s.admitted, "blocker": s.blocker,
+             "gpus_per_task": s.entry.requests.gpus, "gpu_models": list(s.entry.models),
+             "preemptible": s.entry.preemptible, "enqueued_at": s.entry.enqueued_at,
+             "deadline": deadlines.get(s.entry.job_id), "ahead": list(s.ahead), "next": s.admitted,
+             "blocked_by": s.blocked_by, "blocker": s.blocker,
              "held_nodes": list(result.holds[s.entry.job_id].nodes) if s.entry.job_id in result.holds else []}
             for s in result.steps]
 
 
 @dataclass(frozen=True)
 class Turn:
-    """What the queue said to one place step: the plan (FITS once booked) and the job's line."""
+    """What the queue said to one place step: the plan (FITS once booked), the job's line, its deadline."""
 
     plan: Plan
     step: Step | None = None
     waiting: int = 0
+    deadline: float | None = None
+    changes: int | None = None      # the queue's change counter the decision saw
+    names: Mapping[str, str] = field(default_factory=dict)    # job id -> the job's name, for the line
 
-    def line(self) -> str:
-        """Position, who is ahead, what blocks it: the waiting step's log line."""
+    @property
+    def wake_after(self) -> int | None:
+        """The counter past which the waiter's trigger wakes it early (None: its timer only). Only the
+        first WAKE_POSITIONS in line: a release frees room for the front of the line, and waking every
+        waiter would run the pass in a worker for each of them at every release."""
+        if self.step is None or self.step.admitted or self.step.position >= WAKE_POSITIONS:
+            return None
+        return self.changes
+
+    def line(self, now: float | None = None) -> str:
+        """Position, who is ahead, what blocks it, until when it waits: the waiting step's log line."""
         if self.step is None:
             return "no other job waits: placed on its own"
-        ahead = list(self.step.ahead)
+        ahead = [f"{self.names[j]} ({j})" if self.names.get(j) else j for j in self.step.ahead]
         who = ", ".join(ahead[:5]) + (f" and {len(ahead) - 5} more" if len(ahead) > 5 else "") if ahead else "nobody"
+        until = "" if self.deadline is None else \
+            f"; queue deadline {utc_relative(self.deadline, time.time() if now is None else now)}"
         return (f"queue position {self.step.position + 1} of {self.waiting}; ahead: {who}; "
-                f"blocked by: {self.step.blocker or 'nothing (admitted)'}")
+                f"blocked by: {self.step.blocker or 'nothing (admitted)'}{until}")
 
 
 def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, config: QueueConfig,
-                  first: Callable[[], Booking]) -> Turn:
+                  first: Callable[[], Booking], deadline: float | None = None) -> Turn:
     """Place the job only when the queue admits it (module doc); `first` is the place step's own path
-    (the batch) when no other job waits. A job that does not get its place stays in the line."""
+    (the batch) when no other job waits. A job that does not get its place stays in the line, with
+    `deadline` (kept from its first enqueue, whatever a later call passes)."""
     now = booker.clock()
     state = queue.snapshot()
     entry = entry_of(spec, job_id, now)
@@ -297,13 +358,15 @@ def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, c
         plan = booking.plan
         if plan.outcome is Outcome.FITS:
             queue.admit(job_id, spec.team, _model(plan, booking.survey.views if booking.survey else (), entry),
-                        entry.gpus)
-            return Turn(plan)
+                        entry.gpus, deadline)
+            return Turn(plan, deadline=deadline)
         if plan.outcome is Outcome.BUSY:
-            state = queue.enqueue(entry)
-            return Turn(plan, Step(entry, 0, False, plan.message), len(state.live(now)))
-        return Turn(plan)
-    state = queue.enqueue(entry)
+            state = queue.enqueue(entry, deadline)
+            return Turn(plan, Step(entry, 0, False, plan.message), len(state.live(now)),
+                        state.deadline_of(job_id, now), state.changes)
+        return Turn(plan, deadline=deadline)
+    state = queue.enqueue(entry, deadline)
+    deadline = state.deadline_of(job_id, now)
     ledger = booker.ledger.snapshot()
     seen = survey(booker.kube, booker.ecs, ledger.others(job_id, now), now, booker.boot_grace_seconds)
     result = decide(state.live(now), (job_id, spec.to_job_request(job_id)), seen.views,
@@ -312,14 +375,16 @@ def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, c
     queue.save_holds(result.holds, state)
     step = result.step(job_id)
     waiting = len(state.live(now))
+    names = {e.job_id: e.name for e in state.live(now) if e.name and e.name != e.job_id}
     if step is None or not step.admitted:
         blocker = step.blocker if step else "not judged"
-        return Turn(Plan(job_id, Outcome.BUSY, f"waiting in the job queue: {blocker}"), step, waiting)
+        return Turn(Plan(job_id, Outcome.BUSY, f"waiting in the job queue: {blocker}"), step, waiting, deadline,
+                    state.changes, names)
     held = [m for h in result.holds.values() if h.job_id != job_id and not h.lets(step.entry, now) for m in h.marks()]
     plan = booker.book(spec, job_id, held=held).plan
     if plan.outcome is Outcome.FITS:
-        queue.admit(job_id, spec.team, _model(plan, seen.views, entry), entry.gpus)
-    return Turn(plan, step, waiting)
+        queue.admit(job_id, spec.team, _model(plan, seen.views, entry), entry.gpus, deadline)
+    return Turn(plan, step, waiting, deadline, state.changes, names)
 
 
 def _model(plan: Plan, views, entry: Entry) -> str | None:

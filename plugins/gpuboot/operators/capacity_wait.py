@@ -1,7 +1,8 @@
 """The one busy-wait of the start step and the sensor, and how their failures end the task.
 
 When a re-placement finds the fleet busy, the step waits deferred on a timer (WakeUpTrigger),
-holding nothing, and re-places until the job's queue timeout; a job no capacity can ever hold
+holding nothing, and re-places until the job's queue deadline (fixed once per job when its place
+step first ran, read from the job queue: the timeout is not restarted per step); a job no capacity can ever hold
 (gpuboot.lifecycle.boot.CapacityUnavailable) fails the task without a retry. A re-placement (a fail-over,
 a NoStock fall-back) that cannot commit because the ledger stays contended (LedgerContended:
 nothing written) defers the same way, a short jittered while, and runs the step again from the
@@ -20,6 +21,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from gpuboot.core.placement import Outcome
 from gpuboot.lifecycle.booking import LedgerContended
 from gpuboot.lifecycle.boot import BringUp, CapacityBusy, CapacityUnavailable, JobBoot
+from gpuboot.lifecycle.jobqueue import JobQueue
 from gpuboot.triggers.wake_up import WakeUpTrigger
 
 
@@ -68,6 +70,8 @@ class WaitsForCapacity:
     queue timeout; then fail naming what was tried. Both steps therefore agree on when to wait."""
 
     busy_poll_seconds: float
+    ledger_namespace: str
+    kube: Callable
     contended_until: float | None = None      # while re-running after contention: the deadline it carries
 
     def bring_up_or_wait(self, boot: JobBoot, attempt: Callable[[], BringUp], deadline: float | None,
@@ -79,16 +83,21 @@ class WaitsForCapacity:
         except CapacityBusy as busy:
             if boot.spec is None:
                 raise AirflowFailException(f"{busy}; no job spec given to wait with; pass job=...") from None
-            deadline = deadline or time.time() + boot.spec.queue_timeout_seconds
+            deadline = deadline or self.queue_deadline(boot)
             self.wait_for_capacity(boot, busy.tried, deadline, str(busy), method_name)
         except LedgerContended as contended:
             if boot.spec is None:
                 raise
-            deadline = self.contended_until or deadline or time.time() + boot.spec.queue_timeout_seconds
+            deadline = self.contended_until or deadline or self.queue_deadline(boot)
             defer_for_contention(self, contended, deadline, "resume_after_contention",
                                  "running this step again from the ledger",
                                  late=f"job {boot.job_id}: could not commit its re-placement before "
                                       f"queue_timeout_seconds={boot.spec.queue_timeout_seconds}")
+
+    def queue_deadline(self, boot: JobBoot) -> float:
+        """The job's queue deadline as its place step fixed it (the job queue's record): the timeout
+        counts once per job across place, start and wait, not afresh in each step."""
+        return JobQueue(self.kube(), self.ledger_namespace).deadline(boot.job_id, boot.spec.queue_timeout_seconds)
 
     def resume_after_contention(self, context, event: Mapping):
         """Back from a contended ledger (nothing was written): run the step again from the ledger

@@ -18,11 +18,12 @@ from gpuboot.core.placement import Outcome, Plan
 from gpuboot.core.ports import EcsError
 from gpuboot.core.queue import never_fits_quota
 from gpuboot.core.steplog import place_summary
+from gpuboot.core.timefmt import utc_relative
 from gpuboot.exceptions import SecondLedger
 from gpuboot.hooks.kube import JOB_POD_RIGHTS
 from gpuboot.lifecycle.batching import book_first
 from gpuboot.lifecycle.booking import CONTENDED_SECONDS, Booker, LedgerContended
-from gpuboot.lifecycle.jobqueue import JobQueue, Turn, book_in_order, entry_of, queue_config
+from gpuboot.lifecycle.jobqueue import CONFIGMAP, JobQueue, Turn, book_in_order, entry_of, queue_config
 from gpuboot.operators.base import GpuJobStep, context_job_id, push, refusal, resolve_job, summarize, summarizes_failure
 from gpuboot.operators.capacity_wait import CapacityWait, defer_for_contention
 from gpuboot.triggers.wake_up import WakeUpTrigger
@@ -61,7 +62,9 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
         job_id = self.job_id or context_job_id(self, context)
         self.check_quota(spec, job_id)
         self.check_cluster(spec, job_id)
-        return self._attempt(context, spec, time.time() + spec.queue_timeout_seconds)
+        # fixed at the job's first enqueue (a retry keeps it); start and wait read the same one
+        deadline = JobQueue(self.kube(), self.ledger_namespace).deadline(job_id, spec.queue_timeout_seconds)
+        return self._attempt(context, spec, deadline)
 
     def check_quota(self, spec: JobSpec, job_id: str) -> None:
         """A job its team's quota can never hold is refused now, not after a queue timeout."""
@@ -75,7 +78,10 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
 
     @summarizes_failure
     def resume(self, context, event: Mapping):
-        """Back from the busy-wait timer: place again (the queue deadline comes back in the event)."""
+        """Back from the busy-wait (its timer, or a release in the job queue): place again
+        (the queue deadline comes back in the event)."""
+        if event.get("woken") == "queue":
+            self.log.info("woken by a release in the job queue: placing again")
         return self._attempt(context, self._spec(context), CapacityWait.from_json(event["echo"]).deadline)
 
     def _spec(self, context) -> JobSpec:
@@ -133,7 +139,7 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
         job_id = self.job_id or context_job_id(self, context)
         began = time.monotonic()
         try:
-            plan = self.place_and_reserve(spec, job_id)
+            plan = self.place_and_reserve(spec, job_id, deadline)
         except SecondLedger as exc:
             raise refusal(self, context, f"job {spec.name}: {exc}") from None
         except (LedgerContended, EcsError) as exc:
@@ -152,9 +158,15 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
                 raise refusal(self, context, f"job {spec.name} still waiting for capacity after "
                                              f"queue_timeout_seconds={spec.queue_timeout_seconds}: {plan.message}")
             wake = min(deadline, now + self.busy_poll_seconds)
-            why = self.turn.line() if self.turn and self.turn.step else plan.message   # the line names the blocker
-            self.log.info("%s; re-planning in %.0fs, giving up in %.0fs", why, wake - now, deadline - now)
-            self.defer(trigger=WakeUpTrigger(wake, CapacityWait(deadline, []).to_json()), method_name="resume")
+            # the queue's line: position, who is ahead, what blocks it, the deadline
+            why = self.turn.line(now) if self.turn and self.turn.step else \
+                f"{plan.message}; queue deadline {utc_relative(deadline, now)}"
+            wake_after = self.turn.wake_after if self.turn else None
+            self.log.info("%s; re-planning in %.0fs at the latest%s", why, wake - now,
+                          ", or as soon as a job is released" if wake_after is not None else "")
+            self.defer(trigger=WakeUpTrigger(wake, CapacityWait(deadline, []).to_json(),
+                                             queue=(self.ledger_namespace, CONFIGMAP), changes_seen=wake_after,
+                                             kubernetes_conn_id=self.kubernetes_conn_id), method_name="resume")
         self.log.info("decision: %s; nodes to start: %s", plan.message, list(plan.nodes_to_start) or "none")
         push(context, "job", spec.to_dict(env_values=False))   # names only: launch reads the values
         push(context, "job_id", job_id)
@@ -163,7 +175,7 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
 
     turn: Turn | None = None
 
-    def place_and_reserve(self, spec: JobSpec, job_id: str) -> Plan:
+    def place_and_reserve(self, spec: JobSpec, job_id: str, deadline: float | None = None) -> Plan:
         """The shared place-and-reserve transaction (gpuboot.lifecycle.booking, through a batch in a burst:
         gpuboot.lifecycle.batching), committed when the job fits and the job queue admits it
         (gpuboot.lifecycle.jobqueue: its turn, or a backfill that delays no hold)."""
@@ -171,5 +183,5 @@ class PlaceGpuJobOperator(GpuJobStep, BaseOperator):
         booker = Booker(kube, self.ecs(), self.ledger(kube), self.log, max_commit_attempts=self.max_commit_attempts,
                         boot_grace_seconds=self.boot_grace_seconds, contended_seconds=self.contended_seconds)
         self.turn = book_in_order(booker, JobQueue(kube, self.ledger_namespace), spec, job_id, queue_config(),
-                                  lambda: book_first(booker, spec, job_id))    # LedgerContended: the caller defers
+                                  lambda: book_first(booker, spec, job_id), deadline)  # LedgerContended: the caller defers
         return self.turn.plan

@@ -151,7 +151,8 @@ def create_app() -> FastAPI:
 
     @app.get("/api/queue", dependencies=[read])
     def queue() -> dict:
-        """The waiting jobs in order: position, who is ahead, what blocks each, the nodes held for it."""
+        """The waiting jobs in order: position, name, team, class, shape, enqueue time and queue deadline,
+        who is ahead, what blocks each (and whether a quota, a hold or capacity), the nodes held for it."""
         return {"queue": CACHE.get()["queue"]}
 
     @app.get("/api/runs/{dag_id}/{run_id}", dependencies=[read])

@@ -11,6 +11,7 @@ from gpuboot.core.queue import (
     Hold,
     QueueConfig,
     Running,
+    Step,
     TeamQuota,
     choose_hold,
     never_fits_quota,
@@ -126,6 +127,17 @@ def test_quota_blocks_admission_in_a_pass_and_says_so():
     result = fleet.run([entry("a0", team="a"), entry("a1", at=1, team="a"), entry("b0", at=2, team="b")], config=config)
     assert fleet.admitted == ["a0", "b0"]
     assert result.step("a1").blocker.startswith("quota: team a would use 2 T4 GPUs")
+    assert [result.step(j).blocked_by for j in ("a0", "a1", "b0")] == ["", "quota", ""]
+
+
+def test_what_blocks_a_step_is_named_as_quota_hold_or_capacity():
+    def kind(blocker):
+        return Step(entry("j"), 0, False, blocker).blocked_by
+
+    assert kind("quota: team a would use 2 T4 GPUs, over its nominal 1") == "quota"
+    assert kind("capacity busy: every node that fits is in use; node(s) n2 held for job big") == "hold"
+    assert kind("capacity busy: every node that fits is in use") == "capacity"
+    assert kind("needs a node with 16 nvidia.com/gpu") == "capacity"
 
 
 # -- holds and backfill ----------------------------------------------------------------------
@@ -191,7 +203,7 @@ def test_a_refused_shape_skips_only_jobs_of_the_same_gpu_models():
     result = fleet.run([entry("v100", models=("V100",)), entry("t4", at=1, models=("T4",)),
                         entry("v100b", at=2, models=("V100",))])
     assert fleet.admitted == ["t4"]
-    assert "same shape" in result.step("v100b").blocker
+    assert result.step("v100b").blocker.startswith("as v100 ahead of it, of the same shape: ")
 
 
 def test_only_stops_at_the_entry_asked_for_and_names_who_is_ahead():

@@ -9,11 +9,20 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from gpuboot.core.jobspec import JobSpec
-from gpuboot.core.placement import Outcome
-from gpuboot.core.queue import Entry, Hold, QueueConfig
+from gpuboot.core.placement import Outcome, Plan
+from gpuboot.core.queue import Entry, Hold, QueueConfig, Step
 from gpuboot.core.resources import GPU, Resources
+from gpuboot.core.timefmt import utc
 from gpuboot.lifecycle.booking import Booker, survey
-from gpuboot.lifecycle.jobqueue import LEASE_SECONDS, JobQueue, book_in_order, queue_config, queue_view
+from gpuboot.lifecycle.jobqueue import (
+    LEASE_SECONDS,
+    WAKE_POSITIONS,
+    JobQueue,
+    Turn,
+    book_in_order,
+    queue_config,
+    queue_view,
+)
 from tests.fakes import T4, cloud
 
 LOG = logging.getLogger("test-jobqueue")
@@ -36,6 +45,55 @@ def test_an_entry_keeps_its_first_enqueue_time_while_its_lease_is_renewed():
     state = queue.enqueue(entry("a", c.clock()))       # the next poll: same place in line, a new lease
     (waiting,) = state.waiting
     assert waiting.entry.enqueued_at == c.clock() - 100 and waiting.lease_until == c.clock() + LEASE_SECONDS
+
+
+def test_the_queue_deadline_is_fixed_at_the_first_enqueue_and_kept_through_admission():
+    c = cloud()
+    queue = JobQueue(c.cluster, clock=c.clock)
+    first = queue.deadline("a", 3600)                    # the place step's first try: an hour from now
+    assert first == c.clock() + 3600
+    queue.enqueue(entry("a", c.clock()), first)
+    c.clock.advance(100)
+    assert queue.deadline("a", 3600) == first           # a later poll, or a retry of the step, keeps it
+    queue.enqueue(entry("a", c.clock()), c.clock() + 3600)
+    assert queue.snapshot().waiting[0].deadline == first
+    queue.admit("a", "default", "Tesla-T4", 1, c.clock() + 3600)
+    c.clock.advance(600)
+    assert queue.deadline("a", 3600) == first           # start and wait read the same one
+    queue.drop("a")
+    assert queue.deadline("a", 3600) == c.clock() + 3600   # a new run of the job: a new deadline
+
+
+def test_releases_move_the_change_counter_arrivals_renewals_and_admissions_do_not():
+    c = cloud()
+    queue = JobQueue(c.cluster, clock=c.clock)
+    assert queue.snapshot().changes == 0
+    assert queue.enqueue(entry("a", c.clock())).changes == 0            # an arrival frees nothing
+    assert queue.enqueue(entry("a", c.clock())).changes == 0            # its renewal
+    queue.admit("a", "default", "Tesla-T4", 1)
+    assert queue.snapshot().changes == 0
+    queue.drop("a")                                                      # a release
+    assert queue.snapshot().changes == 1
+    queue.drop("a")                                                      # nothing left to drop
+    assert queue.snapshot().changes == 1
+
+
+def test_only_the_front_of_the_line_is_woken_early_the_rest_wait_on_their_timer():
+    def turn(position: int, admitted: bool = False) -> Turn:
+        return Turn(Plan("j", Outcome.BUSY, ""), Step(entry("j", 0), position, admitted, "capacity busy"), 20,
+                    changes=7)
+
+    assert turn(0).wake_after == 7 and turn(WAKE_POSITIONS - 1).wake_after == 7
+    assert turn(WAKE_POSITIONS).wake_after is None and turn(0, admitted=True).wake_after is None
+    assert Turn(Plan("j", Outcome.FITS, ""), changes=7).wake_after is None
+
+
+def test_the_log_line_names_the_jobs_ahead_by_name_and_id_and_says_the_deadline():
+    step = Step(entry("gb-3", 0), 2, False, "capacity busy: every node that fits is in use", ("gb-1", "gb-2", "gb-3"))
+    turn = Turn(Plan("gb-3", Outcome.BUSY, ""), step, 3, 1_800_003_600.0, names={"gb-1": "resnet"})
+    assert turn.line(1_800_000_000.0) == (
+        "queue position 3 of 3; ahead: resnet (gb-1), gb-2; blocked by: capacity busy: every node that fits is in "
+        "use; queue deadline 2027-01-15 09:00:00 UTC (in 60 min)")
 
 
 def test_a_waiter_killed_mid_wait_loses_its_place_and_its_hold_within_one_lease():
@@ -101,11 +159,14 @@ def test_a_newcomer_never_takes_the_place_an_older_waiter_is_owed():
 
     def turn(name: str):
         booker = Booker(c.cluster, c.ecs, c.ledger(), LOG, clock=c.clock)
-        return book_in_order(booker, queue, spec(name), name, QueueConfig(), lambda: booker.book(spec(name), name))
+        return book_in_order(booker, queue, spec(name), name, QueueConfig(), lambda: booker.book(spec(name), name),
+                             c.clock() + 3600)
 
     assert turn("first").plan.outcome is Outcome.FITS
     older = turn("older")
     assert older.plan.outcome is Outcome.BUSY and "queue position 1 of 1" in older.line()
+    assert older.deadline == c.clock() + 3600 and older.line(c.clock()).endswith(
+        f"queue deadline {utc(c.clock() + 3600)} (in 60 min)")
     c.clock.advance(10)
     newcomer = turn("newcomer")
     assert newcomer.plan.outcome is Outcome.BUSY
@@ -113,6 +174,7 @@ def test_a_newcomer_never_takes_the_place_an_older_waiter_is_owed():
     c.ledger().release("first")                         # the GPU frees: the newcomer polls first
     again = turn("newcomer")
     assert again.plan.outcome is Outcome.BUSY and "ahead: older" in again.line()
+    assert again.deadline == newcomer.deadline          # its later polls keep the deadline of its first
     assert turn("older").plan.outcome is Outcome.FITS
     assert [e.job_id for e in queue.snapshot().live(c.clock())] == ["newcomer"]
 
@@ -129,11 +191,21 @@ def test_the_queue_view_shows_every_waiter_in_order_with_who_is_ahead_and_what_b
     queue = JobQueue(c.cluster, clock=c.clock)
     booker = Booker(c.cluster, c.ecs, c.ledger(), LOG, clock=c.clock)
     booker.book(spec("hog"), "hog")
-    queue.enqueue(entry("older", c.clock()))
+    queue.enqueue(entry("older", c.clock()), c.clock() + 3600)
     queue.enqueue(entry("big", c.clock() + 1, gpus=4))
     views = survey(c.cluster, c.ecs, c.ledger().live(), c.clock()).views
     rows = queue_view(queue.snapshot(), views, [], QueueConfig(), c.clock() + 5)
     assert [(r["position"], r["job_id"], r["ahead"], r["next"]) for r in rows] == [
         (1, "older", [], False), (2, "big", ["older"], False)]
-    assert "capacity busy" in rows[0]["blocker"] and rows[1]["waiting_seconds"] == 4
+    assert "capacity busy" in rows[0]["blocker"] and rows[0]["blocked_by"] == "capacity"
+    assert rows[0]["deadline"] == c.clock() + 3600 and rows[1]["enqueued_at"] == c.clock() + 1
     assert "needs a node with 4 nvidia.com/gpu" in rows[1]["blocker"] and rows[1]["held_nodes"] == []
+    assert (rows[1]["gpus"], rows[1]["tasks"], rows[1]["gpus_per_task"], rows[1]["team"]) == (4, 1, 4, "default")
+    # a job that fits a stopped node but not its team's quota: blocked by the quota
+    c = cloud({"gpu-stop": ("Stopped", T4)})
+    queue = JobQueue(c.cluster, clock=c.clock)
+    queue.enqueue(entry("capped", c.clock(), team="vision"))
+    views = survey(c.cluster, c.ecs, c.ledger().live(), c.clock()).views
+    config = QueueConfig.from_json({"teams": {"vision": {"nominal": {"T4": 0}}}})
+    [row] = queue_view(queue.snapshot(), views, [], config, c.clock())
+    assert row["blocked_by"] == "quota" and row["blocker"].startswith("quota: team vision"), row

@@ -13,9 +13,11 @@ from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.placement import Outcome, Plan
 from gpuboot.lifecycle.booking import LedgerContended
 from gpuboot.lifecycle.boot import CapacityBusy, CapacityUnavailable
+from gpuboot.lifecycle.jobqueue import JobQueue
 from gpuboot.operators.place import PlaceGpuJobOperator
 from gpuboot.operators.start import StartGpuNodesOperator
 from tests.builders import TaskInstance, step_context
+from tests.fakes import cloud
 
 JOB = {"name": "sweep-7", "image": "python:3.11", "command": ["true"], "gpus": 1, "queue_timeout_seconds": 120}
 PLAN = Plan("job-7", Outcome.FITS, "fits on gpu-stop")
@@ -43,9 +45,13 @@ class ScriptedStart(StartGpuNodesOperator):
     def __init__(self, *, script, **kwargs):
         super().__init__(task_id="start", plan=PLAN.to_json(), job=JOB, **kwargs)
         self.scripted = ScriptedBoot(script)
+        self.cluster = cloud().cluster          # the job queue's ConfigMap (the queue deadline) lives here
 
     def _boot(self, plan):
         return self.scripted
+
+    def kube(self):
+        return self.cluster
 
 
 def test_capacity_that_never_comes_back_fails_the_start_step_with_a_summary():
@@ -69,6 +75,25 @@ def test_a_busy_wait_past_the_queue_timeout_fails_the_start_step_with_a_summary(
                                            "tried: gpu-a: NoStock")
 
 
+def test_the_start_steps_wait_keeps_the_queue_deadline_the_place_step_fixed():
+    step, ctx = ScriptedStart(script=[CapacityBusy("gpu-a failed to boot; the rest is busy", ["gpu-a: NoStock"])]), \
+        step_context()
+    fixed = time.time() + 7                           # what is left of the job's 120 s after its wait in place
+    JobQueue(step.cluster).admit("job-7", "default", "Tesla-T4", 1, deadline=fixed)
+    with pytest.raises(TaskDeferred) as deferred:
+        step.execute(ctx)
+    assert deferred.value.trigger.echo["deadline"] == fixed          # not a fresh 120 s
+    assert deferred.value.trigger.moment <= fixed
+
+
+def test_a_start_step_whose_job_used_up_its_queue_timeout_in_place_fails_at_once():
+    step, ctx = ScriptedStart(script=[CapacityBusy("gpu-a failed to boot; the rest is busy", ["gpu-a: NoStock"])]), \
+        step_context()
+    JobQueue(step.cluster).admit("job-7", "default", "Tesla-T4", 1, deadline=time.time() - 1)
+    with pytest.raises(AirflowFailException, match="still no capacity after queue_timeout_seconds=120"):
+        step.execute(ctx)
+
+
 def test_a_re_placement_still_contended_at_its_deadline_fails_the_start_step_with_a_summary():
     step, ctx = ScriptedStart(script=[LedgerContended("busy ledger")]), step_context()
     step.contended_until = time.time() - 1
@@ -90,7 +115,10 @@ def test_a_refusal_is_summarized_once():
         def check_cluster(self, spec, job_id):
             pass
 
-        def place_and_reserve(self, spec, job_id):
+        def kube(self):
+            return cloud().cluster
+
+        def place_and_reserve(self, spec, job_id, deadline=None):
             return Plan(job_id, Outcome.NEVER, "no node has 9 GPUs")
 
     pushed = []

@@ -11,10 +11,14 @@ from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.placement import Outcome, Plan
+from gpuboot.core.queue import Entry
+from gpuboot.core.resources import GPU, Resources
 from gpuboot.lifecycle.booking import LedgerContended
+from gpuboot.lifecycle.jobqueue import JobQueue
 from gpuboot.operators.place import PlaceGpuJobOperator
 from gpuboot.triggers.wake_up import WakeUpTrigger
 from tests.builders import step_context
+from tests.fakes import cloud
 
 JOB = {"name": "sweep-7", "image": "python:3.11", "command": ["true"], "gpus": 1, "queue_timeout_seconds": 120}
 
@@ -25,11 +29,15 @@ class ScriptedPlace(PlaceGpuJobOperator):
     def __init__(self, script, **kwargs):
         super().__init__(task_id="place", job=JOB, job_id="job-7", **kwargs)
         self.script, self.calls = list(script), 0
+        self.cluster = cloud().cluster           # the job queue's ConfigMap (the queue deadline) lives here
 
     def check_cluster(self, spec, job_id) -> None:
         pass
 
-    def place_and_reserve(self, spec, job_id):
+    def kube(self):
+        return self.cluster
+
+    def place_and_reserve(self, spec, job_id, deadline=None):
         self.calls += 1
         step = self.script.pop(0)
         if isinstance(step, Exception):
@@ -56,6 +64,15 @@ def test_a_contended_placement_defers_on_a_timer_and_places_again_when_it_fires(
     plan = step.resume(ctx, {"echo": second.value.trigger.echo})
     assert plan["outcome"] == "fits" and step.calls == 3
     assert ctx["ti"].pushed["job_id"] == "job-7"
+
+
+def test_a_retry_of_the_place_step_keeps_the_deadline_of_the_jobs_first_enqueue():
+    step, ctx = ScriptedPlace(script=[LedgerContended("busy ledger")]), step_context()
+    fixed = time.time() + 30                    # the first try enqueued the job 90 s ago, then its worker died
+    JobQueue(step.cluster).enqueue(Entry("job-7", Resources({GPU: 1})), fixed)
+    with pytest.raises(TaskDeferred) as deferred:
+        step.execute(ctx)
+    assert deferred.value.trigger.echo["deadline"] == fixed
 
 
 def test_a_placement_still_contended_at_the_queue_timeout_fails_with_the_reason():
