@@ -55,6 +55,7 @@ class StepCall:
     params: dict = field(default_factory=dict)
     method: str = "execute"         # or the resume method named by TaskDeferred
     method_kwargs: dict = field(default_factory=dict)
+    xcoms: dict = field(default_factory=dict)   # (task id, key) -> value: what the run's unmapped tasks pushed
 
 
 @dataclass
@@ -70,16 +71,21 @@ class StepResult:
 
 
 class TaskInstanceStandIn:
-    """What operators read from context["ti"]: identity, try number and XCom pushes."""
+    """What operators read from context["ti"]: identity, try number, XCom pushes, and pulls of what the
+    run's earlier tasks pushed (release reads the nodes launch created its gang on)."""
 
     def __init__(self, call: StepCall):
         self.dag_id, self.task_id, self.run_id = call.dag_id, call.task_id, call.run_id
         self.map_index, self.try_number = call.map_index, call.try_number
         self.start_date = dt.datetime.now(dt.UTC)
         self.pushed: dict[str, Any] = {}
+        self.xcoms = call.xcoms
 
     def xcom_push(self, key: str, value: Any) -> None:
         self.pushed[key] = value
+
+    def xcom_pull(self, task_ids: str | None = None, key: str = RETURN_KEY, **_) -> Any:
+        return self.xcoms.get((task_ids, key))
 
 
 def load(path: str):
@@ -354,7 +360,8 @@ class DagRunner:
         key = task.task_id if map_index < 0 else f"{task.task_id}[{map_index}]"
         for try_number in range(1, retries + 2):
             call = StepCall(operator=classpath, kwargs=kwargs, dag_id=self.dag.dag_id, run_id=result.run_id,
-                            task_id=task.task_id, map_index=map_index, try_number=try_number, params=params)
+                            task_id=task.task_id, map_index=map_index, try_number=try_number, params=params,
+                            xcoms={(t, k): v for (t, i, k), v in result.xcom.items() if i < 0})
             while True:
                 outcome = self.workers.run(call, self.on_spawn)
                 if self.on_result:
