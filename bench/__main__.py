@@ -36,7 +36,7 @@ import time  # noqa: E402
 import traceback  # noqa: E402
 
 from bench import report  # noqa: E402
-from bench.common import output_to  # noqa: E402
+from bench.common import output_to, write_json  # noqa: E402
 
 PARTS = ("placement", "readiness", "overhead", "gang", "burst", "triggerer", "queue_wake")
 SLOW_PARTS = ("distributed",)     # only when asked for by name
@@ -126,9 +126,9 @@ def main(argv: list[str] | None = None) -> int:
             result = {"error": f"{type(error).__name__}: {error}"}
         result["wall_seconds"] = round(time.perf_counter() - began, 1)
         summary["parts"][part] = result
-        (out / f"{part}.json").write_text(json.dumps(result, indent=2) + "\n")
+        write_json(out / f"{part}.json", result)
         print(report.render(part, result), flush=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(out / "summary.json", summary)
     print(f"machine: {summary['machine']['cpu']}, {summary['machine']['cores']} cores; wrote {out}/*.json")
     return 1 if failed else 0
 
@@ -145,8 +145,7 @@ def _side_by_side(argv: list[str], backends: list[str], parts: list[str], out: P
         failed = failed or done.returncode != 0
     results = {kube: {part: json.loads(path.read_text()) if (path := out / kube / f"{part}.json").exists()
                       else {"error": "not run"} for part in parts} for kube in backends}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "side_by_side.json").write_text(json.dumps({"machine": machine(), "backends": results}, indent=2) + "\n")
+    write_json(out / "side_by_side.json", {"machine": machine(), "backends": results})
     print(report.side_by_side(results), flush=True)
     print(f"wrote {out}/<backend>/*.json and {out}/side_by_side.json")
     return 1 if failed else 0

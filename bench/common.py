@@ -98,3 +98,9 @@ def output_to(path: Path):
             sys.stdout.flush(), sys.stderr.flush()
             os.dup2(saved[0], 1), os.dup2(saved[1], 2)
             os.close(saved[0]), os.close(saved[1])
+
+
+def write_json(path: Path, data: object) -> None:
+    """A figure file: `data` as indented JSON at `path` (its folder made when missing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")

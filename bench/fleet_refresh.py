@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import os
 import sys
 import tempfile
@@ -130,8 +129,9 @@ def main() -> int:
         print(f"| {m['changes_per_minute']} | {m['before']['bytes_per_minute']:,} | {m['after']['bytes_per_minute']:,} "
               f"| {m['after']['answers_200']} / {m['after']['answers_304']} |")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        from bench.common import write_json
+
+        write_json(args.json, result)
     return 0
 
 

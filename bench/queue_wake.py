@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import statistics
@@ -121,8 +120,9 @@ def main(argv=None) -> int:
     print(f"release -> waiter placed: median {s['median']} s, mean {result['mean_release_to_placed']} s, "
           f"max {s['max']} s over {s['n']} runs (poll {POLL_SECONDS:g} s)")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        from bench.common import write_json
+
+        write_json(args.json, result)
     return 0
 
 
