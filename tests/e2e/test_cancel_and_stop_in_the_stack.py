@@ -176,13 +176,20 @@ def test_a_gang_cancelled_while_it_runs_loses_every_pod(stack):
     stop_idle(stack, nodes)
 
 
-def test_marking_the_run_failed_while_wait_gpu_ready_waits_ends_failed_with_nothing_left(stack, faults):
-    faults(device_plugin_never=TWO_GPU_NODES)             # the wait lasts until the user gives up
+def waiting_on_a_started_node(stack, faults) -> tuple[str, str, str]:
+    """A short job triggered with no GPU node's device plugin ever registering: its wait_gpu_ready
+    deferred on the node it started (Running). (run id, job id, node)."""
+    faults(device_plugin_never=TWO_GPU_NODES)
     run_id = stack.api.trigger(DAG, SHORT_JOB)
     job_id = job_of(stack, run_id)
     wait("wait_gpu_ready deferred", lambda: task_state(stack, run_id, "wait_gpu_ready") == "deferred")
     (node,) = held_nodes(stack, job_id)
     wait(f"{node} started", lambda: ecs_status(stack, node) == "Running", timeout=120)
+    return run_id, job_id, node
+
+
+def test_marking_the_run_failed_while_wait_gpu_ready_waits_ends_failed_with_nothing_left(stack, faults):
+    run_id, job_id, node = waiting_on_a_started_node(stack, faults)   # the wait lasts until the user gives up
     mark_failed(stack, run_id)
     assert settled(stack, run_id) == "failed"              # never success (issue 35 #6)
     states = {task: ti.get("state") for task, ti in task_instances(stack, run_id).items()}
@@ -194,12 +201,7 @@ def test_marking_the_run_failed_while_wait_gpu_ready_waits_ends_failed_with_noth
 
 
 def test_an_instance_stopped_outside_gpuboot_is_left_within_seconds_and_the_job_succeeds_elsewhere(stack, faults):
-    faults(device_plugin_never=TWO_GPU_NODES)             # whichever node is chosen keeps the wait going
-    run_id = stack.api.trigger(DAG, SHORT_JOB)
-    job_id = job_of(stack, run_id)
-    wait("wait_gpu_ready deferred", lambda: task_state(stack, run_id, "wait_gpu_ready") == "deferred")
-    (first,) = held_nodes(stack, job_id)
-    wait(f"{first} started", lambda: ecs_status(stack, first) == "Running", timeout=120)
+    run_id, job_id, first = waiting_on_a_started_node(stack, faults)  # whichever node is chosen keeps waiting
     faults(device_plugin_never=[first])                    # the next node boots normally
 
     iid = stack.cloud.instance_id(first)
