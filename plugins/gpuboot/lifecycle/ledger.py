@@ -500,6 +500,15 @@ class ReservationLedger:
             return LedgerState(parts, versions, self.name)
         raise LedgerConflict(f"ledger {self.identity}: its migration to format {FORMAT} kept being interrupted")
 
+    def sizes(self) -> dict[str, int]:
+        """Bytes of the data of each ledger object that exists (benches, and the size checks' tests)."""
+        root = self.kube.read_configmap(self.namespace, self.name)
+        if root is None:
+            return {}
+        count = int(dict(Part.from_data(root.get("data") or {}).meta).get("shards") or 0)
+        found = {self.name: root, **{n: self.kube.read_configmap(self.namespace, n) for n in self.shard_names(count)}}
+        return {n: len(json.dumps(cm.get("data") or {}).encode()) for n, cm in found.items() if cm is not None}
+
     def read(self) -> tuple[list[Reservation], Versions | None]:
         """All reservations (expired ones included) and the version they were read at (None: no ledger yet)."""
         state = self.snapshot()
