@@ -545,9 +545,12 @@ class ReservationLedger:
 
     def update(self, change: Callable[[LedgerState], tuple | None],
                what: str, attempts: int = 20) -> LedgerState | None:
-        """Read-modify-write through conflicts: `change(state)` returns the new entries, as
-        (reservations, unavailable, records) or with the batch state fourth (or None: nothing to
-        write). Returns the state the last write was guarded by (None: nothing written)."""
+        """Read-modify-write until done: `change(state)` returns the new entries, as (reservations,
+        unavailable, records) or with the batch state fourth, or None once there is nothing left to
+        write. Each object is compare-and-swapped on its own, so a change that read several objects
+        (a record as long as the reservations it holds) is read again after its write and written
+        again until the ledger as read needs nothing more. Returns the state the last write was
+        guarded by (None: nothing written)."""
         wrote = None
         for attempt in write_attempts(attempts):
             state = self.snapshot()
@@ -556,11 +559,10 @@ class ReservationLedger:
                 return wrote
             try:
                 self._write(new[0], new[1], state, new[2], batch=new[3] if len(new) > 3 else None)
-                return state
+                wrote = state
             except LedgerConflict:
                 wrote = state       # some objects may be written already: the next round writes the rest
                 time.sleep(backoff(attempt))
-                continue
         raise LedgerConflict(f"could not {what}: every write conflicted for {WRITE_CONTENDED_SECONDS} s")
 
     def renew(self, job_id: str, until: float) -> list[Reservation]:
@@ -665,8 +667,10 @@ class ReservationLedger:
         unknown = set(wanted) - set(prev.parts)
         if unknown:
             raise ValueError(f"entries for objects this ledger does not have: {sorted(unknown)}")
-        # what promises or fences capacity, and the batch state; offering marks in the root are hints
-        strict = [n for n, c in changes.items() if c.adds and (n != self.name or c.batch is not None)]
+        # what promises or fences capacity, a job record (one writer's read-modify-write), the batch
+        # state; offering marks in the root are hints
+        strict = [n for n, c in changes.items()
+                  if (c.adds or c.put_jobs or c.drop_jobs) and (n != self.name or c.batch is not None)]
         if any(n in moved for n in strict):
             raise LedgerConflict(f"ledger objects {sorted(set(strict) & set(moved))} moved since they were read")
         self._add_all(prev, strict, changes, now)
@@ -675,16 +679,20 @@ class ReservationLedger:
                 self._apply_fresh(name, change)
 
     def _add_all(self, prev: LedgerState, names: list[str], changes: dict[str, Change], now: float) -> None:
-        """Write the objects that gain entries, root last, each against its version in `prev`; on a
-        conflict take back what was written (module doc, "Commits"). Several objects: the reservations
-        are written with at most PROVISIONAL_SECONDS left, then extended once all are in."""
+        """Write the objects that gain entries, each against its version in `prev`: those that only
+        add first, then the one with the job's record, the root last; on a conflict take back what
+        was added (module doc, "Commits"). Several objects: the reservations are written with at
+        most PROVISIONAL_SECONDS left, then extended once all are in."""
         several = len(names) > 1
-        order = sorted(n for n in names if n != self.name) + [n for n in names if n == self.name]
+        order = sorted(names, key=lambda n: (n == self.name, bool(changes[n].put_jobs or changes[n].drop_jobs), n))
         done: list[str] = []
         try:
             for name in order:
                 change = changes[name].provisional(now) if several else changes[name]
-                self._cas(name, prev.parts[name], prev.versions.get(name), change, now)
+                if name == self.name:
+                    self._put_root(prev.parts[name], change, now)
+                else:
+                    self._cas(name, prev.parts[name], prev.versions.get(name), change, now)
                 done.append(name)
         except LedgerConflict:
             for name in done:
@@ -694,6 +702,20 @@ class ReservationLedger:
             for name in done:
                 if changes[name].provisional(now) != changes[name]:
                     self._apply_fresh(name, changes[name].extension())
+
+    def _put_root(self, prev: Part, change: Change, now: float) -> None:
+        """The root's batch state, if it is still the one `prev` read (else LedgerConflict): a write of
+        the root that left the batch alone (an offering mark) is no reason to refuse."""
+        for attempt in range(MIGRATION_ATTEMPTS):
+            cm = self.kube.read_configmap(self.namespace, self.name)
+            part = Part.from_data((cm or {}).get("data") or {})
+            if cm is None or part.batch != prev.batch or part.format < FORMAT:
+                raise LedgerConflict(f"the batch state in {self.identity} changed since it was read")
+            try:
+                return self._cas(self.name, part, cm["metadata"]["resourceVersion"], change, now)
+            except LedgerConflict:
+                time.sleep(backoff(attempt))
+        raise LedgerConflict(f"the root of ledger {self.identity} kept changing")
 
     def _apply_fresh(self, name: str, change: Change, must: bool = True) -> None:
         """Apply `change` to the object as it is now, through conflicts (for what needs no version:
@@ -806,7 +828,7 @@ class Change:
     put_jobs: tuple[JobRecord, ...] = ()
     drop_jobs: frozenset = frozenset()
     batch: Batch | None = None
-    new_keys: frozenset = frozenset()         # keys of `put` the object did not hold: what it adds
+    new_keys: frozenset = frozenset()         # keys of `put` the object did not hold (or held smaller): what it adds
 
     @classmethod
     def between(cls, old: Part, res: list[Reservation], marks: list[Unavailable], recs: list[JobRecord]) -> Change:
@@ -814,13 +836,14 @@ class Change:
         after = {_key(r): r for r in res}
         jobs_before = {j.job_id: j for j in old.jobs}
         jobs_after = {j.job_id: j for j in recs}
+        grown = {k for k, r in after.items() if k in before and before[k].resources != r.resources}
         return cls(put=tuple(r for k, r in after.items() if before.get(k) != r),
                    drop=frozenset(set(before) - set(after)),
                    put_marks=tuple(m for m in marks if m not in set(old.unavailable)),
                    drop_marks=frozenset(set(old.unavailable) - set(marks)),
                    put_jobs=tuple(j for i, j in jobs_after.items() if jobs_before.get(i) != j),
                    drop_jobs=frozenset(set(jobs_before) - set(jobs_after)),
-                   new_keys=frozenset(set(after) - set(before)))
+                   new_keys=frozenset(set(after) - set(before)) | grown)
 
     @property
     def adds(self) -> bool:
