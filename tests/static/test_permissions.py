@@ -252,7 +252,7 @@ def test_ledger_is_granted_only_on_its_configmap(rbac):
 def test_ledger_shard_count_is_the_one_rbac_names():
     from gpuboot.lifecycle.ledger import SHARDS, ReservationLedger
 
-    assert tuple(ReservationLedger(None).shard_names()) == LEDGER_SHARDS and SHARDS == len(LEDGER_SHARDS)
+    assert tuple(ReservationLedger(None).shard_names()) == LEDGER_SHARDS and len(LEDGER_SHARDS) == SHARDS
 
 
 def test_ledger_name_is_the_one_the_plugin_uses(plugin_uses):
