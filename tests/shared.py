@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from gpuboot.core.model import Reservation
-from gpuboot.lifecycle.ledger import CONFIGMAP, DATA_KEY, LABEL_LEDGER
+from gpuboot.lifecycle.ledger import CONFIGMAP, DATA_KEY, LABEL_LEDGER, SHARDS, ReservationLedger
 
 
 def two_gpu_training_job(tag: str) -> dict:
@@ -75,3 +75,22 @@ def format1_add(kube, reservation: Reservation, namespace: str = "default") -> b
         return True
     except Conflict:
         return False
+
+
+def nodes_in_distinct_shards(count: int, *, ordered: bool = True) -> list[str]:
+    """`count` node names, each in a shard of its own (in shard-name order when `ordered`)."""
+    ledger, seen, out = ReservationLedger(None), set(), []
+    i = 0
+    while len(out) < count:
+        name, i = f"node-{i}", i + 1
+        shard = ledger.object_of_node(name, SHARDS)
+        if shard not in seen:
+            seen.add(shard)
+            out.append(name)
+    return sorted(out, key=lambda n: ledger.object_of_node(n, SHARDS)) if ordered else out
+
+
+def same_shard_as(node: str) -> str:
+    ledger = ReservationLedger(None)
+    return next(f"other-{i}" for i in range(10_000)
+                if ledger.object_of_node(f"other-{i}", SHARDS) == ledger.object_of_node(node, SHARDS))

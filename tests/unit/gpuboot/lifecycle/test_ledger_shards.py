@@ -15,7 +15,6 @@ from gpuboot.core.resources import Resources
 from gpuboot.lifecycle.ledger import (
     CONFIGMAP,
     PROVISIONAL_SECONDS,
-    SHARDS,
     Batch,
     Decided,
     JobRecord,
@@ -24,32 +23,13 @@ from gpuboot.lifecycle.ledger import (
     StartedNode,
 )
 from tests.fakes import Clock, FakeCluster
-from tests.shared import format1_add, run_threads
+from tests.shared import format1_add, nodes_in_distinct_shards, run_threads, same_shard_as
 
 GPU = Resources.parse({"nvidia.com/gpu": 1})
 
 
 def ledger_on(cluster: FakeCluster, clock: Clock) -> ReservationLedger:
     return ReservationLedger(cluster, clock=clock)
-
-
-def nodes_in_distinct_shards(count: int, *, ordered: bool = True) -> list[str]:
-    """`count` node names, each in a shard of its own (in shard-name order when `ordered`)."""
-    ledger, seen, out = ReservationLedger(None), set(), []
-    i = 0
-    while len(out) < count:
-        name, i = f"node-{i}", i + 1
-        shard = ledger.object_of_node(name, SHARDS)
-        if shard not in seen:
-            seen.add(shard)
-            out.append(name)
-    return sorted(out, key=lambda n: ledger.object_of_node(n, SHARDS)) if ordered else out
-
-
-def same_shard_as(node: str) -> str:
-    ledger = ReservationLedger(None)
-    return next(f"other-{i}" for i in range(10_000)
-                if ledger.object_of_node(f"other-{i}", SHARDS) == ledger.object_of_node(node, SHARDS))
 
 
 def res(job: str, node: str, until: float, task: str = "t") -> Reservation:
