@@ -31,6 +31,7 @@ def test_actors_on_distinct_shards_never_conflict_and_on_one_shard_one_wins(clou
     nodes = nodes_in_distinct_shards(17, ordered=False)
     ledger.commit("seed", [res("seed", nodes[16])], None)
     state = ledger.snapshot()
+    assert state.reservations                           # every shard read now, before the actors start
     shared = [same_shard_as(nodes[16])] * 4
     barrier, errors, refused = threading.Barrier(20), [], Counter()
 

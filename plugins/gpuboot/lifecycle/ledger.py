@@ -335,15 +335,33 @@ class Part:
 @dataclass(frozen=True)
 class LedgerState:
     """The ledger as read: every object's content and version (see the module doc, "Layout"),
-    merged into one view (expired entries included)."""
+    merged into one view (expired entries included). The shards are read on first use (`load`),
+    after the root: a waiter polling for its batch answer reads the root only."""
 
-    parts: Mapping[str, Part]
-    versions: Mapping[str, str | None]
+    given_parts: Mapping[str, Part]
+    given_versions: Mapping[str, str | None]
     root: str = CONFIGMAP
+    load: Callable[[], tuple[dict[str, Part], dict[str, str | None]]] | None = field(
+        default=None, compare=False, repr=False)
 
     @classmethod
     def empty(cls, root: str = CONFIGMAP) -> LedgerState:
         return cls({}, {}, root)
+
+    @cached_property
+    def _loaded(self) -> tuple[dict[str, Part], dict[str, str | None]]:
+        if self.load is None:
+            return dict(self.given_parts), dict(self.given_versions)
+        parts, versions = self.load()
+        return {**self.given_parts, **parts}, {**self.given_versions, **versions}
+
+    @property
+    def parts(self) -> dict[str, Part]:
+        return self._loaded[0]
+
+    @property
+    def versions(self) -> dict[str, str | None]:
+        return self._loaded[1]
 
     def _all(self, attr: str) -> tuple:
         return tuple(x for name in sorted(self.parts) for x in getattr(self.parts[name], attr))
@@ -366,7 +384,7 @@ class LedgerState:
 
     @property
     def batch(self) -> Batch:
-        return self.parts[self.root].batch if self.root in self.parts else Batch()
+        return self.given_parts[self.root].batch if self.root in self.given_parts else Batch()
 
     @property
     def version(self) -> Versions | None:
@@ -431,6 +449,7 @@ class ReservationLedger:
     def __init__(self, kube: KubeClient, namespace: str = "default", name: str = CONFIGMAP,
                  clock: Callable[[], float] = time.time, shards: int = SHARDS) -> None:
         self.kube, self.namespace, self.name, self.clock, self.shards = kube, namespace, name, clock, shards
+        self._cache: dict[str, tuple[str | None, Part]] = {}     # shard -> (version, content) last parsed
 
     @property
     def identity(self) -> str:
@@ -492,13 +511,28 @@ class ReservationLedger:
             if part.format < FORMAT or dict(part.meta).get(MIGRATING_KEY):
                 self.migrate(root)
                 continue
-            parts, versions = {self.name: part}, {self.name: root["metadata"]["resourceVersion"]}
-            for name in self.shard_names(int(dict(part.meta)["shards"])):
-                cm = self.kube.read_configmap(self.namespace, name)
-                versions[name] = cm["metadata"]["resourceVersion"] if cm else None
-                parts[name] = Part.from_data((cm or {}).get("data") or {})
-            return LedgerState(parts, versions, self.name)
+            names = self.shard_names(int(dict(part.meta)["shards"]))
+            return LedgerState({self.name: part}, {self.name: root["metadata"]["resourceVersion"]}, self.name,
+                               lambda: self._read_shards(names))
         raise LedgerConflict(f"ledger {self.identity}: its migration to format {FORMAT} kept being interrupted")
+
+    def _read_shards(self, names: list[str]) -> tuple[dict[str, Part], dict[str, str | None]]:
+        parts, versions = {}, {}
+        for name in names:
+            cm = self.kube.read_configmap(self.namespace, name)
+            versions[name] = cm["metadata"]["resourceVersion"] if cm else None
+            parts[name] = self._parsed(name, cm)
+        return parts, versions
+
+    def _parsed(self, name: str, cm: dict | None) -> Part:
+        """The shard's content, parsed once per version (a snapshot mostly finds shards unchanged)."""
+        version = cm["metadata"]["resourceVersion"] if cm else None
+        cached = self._cache.get(name)
+        if cached is not None and version is not None and cached[0] == version:
+            return cached[1]
+        part = Part.from_data((cm or {}).get("data") or {})
+        self._cache[name] = (version, part)
+        return part
 
     def sizes(self) -> dict[str, int]:
         """Bytes of the data of each ledger object that exists (benches, and the size checks' tests)."""
@@ -766,8 +800,8 @@ class ReservationLedger:
             f"ledger ConfigMap {self.namespace}/{name} would be {size:,} bytes, over gpuboot's "
             f"{MAX_OBJECT_BYTES:,}-byte limit per ledger object (kept well below the 1 MiB a ConfigMap may hold) "
             f"even with expired entries pruned: {parts}. The write was refused and nothing changed: too many "
-            f"jobs hold reservations or records on the nodes of this shard at once; let some finish, or give "
-            f"groups of jobs their own ledger_namespace")
+            f"jobs hold reservations or records on the nodes of this shard at once; let some finish, or keep "
+            f"groups of jobs on separate nodes with a ledger_namespace each")
 
     def _create(self, now: float) -> None:
         """A new ledger: its root, in format 2 (a 409 means another process created it first)."""

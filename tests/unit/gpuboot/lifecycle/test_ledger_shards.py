@@ -56,6 +56,7 @@ def test_a_gang_across_shards_is_taken_back_whole_when_one_shard_moved():
     x, y = nodes_in_distinct_shards(2)                  # x's shard is written first
     ledger.commit("seed", [res("seed", x, clock() + 600)], None)
     state = ledger.snapshot()
+    assert state.reservations                           # the plan's view: every shard read now
     ledger.commit("other", [res("other", y, clock() + 600)], ledger.snapshot().version)   # y's shard moves
     with pytest.raises(LedgerConflict):
         ledger.commit("gang", [res("gang", x, clock() + 600, "r0"), res("gang", y, clock() + 600, "r1")],
@@ -115,6 +116,7 @@ def test_many_actors_on_distinct_shards_commit_without_a_conflict():
     nodes = nodes_in_distinct_shards(17)
     ledger.commit("seed", [res("seed", nodes[16], clock() + 600)], None)
     state = ledger.snapshot()
+    assert state.reservations                           # every shard read now, before the actors start
     barrier, errors = threading.Barrier(16), []
 
     def place(i: int) -> None:
