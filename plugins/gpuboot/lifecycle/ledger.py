@@ -100,7 +100,8 @@ import uuid
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
+from itertools import chain
 
 from gpuboot.core.model import ANNOTATION_LEDGER, Reservation, Unavailable, ledger_of
 from gpuboot.core.resources import Resources
@@ -364,7 +365,7 @@ class LedgerState:
         return self._loaded[1]
 
     def _all(self, attr: str) -> tuple:
-        return tuple(x for name in sorted(self.parts) for x in getattr(self.parts[name], attr))
+        return tuple(chain.from_iterable(getattr(self.parts[name], attr) for name in sorted(self.parts)))
 
     @cached_property
     def reservations(self) -> tuple[Reservation, ...]:
@@ -482,10 +483,10 @@ class ReservationLedger:
         return [f"{self.name}-{k}" for k in range(self.shards if count is None else count)]
 
     def object_of_node(self, node: str, count: int) -> str:
-        return f"{self.name}-{zlib.crc32(node.encode()) % count}"
+        return _shard(self.name, node, count)
 
     def object_of_job(self, job_id: str, count: int) -> str:
-        return f"{self.name}-{zlib.crc32(('job:' + job_id).encode()) % count}"
+        return _shard(self.name, "job:" + job_id, count)
 
     def _split(self, entries: Iterable[Reservation], unavailable: Iterable[Unavailable], jobs: Iterable[JobRecord],
                count: int) -> dict[str, tuple[list, list, list]]:
@@ -667,10 +668,6 @@ class ReservationLedger:
                                  f"{WRITE_CONTENDED_SECONDS} s") from None
         return list(removed.values())
 
-    def put_batch(self, state: LedgerState, batch: Batch) -> None:
-        """Replace the group-commit state, only if the root is still as `state` read it (LedgerConflict)."""
-        self._write(list(state.reservations), list(state.unavailable), state, list(state.jobs), batch=batch)
-
     def _write(self, entries: list[Reservation], unavailable: Iterable[Unavailable], prev: LedgerState,
                jobs: Iterable[JobRecord], batch: Batch | None = None, moved: Sequence[str] = ()) -> None:
         """Make the ledger hold these entries, over `prev` (module doc, "Commits"): the objects whose
@@ -687,20 +684,15 @@ class ReservationLedger:
             if prev.version is None or prev.batch != Batch() or any(
                     prev.versions[n] is not None for n in prev.parts if n != self.name) or prev.unavailable:
                 raise LedgerConflict("the ledger was created and written by another process meanwhile")
-        count = int(dict(prev.parts[self.name].meta)["shards"])
-        wanted = self._split(entries, unavailable, jobs, count)
         changes = {}
-        for name in sorted(prev.parts):
-            old = prev.parts[name]
-            res, marks, recs = wanted.get(name, ([], [], []))
-            change = Change.between(old, res, marks, recs)
-            if name == self.name and batch is not None and batch != old.batch:
-                change = replace(change, batch=batch)
+        for name, (res, marks, recs) in self._touched(prev, entries, unavailable, jobs).items():
+            if name not in prev.parts:
+                raise ValueError(f"entries for an object this ledger does not have: {name}")
+            change = Change.between(prev.parts[name], res, marks, recs)
             if not change.empty:
                 changes[name] = change
-        unknown = set(wanted) - set(prev.parts)
-        if unknown:
-            raise ValueError(f"entries for objects this ledger does not have: {sorted(unknown)}")
+        if batch is not None and batch != prev.batch:
+            changes[self.name] = replace(changes.get(self.name, Change()), batch=batch)
         # what promises or fences capacity, a job record (one writer's read-modify-write), the batch
         # state; offering marks in the root are hints
         strict = [n for n, c in changes.items()
@@ -711,6 +703,31 @@ class ReservationLedger:
         for name, change in changes.items():
             if name not in strict:
                 self._apply_fresh(name, change)
+
+    def _touched(self, prev: LedgerState, entries: Iterable[Reservation], unavailable: Iterable[Unavailable],
+                 jobs: Iterable[JobRecord]) -> dict[str, tuple[list, list, list]]:
+        """The new content of each object the new entries differ from `prev` in. Entries the caller
+        took from `prev` as they were are the same objects: only the others are placed in their
+        shards (a write of one job costs the job's entries, not the whole ledger's)."""
+        entries, unavailable, jobs = list(entries), list(unavailable), list(jobs)
+        count = int(dict(prev.parts[self.name].meta)["shards"])
+        kept = {id(x) for x in (*entries, *unavailable, *jobs)}
+        touched: set[str] = set()
+        for name, part in prev.parts.items():
+            if any(id(x) not in kept for x in (*part.reservations, *part.unavailable, *part.jobs)):
+                touched.add(name)
+        known = {id(x) for part in prev.parts.values() for x in (*part.reservations, *part.unavailable, *part.jobs)}
+        fresh = self._split([r for r in entries if id(r) not in known], [u for u in unavailable if id(u) not in known],
+                            [j for j in jobs if id(j) not in known], count)
+        touched |= set(fresh)
+        out = {}
+        for name in touched:
+            part = prev.parts.get(name, Part())
+            add = fresh.get(name, ([], [], []))
+            out[name] = ([r for r in part.reservations if id(r) in kept] + add[0],
+                         [u for u in part.unavailable if id(u) in kept] + add[1],
+                         [j for j in part.jobs if id(j) in kept] + add[2])
+        return out
 
     def _add_all(self, prev: LedgerState, names: list[str], changes: dict[str, Change], now: float) -> None:
         """Write the objects that gain entries, each against its version in `prev`: those that only
@@ -913,6 +930,12 @@ class Change:
     def taken_back(self, now: float) -> Change:
         """Undo what this change added (its reservations and marks), nothing else."""
         return Change(drop=self.new_keys, drop_marks=frozenset(self.put_marks))
+
+
+@lru_cache(maxsize=1 << 16)
+def _shard(root: str, key: str, count: int) -> str:
+    """The shard holding a node name (or 'job:' + a job id): stable across processes and versions."""
+    return f"{root}-{zlib.crc32(key.encode()) % count}"
 
 
 def _key(r: Reservation) -> tuple[str, str, str]:
