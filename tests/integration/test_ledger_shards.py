@@ -127,7 +127,7 @@ def test_a_commit_killed_midway_leaves_additions_that_expire_within_minutes(clou
         dying.commit("gang", [res("gang", x, "r0"), res("gang", y, "r1")], dying.snapshot().version)
     ledger = ReservationLedger(KubeClient())
     (left,) = ledger.snapshot().held("gang", 0)
-    assert left.node == x and left.expires_at <= ledger.clock() + PROVISIONAL_SECONDS
+    assert left.node in (x, y) and left.expires_at <= ledger.clock() + PROVISIONAL_SECONDS    # one of the two
     ledger.commit("gang", [res("gang", x, "r0"), res("gang", y, "r1")], ledger.snapshot().version)   # its retry
     assert sorted((r.node, r.expires_at) for r in ledger.live()) == sorted([(x, UNTIL), (y, UNTIL)])
 

@@ -99,6 +99,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from itertools import chain
@@ -123,6 +124,7 @@ SHARDS = 64                     # shards of a new ledger (kept in its root; RBAC
 FORMAT = 2
 PROVISIONAL_SECONDS = 300       # additions of a commit over several objects live this long until all are in
 MIGRATION_ATTEMPTS = 20
+PARALLEL = 8                    # ledger objects read or written at once by one call
 ROOT_SEQ_KEY = "root_seq"       # the root's own write counter (format 2)
 MIGRATING_KEY = "migrating"     # the tag of a migration under way (root, steps 1-2)
 MIGRATED_FROM_KEY = "migrated_from"     # a shard written by that migration
@@ -518,12 +520,14 @@ class ReservationLedger:
         raise LedgerConflict(f"ledger {self.identity}: its migration to format {FORMAT} kept being interrupted")
 
     def _read_shards(self, names: list[str]) -> tuple[dict[str, Part], dict[str, str | None]]:
-        parts, versions = {}, {}
-        for name in names:
-            cm = self.kube.read_configmap(self.namespace, name)
-            versions[name] = cm["metadata"]["resourceVersion"] if cm else None
-            parts[name] = self._parsed(name, cm)
-        return parts, versions
+        read: dict[str, dict | None] = {}
+
+        def get(name: str) -> None:
+            read[name] = self.kube.read_configmap(self.namespace, name)
+
+        _each(get, names, raising=True)
+        versions = {n: cm["metadata"]["resourceVersion"] if cm else None for n, cm in read.items()}
+        return {n: self._parsed(n, read[n]) for n in names}, versions
 
     def _parsed(self, name: str, cm: dict | None) -> Part:
         """The shard's content, parsed once per version (a snapshot mostly finds shards unchanged)."""
@@ -700,9 +704,7 @@ class ReservationLedger:
         if any(n in moved for n in strict):
             raise LedgerConflict(f"ledger objects {sorted(set(strict) & set(moved))} moved since they were read")
         self._add_all(prev, strict, changes, now)
-        for name, change in changes.items():
-            if name not in strict:
-                self._apply_fresh(name, change)
+        _each(lambda n: self._apply_fresh(n, changes[n]), [n for n in changes if n not in strict], raising=True)
 
     def _touched(self, prev: LedgerState, entries: Iterable[Reservation], unavailable: Iterable[Unavailable],
                  jobs: Iterable[JobRecord]) -> dict[str, tuple[list, list, list]]:
@@ -731,28 +733,32 @@ class ReservationLedger:
 
     def _add_all(self, prev: LedgerState, names: list[str], changes: dict[str, Change], now: float) -> None:
         """Write the objects that gain entries, each against its version in `prev`: those that only
-        add first, then the one with the job's record, the root last; on a conflict take back what
-        was added (module doc, "Commits"). Several objects: the reservations are written with at
-        most PROVISIONAL_SECONDS left, then extended once all are in."""
+        add first (side by side), then the one with the job's record, the root last; on a conflict
+        take back what was added (module doc, "Commits"). Several objects: the reservations are
+        written with at most PROVISIONAL_SECONDS left, then extended once all are in."""
         several = len(names) > 1
-        order = sorted(names, key=lambda n: (n == self.name, bool(changes[n].put_jobs or changes[n].drop_jobs), n))
+        rank = {n: 2 if n == self.name else 1 if (changes[n].put_jobs or changes[n].drop_jobs) else 0 for n in names}
         done: list[str] = []
-        try:
-            for name in order:
-                change = changes[name].provisional(now) if several else changes[name]
-                if name == self.name:
-                    self._put_root(prev.parts[name], change, now)
-                else:
-                    self._cas(name, prev.parts[name], prev.versions.get(name), change, now)
-                done.append(name)
-        except LedgerConflict:
-            for name in done:
-                self._apply_fresh(name, changes[name].taken_back(now), must=False)
-            raise
+
+        def write(name: str) -> None:
+            change = changes[name].provisional(now) if several else changes[name]
+            if name == self.name:
+                self._put_root(prev.parts[name], change, now)
+            else:
+                self._cas(name, prev.parts[name], prev.versions.get(name), change, now)
+
+        for step in (0, 1, 2):
+            outcomes = _each(write, sorted(n for n in names if rank[n] == step))
+            done += [n for n, error in outcomes if error is None]
+            errors = [error for _, error in outcomes if error is not None]
+            if any(isinstance(e, LedgerConflict) for e in errors):
+                _each(lambda n: self._apply_fresh(n, changes[n].taken_back(now), must=False), done)
+                raise next(e for e in errors if isinstance(e, LedgerConflict))
+            if errors:
+                raise errors[0]         # not a conflict (the worker is going down): what it wrote expires
         if several:
-            for name in done:
-                if changes[name].provisional(now) != changes[name]:
-                    self._apply_fresh(name, changes[name].extension())
+            _each(lambda n: self._apply_fresh(n, changes[n].extension()),
+                  [n for n in done if changes[n].provisional(now) != changes[n]], raising=True)
 
     def _put_root(self, prev: Part, change: Change, now: float) -> None:
         """The root's batch state, if it is still the one `prev` read (else LedgerConflict): a write of
@@ -930,6 +936,35 @@ class Change:
     def taken_back(self, now: float) -> Change:
         """Undo what this change added (its reservations and marks), nothing else."""
         return Change(drop=self.new_keys, drop_marks=frozenset(self.put_marks))
+
+
+def _each(action: Callable[[str], object], names: Sequence[str], raising: bool = False
+          ) -> list[tuple[str, BaseException | None]]:
+    """`action` on each name, up to PARALLEL at once (the ledger's objects are independent: a commit
+    over 40 shards costs a few round trips, not 40); each name's exception or None. `raising`: raise
+    the first exception instead, once all are done."""
+    if len(names) <= 1:
+        outcomes = []
+        for name in names:
+            try:
+                action(name)
+                outcomes.append((name, None))
+            except Exception as exc:   # returned to the caller, which decides
+                outcomes.append((name, exc))
+    else:
+        def run(name: str) -> tuple[str, BaseException | None]:
+            try:
+                action(name)
+                return name, None
+            except Exception as exc:   # returned to the caller, which decides
+                return name, exc
+        with ThreadPoolExecutor(min(PARALLEL, len(names))) as pool:
+            outcomes = list(pool.map(run, names))
+    if raising:
+        for _, error in outcomes:
+            if error is not None:
+                raise error
+    return outcomes
 
 
 @lru_cache(maxsize=1 << 16)

@@ -93,8 +93,8 @@ def test_a_gang_across_shards_ends_with_full_lifetimes_and_a_crash_midway_frees_
     with pytest.raises(Died):
         ledger.commit("crash", [res("crash", y, until, "r0"), res("crash", z, until, "r1")], state.version,
                       state=state)
-    left = ledger.snapshot().held("crash", clock())
-    assert [r.node for r in left] == [y] and left[0].expires_at <= clock() + PROVISIONAL_SECONDS
+    (left,) = ledger.snapshot().held("crash", clock())               # one shard written, the other not
+    assert left.node in (y, z) and left.expires_at <= clock() + PROVISIONAL_SECONDS
     clock.now += PROVISIONAL_SECONDS + 1
     assert ledger.snapshot().held("crash", clock()) == [] and len(ledger.snapshot().held("gang", clock())) == 2
 
