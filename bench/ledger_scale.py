@@ -97,7 +97,7 @@ def entry_bytes() -> dict:
     return {"reservation": size(r), "tombstone": size(t), "record": size(rec), "answer_min": size(answer)}
 
 
-def run(jobs: int = 5000, nodes: int = 10_000, workers: int = 16, seed: int = 7) -> dict:
+def run(jobs: int = 5000, nodes: int = 10_000, workers: int = 16, seed: int = 7, release: bool = True) -> dict:
     from gpuboot.core.model import Reservation
     from gpuboot.core.resources import Resources
     from gpuboot.exceptions import LedgerConflict
@@ -171,17 +171,17 @@ def run(jobs: int = 5000, nodes: int = 10_000, workers: int = 16, seed: int = 7)
     format1 = len(json.dumps([r.to_json() for r in state.reservations]).encode()) + \
         len(json.dumps([j.to_json() for j in state.jobs]).encode())
 
-    def release(chunk: list[str]) -> None:
+    def release_all(chunk: list[str]) -> None:
         mine = ReservationLedger(store, clock=clock)
         for job in chunk:
             mine.release(job)
 
     jobs_held = sorted({r.job_id for r in state.reservations})
     began = time.perf_counter()
-    rel = [threading.Thread(target=release, args=(jobs_held[w::workers],)) for w in range(workers)]
-    for t in rel:
+    rel = [threading.Thread(target=release_all, args=(jobs_held[w::workers],)) for w in range(workers)]
+    for t in rel if release else ():
         t.start()
-    for t in rel:
+    for t in rel if release else ():
         t.join()
     released_s = time.perf_counter() - began
     peak_name = max(store.peak, key=store.peak.get)
@@ -201,7 +201,8 @@ def run(jobs: int = 5000, nodes: int = 10_000, workers: int = 16, seed: int = 7)
         "format1_bytes_for_the_same_jobs": format1,
         "entry_bytes": per,
         "format1_jobs_to_fill_1mib": {k: MIB // v for k, v in per.items()},
-        "writes": store.writes, "place_seconds": round(placed_s, 1), "release_seconds": round(released_s, 1),
+        "writes": store.writes, "place_seconds": round(placed_s, 1),
+        "release_seconds": round(released_s, 1) if release else None,     # None: not run (--no-release)
     }
 
 
@@ -222,9 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=5000)
     p.add_argument("--nodes", type=int, default=10_000)
     p.add_argument("--workers", type=int, default=16)
+    p.add_argument("--no-release", action="store_true", help="stop once every job holds its reservations")
     p.add_argument("--json", default=str(REPO / "results" / "bench" / "ledger_scale.json"))
     args = p.parse_args(argv)
-    result = run(args.jobs, args.nodes, args.workers)
+    result = run(args.jobs, args.nodes, args.workers, release=not args.no_release)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     print(line(result))
