@@ -1,4 +1,4 @@
-"""python -m bench [--quick] [--parts placement,readiness,overhead,gang,burst,triggerer|distributed]
+"""python -m bench [--quick] [--parts placement,readiness,overhead,gang,burst,triggerer,ledger|distributed]
 [--kube simcloud,real] [--out results/bench]
 
 `--kube simcloud,real` runs the parts on each Kubernetes backend in turn (simcloud's own API server, then
@@ -38,7 +38,7 @@ import traceback  # noqa: E402
 from bench import report  # noqa: E402
 from bench.common import output_to, write_json  # noqa: E402
 
-PARTS = ("placement", "readiness", "overhead", "gang", "burst", "triggerer", "queue_wake")
+PARTS = ("placement", "readiness", "overhead", "gang", "burst", "triggerer", "queue_wake", "ledger")
 SLOW_PARTS = ("distributed",)     # only when asked for by name
 
 
@@ -71,6 +71,9 @@ def run_part(part: str, workdir: Path, args) -> dict:
     if part == "queue_wake":
         from bench import queue_wake
         return queue_wake.run(2 if args.quick else 4, seed=0)
+    if part == "ledger":
+        from bench import ledger_scale
+        return ledger_scale.run(jobs=500 if args.quick else 5000, nodes=1000 if args.quick else 10_000)
     from bench import overhead
     return overhead.run(workdir, quick=args.quick)
 

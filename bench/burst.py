@@ -22,7 +22,6 @@ have machines of their own) competes with the job processes, so the figures are 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import multiprocessing as mp
 import os
@@ -114,16 +113,16 @@ def _book(n: int, go, ready, results) -> None:
 
 
 def _ledger_size(kube) -> int:
-    from gpuboot.lifecycle.ledger import CONFIGMAP
+    """Bytes of the largest ledger object (root or shard): what the 1 MiB limit applies to."""
+    from gpuboot.lifecycle.ledger import ReservationLedger
 
-    cm = kube.read_configmap("default", CONFIGMAP)
-    return len(json.dumps((cm or {}).get("data") or {}).encode()) if cm else 0
+    return max(ReservationLedger(kube).sizes().values(), default=0)
 
 
 def burst(jobs: int, kube) -> dict:
     """`jobs` place transactions released at once, each in its own (forked) process."""
     from gpuboot.hooks.ecs import EcsHook
-    from gpuboot.lifecycle.ledger import CONFIGMAP
+    from gpuboot.lifecycle.ledger import ReservationLedger
 
     kube.core, EcsHook().get_conn()     # the clients' modules imported before the fork, as in a prefork worker
     ctx = mp.get_context("fork")
@@ -167,8 +166,8 @@ def burst(jobs: int, kube) -> dict:
     failed = [r for r in rows if r["outcome"] != "fits"]
     wall = max(r["ended"] for r in rows) - released
     reads = [r["reads"] for r in rows]
-    if end_size:
-        kube.core.delete_namespaced_config_map(CONFIGMAP, "default")    # the next burst starts from an empty ledger
+    for name in ReservationLedger(kube).sizes():        # the next burst starts from an empty ledger
+        kube.core.delete_namespaced_config_map(name, "default")
     return {"jobs": jobs, "placed": len(placed), "failed": len(failed),
             "failures": sorted({r["error"] or r["outcome"] for r in failed})[:5],
             "wall_s": round(wall, 1), "placements_per_s": round(len(placed) / wall, 2) if wall else None,

@@ -132,6 +132,9 @@ def headlines(part: str, result: dict) -> dict[str, float | None]:
         return {"launch -> all ranks Running, median s": result["launch_to_all_running_s"].get("median")}
     if part == "placement":
         return {f"{r['nodes']} nodes: API reads ms": _ms(r["api_total_s"]) for r in result["rows"]}
+    if part == "ledger":        # in memory: the same on every backend
+        return {f"{result['jobs_held_at_once']} jobs: largest ledger object KiB": round(
+            result["peak_object"]["bytes"] / 1024), "conflicts per commit": result["conflicts_per_commit"]}
     return {}
 
 
@@ -161,4 +164,11 @@ def render(part: str, result: dict) -> str:
     if "error" in result:
         return f"== {part}: FAILED: {result['error']}\n"
     return {"placement": placement, "readiness": readiness, "overhead": overhead, "gang": gang, "burst": burst,
-            "distributed": distributed, "triggerer": triggerer, "queue_wake": queue_wake}[part](result)
+            "distributed": distributed, "triggerer": triggerer, "queue_wake": queue_wake,
+            "ledger": ledger}[part](result)
+
+
+def ledger(result: dict) -> str:
+    from bench.ledger_scale import line
+
+    return f"== ledger at scale (bench.ledger_scale)\n{line(result)}\n"

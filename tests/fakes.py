@@ -136,6 +136,7 @@ class FakeCluster:
 
     def create_configmap(self, namespace: str, body: dict) -> dict:
         key = (namespace, body["metadata"]["name"])
+        self._interleave()
         with self._lock:
             self._check_write(key)
             if key in self.configmaps:
@@ -144,6 +145,7 @@ class FakeCluster:
 
     def replace_configmap(self, namespace: str, body: dict) -> dict:
         key = (namespace, body["metadata"]["name"])
+        self._interleave()
         with self._lock:
             self._check_write(key)
             if key not in self.configmaps:
@@ -159,9 +161,17 @@ class FakeCluster:
         self._version += 1
         return str(self._version)
 
+    def _interleave(self) -> None:
+        """The writers registered with before_next_write, outside the lock (they may read and write
+        from threads of their own, as the ledger does when it writes several shards at once)."""
+        while True:
+            with self._lock:
+                if not self._before_write:
+                    return
+                action = self._before_write.pop(0)
+            action()
+
     def _check_write(self, key: tuple[str, str]) -> None:
-        while self._before_write:
-            self._before_write.pop(0)()
         if self._conflicts:
             self._conflicts -= 1
             if key in self.configmaps:       # another writer got there first
