@@ -222,8 +222,8 @@ class ClusterView:
 
     # ------------------------------------------------------------------ life
     def start(self, timeout: float = START_SECONDS) -> ClusterView:
-        """Start both watches and wait for their first lists."""
-        for c in (self.nodes, self.pods):
+        """Start both watches (once) and wait for their first lists."""
+        for c in (self.nodes, self.pods) if not self._threads else ():
             t = threading.Thread(target=c.run, args=(self._stop,), name=f"gpuboot-view-{c.kind}", daemon=True)
             t.start()
             self._threads.append(t)
