@@ -112,6 +112,7 @@ def _placer(ready, stop, results) -> None:
     placer = Placer(Booker(kube, ecs, ReservationLedger(kube), log), view, name="bench")
     began = time.monotonic()
     view.start()
+    view.basis(placer.booker.ledger.name, placer.booker.ledger.snapshot(), time.time())   # instances described
     start = {"startup_bytes": counted[0], "startup_s": round(time.monotonic() - began, 1)}
     done = threading.Event()
     threading.Thread(target=lambda: (stop.wait(), done.set()), daemon=True).start()

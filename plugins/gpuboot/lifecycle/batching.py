@@ -90,6 +90,7 @@ QUEUE_BACKOFF_CAP_SECONDS = 4.0   # the longest pause between two tries to queue
 GATHER_SECONDS = 0.5        # a new leader waits this long before its survey, so a burst queues up behind it
 VERDICT_MAX_AGE_SECONDS = 5  # "busy" or "never" only from a survey this recent (the job then waits a while)
 ANSWER_ROWS = 400           # candidate-table rows all live answers carry together (~200 KiB): the ledger's answer budget
+DECIDE_SECONDS = LEASE_SECONDS / 5   # placing one batch's requests takes this long at most (the rest: next batch)
 LEAD_SECONDS = 20           # a place step leads this long at most once its own job is decided, then hands over
 
 
@@ -215,6 +216,7 @@ class BatchPlacer:
                                       basis.survey.nodes, basis.survey.views)
             plans, added = self.decide(queue, basis.survey, [*state.others("", now), *released],
                                        [m for m in state.live_unavailable(now) if m not in outdated], now)
+            queue = queue[:len(plans)]  # what the time budget let it place; the rest waits for the next batch
             if (released or b.monotonic() - basis.at > VERDICT_MAX_AGE_SECONDS) and any(
                     p.outcome != Outcome.FITS for p in plans):
                 fresh = True            # a verdict of busy or never rests on a recent read, no release pending
@@ -251,11 +253,16 @@ class BatchPlacer:
 
     def decide(self, queue: Sequence[Queued], seen: Survey, reserved: list[Reservation],
                unavailable: list[Unavailable], now: float) -> tuple[list[Plan], list[Reservation]]:
-        """Place each queued request in turn against `seen` plus `reserved` plus the ones before it."""
+        """Place each queued request in turn against `seen` plus `reserved` plus the ones before it, for
+        DECIDE_SECONDS at most (at least one): a batch must be committed well within the lease, or a waiter
+        takes the lease over and the batch is lost (a thousand jobs on 10,000 nodes take seconds to place)."""
         plans, added = [], []
         holders = {r.job_id for r in reserved}
         views = seen.recounted(reserved, now).views
+        until = self.booker.monotonic() + DECIDE_SECONDS
         for entry in queue:
+            if plans and self.booker.monotonic() > until:
+                break
             request = JobRequest.from_json(entry.request)
             if entry.job_id in holders:     # placed meanwhile (its wait gave up and placed itself)
                 plans.append(Plan(entry.job_id, Outcome.BUSY, "the job holds a placement made meanwhile; "

@@ -16,7 +16,8 @@ ledger), the others check it every LEASE_CHECK_SECONDS and one of them takes it 
 expires (a placer killed or partitioned: LEASE_SECONDS). Two placers can never both commit a batch
 on the same ledger state: each batch write is compare-and-swapped against the ledger it was
 planned from, the lease only says who should try. An idle placer renews its lease when less than
-half of it is left: one small ledger write every ~LEASE_SECONDS / 2.
+two thirds of it are left: one small ledger write every ~LEASE_SECONDS / 3 (a placer starved of
+CPU for longer loses the lease to a place step, which then leads with full reads: it says so).
 
 A restart. A new placer lists Nodes and pods once (its view is empty), then leads; a placer that
 restarts while holding the lease waits for it to expire (its identity is new).
@@ -46,11 +47,13 @@ class Placer:
         self.me = f"placer-{name or socket.gethostname()}-{os.getpid()}:{uuid.uuid4().hex[:12]}"
         self.batcher = BatchPlacer(booker, None)   # type: ignore[arg-type]  # the leader never reads a spec
         self.log = booker.log
+        self.led = False        # held the lease at the last look
 
     def run(self, stop: threading.Event) -> None:
         """Start the view, then lead whenever the lease is free or ours; stand by while another holds it."""
         b, ledger = self.booker, self.booker.ledger
         self.view.start()
+        self.view.basis(ledger.name, ledger.snapshot(), b.clock())    # instances described, inventory built
         self.log.info("placer %s: view ready (%d nodes, %d pods); leading ledger %s", self.me,
                       len(self.view.nodes.items), len(self.view.pods.items), ledger.identity)
         while not stop.is_set():
@@ -60,9 +63,14 @@ class Placer:
                 now = b.clock()
                 leader = state.batch.led_by(now)
                 if leader not in (None, self.me):
+                    if self.led:
+                        self.log.warning("placer %s: %s leads now (our lease ran out: was this process starved "
+                                         "of CPU for %.0f s?); standing by", self.me, leader, LEASE_SECONDS / 3)
+                    self.led = False
                     stop.wait(LEASE_CHECK_SECONDS)      # standing by: another placer (or a place step) leads
                     continue
-                if (leader is None or state.batch.lease_until - now < LEASE_SECONDS / 2) and \
+                self.led = leader == self.me
+                if (leader is None or state.batch.lease_until - now < LEASE_SECONDS * 2 / 3) and \
                         not self.batcher._take_lease(state, self.me):
                     continue                            # someone wrote meanwhile: look again
                 if latest_per_job(self.batcher.queue.waiting(d.ticket for d in state.batch.decided)):

@@ -61,7 +61,8 @@ WATCH_SECONDS = 4               # a watch is re-opened this often; the API serve
 RECONNECT_SECONDS = (0.2, 5.0)  # backoff after a dropped connection: first, longest (full jitter)
 INSTANCE_REFRESH_SECONDS = 300  # every instance described again this often (changes outside the node signals)
 WAIT_PAST_SECONDS = WATCH_SECONDS + 5   # how long a placement waits for the pod stream to pass a ledger write
-REBUILD_SECONDS = 5             # the inventory is rebuilt at least this often (states depend on the clock)
+REBUILD_SECONDS = 30            # an unchanged fleet's inventory is rebuilt this often (states depend on the
+                                # clock: boot grace, settle windows); the single path re-uses a survey as long
 START_SECONDS = 300             # the first lists of a starting view (10,000 nodes, 80,000 pods: ~30 s)
 
 
