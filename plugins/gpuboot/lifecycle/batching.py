@@ -58,7 +58,9 @@ import dataclasses
 import random
 import uuid
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from gpuboot.core.inventory import with_reservations
 from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.model import Reservation, Unavailable
 from gpuboot.core.placement import JobRequest, Outcome, Plan, Verdict, place
@@ -74,6 +76,9 @@ from gpuboot.lifecycle.booking import (
 )
 from gpuboot.lifecycle.ledger import Batch, Decided, LedgerConflict, LedgerState, Queued, RequestQueue, backoff
 
+if TYPE_CHECKING:
+    from gpuboot.lifecycle.view import ClusterView
+
 LEASE_SECONDS = 15         # a leader renews its lease with every batch it commits (half the contention budget:
                             # a dead leader costs its waiters half their wait, not all of it)
 QUEUED_SECONDS = 60         # a queued request nobody decided by then is dropped (a live waiter queues again)
@@ -85,6 +90,7 @@ QUEUE_BACKOFF_CAP_SECONDS = 4.0   # the longest pause between two tries to queue
 GATHER_SECONDS = 0.5        # a new leader waits this long before its survey, so a burst queues up behind it
 VERDICT_MAX_AGE_SECONDS = 5  # "busy" or "never" only from a survey this recent (the job then waits a while)
 ANSWER_ROWS = 400           # candidate-table rows all live answers carry together (~200 KiB): the ledger's answer budget
+DECIDE_SECONDS = LEASE_SECONDS / 5   # placing one batch's requests takes this long at most (the rest: next batch)
 LEAD_SECONDS = 20           # a place step leads this long at most once its own job is decided, then hands over
 
 
@@ -182,35 +188,38 @@ class BatchPlacer:
         return self.booker.book(self.spec, job_id)      # LedgerContended from there: the step defers
 
     # ------------------------------------------------------------------ the leader
-    def lead(self, me: str) -> None:
-        """Decide every queued request, batch after batch, until the queue is empty (module doc)."""
+    def lead(self, me: str, view: ClusterView | None = None, stay: bool = False) -> None:
+        """Decide every queued request, batch after batch, until the queue is empty (module doc).
+        `view`: the cluster from a watch-fed view (`gpuboot.lifecycle.placer`), full reads only when
+        it cannot say what it covers; `stay`: keep the lease when the queue is empty (a placer
+        leads for as long as it lives; a place step hands over)."""
         b = self.booker
         basis: Basis | None = None
+        fresh = False
         began = b.monotonic()
-        b.sleep(GATHER_SECONDS)         # let the rest of a burst queue behind the one read
+        if not stay:
+            b.sleep(GATHER_SECONDS)     # let the rest of a burst queue behind the one read
         while True:
             state = self.ledger.snapshot()
             now = b.clock()
             if state.batch.led_by(now) != me:
                 return                  # the lease went to someone else (ours expired): they lead
             queue = latest_per_job(self.queue.waiting(d.ticket for d in state.batch.decided))
+            if not queue and stay:
+                return
             if not queue or (b.monotonic() - began > LEAD_SECONDS and state.batch.answer(me) is not None):
                 return self._step_down(me)      # done, or led long enough: a waiter takes the lease over
-            released = basis.reusable(state, "", b.monotonic()) if basis is not None else None
-            if released is None:
-                b.full_reads += 1
-                read_at = b.monotonic()
-                basis = Basis(state.seq, survey(b.kube, b.ecs, state.others("", now), now, b.boot_grace_seconds),
-                              read_at, frozenset(state.live_unavailable(now)))
-                released = []
+            basis, released = self._basis(basis, state, now, fresh, view)
+            fresh = False
             # boot-failure marks whose evidence is gone go, as on the single path (booking.outdated_marks)
             outdated = outdated_marks([m for m in state.live_unavailable(now) if m in basis.marks],
                                       basis.survey.nodes, basis.survey.views)
             plans, added = self.decide(queue, basis.survey, [*state.others("", now), *released],
                                        [m for m in state.live_unavailable(now) if m not in outdated], now)
+            queue = queue[:len(plans)]  # what the time budget let it place; the rest waits for the next batch
             if (released or b.monotonic() - basis.at > VERDICT_MAX_AGE_SECONDS) and any(
                     p.outcome != Outcome.FITS for p in plans):
-                basis = None            # a verdict of busy or never rests on a recent read, no release pending
+                fresh = True            # a verdict of busy or never rests on a recent read, no release pending
                 continue
             self.ledger.claim_nodes(plan_nodes(plans, basis.survey.nodes))   # SecondLedger: another ledger books them
             for attempt in range(1, 1 << 30):
@@ -224,23 +233,48 @@ class BatchPlacer:
                     state = newer
                     b.sleep(backoff(attempt, base=0.02, cap=0.5, rng=b.rng))
 
+    def _basis(self, basis: Basis | None, state: LedgerState, now: float, fresh: bool,
+               view: ClusterView | None) -> tuple[Basis, list[Reservation]]:
+        """The survey to place against and the releases since it to count: from the view when there is one
+        and it can say what it covers, else the survey already read (`Basis.reusable`), else a full read.
+        `fresh`: read after `state` itself."""
+        b = self.booker
+        if view is not None:
+            got = view.basis(self.ledger.name, state, now, fresh=fresh)
+            if got is not None:
+                return got
+        released = None if fresh or basis is None else basis.reusable(state, "", b.monotonic())
+        if released is not None:
+            return basis, released
+        b.full_reads += 1
+        read_at = b.monotonic()
+        return Basis(state.seq, survey(b.kube, b.ecs, state.others("", now), now, b.boot_grace_seconds),
+                     read_at, frozenset(state.live_unavailable(now))), []
+
     def decide(self, queue: Sequence[Queued], seen: Survey, reserved: list[Reservation],
                unavailable: list[Unavailable], now: float) -> tuple[list[Plan], list[Reservation]]:
-        """Place each queued request in turn against `seen` plus `reserved` plus the ones before it."""
+        """Place each queued request in turn against `seen` plus `reserved` plus the ones before it, for
+        DECIDE_SECONDS at most (at least one): a batch must be committed well within the lease, or a waiter
+        takes the lease over and the batch is lost (a thousand jobs on 10,000 nodes take seconds to place)."""
         plans, added = [], []
         holders = {r.job_id for r in reserved}
+        views = seen.recounted(reserved, now).views
+        until = self.booker.monotonic() + DECIDE_SECONDS
         for entry in queue:
+            if plans and self.booker.monotonic() > until:
+                break
             request = JobRequest.from_json(entry.request)
             if entry.job_id in holders:     # placed meanwhile (its wait gave up and placed itself)
                 plans.append(Plan(entry.job_id, Outcome.BUSY, "the job holds a placement made meanwhile; "
                                   "placing it again on its own"))
                 continue
-            views = seen.recounted([*reserved, *added], now).views
             plan = place(request, views, unavailable)
             plans.append(plan)
             if plan.outcome == Outcome.FITS:
-                added += [Reservation(job_id=entry.job_id, task=a.task, node=a.node, resources=a.requests,
-                                      expires_at=now + entry.ttl) for a in plan.assignments]
+                mine = [Reservation(job_id=entry.job_id, task=a.task, node=a.node, resources=a.requests,
+                                    expires_at=now + entry.ttl) for a in plan.assignments]
+                added += mine
+                views = with_reservations(views, seen.backed, mine, now)   # counted on top: only the new ones
         return plans, added
 
     def _commit(self, state: LedgerState, me: str, queue: Sequence[Queued], plans: Sequence[Plan],
