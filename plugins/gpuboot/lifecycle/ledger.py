@@ -399,6 +399,12 @@ class LedgerState:
         """Opaque: every shard's write counter. Pass it back to `released_since`; equal means unchanged."""
         return Seq(tuple(sorted((n, p.seq) for n, p in self.parts.items() if n != self.root)))
 
+    def seq_of(self, shards: Mapping[str, int | None]) -> Seq | None:
+        """A `seq` for `released_since` made of a seq per shard (None: some shard has none)."""
+        if any(v is None for v in shards.values()):
+            return None
+        return Seq(tuple(sorted((n, int(v)) for n, v in shards.items() if v is not None)))
+
     def record(self, job_id: str, now: float) -> JobRecord | None:
         """The job's live record (None: it has none, or it expired with the crashed run)."""
         return next((j for j in self.jobs if j.job_id == job_id and j.expires_at > now), None)

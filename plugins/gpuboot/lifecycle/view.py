@@ -183,6 +183,12 @@ class Collection:
             self.on_change(before, None if kind == "DELETED" else obj)
 
 
+def _shard_writes(state: LedgerState) -> dict[str, tuple[int, int]]:
+    """(resourceVersion, seq) of each shard as `state` read it: the tombstone rule holds shard by shard."""
+    return {name: (version_number(state.versions.get(name)), part.seq)
+            for name, part in state.parts.items() if name != state.root}
+
+
 def _version(obj: dict) -> str | None:
     return (obj.get("metadata") or {}).get("resourceVersion")
 
@@ -215,7 +221,7 @@ class ClusterView:
         self._described_at = -float("inf")
         self._instance_changes = 0
         self._started: set[tuple[str, str]] = set()    # (node, instance) starts seen in ledger records
-        self._writes: dict[str, list[tuple[int, int]]] = {}     # ledger object -> its (resourceVersion, seq) seen
+        self._writes: dict[str, list[tuple[int, int]]] = {}     # ledger shard -> its (resourceVersion, seq) seen
         self._built: tuple | None = None        # (key, monotonic, survey): the inventory of the last build
         self.describes = 0                      # DescribeInstances batches asked (the bench counts them)
         self._stop = threading.Event()
@@ -240,17 +246,18 @@ class ClusterView:
 
     # ------------------------------------------------------------------ the ledger's writes
     def note(self, ledger: str, state: LedgerState) -> None:
-        """Keep a ledger state read (its resourceVersion and seq, for `covered_seq`), and take the starts its
-        records name as a change signal for their instances."""
-        version = version_number(state.version)
+        """Keep a ledger state read (each shard's resourceVersion and seq, for `covered_seq`), and take the
+        starts its records name as a change signal for their instances."""
+        shards = _shard_writes(state)
         with self._lock:
-            writes = self._writes.setdefault(ledger, [])
-            if (version, state.seq) not in writes:
-                writes.append((version, state.seq))
-                writes.sort()
-            covered = covered_seq(writes, self.pods.passed)     # older pairs than the newest covered are not needed
-            if covered is not None:
-                writes[:] = [w for w in writes if w[1] >= covered]
+            for name, write in shards.items():
+                writes = self._writes.setdefault(name, [])
+                if write not in writes:
+                    writes.append(write)
+                    writes.sort()
+                covered = covered_seq(writes, self.pods.passed)     # older pairs than the newest covered are not needed
+                if covered is not None:
+                    writes[:] = [w for w in writes if w[1] >= covered]
             for record in state.jobs:
                 for s in record.started:
                     if (s.node, s.instance_id) not in self._started:
@@ -266,11 +273,12 @@ class ClusterView:
         self.note(ledger, state)
         if fresh and not self._caught_up(state, wait):
             return None
+        shards = _shard_writes(state)
         with self._lock:
-            writes = list(self._writes.get(ledger, ()))
+            writes = {name: list(self._writes.get(name, ())) for name in shards}
         nodes = self.nodes.snapshot()
         pods = self.pods.snapshot()
-        s0 = covered_seq(writes, pods[1])      # from the very snapshot the survey is built from
+        s0 = state.seq_of({name: covered_seq(w, pods[1]) for name, w in writes.items()})   # from this very snapshot
         released = state.released_since(s0, "") if s0 is not None else None
         if released is None:        # the stream is behind every write seen, or tombstones since were pruned
             if not self._caught_up(state, wait):
@@ -288,7 +296,7 @@ class ClusterView:
     def _caught_up(self, state: LedgerState, wait: float) -> bool:
         if self.nodes.stale_since is not None or self.pods.stale_since is not None:
             return False            # disconnected: read in full rather than wait on a stream that is not there
-        return self.pods.wait_past(version_number(state.version), wait)
+        return self.pods.wait_past(max((v for v, _ in _shard_writes(state).values()), default=0), wait)
 
     def _survey(self, nodes: tuple[list[dict], int, int], pods: tuple[list[dict], int, int],
                 reservations: list[Reservation], now: float) -> Survey:
