@@ -99,9 +99,9 @@ def book_first(booker: Booker, spec: JobSpec, job_id: str) -> Booking:
     holds nothing and has no record), else `booker.book` (a re-run of place after a start, say,
     needs the record and the abandoned-node rule)."""
     state = booker.ledger.snapshot()
-    now = booker.clock()
-    if state.record(job_id, now) is not None or state.held(job_id, now):
+    if booker.ledger.record_of(job_id, state, booker.clock()) is not None:
         return booker.book(spec, job_id)
+    # a job holding reservations but no record (placed by an earlier batch) is answered `alone` by the leader
     return BatchPlacer(booker, spec).wait_for_batch(spec.to_job_request(job_id), reservation_ttl(spec), state)
 
 
@@ -170,11 +170,15 @@ class BatchPlacer:
             return False
 
     def _answered(self, answer: Decided, state: LedgerState) -> Booking:
+        if answer.alone:
+            self.log.info("job %s holds a placement already; placing it again on its own", answer.job_id)
+            return self.booker.book(self.spec, answer.job_id)
         plan = Plan.from_json(answer.plan)
         if plan.outcome == Outcome.FITS:
             self.log.info("placed in a batch led by %s: %s", answer.by,
                           "; ".join(f"{a.task} -> {a.node}" for a in plan.assignments))
-        return Booking(plan, plan.outcome == Outcome.FITS, state, None, state.record(plan.job_id, self.booker.clock()))
+        return Booking(plan, plan.outcome == Outcome.FITS, state, None,
+                       self.ledger.record_of(plan.job_id, state, self.booker.clock()))
 
     def _withdraw(self, ticket: str, job_id: str) -> Booking:
         """Give up the wait: take the request out of the queue, then take an answer given meanwhile."""
@@ -215,7 +219,8 @@ class BatchPlacer:
             outdated = outdated_marks([m for m in state.live_unavailable(now) if m in basis.marks],
                                       basis.survey.nodes, basis.survey.views)
             plans, added = self.decide(queue, basis.survey, [*state.others("", now), *released],
-                                       [m for m in state.live_unavailable(now) if m not in outdated], now)
+                                       [m for m in state.live_unavailable(now) if m not in outdated], now,
+                                       answer_rows(state.batch.live(now), len(queue)))
             queue = queue[:len(plans)]  # what the time budget let it place; the rest waits for the next batch
             if (released or b.monotonic() - basis.at > VERDICT_MAX_AGE_SECONDS) and any(
                     p.outcome != Outcome.FITS for p in plans):
@@ -252,7 +257,7 @@ class BatchPlacer:
                      read_at, frozenset(state.live_unavailable(now))), []
 
     def decide(self, queue: Sequence[Queued], seen: Survey, reserved: list[Reservation],
-               unavailable: list[Unavailable], now: float) -> tuple[list[Plan], list[Reservation]]:
+               unavailable: list[Unavailable], now: float, rows: int = ANSWER_ROWS) -> tuple[list[Plan], list[Reservation]]:
         """Place each queued request in turn against `seen` plus `reserved` plus the ones before it, for
         DECIDE_SECONDS at most (at least one): a batch must be committed well within the lease, or a waiter
         takes the lease over and the batch is lost (a thousand jobs on 10,000 nodes take seconds to place)."""
@@ -268,7 +273,7 @@ class BatchPlacer:
                 plans.append(Plan(entry.job_id, Outcome.BUSY, "the job holds a placement made meanwhile; "
                                   "placing it again on its own"))
                 continue
-            plan = place(request, views, unavailable)
+            plan = place(request, views, unavailable, table_rows=rows)     # only the rows its answer keeps
             plans.append(plan)
             if plan.outcome == Outcome.FITS:
                 mine = [Reservation(job_id=entry.job_id, task=a.task, node=a.node, resources=a.requests,
@@ -284,8 +289,10 @@ class BatchPlacer:
         now = self.booker.clock()
         live = state.batch.live(now)
         rows = answer_rows(live, len(queue))
+        holders = {r.job_id for r in state.reservations if r.expires_at > now}    # answered `alone` (see decide)
         answers = tuple(Decided(q.job_id, q.ticket, compact(p, rows).to_json(), me.split(":", maxsplit=1)[0],
-                                now + DECIDED_SECONDS) for q, p in zip(queue, plans))
+                                now + DECIDED_SECONDS, alone=q.job_id in holders and p.outcome != Outcome.FITS)
+                        for q, p in zip(queue, plans))
         batch = Batch(live.decided + answers, me, now + LEASE_SECONDS)
         # never removes a reservation: its pod may still be bound (the tombstone rule of gpuboot.lifecycle.booking)
         self.ledger._write([*state.reservations, *added], [m for m in state.unavailable if m not in set(outdated)], state,

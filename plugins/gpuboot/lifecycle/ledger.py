@@ -265,14 +265,15 @@ class Decided:
     plan: dict
     by: str
     expires_at: float
+    alone: bool = False     # the job holds reservations already: its waiter books on the single path
 
     def to_json(self) -> dict:
         return {"job_id": self.job_id, "ticket": self.ticket, "plan": self.plan, "by": self.by,
-                "expires_at": self.expires_at}
+                "expires_at": self.expires_at, **({"alone": True} if self.alone else {})}
 
     @classmethod
     def from_json(cls, d: dict) -> Decided:
-        return cls(d["job_id"], d["ticket"], d["plan"], d["by"], float(d["expires_at"]))
+        return cls(d["job_id"], d["ticket"], d["plan"], d["by"], float(d["expires_at"]), bool(d.get("alone")))
 
 
 @dataclass(frozen=True)
@@ -524,6 +525,16 @@ class ReservationLedger:
             return LedgerState({self.name: part}, {self.name: root["metadata"]["resourceVersion"]}, self.name,
                                lambda: self._read_shards(names))
         raise LedgerConflict(f"ledger {self.identity}: its migration to format {FORMAT} kept being interrupted")
+
+    def record_of(self, job_id: str, state: LedgerState, now: float) -> JobRecord | None:
+        """The job's live record as `state` would give it, reading only the shard that holds it when `state`
+        has not read its shards (a waiter of a burst must not read the whole ledger)."""
+        root = state.given_parts.get(self.name)
+        if root is None or state.load is None or "_loaded" in state.__dict__ or root.format < FORMAT:
+            return state.record(job_id, now)
+        name = self.object_of_job(job_id, int(dict(root.meta)["shards"]))
+        part = self._parsed(name, self.kube.read_configmap(self.namespace, name))
+        return next((j for j in part.jobs if j.job_id == job_id and j.expires_at > now), None)
 
     def _read_shards(self, names: list[str]) -> tuple[dict[str, Part], dict[str, str | None]]:
         read: dict[str, dict | None] = {}

@@ -255,3 +255,22 @@ def test_a_stale_request_of_a_job_that_placed_itself_is_not_placed_again_nor_its
     assert held(c) == {"job": ["gpu-run"], "other": ["gpu-stop"]}
     stale = c.ledger().snapshot().batch.answer("job:dead")
     assert stale is not None and stale.plan["outcome"] == "busy" and "meanwhile" in stale.plan["message"]
+
+
+def test_a_job_placed_by_an_earlier_batch_is_placed_again_on_its_own_and_reads_only_its_record():
+    """A batch writes reservations but no job record, so a waiter cannot tell from its record's shard alone that
+    its job holds a placement (a re-run of place after its first answer). The leader, which reads every shard,
+    answers it `alone`, and the waiter books on the single path: the job ends with one placement, not two."""
+    c = cloud()
+    b = booker(c)
+    assert book_first(b, spec(), "job").plan.outcome == Outcome.FITS
+    assert held(c) == {"job": ["gpu-run"]}
+    reads = []
+    real = c.cluster.read_configmap
+    c.cluster.read_configmap = lambda ns, name: reads.append(name) or real(ns, name)
+    again = book_first(booker(c), spec(), "job")
+    assert again.committed and held(c) == {"job": [again.plan.assignments[0].node]}
+    answered = next(d for d in c.ledger().snapshot().batch.decided if d.job_id == "job" and d.alone)
+    assert answered.plan["outcome"] == Outcome.BUSY.value
+    before_queueing = reads[:next(i for i, name in enumerate(reads) if "queue" in name)]
+    assert before_queueing[0] == CONFIGMAP and len(set(before_queueing)) == 2   # the root, the record's shard
