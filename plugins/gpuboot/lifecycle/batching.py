@@ -37,8 +37,8 @@ by another leader): capacity then only grew, and everything removed was counted 
 the plans were made, which is what the tombstone rule of `gpuboot.lifecycle.booking` asks. Any other change
 places the batch again. A batch write only adds reservations, never removes one (its pod may be
 about to be bound, and a placer that saw neither would promise the node twice: rule (d) of
-`gpuboot.lifecycle.booking`); so a queued request of a job that holds a placement made meanwhile is answered
-"busy", not placed again. A gang is placed whole by `place` or not at all.
+`gpuboot.lifecycle.booking`); so a queued request of a job that holds a placement made meanwhile is
+answered `alone` and places itself on the single path. A gang is placed whole by `place` or not at all.
 
 Nothing is lost. A leader that dies stops renewing its lease; after LEASE_SECONDS a waiter
 takes over the queue. A waiter that dies leaves its request, which expires after QUEUED_SECONDS
@@ -46,7 +46,10 @@ or is placed; its reservations then expire with their TTL like any crashed run's
 is not answered within `contended_seconds` (or cannot even queue within QUEUE_BUDGET_SECONDS)
 withdraws its request, takes an answer given meanwhile, or else places itself on the single path
 (`Booker.book`, whose `LedgerContended` makes the place step defer): a batch that cannot keep up
-costs at worst what no batching costs. An answer given after the withdrawal is found by the next
+costs at worst what no batching costs. Its budget starts again whenever the leader commits a batch
+(the root's write counter moves), up to PROGRESS_WAIT_SECONDS in all: a thousand waiters behind a
+leader that is placing them must not all fall back to full cluster reads at once, which would
+starve the API server the leader needs. An answer given after the withdrawal is found by the next
 try as reservations the job holds, which the single path replaces. Re-placements
 (fail-over, retries of a started job, releases) keep the single-placement path: they need the
 job's record, marks and the abandoned-node rule of `gpuboot.lifecycle.booking`.
@@ -84,6 +87,8 @@ LEASE_SECONDS = 15         # a leader renews its lease with every batch it commi
 QUEUED_SECONDS = 60         # a queued request nobody decided by then is dropped (a live waiter queues again)
 DECIDED_SECONDS = 120       # how long an answer waits in the ledger for its waiter
 POLL_SECONDS = (0.3, 0.9)   # a waiter's reads of its queue shard while its request is queued (jittered)
+POLL_CROWD = 100            # beyond this many waiters, each reads its shard less often (`poll_seconds`)
+POLL_MAX_SECONDS = 4.0
 QUEUE_BUDGET_SECONDS = 10  # a request that cannot be queued by then is placed on its own (booking.Booker.book)
 LEASE_CHECK_SECONDS = 5     # and of the ledger (is anyone leading?) at least this often
 QUEUE_BACKOFF_CAP_SECONDS = 4.0   # the longest pause between two tries to queue (full jitter)
@@ -91,6 +96,7 @@ GATHER_SECONDS = 0.5        # a new leader waits this long before its survey, so
 VERDICT_MAX_AGE_SECONDS = 5  # "busy" or "never" only from a survey this recent (the job then waits a while)
 ANSWER_ROWS = 400           # candidate-table rows all live answers carry together (~200 KiB): the ledger's answer budget
 DECIDE_SECONDS = LEASE_SECONDS / 5   # placing one batch's requests takes this long at most (the rest: next batch)
+PROGRESS_WAIT_SECONDS = 300   # a waiter behind a leader that keeps committing batches waits this long at most
 LEAD_SECONDS = 20           # a place step leads this long at most once its own job is decided, then hands over
 
 
@@ -136,10 +142,13 @@ class BatchPlacer:
                 attempt += 1
                 b.sleep(backoff(attempt, base=0.05, cap=1.0, rng=b.rng))
         checked = -LEASE_CHECK_SECONDS
+        progress = state.given_parts[self.ledger.name].seq if self.ledger.name in state.given_parts else None
+        longest = b.monotonic() + PROGRESS_WAIT_SECONDS
         while True:
             # its shard says whether it still waits (a small read); the ledger, every few seconds or once
             # the entry is gone, says the answer and whether anyone leads
-            gone = not self.queue.holds(entry.ticket)
+            waits, waiting = self.queue.holds(entry.ticket)
+            gone = not waits
             if gone or b.monotonic() - checked >= LEASE_CHECK_SECONDS:
                 checked = b.monotonic()
                 state = self.ledger.snapshot()
@@ -150,6 +159,10 @@ class BatchPlacer:
                 if state.batch.led_by(now) is None and self._take_lease(state, ticket):
                     self.lead(ticket)
                     continue
+                root_seq = state.given_parts[self.ledger.name].seq if self.ledger.name in state.given_parts else None
+                if progress is not None and root_seq != progress and state.batch.led_by(now) is not None:
+                    give_up = min(longest, max(give_up, b.monotonic() + b.contended_seconds))   # the leader commits
+                progress = root_seq
             now = b.clock()
             if b.monotonic() >= give_up:
                 return self._withdraw(ticket, job_id)
@@ -157,7 +170,7 @@ class BatchPlacer:
                 entry = dataclasses.replace(entry, expires_at=now + QUEUED_SECONDS)
                 with contextlib.suppress(LedgerConflict):
                     self.queue.add(entry)
-            b.sleep((b.rng or random).uniform(*POLL_SECONDS))
+            b.sleep(poll_seconds(waiting, b.rng))
 
     def _take_lease(self, state: LedgerState, me: str) -> bool:
         """Become the leader, if nobody is (one compare-and-swap; losing it means another did)."""
@@ -333,6 +346,13 @@ def latest_per_job(queue: Sequence[Queued]) -> list[Queued]:
     """One request per job, its newest (an older ticket of the same job is a wait that gave up)."""
     newest = {q.job_id: q for q in queue}      # queue order is oldest first
     return [q for q in queue if newest[q.job_id] is q]
+
+
+def poll_seconds(waiting: int, rng: random.Random | None = None) -> float:
+    """A waiter's pause before its next read of its queue shard: POLL_SECONDS (jittered) while few wait,
+    longer in proportion beyond POLL_CROWD waiters (up to POLL_MAX_SECONDS), so that the waiters of a
+    large burst read the API server at about POLL_CROWD / mean(POLL_SECONDS) times a second in all."""
+    return min(POLL_MAX_SECONDS, (rng or random).uniform(*POLL_SECONDS) * max(1.0, waiting / POLL_CROWD))
 
 
 def answer_rows(live: Batch, n: int) -> int:

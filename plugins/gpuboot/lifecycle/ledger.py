@@ -1114,8 +1114,11 @@ class RequestQueue:
     def add(self, entry: Queued) -> None:
         self._change(self.shard_of(entry.ticket), lambda qs: [q for q in qs if q.ticket != entry.ticket] + [entry])
 
-    def holds(self, ticket: str) -> bool:
-        return any(q.ticket == ticket and q.expires_at > self.clock() for q in self._read(self.shard_of(ticket))[0])
+    def holds(self, ticket: str) -> tuple[bool, int]:
+        """Whether the ticket still waits, and how many requests wait in all (estimated from its shard)."""
+        now = self.clock()
+        live = [q for q in self._read(self.shard_of(ticket))[0] if q.expires_at > now]
+        return any(q.ticket == ticket for q in live), len(live) * len(self.shards)
 
     def drop(self, tickets: Iterable[str], attempts: int = 5) -> None:
         """Take requests out of their shards, answered ones or a withdrawn wait (best effort: what
