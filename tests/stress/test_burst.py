@@ -164,6 +164,8 @@ def outcome(request, tmp_path_factory):
                 killed = placers.kill_leader()
             results = [f.result() for f in futures]
             wall = time.monotonic() - began
+            if isinstance(placers, Placers):        # a burst over before the kill took effect: the lease lapses
+                wait_until(lambda: not _led_by(killed), timeout=120)
         from gpuboot.hooks.kube import KubeClient
         from gpuboot.lifecycle.ledger import ReservationLedger
 
@@ -174,6 +176,13 @@ def outcome(request, tmp_path_factory):
                      "placers": [p.me for p in placers.placers]}
         yield {"results": results, "report": monitor.report, "bursts": bursts.bursts, "wall": wall, "ledger": state,
                "mode": request.param, **extra}
+
+
+def _led_by(placer: str | None) -> bool:
+    from gpuboot.hooks.kube import KubeClient
+    from gpuboot.lifecycle.ledger import ReservationLedger
+
+    return ReservationLedger(KubeClient()).snapshot().batch.led_by(time.time()) == placer
 
 
 def _led() -> bool:

@@ -141,7 +141,8 @@ class BatchPlacer:
                     return b.book(self.spec, job_id)
                 attempt += 1
                 b.sleep(backoff(attempt, base=0.05, cap=1.0, rng=b.rng))
-        checked = -LEASE_CHECK_SECONDS
+        check_every = min(LEASE_CHECK_SECONDS, b.contended_seconds / 3)    # sees a leader's progress within its budget
+        checked = -check_every
         progress = state.given_parts[self.ledger.name].seq if self.ledger.name in state.given_parts else None
         longest = b.monotonic() + PROGRESS_WAIT_SECONDS
         while True:
@@ -149,7 +150,7 @@ class BatchPlacer:
             # the entry is gone, says the answer and whether anyone leads
             waits, waiting = self.queue.holds(entry.ticket)
             gone = not waits
-            if gone or b.monotonic() - checked >= LEASE_CHECK_SECONDS:
+            if gone or b.monotonic() - checked >= check_every:
                 checked = b.monotonic()
                 state = self.ledger.snapshot()
                 now = b.clock()
