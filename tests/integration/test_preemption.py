@@ -101,3 +101,43 @@ def test_a_high_job_preempts_a_low_preemptible_one_which_is_requeued_and_later_s
     assert ReservationLedger(KubeClient()).live() == []
     state = JobQueue(KubeClient()).snapshot()
     assert (state.waiting, state.running, state.preempted) == ((), (), ())
+
+
+def test_two_preemptors_at_once_never_both_take_the_victims_place(cloud, capfd):
+    """Two high jobs' place steps at once, each with its own clients, for the one node a low job runs
+    on: the victim is preempted once, one of them gets the node, the other waits in the queue; the
+    ledger holds the node's 8 GPUs once; after the releases nothing is left."""
+    plan, pushed = place(LOW, job_id="victim")
+    started = StartGpuNodesOperator(task_id="start", plan=plan, job=pushed["job"]).execute(context("start"))
+    with pytest.raises(TaskDeferred):          # the gang is created; its trigger is left unrun
+        GpuPodOperator(task_id="launch", job=pushed["job"], plan=started["plan"], env_source=LOW,
+                       startup_timeout_seconds=30).execute(context("launch"))
+    wait_until(lambda: running_pods("victim") != [], timeout=120, message="the low job's pod did not start")
+    outcomes: dict = {}
+    barrier = threading.Barrier(2)
+
+    def preemptor(job_id: str) -> None:
+        barrier.wait()
+        try:
+            outcomes[job_id] = place({**HIGH, "name": job_id}, job_id=job_id)[0]["outcome"]
+        except TaskDeferred:
+            outcomes[job_id] = "waiting"
+
+    threads = [threading.Thread(target=preemptor, args=(j,)) for j in ("high-a", "high-b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(outcomes.values()) == ["fits", "waiting"], outcomes
+    winner = next(j for j, o in outcomes.items() if o == "fits")
+    live = ReservationLedger(KubeClient()).live()
+    assert [(r.job_id, r.node, r.resources.gpus) for r in live] == [(winner, "gpu8", 8)]
+    state = JobQueue(KubeClient()).snapshot()
+    assert [(p.job_id, p.by) for p in state.preempted] == [("victim", winner)]
+    assert running_pods("victim") == []
+    assert capfd.readouterr().out.count("preempted job sweep (victim") == 1
+    for job_id in ("high-a", "high-b", "victim"):
+        release(job_id)
+    assert ReservationLedger(KubeClient()).live() == []
+    state = JobQueue(KubeClient()).snapshot()
+    assert (state.waiting, state.running, state.preempted) == ((), (), ())

@@ -20,7 +20,7 @@ from gpuboot.hooks.kube import Conflict, InvalidRequest, KubeClient
 from gpuboot.lifecycle.jobqueue import JobQueue, Preempted
 from gpuboot.lifecycle.preemption import GONE_SECONDS, delete_and_wait
 from gpuboot.operators.base import GpuJobStep, push, resolve_job, summarize
-from gpuboot.operators.requeue import RequeuesWhenPreempted
+from gpuboot.operators.requeue import RequeuesWhenPreempted, first_event
 from gpuboot.triggers.gang import GangTrigger
 
 
@@ -110,7 +110,7 @@ class GpuPodOperator(GpuJobStep, RequeuesWhenPreempted, BaseOperator):
                               started_at=time.time())
         if self.deferrable:
             self.defer(trigger=trigger, method_name="execute_complete")
-        return self.execute_complete(context, asyncio.run(_first_event(trigger)))
+        return self.execute_complete(context, asyncio.run(first_event(trigger)))
 
     def _spec_for_requeue(self, context) -> JobSpec:
         return self._with_env_values(self.spec(), context)
@@ -258,9 +258,3 @@ def what_runs(spec, plan: Plan, attempt: int) -> dict:
         "resources": dict((container.get("resources") or {}).get("requests") or {}),
     }
 
-
-async def _first_event(trigger: GangTrigger) -> dict:
-    """The trigger's one event, run here (deferrable=False)."""
-    async for event in trigger.run():
-        return event.payload
-    raise AirflowException("the gang trigger ended without a verdict")

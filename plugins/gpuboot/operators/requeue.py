@@ -20,6 +20,7 @@ record still there and requeues the job again, so it is never run on a node it d
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 
@@ -45,6 +46,7 @@ class RequeuesWhenPreempted:
     busy_poll_seconds: float
     kubernetes_conn_id: str
     ecs_conn_id: str
+    deferrable: bool
 
     def preemption(self, job_id: str) -> Preempted | None:
         """The job's preemption record, if a preemptor requeued it and it has not been settled."""
@@ -85,10 +87,9 @@ class RequeuesWhenPreempted:
             wake = min(deadline, now + self.busy_poll_seconds)
             self.log.info("requeued after preemption: %s; placing again in %.0fs at the latest%s", why, wake - now,
                           ", or as soon as a job is released" if turn.wake_after is not None else "")
-            self.defer(trigger=WakeUpTrigger(wake, {"deadline": deadline, "tried": [], "preempted": record.to_json()},
-                                             queue=(self.ledger_namespace, CONFIGMAP), changes_seen=turn.wake_after,
-                                             kubernetes_conn_id=self.kubernetes_conn_id),
-                       method_name="resume_requeued")
+            return self._wait_on(WakeUpTrigger(wake, {"deadline": deadline, "tried": [], "preempted": record.to_json()},
+                                               queue=(self.ledger_namespace, CONFIGMAP), changes_seen=turn.wake_after,
+                                               kubernetes_conn_id=self.kubernetes_conn_id), "resume_requeued", context)
         self.log.info("placed again after preemption:\n%s", plan.table())
         return self._bring_up(context, spec, plan, record)
 
@@ -111,12 +112,18 @@ class RequeuesWhenPreempted:
         self.log.info("waiting for node %s (%d/%d) to be GPU-ready until %s", baseline["node"], index + 1,
                       len(baselines), utc_relative(deadline, time.time()))
         echo = {"plan": plan, "baselines": baselines, "index": index, "preempted": record.to_json()}
-        self.defer(trigger=NodeGpuReadyTrigger(baseline=dict(baseline), deadline=deadline,
-                                               settle_seconds=spec.settle_seconds,
-                                               kubernetes_conn_id=self.kubernetes_conn_id,
-                                               fallback_seconds=DEFAULT_FALLBACK_SECONDS, ecs_conn_id=self.ecs_conn_id,
-                                               echo=echo),
-                   method_name="resume_node_ready")
+        return self._wait_on(NodeGpuReadyTrigger(baseline=dict(baseline), deadline=deadline,
+                                                 settle_seconds=spec.settle_seconds,
+                                                 kubernetes_conn_id=self.kubernetes_conn_id,
+                                                 fallback_seconds=DEFAULT_FALLBACK_SECONDS,
+                                                 ecs_conn_id=self.ecs_conn_id, echo=echo),
+                             "resume_node_ready", context)
+
+    def _wait_on(self, trigger, method_name: str, context):
+        """Defer on `trigger` (deferrable, the default), or run it here to its first event (deferrable=False)."""
+        if self.deferrable:
+            self.defer(trigger=trigger, method_name=method_name)
+        return getattr(self, method_name)(context, asyncio.run(first_event(trigger)))
 
     def resume_node_ready(self, context, event: Mapping):
         """Back from a node's readiness watch: the next node, or the launch."""
@@ -129,3 +136,10 @@ class RequeuesWhenPreempted:
         self.log.info("%s", event.get("summary") or f"node {node} is GPU-ready")
         return self._next_node(context, spec, echo["plan"], list(echo["baselines"]), int(echo["index"]) + 1,
                                Preempted.from_json(echo["preempted"]))
+
+
+async def first_event(trigger) -> dict:
+    """A trigger's one event, run in the worker (deferrable=False)."""
+    async for event in trigger.run():
+        return event.payload
+    raise AirflowException(f"{type(trigger).__name__} ended without an event")
