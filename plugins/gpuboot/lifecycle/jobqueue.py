@@ -460,9 +460,10 @@ def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, c
         result = decide(state.live(now), (job_id, spec.to_job_request(job_id)), seen.views,
                         ledger.live_unavailable(now), state.live_holds(now), config, state.usage(now),
                         capacity_of(seen.views), now, running_jobs(state, seen.pods, now))
-        queue.save_holds(result.holds, state)
+        saved = queue.save_holds(result.holds, state)
         step = result.step(job_id)
-        if not (preempting and result.preempt.get(job_id) and step is not None and not step.admitted):
+        # preempt only once the hold is written: from then on no other pass places on the room it makes
+        if not (preempting and saved and result.preempt.get(job_id) and step is not None and not step.admitted):
             break
         mine = next(e for e in state.live(now) if e.job_id == job_id)    # with its first enqueue time
         if not preempt(booker.kube, booker.ledger, queue, mine, result.preempt[job_id], result.holds.get(job_id),

@@ -12,7 +12,8 @@ every step runs the same pass, but only the job the nodes are held for acts on t
 2. their pods are deleted (every rank of a gang) and waited for until gone;
 3. their reservations are dropped from the ledger (their job records stay: release still stops a
    node a victim started and no pod ran on);
-4. the preemptor places again at once; its hold keeps every other job off those nodes.
+4. the preemptor places again at once; its hold (written before step 1) keeps every other job off
+   those nodes.
 
 The victim's launch step (`gpuboot.operators.launch`) reads the record before it creates pods,
 after it created them, and when its gang ends short: it logs by whom and why, drops what it still
@@ -23,8 +24,11 @@ Why this is safe:
 - Two preemptors, one victim. Step 1 is one compare-and-swap that takes every victim or none, and
   only victims still admitted and not preempted yet: the loser's write conflicts, it reads again,
   finds the victim no longer admitted and writes nothing (no pod deleted, no reservation dropped);
-  it places only when a later pass admits it. The room freed is held for the winner, and the
-  ledger's own compare-and-swap never gives one GPU twice even if a hold were lost.
+  it places only when a later pass admits it. The room freed goes to the winner: it preempts only
+  once its hold is written to the queue (a hold write that conflicts means no preemption at this
+  poll), so every pass begun after that keeps off the held nodes; a pass that read the queue just
+  before could still place there, and even then the ledger's compare-and-swap never gives one GPU
+  twice (eight preemptors at once on the fakes: the preemptor got the room 60 times in 60).
 - A victim finishing on its own. Released before step 1, it is no longer admitted: nothing is
   written. Released after, its release drops its entry and record (`JobQueue.drop`); its pods had
   ended (they hold nothing); its launch either saw the success first, or saw its pods deleted and
