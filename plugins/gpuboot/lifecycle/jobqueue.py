@@ -379,18 +379,21 @@ def queue_view(state: QueueState, views, unavailable: Sequence[Unavailable], con
                now: float) -> list[dict]:
     """Every waiting job in order, as the place steps' pass sees it: position, team, class, shape,
     since when it waits and until when (its queue deadline), who is ahead, what blocks it and what
-    kind of thing that is (quota, hold, capacity), the nodes held for it (the fleet page's queue
-    table and /api/queue; JSON-safe)."""
+    kind of thing that is (quota, hold, capacity), the nodes held for it, and by whom and why it was
+    preempted if it was requeued (the fleet page's queue table and /api/queue; JSON-safe)."""
     result = decide(state.live(now), None, list(views), unavailable, state.live_holds(now), config,
                     state.usage(now), capacity_of(views), now)
     deadlines = {w.entry.job_id: w.deadline for w in state.waiting}
+    preempted = {p.job_id: p for p in state.preempted}
     return [{"position": s.position + 1, "job_id": s.entry.job_id, "name": s.entry.name, "team": s.entry.team,
              "priority_class": s.entry.priority_class, "gpus": s.entry.gpus, "tasks": s.entry.tasks,
              "gpus_per_task": s.entry.requests.gpus, "gpu_models": list(s.entry.models),
              "preemptible": s.entry.preemptible, "enqueued_at": s.entry.enqueued_at,
              "deadline": deadlines.get(s.entry.job_id), "ahead": list(s.ahead), "next": s.admitted,
              "blocked_by": s.blocked_by, "blocker": s.blocker,
-             "held_nodes": list(result.holds[s.entry.job_id].nodes) if s.entry.job_id in result.holds else []}
+             "held_nodes": list(result.holds[s.entry.job_id].nodes) if s.entry.job_id in result.holds else [],
+             "preempted_by": preempted[s.entry.job_id].preemptor if s.entry.job_id in preempted else None,
+             "preempted_why": preempted[s.entry.job_id].reason if s.entry.job_id in preempted else None}
             for s in result.steps]
 
 

@@ -13,7 +13,7 @@ from gpuboot.core.model import LABEL_JOB, LABEL_TASK
 from gpuboot.core.placement import Outcome
 from gpuboot.core.queue import QueueConfig
 from gpuboot.lifecycle.booking import Booker
-from gpuboot.lifecycle.jobqueue import LEASE_SECONDS, JobQueue, book_in_order, entry_of
+from gpuboot.lifecycle.jobqueue import LEASE_SECONDS, JobQueue, book_in_order, entry_of, queue_view
 from gpuboot.lifecycle.preemption import drop_reservations, running_jobs, told
 from tests.builders import pod
 from tests.fakes import T4X2, Cloud, cloud
@@ -67,6 +67,8 @@ def test_a_high_job_preempts_a_low_preemptible_one_which_is_requeued_and_runs_ag
     (waiting,) = state.waiting
     assert (waiting.entry.job_id, waiting.entry.enqueued_at) == ("low", enqueued)    # its place in line kept
     assert [a.job_id for a in state.running] == ["high"]
+    (row,) = queue_view(state, [], [], QueueConfig(), c.clock())            # the fleet page and /api/queue
+    assert (row["job_id"], row["preempted_by"]) == ("low", "high") and "outranks low" in row["preempted_why"]
     # the victim's launch requeues it: it waits while the high job runs, then gets the node back
     again = turn(c, "low", spec("low", **LOW), record.enqueued_at)
     assert again.plan.outcome is Outcome.BUSY and "queue position 1 of 1" in again.line()
