@@ -14,13 +14,15 @@ preemptor now holds. So the launch step, seeing its job's preemption record
    to be GPU-ready (`NodeGpuReadyTrigger`, the sensor's trigger);
 4. launch the gang on the new plan; the record is settled once the pods exist.
 
-A node that is not GPU-ready in time, or a bring-up that meets no capacity, fails this try with
+A contended ledger waits a short jittered while and places again, as the place step does. A node
+that is not GPU-ready in time, or a bring-up that meets no capacity, fails this try with
 the reason (no fail-over here: the sensor's is for the first boot); the Airflow retry finds the
 record still there and requeues the job again, so it is never run on a node it does not hold.
 """
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Mapping
 
@@ -28,9 +30,10 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.placement import Outcome, Plan
+from gpuboot.core.ports import EcsError
 from gpuboot.core.readiness import DEFAULT_FALLBACK_SECONDS
 from gpuboot.core.timefmt import utc_relative
-from gpuboot.lifecycle.booking import LAUNCH_MARGIN_SECONDS, Booker
+from gpuboot.lifecycle.booking import LAUNCH_MARGIN_SECONDS, Booker, LedgerContended
 from gpuboot.lifecycle.boot import CapacityBusy, CapacityUnavailable, wait_deadline
 from gpuboot.lifecycle.jobqueue import CONFIGMAP, JobQueue, Preempted, book_in_order, queue_config
 from gpuboot.lifecycle.preemption import drop_reservations, told
@@ -73,8 +76,20 @@ class RequeuesWhenPreempted:
         kube = self.kube()
         booker = Booker(kube, self.ecs(), self.ledger(kube), self.log)
         queue = JobQueue(kube, self.ledger_namespace)
-        turn = book_in_order(booker, queue, spec, record.job_id, queue_config(),
-                             lambda: booker.book(spec, record.job_id), deadline, record.enqueued_at)
+        echo = {"deadline": deadline, "tried": [], "preempted": record.to_json()}
+        try:
+            turn = book_in_order(booker, queue, spec, record.job_id, queue_config(),
+                                 lambda: booker.book(spec, record.job_id), deadline, record.enqueued_at)
+        except (LedgerContended, EcsError) as exc:
+            if isinstance(exc, EcsError) and exc.kind != "transient":
+                raise
+            if time.time() >= deadline:
+                raise AirflowFailException(f"job {spec.name}, preempted, could not commit its placement before "
+                                           f"queue_timeout_seconds={spec.queue_timeout_seconds}: {exc}") from None
+            # a burst kept the ledger changing (nothing written): a short jittered while, then again
+            wake = time.time() + random.uniform(1.0, 1.0 + min(10.0, self.busy_poll_seconds))
+            self.log.info("%s; requeued after preemption: placing again in %.1fs", exc, wake - time.time())
+            return self._wait_on(WakeUpTrigger(wake, echo), "resume_requeued", context)
         plan, now = turn.plan, time.time()
         if plan.outcome is Outcome.NEVER:
             raise AirflowFailException(f"job {spec.name} was preempted and can no longer run in this fleet: "
@@ -87,9 +102,9 @@ class RequeuesWhenPreempted:
             wake = min(deadline, now + self.busy_poll_seconds)
             self.log.info("requeued after preemption: %s; placing again in %.0fs at the latest%s", why, wake - now,
                           ", or as soon as a job is released" if turn.wake_after is not None else "")
-            return self._wait_on(WakeUpTrigger(wake, {"deadline": deadline, "tried": [], "preempted": record.to_json()},
-                                               queue=(self.ledger_namespace, CONFIGMAP), changes_seen=turn.wake_after,
-                                               kubernetes_conn_id=self.kubernetes_conn_id), "resume_requeued", context)
+            return self._wait_on(WakeUpTrigger(wake, echo, queue=(self.ledger_namespace, CONFIGMAP),
+                                               changes_seen=turn.wake_after, kubernetes_conn_id=self.kubernetes_conn_id),
+                                 "resume_requeued", context)
         self.log.info("placed again after preemption:\n%s", plan.table())
         return self._bring_up(context, spec, plan, record)
 
