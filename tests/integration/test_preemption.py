@@ -31,9 +31,8 @@ FLEET["instance_types"][V100X8] = {"cpu": 82, "memory_gib": 336, "gpu": 8, "gpu_
 JOB = {"image": "python:3.11", "gpus": 8, "cpu": "1", "memory": "1Gi", "settle_seconds": 1,
        "boot_timeout_seconds": 60}
 LOW = {**JOB, "name": "sweep", "priority_class": "low", "preemptible": True,
-       "command": ["python", "-c", "import time\nprint('sweep step', flush=True)\ntime.sleep(15)\nprint('sweep done')"]}  # sleep-ok: the pod's own workload
-HIGH = {**JOB, "name": "urgent", "priority_class": "high",
-        "command": ["python", "-c", "import time\ntime.sleep(20)\nprint('urgent done')"]}  # sleep-ok: the pod's own workload
+       "command": ["python", "-c", "import time\nprint('sweep step', flush=True)\ntime.sleep(30)\nprint('sweep done')"]}  # sleep-ok: the pod's own workload
+HIGH = {**JOB, "name": "urgent", "priority_class": "high", "command": ["python", "-c", "print('urgent done')"]}
 
 
 @pytest.fixture
@@ -52,23 +51,25 @@ def drive(op, ctx, method: str = "execute", event: dict | None = None):
         return drive(op, ctx, deferred.method_name, payload)
 
 
-def run_job(job: dict, job_id: str, launch_started: threading.Event | None = None) -> list[str]:
-    """place, start, wait_gpu_ready and launch, as the gpu_job group chains them."""
+def run_job(job: dict, job_id: str, after_place=None) -> list[str]:
+    """place, start, wait_gpu_ready and launch, as the gpu_job group chains them; `after_place()` runs
+    between place and start."""
     plan, pushed = place(job, job_id=job_id)
     assert plan["outcome"] == "fits", plan["message"]
+    if after_place:
+        after_place()
     started = StartGpuNodesOperator(task_id="start", plan=plan, job=pushed["job"]).execute(context("start"))
     waited = context("wait")
     drive(GpuReadySensor(task_id="wait", baselines=started["baselines"], job=pushed["job"], plan=started["plan"]),
           waited)
     launch = GpuPodOperator(task_id="launch", job=pushed["job"], plan=waited["ti"].pushed.get("plan", started["plan"]),
                             env_source=job, startup_timeout_seconds=30, busy_poll_seconds=5)
-    if launch_started:
-        launch_started.set()
     return drive(launch, context("launch"))
 
 
 def test_a_high_job_preempts_a_low_preemptible_one_which_is_requeued_and_later_succeeds(cloud, capfd, tmp_path):
     victim: dict = {}
+    log: list[str] = []
 
     def low() -> None:
         try:
@@ -76,26 +77,34 @@ def test_a_high_job_preempts_a_low_preemptible_one_which_is_requeued_and_later_s
         except BaseException as exc:
             victim["error"] = exc
 
+    def logged(text: str) -> bool:
+        log.append(capfd.readouterr().out)
+        return text in "".join(log)
+
     thread = threading.Thread(target=low)
     thread.start()
     wait_until(lambda: running_pods("sweep-run") != [], timeout=120, message="the low job's pod did not start")
     first_pods = running_pods("sweep-run")
 
-    assert len(run_job(HIGH, "urgent-run")) == 1                         # placed on gpu8 once the victim went
-    out = capfd.readouterr().out
-    assert "preempted job sweep (sweep-run, class low, preemptible): deleted its pod(s)" in out
-    assert "priority class high outranks low" in out
+    def preempted() -> None:               # the high job runs once the victim waits in the queue
+        assert logged("preempted job sweep (sweep-run, class low, preemptible): deleted its pod(s)")
+        wait_until(lambda: logged("requeued after preemption: queue position 1 of 1"), timeout=120,
+                   message="the victim's launch did not requeue")
+
+    assert len(run_job(HIGH, "urgent-run", after_place=preempted)) == 1   # placed on gpu8 once the victim went
     assert release("urgent-run") == ["urgent"]
 
-    thread.join(180)
+    thread.join(240)
     assert not thread.is_alive() and "error" not in victim, victim.get("error")
     assert victim["pods"] == first_pods                                  # the same gang (names), run again
-    out += capfd.readouterr().out
+    logged("")
+    out = "".join(log)
     (tmp_path / "preemption.log").write_text(out)
+    assert "why: it needs 8 GPU(s) on node(s) gpu8 and priority class high outranks low" in out
     assert "job sweep (sweep-run) was preempted by job urgent (urgent-run) at 20" in out
     assert "it needs 8 GPU(s) on node(s) gpu8 and priority class high outranks low; this job said preemptible: " \
            "true. Requeued (not failed)" in out
-    assert "requeued after preemption: queue position 1 of 1" in out
+    assert "woken by a release in the job queue: placing again" in out
     assert "placed again after preemption" in out and "sweep done" in out
     assert release("sweep-run") == ["sweep"]                             # it ran to completion
     assert ReservationLedger(KubeClient()).live() == []
