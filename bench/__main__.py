@@ -38,7 +38,7 @@ import traceback  # noqa: E402
 from bench import report  # noqa: E402
 from bench.common import output_to, write_json  # noqa: E402
 
-PARTS = ("placement", "readiness", "overhead", "gang", "burst", "triggerer", "queue_wake")
+PARTS = ("placement", "readiness", "overhead", "gang", "burst", "triggerer", "queue_wake", "preemption")
 SLOW_PARTS = ("distributed",)     # only when asked for by name
 
 
@@ -71,6 +71,9 @@ def run_part(part: str, workdir: Path, args) -> dict:
     if part == "queue_wake":
         from bench import queue_wake
         return queue_wake.run(2 if args.quick else 4, seed=0)
+    if part == "preemption":
+        from bench import preemption
+        return preemption.run(1 if args.quick else 3)
     from bench import overhead
     return overhead.run(workdir, quick=args.quick)
 
