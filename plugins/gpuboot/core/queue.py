@@ -340,8 +340,8 @@ def choose_hold(entry: Entry, nodes: Sequence[NodeView], taken: Iterable[str], r
         due = max(due, at) if covered - copies < entry.tasks else due
     if covered < entry.tasks:
         return None
-    known = keep is not None and all(_known(by_name[name], releases) for name in chosen)
-    return Hold(entry.job_id, tuple(sorted(chosen)), None if math.isinf(due) else due, keep.since if known else now)
+    since = keep.since if keep is not None and all(_known(by_name[name], releases) for name in chosen) else now
+    return Hold(entry.job_id, tuple(sorted(chosen)), None if math.isinf(due) else due, since)
 
 
 def may_preempt(entry: Entry, now: float, config: QueueConfig) -> bool:

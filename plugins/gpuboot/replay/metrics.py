@@ -1,6 +1,7 @@
 """What a replay run cost and how long jobs waited: recorded as the run goes, summarised at the end."""
 from __future__ import annotations
 
+import itertools
 import math
 import zlib
 from collections.abc import Iterable, Sequence
@@ -271,7 +272,7 @@ def overload(jobs: Iterable, gpus: int, start: float, end: float) -> dict:
     busy_from = peak_from = peak_at = start
     demanded = peak_demanded = 0.0
     drained: float | None = start
-    for (t0, level), (t1, _) in zip(series, series[1:]):
+    for (t0, level), (t1, _) in itertools.pairwise(series):
         span = t1 - t0
         if backlog == 0.0:
             busy_from, demanded = t0, 0.0
