@@ -448,6 +448,11 @@ class PassResult:
         return next((s for s in self.steps if s.entry.job_id == job_id), None)
 
 
+def _far(hold: Hold, now: float, config: QueueConfig) -> bool:
+    """The hold is due (by stated runtimes) later than a preempting job would still wait for it."""
+    return hold.due is not None and hold.due - now > (config.preempt_after_seconds or 0.0)
+
+
 def needs_hold(entry: Entry, now: float, config: QueueConfig) -> bool:
     """A job of the high class, or one of more than one GPU that has waited `starve_seconds`. A 1-GPU
     job needs none: the first GPU that frees goes to the first in line."""
@@ -522,10 +527,12 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
             hold = choose_hold(entry, nodes(), taken, releases or {}, now, holds.get(entry.job_id), config.spare_holds,
                                config.hold_seconds)
             movable = [r for r in running if r.job_id not in gone]
-            if hold is None and movable and may_preempt(entry, now, config):
-                # no node drains soon: hold one where requeuing preemptible jobs makes room, or none
-                hold = choose_hold(entry, nodes(), taken, releases or {}, now, None, 0)
-                hold = hold if hold and victims(entry, hold, nodes(), movable, now, config) else None
+            if movable and may_preempt(entry, now, config) and (hold is None or _far(hold, now, config)):
+                # no node drains soon: hold one where requeuing preemptible jobs makes room (ranked as
+                # when no end is known: the fewest GPUs to drain, then the youngest work), else keep
+                # what there is; a hold due within preempt_after_seconds is waited for instead
+                room = choose_hold(entry, nodes(), taken, {}, now, None, 0)
+                hold = room if room and victims(entry, room, nodes(), movable, now, config) else hold
             if hold is None:
                 holds.pop(entry.job_id, None)
             else:

@@ -304,3 +304,18 @@ def test_with_known_ends_old_work_may_be_held_and_the_hold_moves_only_to_nodes_t
     assert moved.nodes == ("new",) and moved.due == 20_000.0 and moved.since == 10_000   # held since the first pass
     assert choose_hold(entry("big", gpus=8), nodes, (), {"old": [(4, None)], "new": [(6, 50_000.0)]},
                        now=10_000, young=3_600).nodes == ("new",)       # one unknown end: old work is not held
+
+
+def test_a_job_that_may_preempt_does_not_wait_days_for_a_stated_end_when_preempting_makes_room():
+    fleet = Fleet(t4("soon", used=8, busy_since=0), t4("small", used=8, busy_since=0))
+    running = [running_on("soon", "other-big", 8, 0),                       # not preemptible, ends in days
+               *[running_on("small", f"s{i}", 1, 100 + i, preemptible=True) for i in range(8)]]
+    days = {"soon": [(8, 300_000.0)], "small": [(1, 400_000.0)] * 8}
+    big = entry("big", gpus=8)
+    result = run_pass([big], now=2_500, config=QueueConfig(), usage={}, capacity={"T4": 16}, holds={},
+                      nodes=fleet.nodes, attempt=fleet.attempt, commit=fleet.commit, releases=days, running=running)
+    assert result.holds["big"].nodes == ("small",) and sorted(result.preempt["big"]) == [f"s{i}" for i in range(8)]
+    soon = {"soon": [(8, 3_000.0)], "small": [(1, 400_000.0)] * 8}         # due within preempt_after: wait for it
+    result = run_pass([big], now=2_500, config=QueueConfig(), usage={}, capacity={"T4": 16}, holds={},
+                      nodes=fleet.nodes, attempt=fleet.attempt, commit=fleet.commit, releases=soon, running=running)
+    assert result.holds["big"].nodes == ("soon",) and result.preempt == {}
