@@ -37,7 +37,9 @@ from simcloud.kube.patching import PatchError, apply_patch
 from simcloud.kube.resources import RESOURCES, ResourceInfo
 from simcloud.kube.selectors import SelectorError, parse_field_selector, parse_label_selector
 
-HISTORY_LIMIT = 10_000
+HISTORY_LIMIT = 100 * 1024    # kube-apiserver's watch cache holds at most this many events per resource (k8s.io/
+                              # apiserver pkg/storage/cacher, defaultUpperBoundCapacity): 10k heartbeating nodes must
+                              # not push a watch of pods or nodes out of its history within seconds
 HISTORY_SECONDS = 300.0     # kube-apiserver --etcd-compaction-interval default
 NAMESPACE_FINALIZE_SECONDS = 5.0   # a deleted namespace stays Terminating this long at least (1.37: ~5 s)
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")

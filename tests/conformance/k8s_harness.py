@@ -188,13 +188,13 @@ def pod_body(name: str, *, node_selector: dict | None = None, gpu: int = 0, cpu:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {}}, "spec": spec}
 
 
-def start_server(workdir: Path, *, scheduler: bool = True, history_limit: int = 10_000) -> K8sServer:
+def start_server(workdir: Path, *, scheduler: bool = True, history_limit: int | None = None) -> K8sServer:
     loop = asyncio.new_event_loop()
     ready = threading.Event()
     holder: dict = {}
 
     async def boot():
-        store = Store(history_limit=history_limit)
+        store = Store(history_limit=history_limit) if history_limit else Store()
         faults = Faults()
         logs = MemoryLogs(store)
         auth = Auth(store)
