@@ -3,9 +3,10 @@
 A versioned map per resource, like etcd behind the real API server: one global,
 monotonic resourceVersion, a change history per resource (like the apiserver's watch
 cache) so watches can resume from a resourceVersion, and queues for in-process watchers.
-The history is bounded by count per resource and by age for all of them: every version
-written more than `history_seconds` ago is compacted, as the apiserver's periodic etcd
-compaction (5 min) does, so a watch from it is 410 Gone whatever the resource. Each resource keeps its keys sorted, so a list page
+The history is bounded per resource as the watch cache bounds it (at most HISTORY_LIMIT events;
+those older than FRESH_SECONDS go once more than FRESH_MIN_EVENTS are kept) and by age for all of
+them: every version written more than `history_seconds` ago is compacted, as the apiserver's
+periodic etcd compaction (5 min) does, so a watch from it is 410 Gone whatever the resource. Each resource keeps its keys sorted, so a list page
 (`limit` + continue after the last key) costs O(log n + page), not a scan of everything.
 
 Creates and API updates are defaulted and validated (simcloud.kube.admission, simcloud.kube.validation:
@@ -41,6 +42,8 @@ HISTORY_LIMIT = 100 * 1024    # kube-apiserver's watch cache holds at most this 
                               # apiserver pkg/storage/cacher, defaultUpperBoundCapacity): 10k heartbeating nodes must
                               # not push a watch of pods or nodes out of its history within seconds
 HISTORY_SECONDS = 300.0     # kube-apiserver --etcd-compaction-interval default
+FRESH_SECONDS = 75.0        # the watch cache sizes itself to hold at least this long of events (DefaultEventFreshDuration)
+FRESH_MIN_EVENTS = 100      # ... and at least this many (defaultLowerBoundCapacity); older ones past both may go
 NAMESPACE_FINALIZE_SECONDS = 5.0   # a deleted namespace stays Terminating this long at least (1.37: ~5 s)
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
@@ -123,6 +126,7 @@ class Store:
         self._keys: dict[str, list[tuple[str, str]]] = {name: [] for name in RESOURCES}   # sorted
         self._rv = 0
         self._history: dict[str, deque[WatchEvent]] = {name: deque() for name in RESOURCES}
+        self._history_at: dict[str, deque[float]] = {name: deque() for name in RESOURCES}   # when each was written
         self._history_limit = history_limit
         self._compacted_rv: dict[str, int] = dict.fromkeys(RESOURCES, 0)
         self._history_seconds, self._clock = history_seconds, clock
@@ -162,9 +166,13 @@ class Store:
         event = WatchEvent(self._rv, kind, obj, old)
         self._written.append((self._clock(), self._rv))
         self._age_out()
-        history = self._history[resource]
+        history, at = self._history[resource], self._history_at[resource]
         history.append(event)
-        while len(history) > self._history_limit or (history and history[0].rv <= self._aged_rv):
+        at.append(self._clock())
+        stale = self._clock() - FRESH_SECONDS
+        while len(history) > self._history_limit or (history and history[0].rv <= self._aged_rv) or (
+                len(history) > FRESH_MIN_EVENTS and at[0] < stale):
+            at.popleft()
             self._compacted_rv[resource] = max(self._compacted_rv[resource], history.popleft().rv)
         for sub in self._subscribers[resource]:
             sub.queue.put_nowait(event if sub.raw else (kind, clone(obj)))
@@ -522,6 +530,7 @@ class Store:
         the API's open watch streams (a None on their queues), as an API server restart does."""
         for resource in RESOURCES:
             self._history[resource].clear()
+            self._history_at[resource].clear()
             self._compacted_rv[resource] = self._rv
             for sub in self._subscribers[resource]:
                 if sub.raw:

@@ -97,6 +97,28 @@ def test_versions_older_than_the_window_are_compacted_for_every_resource():
         store.watch("configmaps", newer)
 
 
+def test_a_busy_resource_keeps_about_75_seconds_of_changes_as_the_watch_cache_does():
+    """kube-apiserver's watch cache holds at least DefaultEventFreshDuration (75 s) of a resource's events and
+    at least 100 of them: a busy resource's older events go, a quiet one keeps its 100 however old."""
+    from simcloud.kube.store import FRESH_MIN_EVENTS, FRESH_SECONDS
+
+    clock = Clock()
+    store = Store(history_seconds=3600, clock=clock)
+    store.create("configmaps", {"metadata": {"name": "first"}})
+    first = int(store.resource_version)
+    for i in range(FRESH_MIN_EVENTS - 2):
+        store.create("configmaps", {"metadata": {"name": f"c{i}"}})
+    clock.now += FRESH_SECONDS + 1
+    store.create("configmaps", {"metadata": {"name": "late"}})      # 100 kept: the old ones stay
+    assert len(store.watch("configmaps", first - 1)[0]) == FRESH_MIN_EVENTS
+    store.create("configmaps", {"metadata": {"name": "later"}})     # 101: a stale one goes
+    with pytest.raises(ApiError) as err:
+        store.watch("configmaps", first - 1)                        # would need `first`
+    assert (err.value.code, err.value.reason) == (410, "Expired")
+    late = store.watch("configmaps", int(store.resource_version) - 2)[0]
+    assert [e.obj["metadata"]["name"] for e in late] == ["late", "later"]
+
+
 def test_a_future_version_is_504_too_large():
     store = Store()
     current = int(store.resource_version)
