@@ -15,7 +15,9 @@ reused the GPU, which would look like an overcommit that never existed. The API
 server numbers every write with one global, increasing resourceVersion, so events
 are applied in that order and only once every stream is known to be past them (its
 own events, BOOKMARKs, or a list whose objects match what the stream delivered).
-Each check therefore sees one real moment of the cluster.
+Each check therefore sees one real moment of the cluster. A stream that must list again (410
+Gone) learns the changes of its gap all at once at the list's resourceVersion: the other
+streams' events inside that gap are applied but not checked (`Report.relists` counts the gaps).
 """
 from __future__ import annotations
 
@@ -62,6 +64,7 @@ class MonitorReport:
     overcommits: list[Overcommit] = field(default_factory=list)   # one per episode (node goes over)
     max_overcommit: dict[str, int] = field(default_factory=dict)  # resource -> worst amount seen
     max_promised_gpus: int = 0                                    # cluster-wide, at one moment
+    relists: int = 0                # streams listed again after 410 Gone (the moments in such a gap go unchecked)
     admission_failures: list[str] = field(default_factory=list)
     ledger: list[Reservation] = field(default_factory=list)       # live entries at the end
     first_promised: dict[str, float] = field(default_factory=dict)  # job id -> when its first reservation showed
@@ -130,6 +133,7 @@ class Monitor:
         self._threads: list[threading.Thread] = []
         self._state: dict[str, dict[str, dict]] = {s: {} for s in STREAMS}
         self._synced: set[str] = set()
+        self._blind_until = 0       # after a re-list: the moments before its resourceVersion are not checked
         self._over: set[str] = set()
         self._seen_failures: set[str] = set()
         self._errors: list[str] = []
@@ -219,6 +223,12 @@ class Monitor:
                     rv, items = self._list(stream)
                     with self._cond:
                         stream.delivered = {stream.key(o): o for o in items}
+                        if stream.name in self._synced:
+                            # a re-list after 410: this stream's changes between its last event and `rv` come
+                            # only now, all at once, so the other streams' events in that gap would be checked
+                            # against its stale state (a pod ended long ago still running): skip those moments
+                            self._blind_until = max(self._blind_until, rv)
+                            self.report.relists += 1
                         self._push(stream, rv, "SYNC", items)
                     if stream.name == "pods":
                         for pod in items:
@@ -243,6 +253,11 @@ class Monitor:
             except ApiException as exc:
                 if exc.status == 410:
                     rv = None
+                    continue
+                self._error(stream, exc)
+            except KeyError as exc:
+                if exc.args == ("raw_object",):     # the client's Watch.stream(deserialize=False) cannot read an
+                    rv = None                       # ERROR event: the API server's 410 Expired inside the stream
                     continue
                 self._error(stream, exc)
             except Exception as exc:
@@ -301,7 +316,7 @@ class Monitor:
                 state.pop(_Stream.key(payload), None)
             else:
                 state[_Stream.key(payload)] = payload
-            if self._synced == set(STREAMS):
+            if self._synced == set(STREAMS) and rv >= self._blind_until:
                 self._check(rv, at)
 
     def _check(self, rv: int, at: float) -> None:
