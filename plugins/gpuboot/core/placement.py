@@ -673,10 +673,10 @@ def _best_fits(group: _Group, pick: int | None, take: int) -> list[int]:
 
 
 def _candidates(groups: list[_Group], nodes: Sequence[NodeView],
-                placed: dict[str, int]) -> tuple[list[Candidate], int]:
+                placed: dict[str, int], limit: int | None = None) -> tuple[list[Candidate], int]:
     """The candidate table and how many rows it leaves out: one row per node for the first task of
     each shape, plus a row per further chosen task; every chosen row, then the best-ranked others
-    up to _TABLE_LIMIT rows, in `_row_order`. Only the rows kept are put into words: nodes are in name
+    up to `limit` rows, in `_row_order`. Only the rows kept are put into words: nodes are in name
     order, so a verdict's rows are already in table order, and only the fits need sorting (by score)."""
     chosen: list[Candidate] = []
     buckets: list[tuple[str, int, Verdict, Sequence[int], _Group]] = []    # (task, verdict order, ...)
@@ -697,7 +697,7 @@ def _candidates(groups: list[_Group], nodes: Sequence[NodeView],
                                  (Verdict.TOO_SMALL, group.too_small), (Verdict.EXCLUDED, list(group.excluded))):
             buckets.append((first, _VERDICT_ORDER[verdict], verdict, members, group))
         total += len(nodes)
-    room = max(0, _TABLE_LIMIT - len(chosen))
+    room = max(0, (_TABLE_LIMIT if limit is None else limit) - len(chosen))
     others: list[Candidate] = []
     for _, _, verdict, bucket, group in sorted(buckets, key=lambda b: b[:2]):
         take = room - len(others)
@@ -751,14 +751,16 @@ def _with_start_fill(job: JobRequest, nodes: Sequence[NodeView], cost: CostModel
 
 
 def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unavailable] = (),
-          cost: CostModel = DEFAULT_COST) -> Plan:
+          cost: CostModel = DEFAULT_COST, table_rows: int | None = None) -> Plan:
     """Plan `job` on `nodes`: FITS with assignments, or BUSY / NEVER with a message that says why.
 
     `unavailable` (the caller passes only unexpired entries) keeps offerings that ran out of
     stock, and nodes that failed to boot, out of this plan; being temporary, they make a job
     that only they could hold BUSY, never NEVER. A node that failed for this very job (a mark with
     `failed_for_job`) does make it NEVER when only such nodes could hold it: waiting for
-    capacity would wait out the queue timeout for nothing. `cost` prices the decision (module doc)."""
+    capacity would wait out the queue timeout for nothing. `cost` prices the decision (module doc).
+    `table_rows`: candidate rows put into words, the chosen ones first (default _TABLE_LIMIT; a burst's
+    answers keep few)."""
     nodes = sorted(nodes, key=operator.attrgetter("name"))
     run_hours = None if job.expected_run_seconds is None else job.expected_run_seconds / HOUR
     cost = _with_start_fill(job, nodes, cost)
@@ -766,7 +768,7 @@ def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unav
     groups = _groups(job, nodes, whole_fleet=False, unavailable=unavailable, cost=cost, run_hours=run_hours,
                      blocked=blocked)
     placed = _assign(groups, nodes, cost, run_hours)
-    kept, omitted = _candidates(groups, nodes, placed)
+    kept, omitted = _candidates(groups, nodes, placed, table_rows)
 
     if len(placed) >= job.min_available:
         by_task = {t.name: t for t in job.tasks}

@@ -207,7 +207,8 @@ class BatchPlacer:
             outdated = outdated_marks([m for m in state.live_unavailable(now) if m in basis.marks],
                                       basis.survey.nodes, basis.survey.views)
             plans, added = self.decide(queue, basis.survey, [*state.others("", now), *released],
-                                       [m for m in state.live_unavailable(now) if m not in outdated], now)
+                                       [m for m in state.live_unavailable(now) if m not in outdated], now,
+                                       answer_rows(state.batch.live(now), len(queue)))
             if (released or b.monotonic() - basis.at > VERDICT_MAX_AGE_SECONDS) and any(
                     p.outcome != Outcome.FITS for p in plans):
                 basis = None            # a verdict of busy or never rests on a recent read, no release pending
@@ -225,7 +226,7 @@ class BatchPlacer:
                     b.sleep(backoff(attempt, base=0.02, cap=0.5, rng=b.rng))
 
     def decide(self, queue: Sequence[Queued], seen: Survey, reserved: list[Reservation],
-               unavailable: list[Unavailable], now: float) -> tuple[list[Plan], list[Reservation]]:
+               unavailable: list[Unavailable], now: float, rows: int = ANSWER_ROWS) -> tuple[list[Plan], list[Reservation]]:
         """Place each queued request in turn against `seen` plus `reserved` plus the ones before it."""
         plans, added = [], []
         holders = {r.job_id for r in reserved}
@@ -236,7 +237,7 @@ class BatchPlacer:
                                   "placing it again on its own"))
                 continue
             views = seen.recounted([*reserved, *added], now).views
-            plan = place(request, views, unavailable)
+            plan = place(request, views, unavailable, table_rows=rows)     # only the rows its answer keeps
             plans.append(plan)
             if plan.outcome == Outcome.FITS:
                 added += [Reservation(job_id=entry.job_id, task=a.task, node=a.node, resources=a.requests,

@@ -407,3 +407,14 @@ def test_a_job_only_nodes_that_failed_for_it_could_hold_can_never_run_rather_tha
     # another node it fits: still only busy while that one is taken
     fleet.append(nv("big2", READY, gpus=2, used={GPU: 2}))
     assert place(job(task(gpus=2)), fleet, [failed]).outcome is Outcome.BUSY
+
+
+def test_a_plan_asked_for_few_rows_words_only_those_and_the_same_choice():
+    """A batch's answer keeps a few rows: the plan puts only those into words (the chosen one first) and
+    counts the rest, and the choice is the one the full table would show."""
+    nodes = big_fleet(2_000)
+    full, few = place(job(task(gpus=2)), nodes), place(job(task(gpus=2)), nodes, table_rows=3)
+    assert few.assignments == full.assignments
+    assert len(few.candidates) == 3 and few.candidates[0].verdict is Verdict.CHOSEN
+    assert len(few.candidates) + few.candidates_omitted == len(full.candidates) + full.candidates_omitted
+    assert len(place(job(task(gpus=2)), nodes, table_rows=0).candidates) == 1     # the chosen row always
