@@ -49,7 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gpuboot.core.inventory import parse_time
-from gpuboot.core.model import LABEL_JOB
+from gpuboot.core.model import LABEL_JOB, TERMINATED_PHASES
 from gpuboot.core.ports import PodControl
 from gpuboot.core.queue import PRIORITY_CLASSES, Entry, Hold, Running
 from gpuboot.core.timefmt import duration, utc
@@ -135,7 +135,7 @@ def preempt(kube: PodControl, ledger: ReservationLedger, queue: JobQueue, preemp
         return []
     for victim in taken:
         pods = [p for p in kube.list_pods(f"{LABEL_JOB}={victim.job_id}")
-                if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+                if (p.get("status") or {}).get("phase") not in TERMINATED_PHASES]
         left = delete_and_wait(kube, pods)
         dropped = drop_reservations(ledger, victim.job_id)
         name = victim.entry.name if victim.entry and victim.entry.name else victim.job_id

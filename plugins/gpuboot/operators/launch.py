@@ -1,7 +1,6 @@
 """The `launch` step: the job's pods, one per rank of the plan, launched and failed as one gang."""
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from collections.abc import Mapping
@@ -20,7 +19,7 @@ from gpuboot.hooks.kube import Conflict, InvalidRequest, KubeClient
 from gpuboot.lifecycle.jobqueue import JobQueue, Preempted
 from gpuboot.lifecycle.preemption import GONE_SECONDS, delete_and_wait
 from gpuboot.operators.base import GpuJobStep, push, resolve_job, summarize
-from gpuboot.operators.requeue import RequeuesWhenPreempted, first_event
+from gpuboot.operators.requeue import RequeuesWhenPreempted
 from gpuboot.triggers.gang import GangTrigger
 
 
@@ -108,9 +107,7 @@ class GpuPodOperator(GpuJobStep, RequeuesWhenPreempted, BaseOperator):
         push(context, "nodes", sorted({a.node for a in plan.assignments}))
         trigger = GangTrigger(spec.namespace, plan.job_id, attempt, names, self.kubernetes_conn_id, self.poll_seconds,
                               started_at=time.time())
-        if self.deferrable:
-            self.defer(trigger=trigger, method_name="execute_complete")
-        return self.execute_complete(context, asyncio.run(first_event(trigger)))
+        return self._wait_on(trigger, "execute_complete", context)
 
     def _spec_for_requeue(self, context) -> JobSpec:
         return self._with_env_values(self.spec(), context)
