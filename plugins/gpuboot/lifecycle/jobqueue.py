@@ -200,8 +200,7 @@ class JobQueue:
             kept = replace(entry, enqueued_at=mine.entry.enqueued_at) if mine else entry
             others = [w for w in state.waiting if w.entry.job_id != entry.job_id]
             fixed = state.deadline_of(entry.job_id, now) or deadline
-            return [*others, Waiting(kept, now + (lease_seconds or self.lease_seconds), fixed)], list(state.holds), \
-                list(state.running), False
+            return replace(state, waiting=(*others, Waiting(kept, now + (lease_seconds or self.lease_seconds), fixed)))
         return self._update(change, f"enqueue job {entry.job_id}")
 
     def admit(self, job_id: str, team: str, model: str | None, gpus: int, deadline: float | None = None,
@@ -213,10 +212,9 @@ class JobQueue:
             fixed = state.deadline_of(job_id, now) or deadline
             kept = next((w.entry.enqueued_at for w in state.waiting if w.entry.job_id == job_id), None)
             first = replace(entry, enqueued_at=kept) if entry is not None and kept is not None else entry
-            return (*_without(state, job_id), [*(a for a in state.running if a.job_id != job_id),
-                                               Admitted(job_id, team, model or "", gpus, now + RUNNING_SECONDS, fixed,
-                                                        first, namespace)],
-                    False)
+            return replace(_without(state, job_id), running=(
+                *(a for a in state.running if a.job_id != job_id),
+                Admitted(job_id, team, model or "", gpus, now + RUNNING_SECONDS, fixed, first, namespace)))
         self._update(change, f"admit job {job_id}")
 
     def deadline(self, job_id: str, timeout_seconds: float) -> float:
@@ -232,8 +230,9 @@ class JobQueue:
                 {a.job_id for a in state.running} | {p.job_id for p in state.preempted}
             if job_id not in known:
                 return None
-            return (*_without(state, job_id), [a for a in state.running if a.job_id != job_id], True,
-                    [p for p in state.preempted if p.job_id != job_id])
+            return replace(_without(state, job_id), running=tuple(a for a in state.running if a.job_id != job_id),
+                           preempted=tuple(p for p in state.preempted if p.job_id != job_id),
+                           changes=state.changes + 1)
         self._update(change, f"drop job {job_id}")      # a release (or a waiter gone): wakes the front of the line
 
     def preempt(self, by: Entry, victims: Sequence[str], reasons: Mapping[str, str]) -> list[Admitted]:
@@ -254,8 +253,9 @@ class JobQueue:
             back = [Waiting(a.entry, now + self.lease_seconds, None) for a in taken if a.entry is not None]
             records = [*state.preempted, *(Preempted(a.job_id, by.job_id, by.name, reasons.get(a.job_id, ""), now,
                                                      a.entry.enqueued_at if a.entry else None) for a in taken)]
-            return ([*(w for w in state.waiting if w.entry.job_id not in victims), *back], list(state.holds),
-                    [a for a in state.running if a.job_id not in victims], True, records)
+            return replace(state, waiting=(*(w for w in state.waiting if w.entry.job_id not in victims), *back),
+                           running=tuple(a for a in state.running if a.job_id not in victims),
+                           preempted=tuple(records), changes=state.changes + 1)
         self._update(change, f"preempt {', '.join(victims)} for job {by.job_id}")
         return list(taken)
 
@@ -265,8 +265,7 @@ class JobQueue:
         def change(state: QueueState, now: float):
             if record not in state.preempted:
                 return None
-            return (list(state.waiting), list(state.holds), list(state.running), False,
-                    [p for p in state.preempted if p != record])
+            return replace(state, preempted=tuple(p for p in state.preempted if p != record))
         self._update(change, f"settle the preemption of job {record.job_id}")
 
     def save_holds(self, holds: dict[str, Hold], based_on: QueueState) -> bool:
@@ -275,35 +274,33 @@ class JobQueue:
         if [h.to_json() for h in based_on.holds] == [h.to_json() for h in sorted(holds.values(), key=_by_job)]:
             return True
         try:
-            self._write(list(based_on.waiting), list(holds.values()), based_on, self.clock(), list(based_on.running),
-                        preempted=list(based_on.preempted))
+            self._write(replace(based_on, holds=tuple(holds.values())), based_on, self.clock())
             return True
         except LedgerConflict:
             return False
 
-    def _update(self, change, what: str) -> QueueState:
+    def _update(self, change: Callable[[QueueState, float], QueueState | None], what: str) -> QueueState:
+        """Apply `change` (the new state, or None: nothing to write) by compare-and-swap, through conflicts."""
         for attempt in write_attempts(20):
             state, now = self.snapshot(), self.clock()
             new = change(state, now)
             if new is None:
                 return state
             try:
-                return self._write(*new[:2], state, now, *new[2:4],
-                                   preempted=new[4] if len(new) > 4 else list(state.preempted))
+                return self._write(new, state, now)
             except LedgerConflict:
                 self.sleep(backoff(attempt))
         raise LedgerConflict(f"could not {what}: the queue ConfigMap {self.namespace}/{self.name} kept changing")
 
-    def _write(self, waiting: list[Waiting], holds: list[Hold], prev: QueueState, now: float,
-               running: list[Admitted], wakes: bool = False, preempted: Sequence[Preempted] = ()) -> QueueState:
-        """Compare-and-swap over `prev`, pruning expired leases and the holds of jobs gone; `wakes`:
-        a release, counted (CHANGES_KEY) for the waiters' triggers."""
-        changes = prev.changes + (1 if wakes else 0)
-        running = sorted((a for a in running if a.until > now), key=lambda a: a.job_id)
-        waiting = sorted((w for w in waiting if w.lease_until > now), key=lambda w: w.entry.job_id)
+    def _write(self, new: QueueState, prev: QueueState, now: float) -> QueueState:
+        """Write `new` by compare-and-swap over `prev`, pruning expired leases and the holds of jobs gone
+        (a release has counted itself in `new.changes`, CHANGES_KEY, for the waiters' triggers)."""
+        changes = new.changes
+        running = sorted((a for a in new.running if a.until > now), key=lambda a: a.job_id)
+        waiting = sorted((w for w in new.waiting if w.lease_until > now), key=lambda w: w.entry.job_id)
         alive = {w.entry.job_id for w in waiting}
-        holds = sorted((h for h in holds if h.job_id in alive), key=_by_job)
-        preempted = sorted((p for p in preempted if p.at + RUNNING_SECONDS > now), key=lambda p: p.job_id)
+        holds = sorted((h for h in new.holds if h.job_id in alive), key=_by_job)
+        preempted = sorted((p for p in new.preempted if p.at + RUNNING_SECONDS > now), key=lambda p: p.job_id)
         body = {"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": self.name, "namespace": self.namespace,
                              "labels": {"app.kubernetes.io/managed-by": "gpuboot"}},
@@ -328,8 +325,10 @@ def _by_job(hold: Hold) -> str:
     return hold.job_id
 
 
-def _without(state: QueueState, job_id: str) -> tuple[list[Waiting], list[Hold]]:
-    return [w for w in state.waiting if w.entry.job_id != job_id], [h for h in state.holds if h.job_id != job_id]
+def _without(state: QueueState, job_id: str) -> QueueState:
+    """`state` with the job out of the line and its hold let go."""
+    return replace(state, waiting=tuple(w for w in state.waiting if w.entry.job_id != job_id),
+                   holds=tuple(h for h in state.holds if h.job_id != job_id))
 
 
 def request_of(entry: Entry) -> JobRequest:
