@@ -38,7 +38,7 @@ import traceback  # noqa: E402
 from bench import report  # noqa: E402
 from bench.common import output_to, write_json  # noqa: E402
 
-PARTS = ("placement", "readiness", "overhead", "gang", "burst", "triggerer", "queue_wake", "ledger")
+PARTS = ("placement", "readiness", "overhead", "gang", "burst", "triggerer", "queue_wake", "preemption", "ledger")
 SLOW_PARTS = ("distributed",)     # only when asked for by name
 
 
@@ -75,6 +75,9 @@ def run_part(part: str, workdir: Path, args) -> dict:
     if part == "ledger":
         from bench import ledger_scale
         return ledger_scale.run(jobs=500 if args.quick else 5000, nodes=1000 if args.quick else 10_000)
+    if part == "preemption":
+        from bench import preemption
+        return preemption.run(1 if args.quick else 3)
     from bench import overhead
     return overhead.run(workdir, quick=args.quick)
 

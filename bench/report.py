@@ -173,12 +173,23 @@ def queue_wake(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def preemption(result: dict) -> str:
+    lines = ["== live preemption (bench.preemption: a high 8-GPU job preempts a low preemptible one, which runs again)"]
+    for r in result["runs"]:
+        lines.append(f"   placed with preemption in {r['place_with_preemption']:.2f} s; victim told "
+                     f"{r['victim_told']:.2f} s later; relaunched {r['release_to_relaunched']:.2f} s after the release")
+    for key in ("place_with_preemption", "victim_told", "release_to_relaunched"):
+        s = result[key]
+        lines.append(f"   {key}: median {s['median']} s, max {s['max']} s")
+    return "\n".join(lines) + "\n"
+
+
 def render(part: str, result: dict) -> str:
     if "error" in result:
         return f"== {part}: FAILED: {result['error']}\n"
     return {"placement": placement, "readiness": readiness, "overhead": overhead, "gang": gang, "burst": burst,
             "distributed": distributed, "triggerer": triggerer, "queue_wake": queue_wake,
-            "ledger": ledger}[part](result)
+            "preemption": preemption, "ledger": ledger}[part](result)
 
 
 def ledger(result: dict) -> str:

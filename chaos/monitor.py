@@ -17,7 +17,7 @@ are applied in that order and only once every stream is known to be past them (i
 own events, BOOKMARKs, or a list whose objects match what the stream delivered).
 Each check therefore sees one real moment of the cluster. A stream that must list again (410
 Gone) learns the changes of its gap all at once at the list's resourceVersion: the other
-streams' events inside that gap are applied but not checked (`Report.relists` counts the gaps).
+streams' events inside that gap are applied but not checked (`MonitorReport.relists` counts them).
 """
 from __future__ import annotations
 

@@ -60,7 +60,7 @@ class Clock:
 
 
 class FakeCluster:
-    """Kubernetes as gpuboot sees it: gpuboot.core.ports.ClusterReads and ConfigMapStore."""
+    """Kubernetes as gpuboot sees it: gpuboot.core.ports.ClusterReads, PodControl and ConfigMapStore."""
 
     def __init__(self, nodes: Iterable[dict] = (), pods: Iterable[dict] = ()) -> None:
         self._version = 0
@@ -127,6 +127,25 @@ class FakeCluster:
                     annotations[key] = value
             self.put_node(node)
             return self.get_node(name)
+
+    # -- PodControl --------------------------------------------------------------------------
+    def list_pods(self, label_selector: str) -> list[dict]:
+        """`key=value` selectors (comma-separated), every namespace, terminated pods included."""
+        wanted = dict(part.split("=", 1) for part in label_selector.split(",") if part)
+        with self._lock:
+            return [copy.deepcopy(p) for p in self.pods
+                    if all((p["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())]
+
+    def read_pod(self, namespace: str, name: str) -> dict | None:
+        with self._lock:
+            return next((copy.deepcopy(p) for p in self.pods if (p["metadata"].get("namespace"),
+                                                                 p["metadata"]["name"]) == (namespace, name)), None)
+
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
+        """Gone at once (no kubelet to wait for); idempotent."""
+        with self._lock:
+            self.pods = [p for p in self.pods if (p["metadata"].get("namespace"), p["metadata"]["name"])
+                         != (namespace, name)]
 
     # -- ConfigMapStore --------------------------------------------------------------------
     def read_configmap(self, namespace: str, name: str) -> dict | None:

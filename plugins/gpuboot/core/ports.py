@@ -73,6 +73,21 @@ class ClusterReads(Protocol):
         ...
 
 
+class PodControl(Protocol):
+    """What preemption and launch do to a job's pods (`gpuboot.hooks.kube.KubeClient`)."""
+
+    def list_pods(self, label_selector: str) -> list[dict]:
+        """Pods in every namespace, terminated ones included."""
+        ...
+
+    def read_pod(self, namespace: str, name: str) -> dict | None:
+        ...
+
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
+        """Delete (idempotent: a pod already gone is fine)."""
+        ...
+
+
 class ConfigMapStore(Protocol):
     """Where `gpuboot.lifecycle.ledger.ReservationLedger` keeps the ledger (`gpuboot.hooks.kube.KubeClient`):
     ConfigMaps (a root and its shards), each written with compare-and-swap. A write that meets another raises

@@ -290,29 +290,42 @@ def _free_at(node: NodeView, need_gpus: int, releases: Releases, now: float) -> 
     return math.inf
 
 
+def _known(node: NodeView, releases: Releases) -> bool:
+    """Every job on `node` stated its runtime (or nothing is on it): when it frees is known."""
+    rows = releases.get(node.name)
+    if not rows:
+        return node.allocated.gpus == 0
+    return all(end is not None for _, end in rows)
+
+
 def choose_hold(entry: Entry, nodes: Sequence[NodeView], taken: Iterable[str], releases: Releases, now: float,
                 keep: Hold | None = None, spare: int = 0, young: float = math.inf) -> Hold | None:
     """The running nodes that will hold the whole job soonest (none held for another job): those
     expected free first, then those with the fewest GPUs to drain, then the youngest work (durations
     are heavy-tailed: young work ends sooner). While the ends are not known, `spare` more nodes are
-    held: the job takes whichever drains first (the others are let go when it is admitted). A hold
-    that still covers the job is kept as it is, for `young` seconds at most; only nodes whose oldest
-    work is younger than `young` are held (durations are heavy-tailed: work that has run long runs on,
-    and holding its node would idle the node's other GPUs for days)."""
+    held: the job takes whichever drains first (the others are let go when it is admitted).
+
+    Where the ends are not known, a hold that still covers the job is kept as it is, for `young`
+    seconds at most, and only nodes whose oldest work is younger than `young` are held (work that
+    has run long runs on, and holding its node would idle the node's other GPUs for days). Where
+    they are known (every job on the node stated its runtime), any node may be held, whatever its
+    age: the hold is due when its work ends, and jobs that end before then backfill its free GPUs,
+    so it idles nothing it could have used; such a hold is chosen afresh at each pass, so it moves
+    only to nodes that free sooner."""
     taken = set(taken)
     fit = [n for n in nodes if n.state in _UP and n.name not in taken and gpu_model_matches(entry.models, n.gpu_model)
            and entry.requests.fits_in(n.allocatable)]
-    if keep is not None and now - keep.since < young:
-        by_name = {n.name: n for n in fit}
-        if all(name in by_name for name in keep.nodes) and \
-                sum(_slots(by_name[name].allocatable, entry.requests) for name in keep.nodes) >= entry.tasks:
-            return keep
+    by_name = {n.name: n for n in fit}
+    if keep is not None and now - keep.since < young and all(name in by_name for name in keep.nodes) and \
+            not all(_known(by_name[name], releases) for name in keep.nodes) and \
+            sum(_slots(by_name[name].allocatable, entry.requests) for name in keep.nodes) >= entry.tasks:
+        return keep
     ranked = []
     for n in fit:
-        if n.busy_since is not None and now - n.busy_since >= young:
-            continue
         copies = min(entry.tasks, _slots(n.allocatable, entry.requests))
         need = entry.requests.gpus * copies
+        if not _known(n, releases) and n.busy_since is not None and now - n.busy_since >= young:
+            continue
         ranked.append((_free_at(n, need, releases, now), max(0, need - n.free.gpus), -(n.busy_since or now),
                        n.name, copies))
     ranked.sort()
@@ -327,7 +340,8 @@ def choose_hold(entry: Entry, nodes: Sequence[NodeView], taken: Iterable[str], r
         due = max(due, at) if covered - copies < entry.tasks else due
     if covered < entry.tasks:
         return None
-    return Hold(entry.job_id, tuple(sorted(chosen)), None if math.isinf(due) else due, now)
+    since = keep.since if keep is not None and all(_known(by_name[name], releases) for name in chosen) else now
+    return Hold(entry.job_id, tuple(sorted(chosen)), None if math.isinf(due) else due, since)
 
 
 def may_preempt(entry: Entry, now: float, config: QueueConfig) -> bool:
@@ -434,6 +448,11 @@ class PassResult:
         return next((s for s in self.steps if s.entry.job_id == job_id), None)
 
 
+def _far(hold: Hold, now: float, config: QueueConfig) -> bool:
+    """The hold is due (by stated runtimes) later than a preempting job would still wait for it."""
+    return hold.due is not None and hold.due - now > (config.preempt_after_seconds or 0.0)
+
+
 def needs_hold(entry: Entry, now: float, config: QueueConfig) -> bool:
     """A job of the high class, or one of more than one GPU that has waited `starve_seconds`. A 1-GPU
     job needs none: the first GPU that frees goes to the first in line."""
@@ -508,10 +527,12 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
             hold = choose_hold(entry, nodes(), taken, releases or {}, now, holds.get(entry.job_id), config.spare_holds,
                                config.hold_seconds)
             movable = [r for r in running if r.job_id not in gone]
-            if hold is None and movable and may_preempt(entry, now, config):
-                # no node drains soon: hold one where requeuing preemptible jobs makes room, or none
-                hold = choose_hold(entry, nodes(), taken, releases or {}, now, None, 0)
-                hold = hold if hold and victims(entry, hold, nodes(), movable, now, config) else None
+            if movable and may_preempt(entry, now, config) and (hold is None or _far(hold, now, config)):
+                # no node drains soon: hold one where requeuing preemptible jobs makes room (ranked as
+                # when no end is known: the fewest GPUs to drain, then the youngest work), else keep
+                # what there is; a hold due within preempt_after_seconds is waited for instead
+                room = choose_hold(entry, nodes(), taken, {}, now, None, 0)
+                hold = room if room and victims(entry, room, nodes(), movable, now, config) else hold
             if hold is None:
                 holds.pop(entry.job_id, None)
             else:

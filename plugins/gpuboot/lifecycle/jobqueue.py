@@ -28,16 +28,18 @@ from dataclasses import dataclass, field, replace
 from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.model import Unavailable
 from gpuboot.core.placement import JobRequest, Outcome, Plan, TaskRequest, place
-from gpuboot.core.queue import Attempt, Entry, Hold, PassResult, QueueConfig, Step, run_pass
+from gpuboot.core.queue import Attempt, Entry, Hold, PassResult, QueueConfig, Running, Step, may_preempt, run_pass
 from gpuboot.core.timefmt import utc_relative
 from gpuboot.exceptions import Conflict, LedgerConflict
 from gpuboot.lifecycle.booking import Booker, Booking, survey
 from gpuboot.lifecycle.ledger import backoff, write_attempts
+from gpuboot.lifecycle.preemption import preempt, running_jobs
 
 CONFIGMAP = "gpuboot-queue"
 ENTRIES_KEY = "entries.json"
 HOLDS_KEY = "holds.json"
 RUNNING_KEY = "running.json"
+PREEMPTED_KEY = "preempted.json"  # job id -> who preempted it and why, until its launch has seen it (or its release)
 CHANGES_KEY = "changes"          # releases so far: what wakes a waiter early (gpuboot.triggers.wake_up)
 WAKE_POSITIONS = 8               # waiters this near the front are woken by a release; the rest poll on their timer
 LEASE_SECONDS = 150.0            # a waiter polls every 30 s: five missed polls and its place is gone
@@ -97,14 +99,43 @@ class Admitted:
     gpus: int
     until: float
     deadline: float | None = None     # the queue deadline it was admitted with: later waits keep it
+    entry: Entry | None = None        # its queue entry (class, preemptible, enqueue time): what preemption reads
+    namespace: str = ""               # where its pods run (a preemptor deletes them there)
 
     def to_json(self) -> dict:
         return {"job_id": self.job_id, "team": self.team, "model": self.model, "gpus": self.gpus, "until": self.until,
-                "deadline": self.deadline}
+                "deadline": self.deadline, "entry": self.entry.to_json() if self.entry else None,
+                "namespace": self.namespace}
 
     @classmethod
     def from_json(cls, d: dict) -> Admitted:
-        return cls(d["job_id"], d["team"], d["model"], int(d["gpus"]), float(d["until"]), _when(d.get("deadline")))
+        return cls(d["job_id"], d["team"], d["model"], int(d["gpus"]), float(d["until"]), _when(d.get("deadline")),
+                   Entry.from_json(d["entry"]) if d.get("entry") else None, d.get("namespace") or "")
+
+
+@dataclass(frozen=True)
+class Preempted:
+    """A job requeued for another: by whom, why, when (its launch step tells the user, then settles it)."""
+
+    job_id: str
+    by: str
+    by_name: str
+    reason: str
+    at: float
+    enqueued_at: float | None = None  # its first enqueue: its place in the line, kept through the requeue
+
+    def to_json(self) -> dict:
+        return {"job_id": self.job_id, "by": self.by, "by_name": self.by_name, "reason": self.reason, "at": self.at,
+                "enqueued_at": self.enqueued_at}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Preempted:
+        return cls(d["job_id"], d["by"], d.get("by_name") or "", d.get("reason") or "", float(d["at"]),
+                   _when(d.get("enqueued_at")))
+
+    @property
+    def preemptor(self) -> str:
+        return f"{self.by_name} ({self.by})" if self.by_name and self.by_name != self.by else self.by
 
 
 @dataclass(frozen=True)
@@ -114,6 +145,10 @@ class QueueState:
     version: str | None
     running: tuple[Admitted, ...] = ()
     changes: int = 0           # releases so far (CHANGES_KEY)
+    preempted: tuple[Preempted, ...] = ()
+
+    def preempted_of(self, job_id: str) -> Preempted | None:
+        return next((p for p in self.preempted if p.job_id == job_id), None)
 
     def usage(self, now: float) -> dict[str, dict[str, int]]:
         """team -> GPU model -> GPUs of the admitted jobs not released yet (fair share and quotas)."""
@@ -155,7 +190,8 @@ class JobQueue:
                           tuple(Hold.from_json(d) for d in json.loads(data.get(HOLDS_KEY) or "[]")),
                           cm["metadata"]["resourceVersion"],
                           tuple(Admitted.from_json(d) for d in json.loads(data.get(RUNNING_KEY) or "[]")),
-                          changes_of(cm))
+                          changes_of(cm),
+                          tuple(Preempted.from_json(d) for d in json.loads(data.get(PREEMPTED_KEY) or "[]")))
 
     def enqueue(self, entry: Entry, deadline: float | None = None, lease_seconds: float | None = None) -> QueueState:
         """Add the job, or renew its lease keeping its first enqueue time and deadline; the state written."""
@@ -164,18 +200,21 @@ class JobQueue:
             kept = replace(entry, enqueued_at=mine.entry.enqueued_at) if mine else entry
             others = [w for w in state.waiting if w.entry.job_id != entry.job_id]
             fixed = state.deadline_of(entry.job_id, now) or deadline
-            return [*others, Waiting(kept, now + (lease_seconds or self.lease_seconds), fixed)], list(state.holds), \
-                list(state.running), False
+            return replace(state, waiting=(*others, Waiting(kept, now + (lease_seconds or self.lease_seconds), fixed)))
         return self._update(change, f"enqueue job {entry.job_id}")
 
-    def admit(self, job_id: str, team: str, model: str | None, gpus: int, deadline: float | None = None) -> None:
+    def admit(self, job_id: str, team: str, model: str | None, gpus: int, deadline: float | None = None,
+              entry: Entry | None = None, namespace: str = "") -> None:
         """The job got its place: out of the line, its hold let go, its GPUs counted for its team
-        (and its queue deadline kept for the steps that may wait again)."""
+        (and its queue deadline kept for the steps that may wait again; its entry and namespace for
+        a preemptor)."""
         def change(state: QueueState, now: float):
             fixed = state.deadline_of(job_id, now) or deadline
-            return (*_without(state, job_id), [*(a for a in state.running if a.job_id != job_id),
-                                               Admitted(job_id, team, model or "", gpus, now + RUNNING_SECONDS, fixed)],
-                    False)
+            kept = next((w.entry.enqueued_at for w in state.waiting if w.entry.job_id == job_id), None)
+            first = replace(entry, enqueued_at=kept) if entry is not None and kept is not None else entry
+            return replace(_without(state, job_id), running=(
+                *(a for a in state.running if a.job_id != job_id),
+                Admitted(job_id, team, model or "", gpus, now + RUNNING_SECONDS, fixed, first, namespace)))
         self._update(change, f"admit job {job_id}")
 
     def deadline(self, job_id: str, timeout_seconds: float) -> float:
@@ -188,11 +227,46 @@ class JobQueue:
         """Take the job out entirely (idempotent): its run ended, however it ended."""
         def change(state: QueueState, now: float):
             known = {w.entry.job_id for w in state.waiting} | {h.job_id for h in state.holds} | \
-                {a.job_id for a in state.running}
+                {a.job_id for a in state.running} | {p.job_id for p in state.preempted}
             if job_id not in known:
                 return None
-            return (*_without(state, job_id), [a for a in state.running if a.job_id != job_id], True)
+            return replace(_without(state, job_id), running=tuple(a for a in state.running if a.job_id != job_id),
+                           preempted=tuple(p for p in state.preempted if p.job_id != job_id),
+                           changes=state.changes + 1)
         self._update(change, f"drop job {job_id}")      # a release (or a waiter gone): wakes the front of the line
+
+    def preempt(self, by: Entry, victims: Sequence[str], reasons: Mapping[str, str]) -> list[Admitted]:
+        """Requeue `victims` for job `by`, all of them or none: each must still be admitted and not
+        preempted already (else nothing is written and [] comes back: another preemptor, or the
+        victim's own release, got there first). Each goes back to the line with its first enqueue
+        time and a fresh lease (its deadline set anew by its launch step), with a record saying by
+        whom and why. The admissions taken out come back: the caller deletes their pods.
+        The safety argument: gpuboot.lifecycle.preemption."""
+        taken: list[Admitted] = []
+
+        def change(state: QueueState, now: float):
+            taken.clear()
+            admitted = {a.job_id: a for a in state.running if a.until > now}
+            if any(v not in admitted or admitted[v].entry is None or state.preempted_of(v) for v in victims):
+                return None
+            taken.extend(admitted[v] for v in victims)
+            back = [Waiting(a.entry, now + self.lease_seconds, None) for a in taken if a.entry is not None]
+            records = [*state.preempted, *(Preempted(a.job_id, by.job_id, by.name, reasons.get(a.job_id, ""), now,
+                                                     a.entry.enqueued_at if a.entry else None) for a in taken)]
+            return replace(state, waiting=(*(w for w in state.waiting if w.entry.job_id not in victims), *back),
+                           running=tuple(a for a in state.running if a.job_id not in victims),
+                           preempted=tuple(records), changes=state.changes + 1)
+        self._update(change, f"preempt {', '.join(victims)} for job {by.job_id}")
+        return list(taken)
+
+    def settle(self, record: Preempted) -> None:
+        """The victim's launch has told the user and re-placed: forget this one preemption (a later one,
+        written since, is kept)."""
+        def change(state: QueueState, now: float):
+            if record not in state.preempted:
+                return None
+            return replace(state, preempted=tuple(p for p in state.preempted if p != record))
+        self._update(change, f"settle the preemption of job {record.job_id}")
 
     def save_holds(self, holds: dict[str, Hold], based_on: QueueState) -> bool:
         """Write the pass's holds, only if the queue has not moved since `based_on` (False: it has;
@@ -200,38 +274,40 @@ class JobQueue:
         if [h.to_json() for h in based_on.holds] == [h.to_json() for h in sorted(holds.values(), key=_by_job)]:
             return True
         try:
-            self._write(list(based_on.waiting), list(holds.values()), based_on, self.clock(), list(based_on.running))
+            self._write(replace(based_on, holds=tuple(holds.values())), based_on, self.clock())
             return True
         except LedgerConflict:
             return False
 
-    def _update(self, change, what: str) -> QueueState:
+    def _update(self, change: Callable[[QueueState, float], QueueState | None], what: str) -> QueueState:
+        """Apply `change` (the new state, or None: nothing to write) by compare-and-swap, through conflicts."""
         for attempt in write_attempts(20):
             state, now = self.snapshot(), self.clock()
             new = change(state, now)
             if new is None:
                 return state
             try:
-                return self._write(*new[:2], state, now, *new[2:])
+                return self._write(new, state, now)
             except LedgerConflict:
                 self.sleep(backoff(attempt))
         raise LedgerConflict(f"could not {what}: the queue ConfigMap {self.namespace}/{self.name} kept changing")
 
-    def _write(self, waiting: list[Waiting], holds: list[Hold], prev: QueueState, now: float,
-               running: list[Admitted], wakes: bool = False) -> QueueState:
-        """Compare-and-swap over `prev`, pruning expired leases and the holds of jobs gone; `wakes`:
-        a release, counted (CHANGES_KEY) for the waiters' triggers."""
-        changes = prev.changes + (1 if wakes else 0)
-        running = sorted((a for a in running if a.until > now), key=lambda a: a.job_id)
-        waiting = sorted((w for w in waiting if w.lease_until > now), key=lambda w: w.entry.job_id)
+    def _write(self, new: QueueState, prev: QueueState, now: float) -> QueueState:
+        """Write `new` by compare-and-swap over `prev`, pruning expired leases and the holds of jobs gone
+        (a release has counted itself in `new.changes`, CHANGES_KEY, for the waiters' triggers)."""
+        changes = new.changes
+        running = sorted((a for a in new.running if a.until > now), key=lambda a: a.job_id)
+        waiting = sorted((w for w in new.waiting if w.lease_until > now), key=lambda w: w.entry.job_id)
         alive = {w.entry.job_id for w in waiting}
-        holds = sorted((h for h in holds if h.job_id in alive), key=_by_job)
+        holds = sorted((h for h in new.holds if h.job_id in alive), key=_by_job)
+        preempted = sorted((p for p in new.preempted if p.at + RUNNING_SECONDS > now), key=lambda p: p.job_id)
         body = {"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": self.name, "namespace": self.namespace,
                              "labels": {"app.kubernetes.io/managed-by": "gpuboot"}},
                 "data": {ENTRIES_KEY: json.dumps([w.to_json() for w in waiting], sort_keys=True),
                          HOLDS_KEY: json.dumps([h.to_json() for h in holds], sort_keys=True),
                          RUNNING_KEY: json.dumps([a.to_json() for a in running], sort_keys=True),
+                         PREEMPTED_KEY: json.dumps([p.to_json() for p in preempted], sort_keys=True),
                          CHANGES_KEY: str(changes)}}
         try:
             if prev.version is None:
@@ -242,15 +318,17 @@ class JobQueue:
         except Conflict as exc:
             raise LedgerConflict(str(exc)) from None
         return QueueState(tuple(waiting), tuple(holds), (written or {}).get("metadata", {}).get("resourceVersion"),
-                          tuple(running), changes)
+                          tuple(running), changes, tuple(preempted))
 
 
 def _by_job(hold: Hold) -> str:
     return hold.job_id
 
 
-def _without(state: QueueState, job_id: str) -> tuple[list[Waiting], list[Hold]]:
-    return [w for w in state.waiting if w.entry.job_id != job_id], [h for h in state.holds if h.job_id != job_id]
+def _without(state: QueueState, job_id: str) -> QueueState:
+    """`state` with the job out of the line and its hold let go."""
+    return replace(state, waiting=tuple(w for w in state.waiting if w.entry.job_id != job_id),
+                   holds=tuple(h for h in state.holds if h.job_id != job_id))
 
 
 def request_of(entry: Entry) -> JobRequest:
@@ -261,9 +339,10 @@ def request_of(entry: Entry) -> JobRequest:
 
 def decide(entries: Sequence[Entry], own: tuple[str, JobRequest] | None, views: list,
            unavailable: Sequence[Unavailable], holds: dict[str, Hold], config: QueueConfig, usage: dict,
-           capacity: dict, now: float) -> PassResult:
+           capacity: dict, now: float, running: Sequence[Running] = ()) -> PassResult:
     """The pass for one place step: every waiting job placed in order on a copy of the survey's views
-    (`own`: this job's full request, selectors included); stops at this job's verdict (None: judges all)."""
+    (`own`: this job's full request, selectors included); stops at this job's verdict (None: judges all).
+    `running`: the admitted jobs' pods, for preemption (gpuboot.lifecycle.preemption.running_jobs)."""
     views = list(views)
     plans: dict[str, Plan] = {}
     model_of = {v.name: v.gpu_model for v in views}
@@ -282,7 +361,8 @@ def decide(entries: Sequence[Entry], own: tuple[str, JobRequest] | None, views: 
                 views[i] = replace(v, allocated=v.allocated + taken[v.name])
 
     return run_pass(entries, now=now, config=config, usage=usage, capacity=capacity, holds=holds,
-                    nodes=lambda: views, attempt=attempt, commit=commit, only=own[0] if own else None)
+                    nodes=lambda: views, attempt=attempt, commit=commit, only=own[0] if own else None,
+                    running=running)
 
 
 def capacity_of(views) -> dict[str, int]:
@@ -298,18 +378,21 @@ def queue_view(state: QueueState, views, unavailable: Sequence[Unavailable], con
                now: float) -> list[dict]:
     """Every waiting job in order, as the place steps' pass sees it: position, team, class, shape,
     since when it waits and until when (its queue deadline), who is ahead, what blocks it and what
-    kind of thing that is (quota, hold, capacity), the nodes held for it (the fleet page's queue
-    table and /api/queue; JSON-safe)."""
+    kind of thing that is (quota, hold, capacity), the nodes held for it, and by whom and why it was
+    preempted if it was requeued (the fleet page's queue table and /api/queue; JSON-safe)."""
     result = decide(state.live(now), None, list(views), unavailable, state.live_holds(now), config,
                     state.usage(now), capacity_of(views), now)
     deadlines = {w.entry.job_id: w.deadline for w in state.waiting}
+    preempted = {p.job_id: p for p in state.preempted}
     return [{"position": s.position + 1, "job_id": s.entry.job_id, "name": s.entry.name, "team": s.entry.team,
              "priority_class": s.entry.priority_class, "gpus": s.entry.gpus, "tasks": s.entry.tasks,
              "gpus_per_task": s.entry.requests.gpus, "gpu_models": list(s.entry.models),
              "preemptible": s.entry.preemptible, "enqueued_at": s.entry.enqueued_at,
              "deadline": deadlines.get(s.entry.job_id), "ahead": list(s.ahead), "next": s.admitted,
              "blocked_by": s.blocked_by, "blocker": s.blocker,
-             "held_nodes": list(result.holds[s.entry.job_id].nodes) if s.entry.job_id in result.holds else []}
+             "held_nodes": list(result.holds[s.entry.job_id].nodes) if s.entry.job_id in result.holds else [],
+             "preempted_by": preempted[s.entry.job_id].preemptor if s.entry.job_id in preempted else None,
+             "preempted_why": preempted[s.entry.job_id].reason if s.entry.job_id in preempted else None}
             for s in result.steps]
 
 
@@ -346,34 +429,49 @@ class Turn:
 
 
 def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, config: QueueConfig,
-                  first: Callable[[], Booking], deadline: float | None = None) -> Turn:
+                  first: Callable[[], Booking], deadline: float | None = None,
+                  enqueued_at: float | None = None) -> Turn:
     """Place the job only when the queue admits it (module doc); `first` is the place step's own path
     (the batch) when no other job waits. A job that does not get its place stays in the line, with
-    `deadline` (kept from its first enqueue, whatever a later call passes)."""
+    `deadline` (kept from its first enqueue, whatever a later call passes); `enqueued_at`: its place
+    in the line when it had one before (a preempted job, requeued). When the pass names jobs to
+    preempt for this job, they are requeued here and the job places again at once
+    (gpuboot.lifecycle.preemption)."""
     now = booker.clock()
     state = queue.snapshot()
-    entry = entry_of(spec, job_id, now)
+    entry = entry_of(spec, job_id, now if enqueued_at is None else enqueued_at)
     if not any(e.job_id != job_id for e in state.live(now)):
         booking = first()
         plan = booking.plan
         if plan.outcome is Outcome.FITS:
             queue.admit(job_id, spec.team, _model(plan, booking.survey.views if booking.survey else (), entry),
-                        entry.gpus, deadline)
+                        entry.gpus, deadline, entry, spec.namespace)
             return Turn(plan, deadline=deadline)
-        if plan.outcome is Outcome.BUSY:
+        if plan.outcome is not Outcome.BUSY:
+            return Turn(plan, deadline=deadline)
+        if not _may_preempt(state, entry, config, now):
             state = queue.enqueue(entry, deadline)
             return Turn(plan, Step(entry, 0, False, plan.message), len(state.live(now)),
                         state.deadline_of(job_id, now), state.changes)
-        return Turn(plan, deadline=deadline)
-    state = queue.enqueue(entry, deadline)
-    deadline = state.deadline_of(job_id, now)
-    ledger = booker.ledger.snapshot()
-    seen = survey(booker.kube, booker.ecs, ledger.others(job_id, now), now, booker.boot_grace_seconds)
-    result = decide(state.live(now), (job_id, spec.to_job_request(job_id)), seen.views,
-                    ledger.live_unavailable(now), state.live_holds(now), config, state.usage(now),
-                    capacity_of(seen.views), now)
-    queue.save_holds(result.holds, state)
-    step = result.step(job_id)
+        # busy, alone in the line, and it may preempt a job running: the pass decides (it may hold and preempt)
+    for preempting in (True, False):      # at most one preemption per call, then place on the room it made
+        state = queue.enqueue(entry, deadline)
+        deadline = state.deadline_of(job_id, now)
+        ledger = booker.ledger.snapshot()
+        seen = survey(booker.kube, booker.ecs, ledger.others(job_id, now), now, booker.boot_grace_seconds)
+        result = decide(state.live(now), (job_id, spec.to_job_request(job_id)), seen.views,
+                        ledger.live_unavailable(now), state.live_holds(now), config, state.usage(now),
+                        capacity_of(seen.views), now, running_jobs(state, seen.pods, now))
+        saved = queue.save_holds(result.holds, state)
+        step = result.step(job_id)
+        # preempt only once the hold is written: from then on no other pass places on the room it makes
+        if not (preempting and saved and result.preempt.get(job_id) and step is not None and not step.admitted):
+            break
+        mine = next(e for e in state.live(now) if e.job_id == job_id)    # with its first enqueue time
+        if not preempt(booker.kube, booker.ledger, queue, mine, result.preempt[job_id], result.holds.get(job_id),
+                       state, booker.log, now):
+            break
+        now = booker.clock()
     waiting = len(state.live(now))
     names = {e.job_id: e.name for e in state.live(now) if e.name and e.name != e.job_id}
     if step is None or not step.admitted:
@@ -383,8 +481,15 @@ def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, c
     held = [m for h in result.holds.values() if h.job_id != job_id and not h.lets(step.entry, now) for m in h.marks()]
     plan = booker.book(spec, job_id, held=held).plan
     if plan.outcome is Outcome.FITS:
-        queue.admit(job_id, spec.team, _model(plan, seen.views, entry), entry.gpus, deadline)
+        queue.admit(job_id, spec.team, _model(plan, seen.views, entry), entry.gpus, deadline, entry, spec.namespace)
     return Turn(plan, step, waiting, deadline, state.changes, names)
+
+
+def _may_preempt(state: QueueState, entry: Entry, config: QueueConfig, now: float) -> bool:
+    """Could the pass preempt anything for `entry` (its class or wait, and a preemptible job admitted)?"""
+    kept = next((e for e in state.live(now) if e.job_id == entry.job_id), entry)
+    return may_preempt(kept, now, config) and any(a.entry is not None and a.entry.preemptible and a.until > now
+                                                  for a in state.running)
 
 
 def _model(plan: Plan, views, entry: Entry) -> str | None:

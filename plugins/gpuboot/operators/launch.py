@@ -1,7 +1,6 @@
 """The `launch` step: the job's pods, one per rank of the plan, launched and failed as one gang."""
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from collections.abc import Mapping
@@ -17,13 +16,14 @@ from gpuboot.core.placement import Plan
 from gpuboot.core.steplog import launch_summary
 from gpuboot.core.timefmt import duration
 from gpuboot.hooks.kube import Conflict, InvalidRequest, KubeClient
+from gpuboot.lifecycle.jobqueue import JobQueue, Preempted
+from gpuboot.lifecycle.preemption import GONE_SECONDS, delete_and_wait
 from gpuboot.operators.base import GpuJobStep, push, resolve_job, summarize
+from gpuboot.operators.requeue import RequeuesWhenPreempted
 from gpuboot.triggers.gang import GangTrigger
 
-GONE_SECONDS = 60.0          # how long an earlier attempt's pods may take to go before they are force-deleted
 
-
-class GpuPodOperator(GpuJobStep, BaseOperator):
+class GpuPodOperator(GpuJobStep, RequeuesWhenPreempted, BaseOperator):
     """Every task of the plan as one gang of pods (rank = the assignment's position), each pinned
     to its planned node (gpuboot.core.gang.node_selector) with the job's requests as requests and
     limits and the rank environment (WORLD_SIZE, RANK, NODE_RANK, MASTER_ADDR = rank 0's pod
@@ -40,7 +40,11 @@ class GpuPodOperator(GpuJobStep, BaseOperator):
 
     Deferrable by default: once the pods are created the wait is a GangTrigger in the
     triggerer (no worker slot held), which streams every rank's log into the task log,
-    prefixed `[rank N]`. `deferrable=False` runs the same trigger in the worker."""
+    prefixed `[rank N]`. `deferrable=False` runs the same trigger in the worker.
+
+    Preempted (gpuboot.lifecycle.preemption: a higher job's place step deleted the pods): requeued,
+    not failed. The step logs by whom and why, waits in the job queue with the job's first enqueue
+    time, and places, brings up and launches the job again itself (gpuboot.operators.requeue)."""
 
     # "Rendered Templates" shows `launched`, what the gang runs (computed right after rendering,
     # env names only: values may be secret), stored again at the end with the pods' real names.
@@ -50,9 +54,11 @@ class GpuPodOperator(GpuJobStep, BaseOperator):
     def __init__(self, *, job: Mapping | Any = None, plan: Mapping | Any = None, env_source: Mapping | None = None,
                  kubernetes_conn_id: str = "kubernetes_default", deferrable: bool = True,
                  poll_seconds: float = 2.0, startup_timeout_seconds: float = 300.0, log_tail_lines: int = 20,
-                 **kwargs) -> None:
+                 ecs_conn_id: str = "alibaba_ecs_default", ledger_namespace: str = "default",
+                 busy_poll_seconds: float = 30.0, **kwargs) -> None:
         super().__init__(**kwargs)
         self.job, self.plan, self.kubernetes_conn_id = job, plan, kubernetes_conn_id
+        self.ecs_conn_id, self.ledger_namespace, self.busy_poll_seconds = ecs_conn_id, ledger_namespace, busy_poll_seconds
         # where the env's values are when `job` is the place step's XCom (names only): the job as the
         # place step got it (a mapping, or None: the DAG run's params). Not a template field: never shown.
         self.env_source = env_source
@@ -70,6 +76,14 @@ class GpuPodOperator(GpuJobStep, BaseOperator):
         if spec is None or not plan.assignments:
             raise AirflowFailException("launch needs the job (XCom 'job' of place) and a plan with assignments")
         spec = self._with_env_values(spec, context)
+        record = self.preemption(plan.job_id)
+        if record is not None:           # preempted before its pods ran (or a retry after a failed requeue)
+            return self.requeued(context, spec, record)
+        return self.relaunch(context, spec, plan)
+
+    def relaunch(self, context, spec: JobSpec, plan: Plan, handled: Preempted | None = None):
+        """The gang on `plan` (adopted when a crashed try left it live), then the wait for its verdict.
+        `handled`: the preemption this launch follows (settled once the pods exist)."""
         kube = self.kube()
         existing = kube.list_pods(f"{LABEL_JOB}={plan.job_id}")
         adopted = adoptable(existing, len(plan.assignments), int(context["ti"].try_number))
@@ -80,14 +94,23 @@ class GpuPodOperator(GpuJobStep, BaseOperator):
             self._clear(kube, existing)
             attempt = int(context["ti"].try_number)
             names = self._create(kube, spec, plan, attempt)
+        # read after the pods exist (gpuboot.lifecycle.preemption): a preemptor that wrote its record before
+        # listing our pods deleted them; one that listed them before they existed is seen here
+        record = self.preemption(plan.job_id)
+        if record is not None and record != handled:
+            self._clear(kube, kube.list_pods(f"{LABEL_JOB}={plan.job_id}"))
+            return self.requeued(context, spec, record)
+        if handled is not None:
+            JobQueue(kube, self.ledger_namespace).settle(handled)
         self.launched = {**what_runs(spec, plan, attempt), "pods": names}
         # where the gang runs, for release: a cancel deletes the pods, yet their nodes did run the job
         push(context, "nodes", sorted({a.node for a in plan.assignments}))
         trigger = GangTrigger(spec.namespace, plan.job_id, attempt, names, self.kubernetes_conn_id, self.poll_seconds,
                               started_at=time.time())
-        if self.deferrable:
-            self.defer(trigger=trigger, method_name="execute_complete")
-        return self.execute_complete(context, asyncio.run(_first_event(trigger)))
+        return self._wait_on(trigger, "execute_complete", context)
+
+    def _spec_for_requeue(self, context) -> JobSpec:
+        return self._with_env_values(self.spec(), context)
 
     def _with_env_values(self, spec: JobSpec, context) -> JobSpec:
         """The job with its env values, read from the job's source (env_source, rendered here, or the
@@ -130,12 +153,16 @@ class GpuPodOperator(GpuJobStep, BaseOperator):
             summarize(self, context, launch_summary(what, nodes, ", ".join(names), "Succeeded", elapsed))
             return names
         failure = RankFailure.from_json(event["failure"])
-        summarize(self, context, launch_summary(what, nodes, failure.pod,
-                                                f"Failed (rank {failure.rank})", elapsed, failure.exit_code))
         kube = self.kube()
         others = [n for n in names if n != failure.pod]
         for name in others:
             kube.delete_pod(namespace, name)
+        record = self.preemption(event["job_id"]) if spec is not None else None
+        if record is not None:           # its pods deleted by a preemptor: requeued, not failed
+            self.log.warning("gang %s ended short (%s): its job was preempted", event["job_id"], failure.describe())
+            return self.requeued(context, self._with_env_values(spec, context), record)
+        summarize(self, context, launch_summary(what, nodes, failure.pod,
+                                                f"Failed (rank {failure.rank})", elapsed, failure.exit_code))
         raise AirflowException(self._failure_message(kube, namespace, failure, names, others, event.get("tail")))
 
     def _failure_message(self, kube: KubeClient, namespace: str, failure: RankFailure, names: list[str],
@@ -203,21 +230,12 @@ class GpuPodOperator(GpuJobStep, BaseOperator):
         node stays Terminating: it is force-deleted after GONE_SECONDS."""
         if not pods:
             return
-        by_ns = {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pods}
-        self.log.info("deleting %d pod(s) left by earlier attempt(s) %s: %s", len(by_ns),
+        self.log.info("deleting %d pod(s) left by earlier attempt(s) %s: %s", len(pods),
                       sorted({(p["metadata"].get("labels") or {}).get(LABEL_ATTEMPT, "?") for p in pods}),
-                      ", ".join(sorted(n for _, n in by_ns)))
-        for grace, wait in ((None, GONE_SECONDS), (0, 30.0)):
-            for namespace, name in by_ns:
-                kube.delete_pod(namespace, name, grace_seconds=grace)
-            deadline = time.monotonic() + wait
-            while by_ns and time.monotonic() < deadline:
-                by_ns = {(ns, n) for ns, n in by_ns if kube.read_pod(ns, n) is not None}
-                if by_ns:
-                    time.sleep(min(self.poll_seconds, 1.0))
-            if not by_ns:
-                return
-        raise AirflowException(f"pods of an earlier attempt are still there: {sorted(n for _, n in by_ns)}")
+                      ", ".join(sorted({p["metadata"]["name"] for p in pods})))
+        left = delete_and_wait(kube, pods, min(self.poll_seconds, 1.0), GONE_SECONDS)
+        if left:
+            raise AirflowException(f"pods of an earlier attempt are still there: {left}")
 
 
 def what_runs(spec, plan: Plan, attempt: int) -> dict:
@@ -237,9 +255,3 @@ def what_runs(spec, plan: Plan, attempt: int) -> dict:
         "resources": dict((container.get("resources") or {}).get("requests") or {}),
     }
 
-
-async def _first_event(trigger: GangTrigger) -> dict:
-    """The trigger's one event, run here (deferrable=False)."""
-    async for event in trigger.run():
-        return event.payload
-    raise AirflowException("the gang trigger ended without a verdict")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -9,8 +10,8 @@ from pathlib import Path
 from gpuboot.core.idle import DEFAULT_SPARE_SECONDS
 
 from . import prices, trace
-from .metrics import demand_series, lower_bound_cost, lower_bound_gpu_seconds, whole_node_floor
-from .policies import POLICIES, Gpuboot
+from .metrics import demand_series, lower_bound_cost, lower_bound_gpu_seconds, overload, whole_node_floor
+from .policies import DEFAULT_QUEUE, POLICIES, Gpuboot
 from .report import format_table, write_json
 from .sim import SimConfig, Simulation
 
@@ -27,7 +28,9 @@ TABLE = [("policy", "policy"), ("billed_cost", "cost $"), ("lower_bound_cost", "
 
 SIZE_TABLE = [("policy", "policy"), ("size", "job size"), ("started", "started"), ("never_started", "never started"),
               ("timeouts", "timeouts"), ("wait_p50_seconds", "wait p50 s"), ("wait_p95_seconds", "wait p95 s"),
-              ("wait_p99_seconds", "wait p99 s"), ("wait_max_seconds", "wait max s"), ("jain_teams", "Jain (teams)"),
+              ("wait_p99_seconds", "wait p99 s"), ("wait_max_seconds", "wait max s"),
+              ("floor_p95_seconds", "no-preemption floor p95 s"), ("jain_teams_bucket", "Jain (teams, this size)"),
+              ("jain_teams", "Jain (teams)"), ("jain_teams_slowdown", "Jain (teams, slowdown)"),
               ("hold_cost", "hold cost $"), ("preemptions", "preemptions")]
 
 
@@ -46,7 +49,8 @@ def size_rows(policies: list[dict]) -> list[dict]:
     for result in policies:
         for i, (size, figures) in enumerate(result["by_size"].items()):
             rows.append({"policy": result["policy"], "size": size, **figures,
-                         **({k: result[k] for k in ("jain_teams", "hold_cost", "preemptions")} if i == 0 else {})})
+                         **({k: result[k] for k in ("jain_teams", "jain_teams_slowdown", "hold_cost", "preemptions")}
+                            if i == 0 else {})})
     return rows
 
 
@@ -79,6 +83,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--preemptible", type=float, default=0.0,
                    help="share of jobs (0..1, by a hash of the name) that say they are preemptible: a job held past "
                         "the preemption threshold may requeue them")
+    p.add_argument("--starve", default=f"{DEFAULT_QUEUE.starve_seconds:g}",
+                   help="gpuboot's queue: a job of more than one GPU waiting this long gets holds (QueueConfig)")
+    p.add_argument("--max-holds", type=int, default=DEFAULT_QUEUE.max_holds,
+                   help="gpuboot's queue: how many starving jobs hold nodes at once, the first in line (QueueConfig)")
     p.add_argument("--teams", type=int, default=4, help="teams the trace's jobs are spread over (by a hash of the name)")
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
     p.add_argument("--gpu-share", choices=trace.GPU_SHARE, default="all",
@@ -125,13 +133,21 @@ def run(args) -> dict:
                        idle_timeout=trace.parse_duration(args.idle_timeout, "--idle-timeout"),
                        queue_timeout=trace.parse_duration(args.queue_timeout, "--queue-timeout"), teams=args.teams,
                        expected_runtime=args.expected_runtime, preemptible=args.preemptible)
+    if args.max_holds < 0:
+        raise ValueError(f"--max-holds: must be >= 0, got {args.max_holds}")
+    queue = dataclasses.replace(DEFAULT_QUEUE, starve_seconds=trace.parse_duration(args.starve, "--starve"),
+                                max_holds=args.max_holds)
     bound = lower_bound_gpu_seconds(loaded.jobs, end)
     money_bound = lower_bound_cost(loaded.jobs, fleet, end)
     floor = round(whole_node_floor(loaded.jobs, fleet, end), 2)
+    fitting = [job for job in loaded.jobs if any(job.requests.fits_in(n.capacity) and job.accepts(n) for n in fleet)]
+    load = overload(fitting, sum(n.gpus for n in fleet), start, end)
     results, series = [], {}
     for name in names:
         spare = {"spare_seconds": trace.parse_duration(args.spare, "--spare"),
                  "boot_fill_from_load": args.boot_fill_from_load} if name in PLACES else {}
+        if name == Gpuboot.name:
+            spare["queue"] = queue
         policy = POLICIES[name](exact=args.exact, **spare) if name in PLACES else POLICIES[name]()
         sim = Simulation(fleet, loaded.jobs, policy, config)
         recorder = sim.run()
@@ -146,6 +162,7 @@ def run(args) -> dict:
         "jobs": {"replayed": len(loaded.jobs), "skipped": dict(loaded.skipped), "gpu_share": args.gpu_share,
                  "gpu_model_share": args.gpu_model_share,
                  "fractional_gpu_as_one": loaded.fractional, "gpu_spec": loaded.gpu_spec},
+        "overload": load,
         "prices": {"source": prices.SOURCE, "per_gpu_hour": dict(prices.PER_GPU), "per_vcpu_hour": prices.PER_VCPU,
                    "per_gib_hour": prices.PER_GIB,
                    "fleet_per_hour": round(sum(n.price_per_hour for n in fleet), 2)},
@@ -154,6 +171,7 @@ def run(args) -> dict:
                                                      "queue_timeout", "teams", "expected_runtime",
                                                      "preemptible")}
         | {"gpuboot_spare_seconds": trace.parse_duration(args.spare, "--spare"),
+           "gpuboot_starve_seconds": queue.starve_seconds, "gpuboot_max_holds": queue.max_holds,
            "gpuboot_boot_fill_from_load": args.boot_fill_from_load},
         "notes": [
             "Each pod is one job of one task; arrival = creation_time, run = deletion_time - scheduled_time.",
@@ -203,6 +221,12 @@ def main(argv: list[str] | None = None) -> int:
           f"({j['fractional_gpu_as_one']} fractional-GPU pods as 1 GPU)")
     for reason, count in j["skipped"].items():
         print(f"  skipped {count} pods: {reason}")
+    load = summary["overload"]
+    print(f"demand as a fluid on the fleet's {load['fleet_gpus']} GPUs (metrics.overload): peak backlog "
+          f"{load['peak_backlog_gpu_hours']:,} GPU-h on day {load['peak_day']:g} ({load['backlog_fleet_hours']:,} h of the "
+          f"whole fleet), {load['demanded_gpu_hours']:,} GPU-h demanded vs {load['available_gpu_hours']:,} available "
+          f"from day {load['busy_from_day']:g}; drained "
+          + ("not within the window" if load["drained_day"] is None else f"by day {load['drained_day']:g}"))
     print(format_table(summary["policies"], TABLE))
     print("above the cost lower bound, by cause:")
     print(format_table(gap_rows(summary["policies"]), GAP_TABLE))

@@ -1,6 +1,7 @@
 """What a replay run cost and how long jobs waited: recorded as the run goes, summarised at the end."""
 from __future__ import annotations
 
+import itertools
 import math
 import zlib
 from collections.abc import Iterable, Sequence
@@ -10,6 +11,7 @@ from gpuboot.core.inventory import gpu_model_matches
 
 HOUR = 3600.0
 SIZE_BUCKETS = ((1, 1, "1 GPU"), (2, 2, "2 GPUs"), (3, 4, "3-4 GPUs"), (5, 8, "5-8 GPUs"), (9, math.inf, ">8 GPUs"))
+SLOWDOWN_FLOOR = 10.0    # bounded slowdown's runtime floor (s): a 1 s job waiting one boot is not 150x slowed
 
 
 def size_bucket(gpus: int) -> str:
@@ -28,6 +30,13 @@ def jain(values: Sequence[float]) -> float | None:
         return None
     squares = sum(v * v for v in values)
     return 1.0 if squares == 0 else sum(values) ** 2 / (len(values) * squares)
+
+
+def bounded_slowdown(wait: float, run_seconds: float) -> float:
+    """(wait + run) / run, runs shorter than SLOWDOWN_FLOOR counted as that long (Feitelson's bounded
+    slowdown): a wait measured against the job's own length, so a day's wait weighs less on a week's job."""
+    run = max(run_seconds, SLOWDOWN_FLOOR)
+    return (wait + run) / run
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -66,8 +75,10 @@ class Recorder:
     used_gpu_seconds: float = 0.0
     boots: int = 0
     wasted_boots: int = 0
-    # job -> (GPUs, team, wait): the wait until its last start (a preempted job waits again, from arrival)
-    started_jobs: dict[str, tuple[int, str, float]] = field(default_factory=dict)
+    # job -> (GPUs, team, wait, run): the wait until its last start (a preempted job waits again, from arrival)
+    started_jobs: dict[str, tuple[int, str, float, float]] = field(default_factory=dict)
+    # (GPUs, seconds) per arrival: the soonest it could start without preemption (sim.Simulation._floor)
+    floors: list[tuple[int, float]] = field(default_factory=list)
     preemptions: int = 0
     preempted_gpu_seconds: float = 0.0     # work lost: what preempted jobs had run, redone after requeue
     unstarted: list[int] = field(default_factory=list)     # GPUs of each job still waiting at the window end
@@ -139,16 +150,16 @@ class Recorder:
             self.wasted_boots += 1
 
     @property
-    def started(self) -> list[tuple[int, str, float]]:
+    def started(self) -> list[tuple[int, str, float, float]]:
         return list(self.started_jobs.values())
 
     @property
     def waits(self) -> list[float]:
-        return [w for _, _, w in self.started_jobs.values()]
+        return [w for _, _, w, _ in self.started_jobs.values()]
 
     def job_started(self, arrival: float, now: float, gpus: int, run_seconds: float, team: str = "",
                     name: str | None = None) -> None:
-        self.started_jobs[name or f"#{len(self.started_jobs)}"] = (gpus, team, now - arrival)
+        self.started_jobs[name or f"#{len(self.started_jobs)}"] = (gpus, team, now - arrival, run_seconds)
         self.used_gpu_seconds += gpus * max(0.0, min(now + run_seconds, self.end) - now)
 
     def job_preempted(self, name: str, started_at: float, now: float, gpus: int, run_seconds: float) -> None:
@@ -194,6 +205,7 @@ class Recorder:
             "wall_seconds": round(wall_seconds, 2),
             "timeouts": len(self.timeouts),
             "jain_teams": None if (j := self.team_fairness()) is None else round(j, 4),
+            "jain_teams_slowdown": None if (j := self.team_fairness(slowdown=True)) is None else round(j, 4),
             "hold_gpu_hours": hours(self.hold_gpu_seconds),
             "hold_cost": round(self.hold_cost, 2),
             "cost_ratio": None if not lower_bound_cost else round(self.cost / lower_bound_cost, 4),
@@ -207,20 +219,27 @@ class Recorder:
         """Per job-size bucket: jobs started, still waiting at the end, timed out, and wait percentiles."""
         out = {}
         for _, _, label in SIZE_BUCKETS:
-            waits = [w for g, _, w in self.started if size_bucket(g) == label]
+            waits = [w for g, _, w, _ in self.started if size_bucket(g) == label]
             never = sum(size_bucket(g) == label for g in self.unstarted)
             late = sum(size_bucket(g) == label for g in self.timeouts)
+            floors = [f for g, f in self.floors if size_bucket(g) == label]
             if waits or never or late:
+                fairness = self.team_fairness(bucket=label)
                 out[label] = {"started": len(waits), "never_started": never, "timeouts": late,
                               **{f"wait_p{q}_seconds": round(percentile(waits, q) or 0.0, 1) for q in (50, 95, 99)},
-                              "wait_max_seconds": round(max(waits, default=0.0), 1)}
+                              "wait_max_seconds": round(max(waits, default=0.0), 1),
+                              "floor_p95_seconds": round(percentile(floors, 95) or 0.0, 1),
+                              "jain_teams_bucket": None if fairness is None else round(fairness, 4)}
         return out
 
-    def team_fairness(self) -> float | None:
-        """Jain's index over the teams' mean waits (1: every team waits alike)."""
+    def team_fairness(self, slowdown: bool = False, bucket: str | None = None) -> float | None:
+        """Jain's index over the teams' mean waits (1: every team waits alike); `slowdown`: over their
+        mean bounded slowdowns instead; `bucket`: over the jobs of that size bucket alone. The latter two
+        are reported beside the first, to show whether a few long jobs set it."""
         per_team: dict[str, list[float]] = {}
-        for _, team, wait in self.started:
-            per_team.setdefault(team, []).append(wait)
+        for gpus, team, wait, run in self.started:
+            if bucket is None or size_bucket(gpus) == bucket:
+                per_team.setdefault(team, []).append(bounded_slowdown(wait, run) if slowdown else wait)
         return jain([sum(w) / len(w) for w in per_team.values()]) if len(per_team) > 1 else None
 
 
@@ -239,6 +258,40 @@ def demand_series(jobs: Iterable, start: float, end: float) -> list[tuple[float,
         level += deltas[at]
         series.append((at, level))
     return series
+
+
+def overload(jobs: Iterable, gpus: int, start: float, end: float) -> dict:
+    """How far the demand outruns a fleet of `gpus` GPUs, whatever the order: the jobs as a fluid
+    (each GPU-second of a job due from its arrival, any GPU serving any job; packing, models and CPU
+    ignored, so the truth is worse), queued behind the fleet. The peak backlog is the most work
+    that has arrived and cannot be done yet even at full use; `from`-`to` is its busy stretch,
+    where demanded - available = the backlog; drained: when the fleet has caught up (None: not
+    within the window). Per run, it says whether any order could meet a wait target there."""
+    series = demand_series(jobs, start, end) + [(end, 0)]
+    backlog = peak = 0.0
+    busy_from = peak_from = peak_at = start
+    demanded = peak_demanded = 0.0
+    drained: float | None = start
+    for (t0, level), (t1, _) in itertools.pairwise(series):
+        span = t1 - t0
+        if backlog == 0.0:
+            busy_from, demanded = t0, 0.0
+        after = backlog + (level - gpus) * span
+        if after <= 0.0:
+            if drained is None and level < gpus:
+                drained = t0 + backlog / (gpus - level)
+            backlog = 0.0
+            continue
+        backlog, demanded = after, demanded + level * span
+        if backlog > peak:
+            peak, peak_from, peak_at, peak_demanded, drained = backlog, busy_from, t1, demanded, None
+    hours = 1 / HOUR
+    return {"fleet_gpus": gpus, "peak_backlog_gpu_hours": round(peak * hours, 1),
+            "busy_from_day": round(peak_from / 86400, 2), "peak_day": round(peak_at / 86400, 2),
+            "demanded_gpu_hours": round(peak_demanded * hours, 1),
+            "available_gpu_hours": round(gpus * (peak_at - peak_from) * hours, 1),
+            "backlog_fleet_hours": round(peak / gpus * hours, 1) if gpus else None,
+            "drained_day": None if drained is None else round(drained / 86400, 2)}
 
 
 def lower_bound_gpu_seconds(jobs: Iterable, end: float) -> float:

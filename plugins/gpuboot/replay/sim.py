@@ -6,6 +6,7 @@ the shared idle-stop rule, and tells the `Recorder` what it cost.
 """
 from __future__ import annotations
 
+import math
 import time
 import zlib
 from collections.abc import Sequence
@@ -192,12 +193,39 @@ class Simulation:
 
     # Events -----------------------------------------------------------------
     def _arrival(self, job: TraceJob) -> None:
+        if (floor := self._floor(job)) < math.inf:      # inf: no node holds it (never fits)
+            self.recorder.floors.append((job.gpus, floor))
         if self.queue_config is None:
             self._decide(job, arriving=True)
             return
         self._enqueue(job)
         self.queue.append(job)
         self._queue_pass()      # the arriving job's own place step decides at once, in order
+
+    def _floor(self, job: TraceJob) -> float:
+        """The soonest `job` could start without preemption, were nothing else placed from now on: on
+        a stopped node that holds it, one boot; on a node that is up, when enough of the work on it has
+        ended (the trace's runtimes, which the policy may not know). A floor on its wait from the
+        state at its arrival: if it is long, no order or hold could have started the job sooner."""
+        now, best = self.clock.now, math.inf
+        for node in self.nodes.values():
+            if not (job.requests.fits_in(node.capacity) and job.accepts(node.spec)):
+                continue
+            if node.state in (NodeState.STOPPED, NodeState.STOPPING):
+                best = min(best, self.config.boot_delay)
+                continue
+            free, at = node.free, now
+            ends = sorted([(began + self.job_by_name[name].run_seconds, self.job_by_name[name].requests)
+                           for name, began in node.running.items()] +
+                          [(now + self.config.boot_delay + other.run_seconds, other.requests) for other in node.waiting],
+                          key=lambda end: end[0])
+            for end, requests in ends:
+                if job.requests.fits_in(free):
+                    break
+                free, at = free + requests, end
+            if job.requests.fits_in(free):
+                best = min(best, at - now)
+        return best
 
     def _enqueue(self, job: TraceJob) -> None:
         """The job's queue entry; a preempted job keeps its arrival as its enqueue time."""

@@ -52,7 +52,9 @@ def gpu_job_group(job: Mapping | None = None, *, group_id: str = "gpu_job",
                               ecs_conn_id=ecs_conn_id, ledger_namespace=ledger_namespace, deferrable=deferrable,
                               poke_interval=poke_interval)
         launch = GpuPodOperator(task_id="launch", job=spec, plan=wait.output["plan"], env_source=job,
-                                kubernetes_conn_id=kubernetes_conn_id, deferrable=deferrable)
+                                kubernetes_conn_id=kubernetes_conn_id, deferrable=deferrable,
+                                ecs_conn_id=ecs_conn_id, ledger_namespace=ledger_namespace,
+                                busy_poll_seconds=busy_poll_seconds)
         release = ReleaseReservationOperator(task_id="release", kubernetes_conn_id=kubernetes_conn_id,
                                              ledger_namespace=ledger_namespace, launch_task_id=launch.task_id)
         # release is the teardown of place's reservation: it runs whatever happens after place

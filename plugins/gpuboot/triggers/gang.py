@@ -28,6 +28,7 @@ from gpuboot.core.model import LABEL_JOB, TERMINATED_PHASES
 from gpuboot.hooks.kube import AsyncKubeClient, Gone
 
 TAIL_LINES = 20          # the last log lines of each rank the trigger keeps for the failure message
+PHASE_GONE = "Gone"      # the phase a follower is told for a pod no longer listed: its log ends there
 DRAIN_SECONDS = 10.0     # how long the verdict waits for the log streams to deliver their last lines
 REOPEN_SECONDS = 1.0     # a running rank's log stream that ended is opened again no sooner than this
 
@@ -107,8 +108,9 @@ class GangTrigger(BaseTrigger):
                     await asyncio.sleep(delay)
                     delay = min(30.0, delay * 2)
                     continue
-                for rank, pod in by_rank.items():
-                    phases[rank] = (pod.get("status") or {}).get("phase") or "Pending"
+                for rank in range(world):       # a pod gone (deleted) has no more log to give
+                    pod = by_rank.get(rank)
+                    phases[rank] = PHASE_GONE if pod is None else (pod.get("status") or {}).get("phase") or "Pending"
                 async with updated:
                     updated.notify_all()
                 state = judge(by_rank, world, nodes, self.pods)
@@ -178,7 +180,7 @@ class GangTrigger(BaseTrigger):
             except Exception:
                 pass
             seen = phases.get(rank)
-            if seen in TERMINATED_PHASES:
+            if seen in TERMINATED_PHASES or seen == PHASE_GONE:
                 return
             pause = self.poll_seconds
             if seen == "Running":

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import pytest
 
-from gpuboot.core.ports import ClusterReads, ConfigMapStore, Ecs
+from gpuboot.core.ports import ClusterReads, ConfigMapStore, Ecs, PodControl
 from gpuboot.hooks.kube import KubeClient
 from tests.fakes import FakeCluster, FakeEcs
 
@@ -82,8 +82,9 @@ def ecs_hook() -> type:
 @pytest.mark.parametrize("protocol, implementation", [
     (ClusterReads, lambda: KubeClient), (ConfigMapStore, lambda: KubeClient), (Ecs, ecs_hook),
     (ClusterReads, lambda: FakeCluster), (ConfigMapStore, lambda: FakeCluster), (Ecs, lambda: FakeEcs),
+    (PodControl, lambda: KubeClient), (PodControl, lambda: FakeCluster),
 ], ids=["KubeClient-reads", "KubeClient-configmaps", "EcsHook", "FakeCluster-reads", "FakeCluster-configmaps",
-        "FakeEcs"])
+        "FakeEcs", "KubeClient-pods", "FakeCluster-pods"])
 def test_the_adapters_and_the_fakes_satisfy_the_ports(protocol, implementation):
     assert mismatches(protocol, implementation()) == []
 
@@ -125,6 +126,7 @@ def test_the_ports_list_exactly_what_the_lifecycle_and_the_ledger_call():
     lifecycle = set().union(*(calls_on(PACKAGE / "lifecycle" / f"{name}.py", {"kube", "ecs"}) for name in ("booking", "boot", "pricing")))
     assert lifecycle == {f"kube.{m}" for m in members(ClusterReads)} | {f"ecs.{m}" for m in members(Ecs)}
     assert calls_on(PACKAGE / "lifecycle" / "ledger.py", {"kube"}) == {f"kube.{m}" for m in members(ConfigMapStore)}
+    assert calls_on(PACKAGE / "lifecycle" / "preemption.py", {"kube"}) == {f"kube.{m}" for m in members(PodControl)}
 
 
 def test_the_lifecycle_imports_no_airflow_and_no_client_library():

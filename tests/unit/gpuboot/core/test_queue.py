@@ -292,3 +292,30 @@ def test_a_job_waiting_past_the_threshold_goes_before_fresh_jobs_whatever_its_te
     jobs = [entry("starving", at=0, team="busy"), entry("fresh", at=900, team="idle")]
     assert [e.job_id for e in ordered(jobs, usage, {"T4": 8}, QueueConfig(), now=1_000)] == ["starving", "fresh"]
     assert [e.job_id for e in ordered(jobs, usage, {"T4": 8}, QueueConfig(), now=500)] == ["fresh", "starving"]
+
+
+def test_with_known_ends_old_work_may_be_held_and_the_hold_moves_only_to_nodes_that_free_sooner():
+    nodes = [t4("old", used=4, busy_since=0), t4("new", used=6, busy_since=9_000)]
+    known = {"old": [(4, 12_000.0)], "new": [(6, 50_000.0)]}
+    hold = choose_hold(entry("big", gpus=8), nodes, (), known, now=10_000, young=3_600)
+    assert hold.nodes == ("old",) and hold.due == 12_000.0       # old work, but it ends first
+    sooner = {"old": [(4, 30_000.0)], "new": [(6, 20_000.0)]}    # "old" ran past its stated end
+    moved = choose_hold(entry("big", gpus=8), nodes, (), sooner, now=13_700, keep=hold, young=3_600)
+    assert moved.nodes == ("new",) and moved.due == 20_000.0 and moved.since == 10_000   # held since the first pass
+    assert choose_hold(entry("big", gpus=8), nodes, (), {"old": [(4, None)], "new": [(6, 50_000.0)]},
+                       now=10_000, young=3_600).nodes == ("new",)       # one unknown end: old work is not held
+
+
+def test_a_job_that_may_preempt_does_not_wait_days_for_a_stated_end_when_preempting_makes_room():
+    fleet = Fleet(t4("soon", used=8, busy_since=0), t4("small", used=8, busy_since=0))
+    running = [running_on("soon", "other-big", 8, 0),                       # not preemptible, ends in days
+               *[running_on("small", f"s{i}", 1, 100 + i, preemptible=True) for i in range(8)]]
+    days = {"soon": [(8, 300_000.0)], "small": [(1, 400_000.0)] * 8}
+    big = entry("big", gpus=8)
+    result = run_pass([big], now=2_500, config=QueueConfig(), usage={}, capacity={"T4": 16}, holds={},
+                      nodes=fleet.nodes, attempt=fleet.attempt, commit=fleet.commit, releases=days, running=running)
+    assert result.holds["big"].nodes == ("small",) and sorted(result.preempt["big"]) == [f"s{i}" for i in range(8)]
+    soon = {"soon": [(8, 3_000.0)], "small": [(1, 400_000.0)] * 8}         # due within preempt_after: wait for it
+    result = run_pass([big], now=2_500, config=QueueConfig(), usage={}, capacity={"T4": 16}, holds={},
+                      nodes=fleet.nodes, attempt=fleet.attempt, commit=fleet.commit, releases=soon, running=running)
+    assert result.holds["big"].nodes == ("soon",) and result.preempt == {}

@@ -1,6 +1,6 @@
 """What the replay reports about the queue: waits per job size, timeouts, fairness across teams."""
 from gpuboot.replay.cli import size_rows
-from gpuboot.replay.metrics import jain, size_bucket, team_of
+from gpuboot.replay.metrics import Recorder, bounded_slowdown, jain, overload, size_bucket, team_of
 from gpuboot.replay.policies import AllocateTime, Gpuboot, GpubootNoQueue
 from tests.unit.gpuboot.replay.test_sim import job, node, run
 
@@ -34,7 +34,9 @@ def test_a_job_still_waiting_at_the_end_is_never_started_in_its_bucket():
     summary = run(AllocateTime(), [node("a", 2, 8)], [job("long", 0, 50_000, gpus=2), job("late", 10, 100, gpus=2)])
     assert summary["by_size"]["2 GPUs"] | {"wait_p50_seconds": None} == {
         "started": 1, "never_started": 1, "timeouts": 0, "wait_p50_seconds": None, "wait_p95_seconds": 30.0,
-        "wait_p99_seconds": 30.0, "wait_max_seconds": 30.0}
+        "wait_p99_seconds": 30.0, "wait_max_seconds": 30.0,
+        # "late" arrives while "long" waits for the boot (30 s) and then runs 50,000 s on the only node
+        "floor_p95_seconds": 50_030.0, "jain_teams_bucket": None}
 
 
 def burst_around_a_big_job():
@@ -72,3 +74,37 @@ def test_a_held_job_requeues_preemptible_jobs_once_it_has_waited_past_the_thresh
     assert 0 < preempting["preemptions"] <= 8 and preempting["preempted_gpu_hours"] > 0
     assert preempting["by_size"]["5-8 GPUs"]["wait_max_seconds"] <= 600 + 1_800 + 3 * 30
     assert preempting["by_size"]["1 GPU"]["started"] == 40           # requeued, not failed: all ran again
+
+
+def test_overload_is_the_work_the_fleet_cannot_have_done_yet_whatever_the_order():
+    # 4 GPUs; from t=0 two 4-GPU jobs of 1 h each: 8 GPU-h demanded in the first hour, 4 available
+    jobs = [job("a", 0, 3_600, gpus=4), job("b", 0, 3_600, gpus=4), job("c", 20_000, 100, gpus=1)]
+    load = overload(jobs, 4, 0, 30_000)
+    assert load["peak_backlog_gpu_hours"] == 4.0 and load["backlog_fleet_hours"] == 1.0
+    assert load["demanded_gpu_hours"] - load["available_gpu_hours"] == 4.0
+    assert load["drained_day"] == round(7_200 / 86_400, 2)          # the fleet catches up after a second hour
+    assert overload(jobs, 8, 0, 30_000)["peak_backlog_gpu_hours"] == 0.0
+    never = overload([job("long", 0, 50_000, gpus=8)], 4, 0, 30_000)
+    assert never["drained_day"] is None and never["peak_backlog_gpu_hours"] == round(4 * 30_000 / 3_600, 1)
+
+
+def test_fairness_beside_the_mean_waits_by_slowdown_and_per_size():
+    recorder = Recorder("p", 0, 1)
+    for name, gpus, team, wait, run_seconds in [("s0", 1, "x", 0, 100), ("s1", 1, "y", 0, 100),
+                                                ("big", 8, "x", 86_400, 864_000), ("b2", 8, "y", 0, 864_000)]:
+        recorder.job_started(0, wait, gpus, run_seconds, team, name)
+    assert recorder.team_fairness() < 0.6                       # one big job's day sets team x's mean
+    assert recorder.team_fairness(bucket="1 GPU") == 1.0        # the small jobs wait alike
+    assert recorder.team_fairness(slowdown=True) > 0.99         # a day on a ten-day job is a 1.1x slowdown
+    assert bounded_slowdown(150, 1) == (150 + 10) / 10          # short runs count as SLOWDOWN_FLOOR long
+
+
+def test_the_no_preemption_floor_is_when_the_work_on_the_soonest_node_ends():
+    fleet = [node("a", 8, 64), node("b", 8, 64)]
+    jobs = [job("a1", 0, 5_000, gpus=4), job("b1", 0, 9_000, gpus=4), job("big", 1_000, 100, gpus=8)]
+    summary = run(AllocateTime(), fleet, jobs, end=20_000)
+    # a1 and b1 share node a (first fit); node b is stopped: one boot (30 s)
+    assert summary["by_size"]["5-8 GPUs"]["floor_p95_seconds"] == 30.0
+    jobs = [job("a1", 0, 5_000, gpus=8), job("b1", 0, 9_000, gpus=8), job("big", 1_000, 100, gpus=8)]
+    summary = run(AllocateTime(), fleet, jobs, end=20_000)
+    assert summary["by_size"]["5-8 GPUs"]["floor_p95_seconds"] == 30 + 5_000 - 1_000     # a1 ends first

@@ -1,0 +1,154 @@
+"""Live preemption: the jobs the queue's pass names for a starving job are requeued, not failed.
+
+The decision is the core's (`gpuboot.core.queue.victims`, through the pass): only jobs that said
+`preemptible: true`, of a lower class (or ranking below a job that waited past the thresholds),
+on the nodes held for the starving job, and only when that makes room for its whole gang.
+
+Who acts: the preemptor's own place step, for its own job only (`gpuboot.lifecycle.jobqueue.book_in_order`):
+every step runs the same pass, but only the job the nodes are held for acts on them. In this order:
+
+1. the queue's compare-and-swap (`JobQueue.preempt`) takes the victims out of the admitted jobs and
+   puts them back in the line with their first enqueue time, each with a record: by whom and why;
+2. their pods are deleted (every rank of a gang) and waited for until gone;
+3. their reservations are dropped from the ledger (their job records stay: release still stops a
+   node a victim started and no pod ran on);
+4. the preemptor places again at once; its hold (written before step 1) keeps every other job off
+   those nodes.
+
+The victim's launch step (`gpuboot.operators.launch`) reads the record before it creates pods,
+after it created them, and when its gang ends short: it logs by whom and why, drops what it still
+holds (3 again, idempotent), waits in the line and places again through the same booking code.
+
+Why this is safe:
+
+- Two preemptors, one victim. Step 1 is one compare-and-swap that takes every victim or none, and
+  only victims still admitted and not preempted yet: the loser's write conflicts, it reads again,
+  finds the victim no longer admitted and writes nothing (no pod deleted, no reservation dropped);
+  it places only when a later pass admits it. The room freed goes to the winner: it preempts only
+  once its hold is written to the queue (a hold write that conflicts means no preemption at this
+  poll), so every pass begun after that keeps off the held nodes; a pass that read the queue just
+  before could still place there, and even then the ledger's compare-and-swap never gives one GPU
+  twice (eight preemptors at once on the fakes: the preemptor got the room 60 times in 60).
+- A victim finishing on its own. Released before step 1, it is no longer admitted: nothing is
+  written. Released after, its release drops its entry and record (`JobQueue.drop`); its pods had
+  ended (they hold nothing); its launch either saw the success first, or saw its pods deleted and
+  the record, and runs the job again (a preemptible job must be restartable; that is what it said).
+- A victim launching while preempted. Step 1 is written before step 2 lists the pods, and launch
+  reads the record after it created its pods: either step 2 sees the pods, or launch sees the
+  record and deletes them itself. No pod of a preempted job runs on.
+- The preemptor dying after step 1 or 2. The record was written first, so the victim's launch still
+  requeues and drops its own reservations; the preemptor's hold ends with its lease, and its retry
+  decides again. Preemption starts no instance and removes no job record, so no instance runs
+  without a record.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from gpuboot.core.inventory import parse_time
+from gpuboot.core.model import LABEL_JOB, TERMINATED_PHASES
+from gpuboot.core.ports import PodControl
+from gpuboot.core.queue import PRIORITY_CLASSES, Entry, Hold, Running
+from gpuboot.core.timefmt import duration, utc
+from gpuboot.lifecycle.ledger import ReservationLedger
+
+if TYPE_CHECKING:    # jobqueue calls this module (its place step's turn); the types only, here
+    from gpuboot.lifecycle.jobqueue import Admitted, JobQueue, Preempted, QueueState
+
+GONE_SECONDS = 60.0          # how long a deleted pod may take to go before it is force-deleted
+
+
+def running_jobs(state: QueueState, pods: Sequence[Mapping], now: float) -> list[Running]:
+    """The admitted jobs' live pods, one `Running` per pod on its node, as preemption sees them
+    (a pod being deleted is already going: it is not counted)."""
+    admitted = {a.job_id: a for a in state.running if a.until > now and a.entry is not None}
+    out = []
+    for pod in pods:
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        job = admitted.get((meta.get("labels") or {}).get(LABEL_JOB, ""))
+        if job is None or job.entry is None or not spec.get("nodeName") or meta.get("deletionTimestamp"):
+            continue
+        started = parse_time((pod.get("status") or {}).get("startTime")) or parse_time(meta.get("creationTimestamp"))
+        out.append(Running(job.job_id, spec["nodeName"], job.entry.requests, job.entry.priority_class,
+                           job.entry.preemptible, now if started is None else started, job.entry.enqueued_at))
+    return out
+
+
+def reason(preemptor: Entry, victim: Entry, hold: Hold | None, now: float) -> str:
+    """Why, in words for the victim's log: the class (or the wait) that outranks it, and where."""
+    where = f" on node(s) {', '.join(hold.nodes)}" if hold else ""
+    if PRIORITY_CLASSES[preemptor.priority_class] > PRIORITY_CLASSES[victim.priority_class]:
+        why = f"priority class {preemptor.priority_class} outranks {victim.priority_class}"
+    else:
+        why = f"it has waited {duration(now - preemptor.enqueued_at)}, past the starvation and preemption thresholds"
+    gpus = f"{preemptor.gpus} GPU(s)" + (f" as a gang of {preemptor.tasks}" if preemptor.tasks > 1 else "")
+    return f"it needs {gpus}{where} and {why}; this job said preemptible: true"
+
+
+def delete_and_wait(kube: PodControl, pods: Sequence[Mapping], poll_seconds: float = 1.0,
+                    gone_seconds: float = GONE_SECONDS, sleep: Callable[[float], None] = time.sleep) -> list[str]:
+    """Delete `pods` and wait until they are gone; a pod still there after `gone_seconds` (its node
+    lost: it stays Terminating) is force-deleted and waited for 30 s more. The names still there
+    ([]: all gone). Launch's clearing of an earlier attempt and a preemption share it."""
+    left = {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pods}
+    for grace, wait in ((None, gone_seconds), (0, 30.0)):
+        for namespace, name in sorted(left):
+            kube.delete_pod(namespace, name, grace_seconds=grace)
+        deadline = time.monotonic() + wait
+        while left and time.monotonic() < deadline:
+            left = {(ns, n) for ns, n in left if kube.read_pod(ns, n) is not None}
+            if left:
+                sleep(poll_seconds)
+        if not left:
+            return []
+    return sorted(n for _, n in left)
+
+
+def drop_reservations(ledger: ReservationLedger, job_id: str) -> int:
+    """Give back the job's reservations, keeping its job record (the instances it started: its
+    release still stops one no pod ran on). How many were dropped (0: none left, idempotent)."""
+    dropped = []
+
+    def change(state):
+        dropped[:] = [r for r in state.reservations if r.job_id == job_id]
+        if not dropped:
+            return None
+        return [r for r in state.reservations if r.job_id != job_id], list(state.unavailable), list(state.jobs)
+
+    ledger.update(change, f"drop the reservations of preempted job {job_id}")
+    return len(dropped)
+
+
+def preempt(kube: PodControl, ledger: ReservationLedger, queue: JobQueue, preemptor: Entry, victims: Sequence[str],
+            hold: Hold | None, state: QueueState, log: logging.Logger, now: float) -> list[Admitted]:
+    """Steps 1 to 3 of the module doc for `victims` (named by the pass over `state`); the jobs
+    requeued ([]: another preemptor or a release got there first; nothing done)."""
+    entries = {a.job_id: a.entry for a in state.running if a.entry is not None}
+    why = {v: reason(preemptor, entries[v], hold, now) for v in victims if v in entries}
+    taken = queue.preempt(preemptor, victims, why)
+    if not taken:
+        log.info("the jobs to preempt for %s (%s) were requeued or ended meanwhile: deciding again at the next "
+                 "poll", preemptor.name or preemptor.job_id, ", ".join(victims))
+        return []
+    for victim in taken:
+        pods = [p for p in kube.list_pods(f"{LABEL_JOB}={victim.job_id}")
+                if (p.get("status") or {}).get("phase") not in TERMINATED_PHASES]
+        left = delete_and_wait(kube, pods)
+        dropped = drop_reservations(ledger, victim.job_id)
+        name = victim.entry.name if victim.entry and victim.entry.name else victim.job_id
+        log.warning("preempted job %s (%s, class %s, preemptible): deleted its pod(s) %s, gave back %d "
+                    "reservation(s), requeued it with its first enqueue time; why: %s%s", name, victim.job_id,
+                    victim.entry.priority_class if victim.entry else "?",
+                    ", ".join(sorted(p["metadata"]["name"] for p in pods)) or "none (not launched yet)", dropped,
+                    why.get(victim.job_id, ""), f"; still going: {', '.join(left)}" if left else "")
+    return taken
+
+
+def told(record: Preempted) -> str:
+    """The victim's log line."""
+    return (f"preempted by job {record.preemptor} at {utc(record.at)}: "
+            f"{record.reason}. Requeued (not failed): waiting in the job queue with its first enqueue time, "
+            "it runs again when it gets a place")

@@ -1,0 +1,200 @@
+"""Live preemption (gpuboot.lifecycle.preemption) on the in-memory fakes: the pass's victims are
+requeued with their first enqueue time and a record saying by whom and why, their pods deleted and
+their reservations given back, and the preemptor places at once; two preemptors never both take one
+victim's place; a victim that ended meanwhile is left alone; nothing leaks."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+
+from gpuboot.core.jobspec import JobSpec
+from gpuboot.core.model import LABEL_JOB, LABEL_TASK
+from gpuboot.core.placement import Outcome
+from gpuboot.core.queue import QueueConfig
+from gpuboot.lifecycle.booking import Booker
+from gpuboot.lifecycle.jobqueue import LEASE_SECONDS, JobQueue, book_in_order, entry_of, queue_view
+from gpuboot.lifecycle.preemption import drop_reservations, running_jobs, told
+from tests.builders import pod
+from tests.fakes import T4X2, Cloud, cloud
+
+LOG = logging.getLogger("test-preemption")
+
+
+def spec(name: str, gpus: int = 2, **more) -> JobSpec:
+    return JobSpec.from_dict({"name": name, "image": "python:3.11", "command": ["true"], "gpus": gpus, "cpu": "1",
+                              "memory": "1Gi", "boot_timeout_seconds": 300, **more})
+
+
+LOW = {"priority_class": "low", "preemptible": True}
+
+
+def turn(c: Cloud, name: str, job: JobSpec, enqueued_at: float | None = None):
+    """The place step's turn for job `name`, with its own clients (as each worker has)."""
+    booker = Booker(c.cluster, c.ecs, c.ledger(), LOG, clock=c.clock)
+    queue = JobQueue(c.cluster, clock=c.clock)
+    return book_in_order(booker, queue, job, name, QueueConfig(), lambda: booker.book(job, name),
+                         c.clock() + 3600, enqueued_at)
+
+
+def running(c: Cloud, name: str, job: JobSpec) -> None:
+    """Place `name` and run its pods where it was placed (what launch does)."""
+    placed = turn(c, name, job)
+    assert placed.plan.outcome is Outcome.FITS, placed.plan.message
+    for a in placed.plan.assignments:
+        c.cluster.add_pod(pod(f"{name}-{a.task}", a.node, namespace=job.namespace,
+                              requests={"nvidia.com/gpu": str(job.gpus), "cpu": job.cpu, "memory": job.memory},
+                              labels={LABEL_JOB: name, LABEL_TASK: a.task}))
+
+
+def reserved(c: Cloud, job_id: str) -> list:
+    return [r for r in c.ledger().live(c.clock()) if r.job_id == job_id]
+
+
+def test_a_high_job_preempts_a_low_preemptible_one_which_is_requeued_and_runs_again():
+    c = cloud({"gpu2": ("Running", T4X2)})
+    running(c, "low", spec("low", **LOW))
+    enqueued = JobQueue(c.cluster).snapshot().running[0].entry.enqueued_at
+    c.clock.advance(60)
+    high = turn(c, "high", spec("high", priority_class="high"))
+    assert high.plan.outcome is Outcome.FITS and [a.node for a in high.plan.assignments] == ["gpu2"]
+    assert c.cluster.list_pods(f"{LABEL_JOB}=low") == [] and reserved(c, "low") == []
+    state = JobQueue(c.cluster).snapshot()
+    record = state.preempted_of("low")
+    assert (record.by, record.enqueued_at) == ("high", enqueued)
+    assert "priority class high outranks low" in record.reason and "gpu2" in record.reason
+    assert "preempted by job high" in told(record) and "Requeued (not failed)" in told(record)
+    (waiting,) = state.waiting
+    assert (waiting.entry.job_id, waiting.entry.enqueued_at) == ("low", enqueued)    # its place in line kept
+    assert [a.job_id for a in state.running] == ["high"]
+    (row,) = queue_view(state, [], [], QueueConfig(), c.clock())            # the fleet page and /api/queue
+    assert (row["job_id"], row["preempted_by"]) == ("low", "high") and "outranks low" in row["preempted_why"]
+    # the victim's launch requeues it: it waits while the high job runs, then gets the node back
+    again = turn(c, "low", spec("low", **LOW), record.enqueued_at)
+    assert again.plan.outcome is Outcome.BUSY and "queue position 1 of 1" in again.line()
+    c.ledger().release("high")
+    JobQueue(c.cluster).drop("high")                       # the high job's release
+    back = turn(c, "low", spec("low", **LOW), record.enqueued_at)
+    assert back.plan.outcome is Outcome.FITS
+    admitted = {a.job_id: a for a in JobQueue(c.cluster).snapshot().running}
+    assert admitted["low"].entry.enqueued_at == enqueued
+
+
+def test_only_preemptible_jobs_of_a_lower_class_are_preempted():
+    c = cloud({"gpu2": ("Running", T4X2)})
+    running(c, "normal", spec("normal", preemptible=True))          # the same class as the newcomer
+    assert turn(c, "other", spec("other", priority_class="normal")).plan.outcome is Outcome.BUSY
+    c2 = cloud({"gpu2": ("Running", T4X2)})
+    running(c2, "fixed", spec("fixed", priority_class="low"))      # low, but not preemptible
+    assert turn(c2, "high", spec("high", priority_class="high")).plan.outcome is Outcome.BUSY
+    for each, victim in ((c, "normal"), (c2, "fixed")):
+        assert len(each.cluster.list_pods(f"{LABEL_JOB}={victim}")) == 1 and reserved(each, victim)
+        assert JobQueue(each.cluster).snapshot().preempted == ()
+
+
+def test_two_preemptors_never_both_take_one_victims_place():
+    """Eight high jobs at once, each with its own clients, polling until one of them runs, want the one
+    node a low job runs on: the victim is preempted once, one high job gets the node, the others wait;
+    the ledger never holds more GPUs on the node than it has, and no reservation of the victim is left."""
+    for _ in range(5):
+        c = cloud({"gpu2": ("Running", T4X2)})
+        running(c, "low", spec("low", **LOW))
+        results, errors = {}, []
+        start = threading.Barrier(8)
+
+        def preemptor(i: int) -> None:
+            try:
+                start.wait()
+                for _poll in range(10):      # each poll of a waiting place step, until one of them runs
+                    results[i] = turn(c, f"high-{i}", spec(f"high-{i}", priority_class="high"))
+                    if any(r.plan.outcome is Outcome.FITS for r in results.values()):
+                        return
+            except Exception as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=preemptor, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == []
+        fits = [i for i, r in results.items() if r.plan.outcome is Outcome.FITS]
+        assert len(fits) == 1, {i: r.plan.message for i, r in results.items()}
+        assert sum(r.resources.gpus for r in c.ledger().live(c.clock()) if r.node == "gpu2") == 2
+        state = JobQueue(c.cluster).snapshot()
+        assert [p.job_id for p in state.preempted] == ["low"] and state.preempted[0].by.startswith("high-")
+        assert reserved(c, "low") == [] and c.cluster.list_pods(f"{LABEL_JOB}=low") == []
+
+
+def test_a_preemption_that_lost_the_race_writes_nothing():
+    """The compare-and-swap: a second preemptor's write, interleaved with the first, finds the victim
+    no longer admitted and writes nothing; a victim released on its own is never preempted."""
+    c = cloud({"gpu2": ("Running", T4X2)})
+    running(c, "low", spec("low", **LOW))
+    queue = JobQueue(c.cluster, clock=c.clock)
+    first, second = (entry_of(spec(n, priority_class="high"), n, c.clock()) for n in ("h1", "h2"))
+    won = []
+    c.cluster.before_next_write(lambda: won.extend(queue.preempt(first, ["low"], {"low": "first"})))
+    assert queue.preempt(second, ["low"], {"low": "second"}) == []      # its write conflicted, then found it gone
+    assert [a.job_id for a in won] == ["low"]
+    assert JobQueue(c.cluster).snapshot().preempted_of("low").by == "h1"
+    c2 = cloud({"gpu2": ("Running", T4X2)})
+    running(c2, "low", spec("low", **LOW))
+    JobQueue(c2.cluster).drop("low")                                    # it finished: its release ran
+    assert JobQueue(c2.cluster, clock=c2.clock).preempt(first, ["low"], {}) == []
+    assert JobQueue(c2.cluster).snapshot().preempted == ()
+
+
+def test_the_victims_release_drops_its_entry_and_record_and_settling_forgets_only_the_record_seen():
+    c = cloud({"gpu2": ("Running", T4X2)})
+    running(c, "low", spec("low", **LOW))
+    turn(c, "high", spec("high", priority_class="high"))
+    queue = JobQueue(c.cluster)
+    record = queue.snapshot().preempted_of("low")
+    queue.settle(dataclasses.replace(record, at=record.at - 1))      # an older preemption: this one is kept
+    assert queue.snapshot().preempted_of("low") == record
+    queue.settle(record)
+    assert queue.snapshot().preempted == ()
+    c2 = cloud({"gpu2": ("Running", T4X2)})
+    running(c2, "low", spec("low", **LOW))
+    turn(c2, "high", spec("high", priority_class="high"))
+    JobQueue(c2.cluster).drop("low")                                 # the victim's run ended (its release)
+    state = JobQueue(c2.cluster).snapshot()
+    assert state.preempted == () and [w.entry.job_id for w in state.waiting] == []
+
+
+def test_dropping_a_victims_reservations_keeps_its_job_record_and_is_idempotent():
+    c = cloud({"gpu2": ("Running", T4X2)})
+    running(c, "low", spec("low", **LOW))
+    c.ledger().record_starts("low", [], c.clock() + 600)
+    assert drop_reservations(c.ledger(), "low") == 1
+    assert drop_reservations(c.ledger(), "low") == 0
+    assert reserved(c, "low") == [] and c.ledger().snapshot().record("low", c.clock()) is not None
+
+
+def test_running_jobs_are_the_admitted_jobs_live_pods():
+    c = cloud({"gpu2": ("Running", T4X2)})
+    running(c, "low", spec("low", **LOW))
+    c.cluster.add_pod(pod("stranger", "gpu2", labels={LABEL_JOB: "not-admitted"}))
+    state = JobQueue(c.cluster).snapshot()
+    (one,) = running_jobs(state, c.cluster.list_active_pods(), c.clock())
+    assert (one.job_id, one.node, one.priority_class, one.preemptible) == ("low", "gpu2", "low", True)
+
+
+def test_a_preemptor_dying_after_its_queue_write_leaks_nothing():
+    """The record is written first: the victim's launch still requeues and gives back its own
+    reservations (what its requeue does), and the dead preemptor's entry and hold end with its lease."""
+    c = cloud({"gpu2": ("Running", T4X2)})
+    running(c, "low", spec("low", **LOW))
+    queue = JobQueue(c.cluster, clock=c.clock)
+    dead = entry_of(spec("high", priority_class="high"), "high", c.clock())
+    queue.enqueue(dead)
+    assert [a.job_id for a in queue.preempt(dead, ["low"], {"low": "why"})] == ["low"]   # then it died
+    record = queue.snapshot().preempted_of("low")
+    assert record.by == "high" and reserved(c, "low")                   # its pods and reservation not touched
+    c.cluster.pods.clear()                                              # the victim's launch deletes its gang
+    assert drop_reservations(c.ledger(), "low") == 1                    # and gives back what it held
+    c.clock.advance(LEASE_SECONDS + 1)                                  # the preemptor's lease runs out
+    back = turn(c, "low", spec("low", **LOW), record.enqueued_at)
+    assert back.plan.outcome is Outcome.FITS
+    assert sum(r.resources.gpus for r in c.ledger().live(c.clock())) == 2
