@@ -165,7 +165,8 @@ def outcome(request, tmp_path_factory):
             results = [f.result() for f in futures]
             wall = time.monotonic() - began
             if isinstance(placers, Placers):        # a burst over before the kill took effect: the lease lapses
-                wait_until(lambda: not _led_by(killed), timeout=120)
+                survivors = [p.me for p in placers.placers if p.me != killed]    # and the surviving placer takes it
+                wait_until(lambda: _leader() in survivors, timeout=120)
         from gpuboot.hooks.kube import KubeClient
         from gpuboot.lifecycle.ledger import ReservationLedger
 
@@ -178,18 +179,16 @@ def outcome(request, tmp_path_factory):
                "mode": request.param, **extra}
 
 
-def _led_by(placer: str | None) -> bool:
+def _leader() -> str | None:
+    """Who holds a live batch lease now (None: nobody)."""
     from gpuboot.hooks.kube import KubeClient
     from gpuboot.lifecycle.ledger import ReservationLedger
 
-    return ReservationLedger(KubeClient()).snapshot().batch.led_by(time.time()) == placer
+    return ReservationLedger(KubeClient()).snapshot().batch.led_by(time.time())
 
 
 def _led() -> bool:
-    from gpuboot.hooks.kube import KubeClient
-    from gpuboot.lifecycle.ledger import ReservationLedger
-
-    return ReservationLedger(KubeClient()).snapshot().batch.led_by(time.time()) is not None
+    return _leader() is not None
 
 
 def test_every_job_of_the_burst_is_placed_and_runs(outcome):

@@ -178,7 +178,7 @@ class BatchPlacer:
         now = self.booker.clock()
         batch = dataclasses.replace(state.batch.live(now), leader=me, lease_until=now + LEASE_SECONDS)
         try:
-            self.ledger._write(list(state.reservations), state.unavailable, state, state.jobs, batch=batch)
+            self.ledger.put_batch(state, batch)
             return True
         except LedgerConflict:
             return False
@@ -323,14 +323,16 @@ class BatchPlacer:
 
     def _step_down(self, me: str) -> None:
         """Give the lease up (a waiter whose request came after the last read takes it over)."""
-        def change(s: LedgerState):
-            live = s.batch.live(self.booker.clock())
+        for attempt in range(1, 21):
+            state = self.ledger.snapshot()
+            live = state.batch.live(self.booker.clock())
             if live.leader != me:
-                return None
-            return list(s.reservations), list(s.unavailable), list(s.jobs), dataclasses.replace(
-                live, leader=None, lease_until=0.0)
-
-        self.ledger.update(change, "step down as the batch leader")
+                return
+            try:
+                return self.ledger.put_batch(state, dataclasses.replace(live, leader=None, lease_until=0.0))
+            except LedgerConflict:
+                self.booker.sleep(backoff(attempt, rng=self.booker.rng))
+        # not given up: the lease lapses on its own within LEASE_SECONDS
 
 
 def still_valid(old: LedgerState, new: LedgerState, queue: Sequence[Queued], now: float) -> bool:

@@ -777,6 +777,17 @@ class ReservationLedger:
             _each(lambda n: self._apply_fresh(n, changes[n].extension()),
                   [n for n in done if changes[n].provisional(now) != changes[n]], raising=True)
 
+    def put_batch(self, state: LedgerState, batch: Batch) -> None:
+        """The group-commit state alone (a lease taken, renewed or given up), in one compare-and-swap of the
+        root at the version `state` read: LedgerConflict when the root moved meanwhile (another took the
+        lease, or answered). It reads no shard and writes no other object: a lease touches nothing else,
+        and a hundred waiters trying for a free lease must each cost one write, not a ledger read and
+        retries (the loser looks again at its next poll)."""
+        root = state.given_parts.get(self.name)
+        if root is None or root.format < FORMAT:        # no ledger yet, or one to migrate: the full write
+            return self._write(list(state.reservations), state.unavailable, state, state.jobs, batch=batch)
+        self._cas(self.name, root, state.given_versions.get(self.name), Change(batch=batch), self.clock())
+
     def _put_root(self, prev: Part, change: Change, now: float) -> None:
         """The root's batch state, if it is still the one `prev` read (else LedgerConflict): a write of
         the root that left the batch alone (an offering mark) is no reason to refuse."""

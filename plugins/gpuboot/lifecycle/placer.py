@@ -67,7 +67,8 @@ class Placer:
                         self.log.warning("placer %s: %s leads now (our lease ran out: was this process starved "
                                          "of CPU for %.0f s?); standing by", self.me, leader, LEASE_SECONDS / 3)
                     self.led = False
-                    stop.wait(LEASE_CHECK_SECONDS)      # standing by: another placer (or a place step) leads
+                    # standing by: another placer (or a place step) leads; look again when its lease would lapse
+                    stop.wait(min(LEASE_CHECK_SECONDS, max(0.1, state.batch.lease_until - now + 0.1)))
                     continue
                 self.led = leader == self.me
                 if (leader is None or state.batch.lease_until - now < LEASE_SECONDS * 2 / 3) and \
