@@ -62,8 +62,8 @@ GONE_SECONDS = 60.0          # how long a deleted pod may take to go before it i
 
 
 def running_jobs(state: QueueState, pods: Sequence[Mapping], now: float) -> list[Running]:
-    """The admitted jobs' live pods, one `Running` per pod on its node, as preemption sees them
-    (a pod being deleted is already going: it is not counted)."""
+    """The admitted jobs' live pods, one `Running` per pod on its node, as preemption and the holds
+    (by the jobs' stated runtimes) see them (a pod being deleted is already going: it is not counted)."""
     admitted = {a.job_id: a for a in state.running if a.until > now and a.entry is not None}
     out = []
     for pod in pods:
@@ -73,7 +73,8 @@ def running_jobs(state: QueueState, pods: Sequence[Mapping], now: float) -> list
             continue
         started = parse_time((pod.get("status") or {}).get("startTime")) or parse_time(meta.get("creationTimestamp"))
         out.append(Running(job.job_id, spec["nodeName"], job.entry.requests, job.entry.priority_class,
-                           job.entry.preemptible, now if started is None else started, job.entry.enqueued_at))
+                           job.entry.preemptible, now if started is None else started, job.entry.enqueued_at,
+                           job.entry.expected_runtime))
     return out
 
 
