@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpuboot.core.jobspec import JobSpec
-from gpuboot.core.model import Unavailable
+from gpuboot.core.model import Reservation, Unavailable
 from gpuboot.core.placement import JobRequest, Outcome, Plan, TaskRequest, place
 from gpuboot.core.queue import (
     Attempt,
@@ -388,14 +388,14 @@ def capacity_of(views) -> dict[str, int]:
 
 
 def queue_view(state: QueueState, views, unavailable: Sequence[Unavailable], config: QueueConfig,
-               now: float, pods: Sequence[Mapping] = ()) -> list[dict]:
+               now: float, pods: Sequence[Mapping] = (), reservations: Sequence[Reservation] = ()) -> list[dict]:
     """Every waiting job in order, as the place steps' pass sees it: position, team, class, shape,
     since when it waits and until when (its queue deadline), who is ahead, what blocks it and what
     kind of thing that is (quota, hold, capacity), the nodes held for it, and by whom and why it was
-    preempted if it was requeued (the fleet page's queue table and /api/queue; JSON-safe). `pods`: the
-    survey's, so the holds shown are the ones the place steps choose by the jobs' stated runtimes."""
+    preempted if it was requeued (the fleet page's queue table and /api/queue; JSON-safe). `pods` and
+    `reservations`: the survey's and the ledger's, so the holds shown are the ones the place steps choose."""
     result = decide(state.live(now), None, list(views), unavailable, state.live_holds(now), config,
-                    state.usage(now), capacity_of(views), now, running_jobs(state, pods, now))
+                    state.usage(now), capacity_of(views), now, running_jobs(state, pods, now, reservations))
     deadlines = {w.entry.job_id: w.deadline for w in state.waiting}
     preempted = {p.job_id: p for p in state.preempted}
     return [{"position": s.position + 1, "job_id": s.entry.job_id, "name": s.entry.name, "team": s.entry.team,
@@ -475,7 +475,7 @@ def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, c
         seen = survey(booker.kube, booker.ecs, ledger.others(job_id, now), now, booker.boot_grace_seconds)
         result = decide(state.live(now), (job_id, spec.to_job_request(job_id)), seen.views,
                         ledger.live_unavailable(now), state.live_holds(now), config, state.usage(now),
-                        capacity_of(seen.views), now, running_jobs(state, seen.pods, now))
+                        capacity_of(seen.views), now, running_jobs(state, seen.pods, now, ledger.reservations))
         saved = queue.save_holds(result.holds, state)
         step = result.step(job_id)
         # preempt only once the hold is written: from then on no other pass places on the room it makes

@@ -8,11 +8,15 @@ import dataclasses
 import logging
 import threading
 
+import pytest
+
 from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.model import LABEL_JOB, LABEL_TASK
 from gpuboot.core.placement import Outcome
 from gpuboot.core.queue import QueueConfig
+from gpuboot.exceptions import JobPreempted
 from gpuboot.lifecycle.booking import Booker
+from gpuboot.lifecycle.boot import JobBoot
 from gpuboot.lifecycle.jobqueue import LEASE_SECONDS, JobQueue, book_in_order, entry_of, queue_view
 from gpuboot.lifecycle.preemption import drop_reservations, running_jobs, told
 from tests.builders import pod
@@ -198,3 +202,38 @@ def test_a_preemptor_dying_after_its_queue_write_leaks_nothing():
     back = turn(c, "low", spec("low", **LOW), record.enqueued_at)
     assert back.plan.outcome is Outcome.FITS
     assert sum(r.resources.gpus for r in c.ledger().live(c.clock())) == 2
+
+
+def boot_of(c: Cloud, name: str, job: JobSpec, **kwargs) -> JobBoot:
+    return JobBoot(c.cluster, c.ecs, c.ledger(), LOG, spec=job, job_id=name, clock=c.clock, **kwargs)
+
+
+@pytest.mark.parametrize("status", ["Running", "Stopped"])
+def test_a_victim_with_no_pod_yet_is_preempted_and_its_start_or_wait_step_books_nothing_around_the_queue(status):
+    """Admitted, its node up (its wait step) or booting (its start step), no pod yet: it holds the
+    capacity a high job needs, so it is preempted (nothing to delete, its reservation given back); its
+    start or wait step then re-places nothing (JobPreempted: it hands the job to launch, which
+    requeues it); the requeue's own bring-up, carrying that record, goes on."""
+    c = cloud({"gpu2": (status, T4X2)})
+    low = spec("low", **LOW)
+    placed = turn(c, "low", low)
+    assert placed.plan.outcome is Outcome.FITS
+    up = boot_of(c, "low", low).ensure_up(placed.plan)            # its start step: the node boots (or is up)
+    assert [b["node"] for b in up.baselines] == ["gpu2"] and c.cluster.list_pods(f"{LABEL_JOB}=low") == []
+    (row,) = running_jobs(JobQueue(c.cluster).snapshot(), c.cluster.list_active_pods(), c.clock(),
+                          c.ledger().snapshot().reservations)
+    assert (row.job_id, row.node, row.started_at, row.expected_runtime) == ("low", "gpu2", c.clock(), None)
+    c.clock.advance(5)
+    high = turn(c, "high", spec("high", priority_class="high"))
+    assert high.plan.outcome is Outcome.FITS and [a.node for a in high.plan.assignments] == ["gpu2"]
+    record = JobQueue(c.cluster).snapshot().preempted_of("low")
+    assert record.by == "high" and reserved(c, "low") == []
+    with pytest.raises(JobPreempted, match="preempted by job high"):   # its wait step (or a start retry)
+        boot_of(c, "low", low).ensure_up(placed.plan, [], up.baselines)
+    assert reserved(c, "low") == [] and [r.job_id for r in c.ledger().live(c.clock())] == ["high"]
+    boot_of(c, "low", low, handling=record).not_preempted()           # the requeue's bring-up goes on
+    c.ledger().release("high")
+    JobQueue(c.cluster).drop("high")                                 # the high job's release
+    assert turn(c, "low", low, record.enqueued_at).plan.outcome is Outcome.FITS    # its requeue placed it again
+    # admitted and reserved, but its record is not settled yet (no pod): no victim of another preemption
+    assert running_jobs(JobQueue(c.cluster).snapshot(), [], c.clock(), c.ledger().snapshot().reservations) == []
