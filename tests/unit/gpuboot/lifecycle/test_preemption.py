@@ -18,7 +18,7 @@ from gpuboot.exceptions import JobPreempted
 from gpuboot.lifecycle.booking import Booker
 from gpuboot.lifecycle.boot import JobBoot
 from gpuboot.lifecycle.jobqueue import LEASE_SECONDS, JobQueue, book_in_order, entry_of, queue_view
-from gpuboot.lifecycle.preemption import drop_reservations, running_jobs, told
+from gpuboot.lifecycle.preemption import delete_and_wait, drop_reservations, running_jobs, told
 from tests.builders import pod
 from tests.fakes import T4X2, Cloud, cloud
 
@@ -237,3 +237,25 @@ def test_a_victim_with_no_pod_yet_is_preempted_and_its_start_or_wait_step_books_
     assert turn(c, "low", low, record.enqueued_at).plan.outcome is Outcome.FITS    # its requeue placed it again
     # admitted and reserved, but its record is not settled yet (no pod): no victim of another preemption
     assert running_jobs(JobQueue(c.cluster).snapshot(), [], c.clock(), c.ledger().snapshot().reservations) == []
+
+
+class Lingering:
+    """A pod that is still there for `reads` reads after its deletion (its kubelet confirming the end)."""
+
+    def __init__(self, reads: int):
+        self.reads, self.deleted = reads, []
+
+    def delete_pod(self, namespace, name, grace_seconds=None):
+        self.deleted.append((name, grace_seconds))
+
+    def read_pod(self, namespace, name):
+        self.reads -= 1
+        return {"metadata": {"name": name}} if self.reads >= 0 else None
+
+
+def test_a_deleted_pod_is_seen_gone_soon_the_reads_backing_off_from_50_ms_to_the_poll():
+    pods = [{"metadata": {"namespace": "gpu-jobs", "name": "p"}}]
+    slept: list[float] = []
+    kube = Lingering(reads=6)
+    assert delete_and_wait(kube, pods, poll_seconds=1.0, sleep=slept.append) == []
+    assert slept == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0] and kube.deleted == [("p", None)]
