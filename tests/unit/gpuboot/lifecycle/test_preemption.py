@@ -14,7 +14,7 @@ from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.model import LABEL_JOB, LABEL_TASK
 from gpuboot.core.placement import Outcome
 from gpuboot.core.queue import QueueConfig
-from gpuboot.exceptions import JobPreempted
+from gpuboot.exceptions import CapacityBusy, JobPreempted
 from gpuboot.lifecycle.booking import Booker
 from gpuboot.lifecycle.boot import JobBoot
 from gpuboot.lifecycle.jobqueue import LEASE_SECONDS, JobQueue, book_in_order, entry_of, queue_view
@@ -259,3 +259,59 @@ def test_a_deleted_pod_is_seen_gone_soon_the_reads_backing_off_from_50_ms_to_the
     kube = Lingering(reads=6)
     assert delete_and_wait(kube, pods, poll_seconds=1.0, sleep=slept.append) == []
     assert slept == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0] and kube.deleted == [("p", None)]
+
+
+def interleave(c: Cloud, when, action) -> list:
+    """Run `action` once, just before the first ConfigMap write at which `when()` holds (the fake
+    applies writes one at a time: a step of another actor, placed exactly there); its outcome."""
+    check, done = c.cluster._check_write, []
+
+    def checked(key):
+        if not done and when():
+            done.append(None)
+            try:
+                done[0] = action()
+            except (JobPreempted, CapacityBusy) as exc:
+                done[0] = exc
+        check(key)
+    c.cluster._check_write = checked
+    return done
+
+
+@pytest.mark.parametrize("moment", ["victim between its check and its commit", "between the record and the drop",
+                                    "between the drop and the preemptor's placement"])
+def test_a_victims_start_step_re_placing_at_any_moment_of_its_preemption_never_keeps_the_place(moment):
+    """The victim (admitted, no pod) re-places in its start step (`JobBoot.ensure_up`) at each moment of
+    a high job's preemption of it. Whichever way, the ledger never holds more than the node's 2 GPUs,
+    and once the victim's launch has done its part (given back what it holds while its record stands)
+    the high job has the node; a step that found its reservation gone raised JobPreempted."""
+    c = cloud({"gpu2": ("Running", T4X2)})
+    low = spec("low", **LOW)
+    placed = turn(c, "low", low)
+
+    def state() -> tuple[bool, bool]:
+        return JobQueue(c.cluster).snapshot().preempted_of("low") is not None, bool(reserved(c, "low"))
+
+    def high_turn():
+        return turn(c, "high", spec("high", priority_class="high"))
+
+    if moment.startswith("victim"):
+        done = interleave(c, lambda: True, high_turn)                # the preemptor, wholly, inside the victim's step
+        with pytest.raises(CapacityBusy):                            # its commit conflicts: then the node is taken
+            boot_of(c, "low", low).ensure_up(dataclasses.replace(placed.plan, assignments=()))
+        assert done[0].plan.outcome is Outcome.FITS
+    else:
+        when = (lambda: state() == (True, True)) if "record and the drop" in moment else \
+            (lambda: state() == (True, False) and not reserved(c, "high"))
+        done = interleave(c, when, lambda: boot_of(c, "low", low).ensure_up(placed.plan))
+        high_turn()
+        if "drop and" in moment:
+            assert isinstance(done[0], JobPreempted)                  # it found its reservation gone: booked nothing
+        else:
+            assert done[0].plan.job_id == "low"                       # still held: nothing to re-place
+    assert sum(r.resources.gpus for r in c.ledger().live(c.clock()) if r.node == "gpu2") <= 2
+    assert JobQueue(c.cluster).snapshot().preempted_of("low") is not None
+    drop_reservations(c.ledger(), "low")                              # the victim's launch, seeing its record
+    high = turn(c, "high", spec("high", priority_class="high"))
+    assert high.plan.outcome is Outcome.FITS, high.plan.message
+    assert sorted(r.job_id for r in c.ledger().live(c.clock())) == ["high"]
