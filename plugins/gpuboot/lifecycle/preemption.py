@@ -45,7 +45,8 @@ Why this is safe:
   reservations, so a step that found them gone sees the record and books nothing. A step that
   re-placed just before step 1 holds new reservations it is not owed, until its launch reads the
   record (before creating pods) and gives them back; the ledger never gives one GPU twice
-  meanwhile, so at worst the preemptor waits one more poll.
+  meanwhile, so at worst the preemptor waits one more poll. The fakes' tests run the victim's
+  re-placement at each of these moments.
 - The preemptor dying after step 1 or 2. The record was written first, so the victim's launch still
   requeues and drops its own reservations; the preemptor's hold ends with its lease, and its retry
   decides again. Preemption starts no instance and removes no job record, so no instance runs
