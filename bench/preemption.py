@@ -1,9 +1,11 @@
 """Live preemption, timed: how long a high job waits for a preemptible job's node, and how soon the
 victim runs again once the node is free.
 
-    .venv/bin/python -m bench.preemption [--runs 3] [--json results/bench/preemption.json]
+    .venv/bin/python -m bench.preemption [--runs 3] [--kube simcloud|real] [--json results/bench/preemption.json]
+    .venv/bin/python -m bench --parts preemption --kube simcloud,real      # both backends side by side
 
-One running 8-GPU node on simcloud (its Kubernetes API and ECS), every run: a low, preemptible 8-GPU
+One running 8-GPU node on simcloud (its ECS, and its own Kubernetes API or, with `--kube real`, the
+real control plane from `make controlplane`), every run: a low, preemptible 8-GPU
 job is placed and launched (the real place and launch operators; its pod runs); a high 8-GPU job's
 place step (the real operator) preempts it and places on the node; the victim's launch resumes from
 its gang trigger's event (run in this process, as the triggerer would), is told, requeues and defers
@@ -33,6 +35,8 @@ if "airflow" not in sys.modules:     # the operators import Airflow: a throwaway
     _home = tempfile.mkdtemp(prefix="gpuboot-bench-airflow-")
     os.environ.setdefault("AIRFLOW_HOME", _home)
     os.environ.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", f"sqlite:///{_home}/airflow.db")
+
+from bench.report import PREEMPTION_FIGURES
 
 V100X8 = "ecs.gn6v-c10g1.20xlarge"
 JOB = {"image": "python:3.11", "gpus": 8, "cpu": "1", "memory": "1Gi", "settle_seconds": 1,
@@ -123,21 +127,24 @@ def run(runs: int) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="gpuboot-preemption-") as workdir, local_cloud(fleet(), Path(workdir)):
         results = [one_run(n) for n in range(runs)]
-    return {"runs": results, **{key: stats([r[key] for r in results])
-                                for key in ("place_with_preemption", "victim_told", "release_to_relaunched")}}
+    return {"runs": results, **{key: stats([r[key] for r in results]) for key in PREEMPTION_FIGURES}}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--kube", choices=("simcloud", "real"), default=None,
+                        help="Kubernetes backend (default: $GPUBOOT_KUBE, else simcloud's own API server)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.kube:
+        os.environ["GPUBOOT_KUBE"] = args.kube      # every SimCloud started here uses it (simcloud.harness)
     result = run(args.runs)
     for r in result["runs"]:
         print(f"high job placed with preemption in {r['place_with_preemption']:5.2f} s; victim told "
               f"{r['victim_told']:5.2f} s later; relaunched {r['release_to_relaunched']:5.2f} s after the release "
               f"(woken by {r['woken']})")
-    for key in ("place_with_preemption", "victim_told", "release_to_relaunched"):
+    for key in PREEMPTION_FIGURES:
         s = result[key]
         print(f"{key}: median {s['median']} s, max {s['max']} s over {s['n']} runs")
     if args.json:

@@ -148,6 +148,8 @@ def headlines(part: str, result: dict) -> dict[str, float | None]:
     if part == "ledger":        # in memory: the same on every backend
         return {f"{result['jobs_held_at_once']} jobs: largest ledger object KiB": round(
             result["peak_object"]["bytes"] / 1024), "conflicts per commit": result["conflicts_per_commit"]}
+    if part == "preemption":
+        return {f"{key}, median s": result[key].get("median") for key in PREEMPTION_FIGURES}
     return {}
 
 
@@ -173,12 +175,15 @@ def queue_wake(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+PREEMPTION_FIGURES = ("place_with_preemption", "victim_told", "release_to_relaunched")
+
+
 def preemption(result: dict) -> str:
     lines = ["== live preemption (bench.preemption: a high 8-GPU job preempts a low preemptible one, which runs again)"]
     for r in result["runs"]:
         lines.append(f"   placed with preemption in {r['place_with_preemption']:.2f} s; victim told "
                      f"{r['victim_told']:.2f} s later; relaunched {r['release_to_relaunched']:.2f} s after the release")
-    for key in ("place_with_preemption", "victim_told", "release_to_relaunched"):
+    for key in PREEMPTION_FIGURES:
         s = result[key]
         lines.append(f"   {key}: median {s['median']} s, max {s['max']} s")
     return "\n".join(lines) + "\n"

@@ -69,6 +69,16 @@ class CapacityBusy(Exception):
         self.tried = list(tried)
 
 
+class JobPreempted(Exception):
+    """A preemptor requeued the job while its nodes were still coming up (its start or wait step):
+    the step re-places nothing and hands the job to its launch step, which requeues it
+    (gpuboot.operators.requeue). `record`: the queue's preemption record (by whom, why)."""
+
+    def __init__(self, record) -> None:
+        super().__init__(f"job {record.job_id} was preempted by job {record.preemptor}: {record.reason}")
+        self.record = record
+
+
 class EcsError(Exception):
     """A classified ECS failure. kind: "capacity" (try another node/type), "transient"
     (retried already, may succeed later) or "permanent" (fix the request or the setup)."""

@@ -268,7 +268,55 @@ class Hold:
         return cls(d["job_id"], tuple(d["nodes"]), d.get("due"), float(d["since"]))
 
 
+@dataclass(frozen=True)
+class Running:
+    """A job running on a node (one row per pod: a gang has one per rank), as preemption and the
+    holds (`releases_of`) see it."""
+
+    job_id: str
+    node: str
+    requests: Resources
+    priority_class: str = DEFAULT_PRIORITY_CLASS
+    preemptible: bool = False
+    started_at: float = 0.0
+    enqueued_at: float = 0.0
+    expected_runtime: float | None = None    # as the job stated it (None: not stated): `expected_end`
+
+
 Releases = Mapping[str, Sequence[tuple[int, float | None]]]   # node -> (GPUs, expected end or None) per job on it
+
+
+def expected_end(job: Running, now: float, grace: float) -> float | None:
+    """When `job` should free its GPUs by its stated runtime (None: not known).
+
+    An overrun job (past its stated end) is due now, for `grace` seconds past that end: the queue
+    does not kill it as Slurm kills a job at its time limit, but a job that stated its runtime is
+    expected to end about then, and a hold waiting on it is the hold that frees soonest. Past the
+    grace its stated runtime has proven wrong and says nothing: its node counts as one of unknown
+    end (held only while its work is young, `choose_hold`), so a hold does not idle the node's other
+    GPUs behind a job that runs on for days."""
+    if job.expected_runtime is None:
+        return None
+    end = job.started_at + job.expected_runtime
+    if end >= now:
+        return end
+    return now if now - end <= grace else None
+
+
+def releases_of(nodes: Iterable[NodeView], running: Iterable[Running], now: float, grace: float) -> Releases:
+    """Per node, what frees when: each running job's GPUs at its expected end, and the rest of the
+    node's allocated GPUs (jobs placed but not started yet, pods that are not the queue's) at an
+    unknown end. The live place step and the replay both give the pass this, from their own
+    `Running` rows."""
+    out: dict[str, list[tuple[int, float | None]]] = {}
+    for job in running:
+        out.setdefault(job.node, []).append((job.requests.gpus, expected_end(job, now, grace)))
+    for node in nodes:
+        rows = out.setdefault(node.name, [])
+        rest = node.allocated.gpus - sum(gpus for gpus, _ in rows)
+        if rest > 0:
+            rows.append((rest, None))
+    return out
 
 
 def _slots(capacity: Resources, need: Resources) -> int:
@@ -350,19 +398,6 @@ def may_preempt(entry: Entry, now: float, config: QueueConfig) -> bool:
         return False
     return entry.priority >= PRIORITY_CLASSES["high"] or \
         now - entry.enqueued_at >= config.starve_seconds + config.preempt_after_seconds
-
-
-@dataclass(frozen=True)
-class Running:
-    """A job placed on a node, as preemption sees it."""
-
-    job_id: str
-    node: str
-    requests: Resources
-    priority_class: str = DEFAULT_PRIORITY_CLASS
-    preemptible: bool = False
-    started_at: float = 0.0
-    enqueued_at: float = 0.0
 
 
 def victims(entry: Entry, hold: Hold, nodes: Sequence[NodeView], running: Sequence[Running], now: float,

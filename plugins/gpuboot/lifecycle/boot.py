@@ -41,8 +41,9 @@ from gpuboot.core.placement import Assignment, Outcome, Plan
 from gpuboot.core.ports import ClusterReads, Ecs, EcsError, InstanceOutcome
 from gpuboot.core.readiness import BootBaseline, extended_needs
 from gpuboot.core.timefmt import utc
-from gpuboot.exceptions import BootError, CapacityBusy, CapacityUnavailable
+from gpuboot.exceptions import BootError, CapacityBusy, CapacityUnavailable, JobPreempted
 from gpuboot.lifecycle.booking import LAUNCH_MARGIN_SECONDS, Booker, reservation_ttl
+from gpuboot.lifecycle.jobqueue import JobQueue, Preempted
 from gpuboot.lifecycle.ledger import JobRecord, ReservationLedger, StartedNode
 
 DEFAULT_UNAVAILABLE_TTL_SECONDS = 600
@@ -83,11 +84,12 @@ class JobBoot:
                  spec: JobSpec | None, job_id: str, max_attempts: int = 3,
                  unavailable_ttl_seconds: float = DEFAULT_UNAVAILABLE_TTL_SECONDS,
                  stopping_timeout_seconds: float = 600, boot_grace_seconds: float = 900,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, handling: Preempted | None = None) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         self.kube, self.ecs, self.ledger, self.log = kube, ecs, ledger, log
         self.spec, self.job_id, self.max_attempts = spec, job_id, max_attempts
+        self.handling = handling      # the preemption the requeue carries out (its own re-placements go on)
         self.unavailable_ttl_seconds, self.stopping_timeout_seconds = unavailable_ttl_seconds, stopping_timeout_seconds
         self.clock = clock
         self.booker = Booker(kube, ecs, ledger, log, boot_grace_seconds=boot_grace_seconds, clock=clock)
@@ -229,8 +231,23 @@ class JobBoot:
                           " by this job" if mine else "", baseline.boot_id_before, baseline.gpus_needed)
         return boots
 
+    def not_preempted(self) -> None:
+        """Raise JobPreempted when a preemptor requeued the job: called before every re-placement
+        (`rebook`, `_replace`), so a start or wait step whose job was preempted while its nodes came
+        up never books again around the queue (the place the preemptor is owed).
+
+        Why this is enough: the preemptor writes its record to the queue before it drops the job's
+        reservations (gpuboot.lifecycle.preemption), so a step that found them gone and reads the
+        record after sees it. A preemption that lands between this read and the booking's commit
+        leaves the job holding new reservations it is not owed; its launch step reads the record
+        before it creates pods and gives them back (the ledger never gives one GPU twice meanwhile)."""
+        record = JobQueue(self.kube, self.ledger.namespace).snapshot().preempted_of(self.job_id)
+        if record is not None and record != self.handling:
+            raise JobPreempted(record)
+
     def rebook(self) -> Plan:
         """Place the job again, replacing whatever it held: FITS (reserved) or BUSY (holding nothing)."""
+        self.not_preempted()
         plan = self.booker.book(self.spec, self.job_id, release_unplaced=True).plan
         if plan.outcome == Outcome.NEVER:
             raise CapacityUnavailable(f"job {self.job_id} can no longer run in this fleet: {plan.message}")
@@ -276,6 +293,7 @@ class JobBoot:
         `max_attempts` failures are used up, only with the release), return the new plan.
         Nodes the job started and the commit moves it off are stopped by the booker. `avoid`: nodes
         kept out of this placement only (never written) while another fits now."""
+        self.not_preempted()
         out_of_attempts = len(tried) >= self.max_attempts or self.spec is None
         booking = self.booker.book(self.spec, self.job_id, marks=marks, release_unplaced=True,
                                    place_job=not out_of_attempts, failed=failed, held=avoid)

@@ -26,9 +26,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpuboot.core.jobspec import JobSpec
-from gpuboot.core.model import Unavailable
+from gpuboot.core.model import Reservation, Unavailable
 from gpuboot.core.placement import JobRequest, Outcome, Plan, TaskRequest, place
-from gpuboot.core.queue import Attempt, Entry, Hold, PassResult, QueueConfig, Running, Step, may_preempt, run_pass
+from gpuboot.core.queue import (
+    Attempt,
+    Entry,
+    Hold,
+    PassResult,
+    QueueConfig,
+    Running,
+    Step,
+    may_preempt,
+    releases_of,
+    run_pass,
+)
 from gpuboot.core.timefmt import utc_relative
 from gpuboot.exceptions import Conflict, LedgerConflict
 from gpuboot.lifecycle.booking import Booker, Booking, survey
@@ -342,7 +353,9 @@ def decide(entries: Sequence[Entry], own: tuple[str, JobRequest] | None, views: 
            capacity: dict, now: float, running: Sequence[Running] = ()) -> PassResult:
     """The pass for one place step: every waiting job placed in order on a copy of the survey's views
     (`own`: this job's full request, selectors included); stops at this job's verdict (None: judges all).
-    `running`: the admitted jobs' pods, for preemption (gpuboot.lifecycle.preemption.running_jobs)."""
+    `running`: the admitted jobs' pods (gpuboot.lifecycle.preemption.running_jobs), for preemption and
+    for the holds: when their GPUs should free by the runtimes the jobs stated (`releases_of`, as the replay)."""
+    releases = releases_of(views, running, now, config.hold_seconds)
     views = list(views)
     plans: dict[str, Plan] = {}
     model_of = {v.name: v.gpu_model for v in views}
@@ -361,8 +374,8 @@ def decide(entries: Sequence[Entry], own: tuple[str, JobRequest] | None, views: 
                 views[i] = replace(v, allocated=v.allocated + taken[v.name])
 
     return run_pass(entries, now=now, config=config, usage=usage, capacity=capacity, holds=holds,
-                    nodes=lambda: views, attempt=attempt, commit=commit, only=own[0] if own else None,
-                    running=running)
+                    nodes=lambda: views, attempt=attempt, commit=commit, releases=releases,
+                    only=own[0] if own else None, running=running)
 
 
 def capacity_of(views) -> dict[str, int]:
@@ -375,13 +388,14 @@ def capacity_of(views) -> dict[str, int]:
 
 
 def queue_view(state: QueueState, views, unavailable: Sequence[Unavailable], config: QueueConfig,
-               now: float) -> list[dict]:
+               now: float, pods: Sequence[Mapping] = (), reservations: Sequence[Reservation] = ()) -> list[dict]:
     """Every waiting job in order, as the place steps' pass sees it: position, team, class, shape,
     since when it waits and until when (its queue deadline), who is ahead, what blocks it and what
     kind of thing that is (quota, hold, capacity), the nodes held for it, and by whom and why it was
-    preempted if it was requeued (the fleet page's queue table and /api/queue; JSON-safe)."""
+    preempted if it was requeued (the fleet page's queue table and /api/queue; JSON-safe). `pods` and
+    `reservations`: the survey's and the ledger's, so the holds shown are the ones the place steps choose."""
     result = decide(state.live(now), None, list(views), unavailable, state.live_holds(now), config,
-                    state.usage(now), capacity_of(views), now)
+                    state.usage(now), capacity_of(views), now, running_jobs(state, pods, now, reservations))
     deadlines = {w.entry.job_id: w.deadline for w in state.waiting}
     preempted = {p.job_id: p for p in state.preempted}
     return [{"position": s.position + 1, "job_id": s.entry.job_id, "name": s.entry.name, "team": s.entry.team,
@@ -461,7 +475,7 @@ def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, c
         seen = survey(booker.kube, booker.ecs, ledger.others(job_id, now), now, booker.boot_grace_seconds)
         result = decide(state.live(now), (job_id, spec.to_job_request(job_id)), seen.views,
                         ledger.live_unavailable(now), state.live_holds(now), config, state.usage(now),
-                        capacity_of(seen.views), now, running_jobs(state, seen.pods, now))
+                        capacity_of(seen.views), now, running_jobs(state, seen.pods, now, ledger.reservations))
         saved = queue.save_holds(result.holds, state)
         step = result.step(job_id)
         # preempt only once the hold is written: from then on no other pass places on the room it makes

@@ -2,7 +2,9 @@
 
 The decision is the core's (`gpuboot.core.queue.victims`, through the pass): only jobs that said
 `preemptible: true`, of a lower class (or ranking below a job that waited past the thresholds),
-on the nodes held for the starving job, and only when that makes room for its whole gang.
+on the nodes held for the starving job, and only when that makes room for its whole gang. An
+admitted job with no pod yet (its start or wait step) counts by its reservations (`running_jobs`):
+it goes first, having lost no work.
 
 Who acts: the preemptor's own place step, for its own job only (`gpuboot.lifecycle.jobqueue.book_in_order`):
 every step runs the same pass, but only the job the nodes are held for acts on them. In this order:
@@ -18,6 +20,8 @@ every step runs the same pass, but only the job the nodes are held for acts on t
 The victim's launch step (`gpuboot.operators.launch`) reads the record before it creates pods,
 after it created them, and when its gang ends short: it logs by whom and why, drops what it still
 holds (3 again, idempotent), waits in the line and places again through the same booking code.
+A victim still in its start or wait step re-places nothing (`JobBoot.not_preempted`, before every
+re-placement) and goes on to its launch step at once, which does the above.
 
 Why this is safe:
 
@@ -36,6 +40,13 @@ Why this is safe:
 - A victim launching while preempted. Step 1 is written before step 2 lists the pods, and launch
   reads the record after it created its pods: either step 2 sees the pods, or launch sees the
   record and deletes them itself. No pod of a preempted job runs on.
+- A victim still coming up. Its start or wait step re-places only through `JobBoot.rebook` or a
+  fail-over, and both read the record first; step 1 is written before step 3 drops its
+  reservations, so a step that found them gone sees the record and books nothing. A step that
+  re-placed just before step 1 holds new reservations it is not owed, until its launch reads the
+  record (before creating pods) and gives them back; the ledger never gives one GPU twice
+  meanwhile, so at worst the preemptor waits one more poll. The fakes' tests run the victim's
+  re-placement at each of these moments.
 - The preemptor dying after step 1 or 2. The record was written first, so the victim's launch still
   requeues and drops its own reservations; the preemptor's hold ends with its lease, and its retry
   decides again. Preemption starts no instance and removes no job record, so no instance runs
@@ -49,7 +60,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gpuboot.core.inventory import parse_time
-from gpuboot.core.model import LABEL_JOB, TERMINATED_PHASES
+from gpuboot.core.model import LABEL_JOB, TERMINATED_PHASES, Reservation
 from gpuboot.core.ports import PodControl
 from gpuboot.core.queue import PRIORITY_CLASSES, Entry, Hold, Running
 from gpuboot.core.timefmt import duration, utc
@@ -61,10 +72,16 @@ if TYPE_CHECKING:    # jobqueue calls this module (its place step's turn); the t
 GONE_SECONDS = 60.0          # how long a deleted pod may take to go before it is force-deleted
 
 
-def running_jobs(state: QueueState, pods: Sequence[Mapping], now: float) -> list[Running]:
-    """The admitted jobs' live pods, one `Running` per pod on its node, as preemption sees them
-    (a pod being deleted is already going: it is not counted)."""
-    admitted = {a.job_id: a for a in state.running if a.until > now and a.entry is not None}
+def running_jobs(state: QueueState, pods: Sequence[Mapping], now: float,
+                 reservations: Sequence[Reservation] = ()) -> list[Running]:
+    """The admitted jobs as preemption and the holds (by the jobs' stated runtimes) see them: one
+    `Running` per live pod on its node (a pod being deleted is already going: it is not counted),
+    and, for an admitted job with no live pod yet (its start or wait step: node booting, GPUs not
+    registered), one per reservation, started now (it has lost no work: the first to go) with its
+    end unknown. A job whose preemption is not settled yet (being requeued) is not counted: the
+    queue refuses to preempt it again."""
+    admitted = {a.job_id: a for a in state.running if a.until > now and a.entry is not None
+                and state.preempted_of(a.job_id) is None}
     out = []
     for pod in pods:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
@@ -73,7 +90,14 @@ def running_jobs(state: QueueState, pods: Sequence[Mapping], now: float) -> list
             continue
         started = parse_time((pod.get("status") or {}).get("startTime")) or parse_time(meta.get("creationTimestamp"))
         out.append(Running(job.job_id, spec["nodeName"], job.entry.requests, job.entry.priority_class,
-                           job.entry.preemptible, now if started is None else started, job.entry.enqueued_at))
+                           job.entry.preemptible, now if started is None else started, job.entry.enqueued_at,
+                           job.entry.expected_runtime))
+    with_pods = {r.job_id for r in out}
+    for r in reservations:
+        job = admitted.get(r.job_id)
+        if job is not None and job.entry is not None and r.job_id not in with_pods and r.expires_at > now:
+            out.append(Running(job.job_id, r.node, r.resources, job.entry.priority_class, job.entry.preemptible,
+                               now, job.entry.enqueued_at))
     return out
 
 
@@ -92,16 +116,22 @@ def delete_and_wait(kube: PodControl, pods: Sequence[Mapping], poll_seconds: flo
                     gone_seconds: float = GONE_SECONDS, sleep: Callable[[float], None] = time.sleep) -> list[str]:
     """Delete `pods` and wait until they are gone; a pod still there after `gone_seconds` (its node
     lost: it stays Terminating) is force-deleted and waited for 30 s more. The names still there
-    ([]: all gone). Launch's clearing of an earlier attempt and a preemption share it."""
+    ([]: all gone). Launch's clearing of an earlier attempt and a preemption share it.
+
+    The reads start 50 ms apart and double up to `poll_seconds`: a pod whose kubelet confirms its
+    end within a few hundred milliseconds (the usual case) is seen gone then, not a whole poll later
+    (the preemptor's place step waits on this: 1.97 s on the real control plane with 1 s polls, 0.99 s
+    so; docs/performance.md)."""
     left = {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pods}
     for grace, wait in ((None, gone_seconds), (0, 30.0)):
         for namespace, name in sorted(left):
             kube.delete_pod(namespace, name, grace_seconds=grace)
-        deadline = time.monotonic() + wait
+        deadline, pause = time.monotonic() + wait, min(poll_seconds, 0.05)
         while left and time.monotonic() < deadline:
             left = {(ns, n) for ns, n in left if kube.read_pod(ns, n) is not None}
             if left:
-                sleep(poll_seconds)
+                sleep(pause)
+                pause = min(poll_seconds, pause * 2)
         if not left:
             return []
     return sorted(n for _, n in left)

@@ -7,6 +7,11 @@ step first ran, read from the job queue: the timeout is not restarted per step);
 a NoStock fall-back) that cannot commit because the ledger stays contended (LedgerContended:
 nothing written) defers the same way, a short jittered while, and runs the step again from the
 ledger, so a job never fails for contention inside its queue timeout.
+
+A job preempted while its nodes come up (gpuboot.lifecycle.preemption: it held capacity a
+starving job needed, and no pod of it ran yet) is not re-placed here (`JobBoot.not_preempted`):
+the step brings nothing up, and the sensor waits for nothing, so the job reaches its launch
+step at once, which requeues it (gpuboot.operators.requeue), the one path for every victim.
 """
 from __future__ import annotations
 
@@ -18,7 +23,8 @@ from dataclasses import dataclass
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from gpuboot.core.placement import Outcome
+from gpuboot.core.placement import Outcome, Plan
+from gpuboot.exceptions import JobPreempted
 from gpuboot.lifecycle.booking import LedgerContended
 from gpuboot.lifecycle.boot import BringUp, CapacityBusy, CapacityUnavailable, JobBoot
 from gpuboot.lifecycle.jobqueue import JobQueue
@@ -47,6 +53,15 @@ def final_failures() -> Iterator[None]:
         yield
     except CapacityUnavailable as exc:
         raise AirflowFailException(str(exc)) from None
+
+
+def handed_to_launch(task, preempted: JobPreempted, tried: list[str]) -> BringUp:
+    """Nothing to bring up: the job was preempted before any pod of it ran (module doc)."""
+    record = preempted.record
+    task.log.warning("job %s was preempted by job %s before its node(s) were up: %s. Nothing more is brought up "
+                     "here; its launch step requeues it (not failed)", record.job_id, record.preemptor, record.reason)
+    return BringUp(Plan(record.job_id, Outcome.BUSY, f"preempted by job {record.preemptor}: requeued by its launch"),
+                   [], [], list(tried))
 
 
 def defer_for_contention(task, contended: Exception, deadline: float, method_name: str, again: str,
@@ -80,6 +95,8 @@ class WaitsForCapacity:
         try:
             with final_failures():
                 return attempt()
+        except JobPreempted as preempted:
+            return handed_to_launch(self, preempted, [])
         except CapacityBusy as busy:
             if boot.spec is None:
                 raise AirflowFailException(f"{busy}; no job spec given to wait with; pass job=...") from None
@@ -108,8 +125,11 @@ class WaitsForCapacity:
     def capacity_resumed(self, boot: JobBoot, echo: Mapping, method_name: str) -> BringUp:
         """Back from the busy-wait timer: place again and bring the new plan up, or wait more."""
         wait = CapacityWait.from_json(echo)
-        with final_failures():
-            plan = boot.rebook()
+        try:
+            with final_failures():
+                plan = boot.rebook()
+        except JobPreempted as preempted:
+            return handed_to_launch(self, preempted, wait.tried)
         if plan.outcome == Outcome.BUSY:
             self.wait_for_capacity(boot, wait.tried, wait.deadline, f"capacity still busy: {plan.message}", method_name)
         self.log.info("re-placed job %s after waiting for capacity:\n%s", plan.job_id, plan.table())

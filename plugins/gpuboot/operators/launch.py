@@ -73,12 +73,14 @@ class GpuPodOperator(GpuJobStep, RequeuesWhenPreempted, BaseOperator):
 
     def execute(self, context):
         spec, plan = self.spec(), Plan.from_json(self.plan)
-        if spec is None or not plan.assignments:
-            raise AirflowFailException("launch needs the job (XCom 'job' of place) and a plan with assignments")
+        if spec is None:
+            raise AirflowFailException("launch needs the job (XCom 'job' of place)")
         spec = self._with_env_values(spec, context)
         record = self.preemption(plan.job_id)
         if record is not None:           # preempted before its pods ran (or a retry after a failed requeue)
             return self.requeued(context, spec, record)
+        if not plan.assignments:
+            raise AirflowFailException("launch needs a plan with assignments (XCom 'plan' of wait_gpu_ready)")
         return self.relaunch(context, spec, plan)
 
     def relaunch(self, context, spec: JobSpec, plan: Plan, handled: Preempted | None = None):

@@ -110,7 +110,7 @@ class RequeuesWhenPreempted:
 
     def _bring_up(self, context, spec: JobSpec, plan: Plan, record: Preempted):
         """Step 3: start what the plan needs and wait for each node's GPUs."""
-        boot = self.job_boot(plan.job_id)
+        boot = self.job_boot(plan.job_id, handling=record)
         try:
             result = boot.ensure_up(plan)
         except (CapacityBusy, CapacityUnavailable) as exc:

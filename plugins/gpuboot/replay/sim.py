@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from gpuboot.core.idle import IdleRule, IdleVerdict
 from gpuboot.core.model import LABEL_GPU_MODEL, LABEL_HOSTNAME, LABEL_MANAGED, NodeState, NodeView, Unavailable
-from gpuboot.core.queue import Attempt, Entry, Hold, Running, run_pass
+from gpuboot.core.queue import Attempt, Entry, Hold, Running, releases_of, run_pass
 from gpuboot.core.resources import Resources
 
 from .clock import EventClock, Kind
@@ -391,9 +391,11 @@ class Simulation:
 
         for name in never:
             self._carry_out(waiting.pop(name), decisions[name], False)
+        placed = self._placed()
         result = run_pass([self.entries[n] for n in waiting], now=now, config=self.queue_config, usage=self.usage,
                           capacity=self.capacity, holds=self.holds, nodes=self.views, attempt=attempt,
-                          commit=commit, releases=self._releases(), running=self._running())
+                          commit=commit, releases=releases_of(self.views(), placed, now, self.queue_config.hold_seconds),
+                          running=placed if self.config.preemptible else [])
         for name in never & set(waiting):
             self._carry_out(waiting.pop(name), decisions[name], False)
         self.holds = result.holds
@@ -405,12 +407,13 @@ class Simulation:
         if result.preempt:
             self._retry_queue()         # the held job finds its room at its next poll
 
-    def _running(self) -> list[Running]:
-        if not self.config.preemptible:
-            return []
-        return [Running(name, node.name, self.job_by_name[name].requests, preemptible=self._preemptible(
-                    self.job_by_name[name]), started_at=began, enqueued_at=self.job_by_name[name].arrival)
-                for node in self.nodes.values() for name, began in node.running.items()]
+    def _placed(self) -> list[Running]:
+        """The jobs running on nodes, their runtimes stated only when jobs state them."""
+        known = self.config.expected_runtime
+        return [Running(name, node.name, job.requests, preemptible=self._preemptible(job), started_at=began,
+                        enqueued_at=job.arrival, expected_runtime=job.run_seconds if known else None)
+                for node in self.nodes.values() for name, began in node.running.items()
+                for job in (self.job_by_name[name],)]
 
     def _preempt(self, name: str) -> None:
         """Stop a running preemptible job and requeue it (its pods deleted; it runs again from the start)."""
@@ -438,18 +441,6 @@ class Simulation:
                 (node.free.gpus if node.state in (NodeState.READY, NodeState.BOOTING) else node.capacity.gpus
                  for node in self.nodes.values() if job.accepts(node.spec)), default=0)
         return room[job.gpu_models]
-
-    def _releases(self) -> dict[str, list[tuple[int, float | None]]]:
-        """Per node, each placed job's GPUs and when it should end: known only when jobs state it."""
-        known = self.config.expected_runtime
-        out: dict[str, list[tuple[int, float | None]]] = {}
-        for node in self.nodes.values():
-            rows = out.setdefault(node.name, [])
-            for name, began in node.running.items():
-                job = self.job_by_name[name]
-                rows.append((job.gpus, began + job.run_seconds if known else None))
-            rows += [(job.gpus, None) for job in node.waiting]
-        return out
 
     def _account_holds(self, now: float) -> None:
         """Bill the GPUs left free on held nodes since the last look, then note what is held now."""

@@ -91,7 +91,7 @@ class FleetCache:
                           gpus_seen=self.gpus_seen, now=now)
         data["surveys"] = self.surveys
         data["queue"] = queue_view(JobQueue(kube, namespace).snapshot(), seen.views, state.live_unavailable(now),
-                                   queue_config(), now)
+                                   queue_config(), now, seen.pods, live)
         return data
 
 

@@ -14,9 +14,11 @@ from gpuboot.core.queue import (
     Step,
     TeamQuota,
     choose_hold,
+    expected_end,
     never_fits_quota,
     ordered,
     quota_blocker,
+    releases_of,
     run_pass,
     victims,
 )
@@ -304,6 +306,37 @@ def test_with_known_ends_old_work_may_be_held_and_the_hold_moves_only_to_nodes_t
     assert moved.nodes == ("new",) and moved.due == 20_000.0 and moved.since == 10_000   # held since the first pass
     assert choose_hold(entry("big", gpus=8), nodes, (), {"old": [(4, None)], "new": [(6, 50_000.0)]},
                        now=10_000, young=3_600).nodes == ("new",)       # one unknown end: old work is not held
+
+
+def test_a_stated_runtime_ends_at_its_start_plus_runtime_and_an_overrun_is_due_now_only_within_the_grace():
+    job = Running("j", "n1", Resources.parse({GPU: 2}), started_at=1_000, expected_runtime=600)
+    assert expected_end(job, now=1_200, grace=3_600) == 1_600
+    assert expected_end(job, now=2_000, grace=3_600) == 2_000           # overrun: due now
+    assert expected_end(job, now=1_600 + 3_601, grace=3_600) is None     # its stated runtime proved wrong
+    assert expected_end(dataclasses.replace(job, expected_runtime=None), now=1_200, grace=3_600) is None
+
+
+def test_releases_count_each_running_job_at_its_end_and_the_rest_of_a_node_as_unknown():
+    nodes = [t4("n1", used=6), t4("n2", used=2), t4("n3")]
+    running = [Running("a", "n1", Resources.parse({GPU: 4}), started_at=0, expected_runtime=500),
+               Running("b", "n2", Resources.parse({GPU: 2}), started_at=0, expected_runtime=900)]
+    # n1: 2 GPUs of a job placed but not started (or a pod that is not the queue's): end unknown
+    assert releases_of(nodes, running, now=100, grace=3_600) == {"n1": [(4, 500), (2, None)], "n2": [(2, 900)],
+                                                                 "n3": []}
+
+
+def test_a_hold_due_at_a_stated_end_lets_a_short_job_backfill_and_one_that_stated_nothing_waits():
+    fleet = Fleet(t4("n1", used=6, busy_since=0))
+    running = [Running("long", "n1", Resources.parse({GPU: 6}), started_at=0, expected_runtime=1_000)]
+    jobs = [entry("big", gpus=8, priority_class="high"), entry("short", gpus=2, at=1, expected_runtime=300),
+            entry("unstated", gpus=2, at=2)]
+    result = fleet.run(jobs, now=100, releases=releases_of(fleet.nodes(), running, 100, 3_600))
+    assert result.holds["big"].due == 1_000 and fleet.admitted == ["short"]
+    assert "held for job big" in result.step("unstated").blocker
+    fleet = Fleet(t4("n1", used=6, busy_since=0))           # no stated runtime: the hold's due is not known
+    result = fleet.run(jobs, now=100, releases=releases_of(fleet.nodes(), [dataclasses.replace(
+        running[0], expected_runtime=None)], 100, 3_600))
+    assert result.holds["big"].due is None and fleet.admitted == []
 
 
 def test_a_job_that_may_preempt_does_not_wait_days_for_a_stated_end_when_preempting_makes_room():

@@ -8,13 +8,17 @@ import dataclasses
 import logging
 import threading
 
+import pytest
+
 from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.model import LABEL_JOB, LABEL_TASK
 from gpuboot.core.placement import Outcome
 from gpuboot.core.queue import QueueConfig
+from gpuboot.exceptions import CapacityBusy, JobPreempted
 from gpuboot.lifecycle.booking import Booker
+from gpuboot.lifecycle.boot import JobBoot
 from gpuboot.lifecycle.jobqueue import LEASE_SECONDS, JobQueue, book_in_order, entry_of, queue_view
-from gpuboot.lifecycle.preemption import drop_reservations, running_jobs, told
+from gpuboot.lifecycle.preemption import delete_and_wait, drop_reservations, running_jobs, told
 from tests.builders import pod
 from tests.fakes import T4X2, Cloud, cloud
 
@@ -198,3 +202,116 @@ def test_a_preemptor_dying_after_its_queue_write_leaks_nothing():
     back = turn(c, "low", spec("low", **LOW), record.enqueued_at)
     assert back.plan.outcome is Outcome.FITS
     assert sum(r.resources.gpus for r in c.ledger().live(c.clock())) == 2
+
+
+def boot_of(c: Cloud, name: str, job: JobSpec, **kwargs) -> JobBoot:
+    return JobBoot(c.cluster, c.ecs, c.ledger(), LOG, spec=job, job_id=name, clock=c.clock, **kwargs)
+
+
+@pytest.mark.parametrize("status", ["Running", "Stopped"])
+def test_a_victim_with_no_pod_yet_is_preempted_and_its_start_or_wait_step_books_nothing_around_the_queue(status):
+    """Admitted, its node up (its wait step) or booting (its start step), no pod yet: it holds the
+    capacity a high job needs, so it is preempted (nothing to delete, its reservation given back); its
+    start or wait step then re-places nothing (JobPreempted: it hands the job to launch, which
+    requeues it); the requeue's own bring-up, carrying that record, goes on."""
+    c = cloud({"gpu2": (status, T4X2)})
+    low = spec("low", **LOW)
+    placed = turn(c, "low", low)
+    assert placed.plan.outcome is Outcome.FITS
+    up = boot_of(c, "low", low).ensure_up(placed.plan)            # its start step: the node boots (or is up)
+    assert [b["node"] for b in up.baselines] == ["gpu2"] and c.cluster.list_pods(f"{LABEL_JOB}=low") == []
+    (row,) = running_jobs(JobQueue(c.cluster).snapshot(), c.cluster.list_active_pods(), c.clock(),
+                          c.ledger().snapshot().reservations)
+    assert (row.job_id, row.node, row.started_at, row.expected_runtime) == ("low", "gpu2", c.clock(), None)
+    c.clock.advance(5)
+    high = turn(c, "high", spec("high", priority_class="high"))
+    assert high.plan.outcome is Outcome.FITS and [a.node for a in high.plan.assignments] == ["gpu2"]
+    record = JobQueue(c.cluster).snapshot().preempted_of("low")
+    assert record.by == "high" and reserved(c, "low") == []
+    with pytest.raises(JobPreempted, match="preempted by job high"):   # its wait step (or a start retry)
+        boot_of(c, "low", low).ensure_up(placed.plan, [], up.baselines)
+    assert reserved(c, "low") == [] and [r.job_id for r in c.ledger().live(c.clock())] == ["high"]
+    boot_of(c, "low", low, handling=record).not_preempted()           # the requeue's bring-up goes on
+    c.ledger().release("high")
+    JobQueue(c.cluster).drop("high")                                 # the high job's release
+    assert turn(c, "low", low, record.enqueued_at).plan.outcome is Outcome.FITS    # its requeue placed it again
+    # admitted and reserved, but its record is not settled yet (no pod): no victim of another preemption
+    assert running_jobs(JobQueue(c.cluster).snapshot(), [], c.clock(), c.ledger().snapshot().reservations) == []
+
+
+class Lingering:
+    """A pod that is still there for `reads` reads after its deletion (its kubelet confirming the end)."""
+
+    def __init__(self, reads: int):
+        self.reads, self.deleted = reads, []
+
+    def delete_pod(self, namespace, name, grace_seconds=None):
+        self.deleted.append((name, grace_seconds))
+
+    def read_pod(self, namespace, name):
+        self.reads -= 1
+        return {"metadata": {"name": name}} if self.reads >= 0 else None
+
+
+def test_a_deleted_pod_is_seen_gone_soon_the_reads_backing_off_from_50_ms_to_the_poll():
+    pods = [{"metadata": {"namespace": "gpu-jobs", "name": "p"}}]
+    slept: list[float] = []
+    kube = Lingering(reads=6)
+    assert delete_and_wait(kube, pods, poll_seconds=1.0, sleep=slept.append) == []
+    assert slept == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0] and kube.deleted == [("p", None)]
+
+
+def interleave(c: Cloud, when, action) -> list:
+    """Run `action` once, just before the first ConfigMap write at which `when()` holds (the fake
+    applies writes one at a time: a step of another actor, placed exactly there); its outcome."""
+    check, done = c.cluster._check_write, []
+
+    def checked(key):
+        if not done and when():
+            done.append(None)
+            try:
+                done[0] = action()
+            except (JobPreempted, CapacityBusy) as exc:
+                done[0] = exc
+        check(key)
+    c.cluster._check_write = checked
+    return done
+
+
+@pytest.mark.parametrize("moment", ["victim between its check and its commit", "between the record and the drop",
+                                    "between the drop and the preemptor's placement"])
+def test_a_victims_start_step_re_placing_at_any_moment_of_its_preemption_never_keeps_the_place(moment):
+    """The victim (admitted, no pod) re-places in its start step (`JobBoot.ensure_up`) at each moment of
+    a high job's preemption of it. Whichever way, the ledger never holds more than the node's 2 GPUs,
+    and once the victim's launch has done its part (given back what it holds while its record stands)
+    the high job has the node; a step that found its reservation gone raised JobPreempted."""
+    c = cloud({"gpu2": ("Running", T4X2)})
+    low = spec("low", **LOW)
+    placed = turn(c, "low", low)
+
+    def state() -> tuple[bool, bool]:
+        return JobQueue(c.cluster).snapshot().preempted_of("low") is not None, bool(reserved(c, "low"))
+
+    def high_turn():
+        return turn(c, "high", spec("high", priority_class="high"))
+
+    if moment.startswith("victim"):
+        done = interleave(c, lambda: True, high_turn)                # the preemptor, wholly, inside the victim's step
+        with pytest.raises(CapacityBusy):                            # its commit conflicts: then the node is taken
+            boot_of(c, "low", low).ensure_up(dataclasses.replace(placed.plan, assignments=()))
+        assert done[0].plan.outcome is Outcome.FITS
+    else:
+        when = (lambda: state() == (True, True)) if "record and the drop" in moment else \
+            (lambda: state() == (True, False) and not reserved(c, "high"))
+        done = interleave(c, when, lambda: boot_of(c, "low", low).ensure_up(placed.plan))
+        high_turn()
+        if "drop and" in moment:
+            assert isinstance(done[0], JobPreempted)                  # it found its reservation gone: booked nothing
+        else:
+            assert done[0].plan.job_id == "low"                       # still held: nothing to re-place
+    assert sum(r.resources.gpus for r in c.ledger().live(c.clock()) if r.node == "gpu2") <= 2
+    assert JobQueue(c.cluster).snapshot().preempted_of("low") is not None
+    drop_reservations(c.ledger(), "low")                              # the victim's launch, seeing its record
+    high = turn(c, "high", spec("high", priority_class="high"))
+    assert high.plan.outcome is Outcome.FITS, high.plan.message
+    assert sorted(r.job_id for r in c.ledger().live(c.clock())) == ["high"]

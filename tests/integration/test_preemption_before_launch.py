@@ -1,0 +1,73 @@
+"""Live preemption of a job with no pod yet, on the local cloud with the real steps and clients (both
+Kubernetes backends): a low preemptible job is admitted to the only 8-GPU node; before its start step
+(or its wait step) runs, a high job that only fits there arrives and preempts it (no pod to delete,
+its reservation given back); the victim's start or wait step books nothing around the queue and
+hands it to its launch step, which is told by whom and why, waits in the queue, places again once
+the high job is released, and runs to success. Nothing leaks."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from gpuboot.hooks.kube import KubeClient
+from gpuboot.lifecycle.jobqueue import JobQueue
+from gpuboot.lifecycle.ledger import ReservationLedger
+from gpuboot.operators.launch import GpuPodOperator
+from gpuboot.operators.start import StartGpuNodesOperator
+from gpuboot.sensors.gpu_ready import GpuReadySensor
+from tests.integration.test_operators import context, place, release
+from tests.integration.test_preemption import HIGH, LOW, cloud, drive, run_job  # noqa: F401 (cloud: a fixture)
+
+SHORT_LOW = {**LOW, "command": ["python", "-c", "print('sweep done')"]}
+
+
+@pytest.mark.parametrize("preempted_before", ["start", "wait"])
+def test_a_job_preempted_before_its_pods_exist_is_requeued_by_its_launch_and_later_succeeds(cloud, capfd,
+                                                                                         preempted_before):
+    plan, pushed = place(SHORT_LOW, job_id="sweep-run")
+    assert plan["outcome"] == "fits", plan["message"]
+    start = StartGpuNodesOperator(task_id="start", plan=plan, job=pushed["job"])
+    started = None if preempted_before == "start" else start.execute(context("start"))
+    high_plan, high_pushed = place(HIGH, job_id="urgent-run")     # preempts sweep-run: it has no pod yet
+    assert high_plan["outcome"] == "fits" and [a["node"] for a in high_plan["assignments"]] == ["gpu8"]
+    assert JobQueue(KubeClient()).snapshot().preempted_of("sweep-run").by == "urgent-run"
+    assert "deleted its pod(s) none (not launched yet), gave back 1 reservation(s)" in capfd.readouterr().out
+    if started is None:
+        started = start.execute(context("start"))
+    waited = context("wait")
+    drive(GpuReadySensor(task_id="wait", baselines=started["baselines"], job=pushed["job"], plan=started["plan"]),
+          waited)
+    out = capfd.readouterr().out
+    assert "job sweep-run was preempted by job urgent (urgent-run) before its node(s) were up" in out
+    assert [r.job_id for r in ReservationLedger(KubeClient()).live()] == ["urgent-run"]   # booked nothing again
+
+    victim: dict = {}
+
+    def launch() -> None:
+        op = GpuPodOperator(task_id="launch", job=pushed["job"], plan=waited["ti"].pushed.get("plan", started["plan"]),
+                            env_source=SHORT_LOW, startup_timeout_seconds=30, busy_poll_seconds=5)
+        try:
+            victim["pods"] = drive(op, context("launch"))
+        except BaseException as exc:
+            victim["error"] = exc
+
+    thread = threading.Thread(target=launch)       # told, then waits in the queue behind the high job
+    thread.start()
+    started_high = StartGpuNodesOperator(task_id="start", plan=high_plan, job=high_pushed["job"]).execute(
+        context("start"))
+    waited_high = context("wait")
+    drive(GpuReadySensor(task_id="wait", baselines=started_high["baselines"], job=high_pushed["job"],
+                         plan=started_high["plan"]), waited_high)
+    assert len(drive(GpuPodOperator(task_id="launch", job=high_pushed["job"], plan=started_high["plan"],
+                                    env_source=HIGH, startup_timeout_seconds=30), context("launch"))) == 1
+    assert release("urgent-run") == ["urgent"]
+    thread.join(240)
+    assert not thread.is_alive() and "error" not in victim, victim.get("error")
+    out += capfd.readouterr().out
+    assert "job sweep (sweep-run) was preempted by job urgent (urgent-run)" in out and "Requeued (not failed)" in out
+    assert "placed again after preemption" in out and "sweep done" in out
+    assert release("sweep-run") == ["sweep"]
+    assert ReservationLedger(KubeClient()).live() == []
+    state = JobQueue(KubeClient()).snapshot()
+    assert (state.waiting, state.running, state.preempted) == ((), (), ())
