@@ -596,8 +596,13 @@ class ReservationLedger:
         else:
             moved = [n for n, v in expected_version.objects if state.versions.get(n) != v]
         jobs = list(state.jobs) if record is None else _put(state.jobs, record)
+        # the shards of every reservation the plan holds are compare-and-swapped, even where it keeps one
+        # unchanged (the job re-placed where it already held): a place taken from it meanwhile (a
+        # preemption) must fail the commit, as an addition that no longer fits does
+        count = int(dict(state.parts[self.name].meta)["shards"]) if self.name in state.parts else SHARDS
         self._write([r for r in state.reservations if r.job_id != job_id] + new,
-                    _merge(_without(state.unavailable, drop_unavailable), unavailable), state, jobs, moved=moved)
+                    _merge(_without(state.unavailable, drop_unavailable), unavailable), state, jobs, moved=moved,
+                    guard={self.object_of_node(r.node, count) for r in new})
 
     def update(self, change: Callable[[LedgerState], tuple | None],
                what: str, attempts: int = 20) -> LedgerState | None:
@@ -690,14 +695,16 @@ class ReservationLedger:
         return list(removed.values())
 
     def _write(self, entries: list[Reservation], unavailable: Iterable[Unavailable], prev: LedgerState,
-               jobs: Iterable[JobRecord], batch: Batch | None = None, moved: Sequence[str] = ()) -> None:
+               jobs: Iterable[JobRecord], batch: Batch | None = None, moved: Sequence[str] = (),
+               guard: Iterable[str] = ()) -> None:
         """Make the ledger hold these entries, over `prev` (module doc, "Commits"): the objects whose
         content changes, each compacted (expired entries pruned, tombstones for what is dropped).
         Objects that gain a reservation or a mark, and the root when `batch` changes it, are written
         first, each a compare-and-swap on its version in `prev` (LedgerConflict, with what was added
         taken back, when one moved, or when one is in `moved`); then the objects that only lose or
         renew entries, re-read and re-applied until written (a release never needs the version
-        the caller read). `batch`: the new group-commit state (None: `prev`'s, kept)."""
+        the caller read). `batch`: the new group-commit state (None: `prev`'s, kept). `guard`: objects
+        compare-and-swapped as the ones that gain, even when their content is unchanged (a placement's)."""
         now = self.clock()
         if prev.version is None:    # no ledger when the plan was made: valid only on a ledger still empty
             self._create(now)
@@ -714,10 +721,13 @@ class ReservationLedger:
                 changes[name] = change
         if batch is not None and batch != prev.batch:
             changes[self.name] = replace(changes.get(self.name, Change()), batch=batch)
+        guard = set(guard) if prev.parts.get(self.name, Part()).format >= FORMAT else set()
+        for name in guard:
+            changes.setdefault(name, Change())
         # what promises or fences capacity, a job record (one writer's read-modify-write), the batch
         # state; offering marks in the root are hints
         strict = [n for n, c in changes.items()
-                  if (c.adds or c.put_jobs or c.drop_jobs) and (n != self.name or c.batch is not None)]
+                  if (c.adds or c.put_jobs or c.drop_jobs or n in guard) and (n != self.name or c.batch is not None)]
         if any(n in moved for n in strict):
             raise LedgerConflict(f"ledger objects {sorted(set(strict) & set(moved))} moved since they were read")
         self._add_all(prev, strict, changes, now)
