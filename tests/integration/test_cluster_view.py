@@ -48,6 +48,7 @@ def test_the_view_follows_writes_covers_the_ledger_and_relists_after_a_compactio
         assert basis.seq == state.seq and released == []
         assert next(v for v in basis.survey.views if v.name == "gpu-run").free.gpus == 0
         lists = view.pods.lists
+        core.create_namespaced_config_map("default", {"metadata": {"name": "after-the-pods"}})   # the store moves on
         cloud.compact()                                 # open watches end; resuming from before is 410 Gone
         core.create_namespaced_pod("default", bound_pod("b-main", "cpu-1", "b", gpus=0))
         assert wait_until(lambda: view.pods.lists > lists and "default/b-main" in view.pods.items, timeout=30)
