@@ -144,6 +144,8 @@ class Placers:
 
 @pytest.fixture(scope="module", params=["place steps lead", "placers lead"])
 def outcome(request, tmp_path_factory):
+    from gpuboot.lifecycle.booking import CONTENDED_SECONDS
+
     with SimCloud.start(FLEET, tmp_path_factory.mktemp("burst"), ready_timeout=120) as cloud, \
             cloud_connections(cloud.connections_file):
         cloud.set_faults(k8s_latency_ms=10)
@@ -156,7 +158,9 @@ def outcome(request, tmp_path_factory):
                 wait_until(_led, timeout=120)
             # with placers, a waiter waits for their answer as the place step does (a busy verdict waits for the
             # view's pod stream to pass the ledger: a few seconds), rather than placing on its own after 3 s
-            futures = [pool.submit(run_job, n, go, core, 3 if placers is None else 15) for n in range(JOBS)]
+            # (the place step's own budget, CONTENDED_SECONDS: longer than the dead leader's lease, which lapses first)
+            futures = [pool.submit(run_job, n, go, core, 3 if placers is None else CONTENDED_SECONDS)
+                       for n in range(JOBS)]
             go.wait(timeout=120)
             began = time.monotonic()
             if isinstance(placers, Placers):        # mid-burst: the leading placer dies (the other takes over)
