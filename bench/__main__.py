@@ -1,4 +1,4 @@
-"""python -m bench [--quick] [--parts placement,readiness,overhead,gang,burst,triggerer|distributed]
+"""python -m bench [--quick] [--parts placement,readiness,overhead,gang,burst,triggerer,ledger|distributed]
 [--kube simcloud,real] [--out results/bench]
 
 `--kube simcloud,real` runs the parts on each Kubernetes backend in turn (simcloud's own API server, then
@@ -38,7 +38,7 @@ import traceback  # noqa: E402
 from bench import report  # noqa: E402
 from bench.common import output_to, write_json  # noqa: E402
 
-PARTS = ("placement", "readiness", "overhead", "gang", "burst", "triggerer", "queue_wake", "preemption")
+PARTS = ("placement", "readiness", "overhead", "gang", "burst", "triggerer", "queue_wake", "preemption", "ledger")
 SLOW_PARTS = ("distributed",)     # only when asked for by name
 
 
@@ -61,7 +61,8 @@ def run_part(part: str, workdir: Path, args) -> dict:
         return distributed.run(workdir, quick=args.quick, runs=args.runs, tuned=not args.untuned)
     if part == "burst":
         from bench import burst
-        return burst.run(workdir, quick=args.quick, sizes=_ints(args.burst_fleets), bursts=_ints(args.burst_jobs))
+        return burst.run(workdir, quick=args.quick, sizes=_ints(args.burst_fleets), bursts=_ints(args.burst_jobs),
+                         placer=args.burst_placer, per_process=args.burst_threads)
     if part == "gang":
         from bench import gang_launch
         return gang_launch.run(workdir, quick=args.quick)
@@ -71,6 +72,9 @@ def run_part(part: str, workdir: Path, args) -> dict:
     if part == "queue_wake":
         from bench import queue_wake
         return queue_wake.run(2 if args.quick else 4, seed=0)
+    if part == "ledger":
+        from bench import ledger_scale
+        return ledger_scale.run(jobs=500 if args.quick else 5000, nodes=1000 if args.quick else 10_000)
     if part == "preemption":
         from bench import preemption
         return preemption.run(1 if args.quick else 3)
@@ -91,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--boots", type=int, default=50, help="emulated boots for the readiness lag")
     p.add_argument("--burst-fleets", help="burst: fleet sizes, comma-separated (default 100,1000; --quick 100)")
     p.add_argument("--burst-jobs", help="burst: jobs per burst, comma-separated (default 50,200; --quick 50)")
+    p.add_argument("--burst-placer", action="store_true",
+                   help="burst: a placer process (gpuboot.lifecycle.placer, watch-fed view) leads the batches")
+    p.add_argument("--burst-threads", type=int, default=1,
+                   help="burst: place transactions per forked process, as threads (default 1: a process each)")
     p.add_argument("--kube", default="simcloud",
                    help="Kubernetes backends, comma-separated, of simcloud, real (several: side by side)")
     p.add_argument("--out", default=str(REPO / "results" / "bench"), help="where the JSON goes")

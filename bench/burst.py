@@ -16,13 +16,20 @@ commit, placements per second, full cluster reads (the Nodes + Pods + ECS `surve
 placement, median and max, ledger conflicts seen, and the ledger ConfigMap's size at its
 peak (polled; and at the end, when it holds every job's reservation).
 
+With `--burst-placer` a placer (`gpuboot.lifecycle.placer`: a long-lived process, its cluster view fed
+by watches) runs in a process of its own, started and leading before the burst, and answers the queued
+jobs; without it a place step leads, reading the cluster in full. API bytes read are counted in every
+process at the socket (TLS payload: status lines, headers and bodies, Kubernetes and ECS): the jobs'
+(their queue and ledger polls), the placer's during the burst, and its start-up (the first LISTs and
+DescribeInstances of its view), amortised over the burst's placements. `--burst-threads N` runs N jobs
+per forked process (threads), for bursts larger than the machine's memory allows processes for.
+
 Everything shares the machine's cores: the simcloud process (the API servers, which in production
 have machines of their own) competes with the job processes, so the figures are pessimistic.
 """
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import multiprocessing as mp
 import os
@@ -33,8 +40,8 @@ import threading
 import time
 from pathlib import Path
 
-from .common import local_cloud
-from .placement_cost import fleet
+from .common import growth_exponent, local_cloud
+from .placement_cost import PODS_PER_NODE, fleet
 
 SIZES = (100, 1000)
 BURSTS = (50, 200)
@@ -45,18 +52,75 @@ DEFER_SECONDS = (1.0, 3.0)      # how long a contended place step stays deferred
 DEFERS = os.environ.get("GPUBOOT_BURST_NO_DEFER") != "1"
 
 
+def count_bytes() -> list[int]:
+    """Count every byte this process reads from a socket from now on (TLS payload, or plain): [total]."""
+    import socket
+    import ssl
+
+    total = [0]
+
+    def counted(read):
+        def recv_into(self, buffer, *args, **kwargs):
+            n = read(self, buffer, *args, **kwargs)
+            total[0] += n or 0
+            return n
+        return recv_into
+
+    ssl.SSLSocket.recv_into = counted(ssl.SSLSocket.recv_into)
+    socket.socket.recv_into = counted(socket.socket.recv_into)
+    return total
+
+
 def job(n: int) -> dict:
     return {"name": f"burst-{n:03d}", "image": "busybox", "command": ["true"], "gpus": 1, "cpu": "1", "memory": "1Gi",
             "queue_timeout_seconds": QUEUE_TIMEOUT_SECONDS}
 
 
-def _place(n: int, go, ready, results) -> None:
-    """One place step (in a forked process): book until committed or the queue timeout."""
+def _place(ns: list[int], go, ready, results) -> None:
+    """Place steps in a forked process (one per thread): each books until committed or the queue timeout."""
+    counted = count_bytes()
+    threads = [threading.Thread(target=_one, args=(n, go, ready, results)) for n in ns]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    results.put({"process_bytes": counted[0]})
+
+
+def _one(n: int, go, ready, results) -> None:
     try:
         _book(n, go, ready, results)
     except BaseException as exc:
         results.put({"n": n, "outcome": None, "error": f"{type(exc).__name__}: {exc}", "reads": 0, "conflicts": 0,
                      "deferrals": 0, "began": time.time(), "ended": time.time()})
+
+
+def _placer(ready, stop, results) -> None:
+    """The placer process: its view started (bytes counted apart), then it leads until `stop`."""
+    from gpuboot.hooks.ecs import EcsHook
+    from gpuboot.hooks.kube import KubeClient
+    from gpuboot.lifecycle.booking import Booker
+    from gpuboot.lifecycle.ledger import ReservationLedger
+    from gpuboot.lifecycle.placer import Placer
+    from gpuboot.lifecycle.view import ClusterView
+
+    counted = count_bytes()
+    log = logging.getLogger("burst.placer")
+    kube, ecs = KubeClient(), EcsHook()
+    view = ClusterView(kube, ecs, log=log)
+    placer = Placer(Booker(kube, ecs, ReservationLedger(kube), log), view, name="bench")
+    began = time.monotonic()
+    view.start()
+    view.basis(placer.booker.ledger.name, placer.booker.ledger.snapshot(), time.time())   # instances described
+    start = {"startup_bytes": counted[0], "startup_s": round(time.monotonic() - began, 1)}
+    done = threading.Event()
+    threading.Thread(target=lambda: (stop.wait(), done.set()), daemon=True).start()
+    ready.put({**start, "me": placer.me})
+    placer.run(done)
+    results.put({"placer": {**start, "bytes": counted[0] - start["startup_bytes"],
+                            "full_reads": placer.booker.full_reads, "describe_batches": view.describes,
+                            "lists": view.nodes.lists + view.pods.lists, "gone": view.nodes.gone + view.pods.gone,
+                            "resumes": view.nodes.resumes + view.pods.resumes}})
 
 
 def _book(n: int, go, ready, results) -> None:
@@ -67,13 +131,6 @@ def _book(n: int, go, ready, results) -> None:
     from gpuboot.lifecycle.ledger import LedgerConflict, ReservationLedger
 
     reads, conflicts = [0], [0]
-    real_survey = booking.survey
-
-    def counted_survey(*args, **kwargs):
-        reads[0] += 1
-        return real_survey(*args, **kwargs)
-
-    booking.survey = batching.survey = counted_survey
 
     class Counting(logging.Handler):
         def emit(self, record):
@@ -109,31 +166,42 @@ def _book(n: int, go, ready, results) -> None:
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             break
+    reads[0] = booker.full_reads
     results.put({"n": n, "outcome": outcome, "error": error, "reads": reads[0], "conflicts": conflicts[0],
                  "deferrals": deferrals, "began": began, "ended": time.time()})
 
 
 def _ledger_size(kube) -> int:
-    from gpuboot.lifecycle.ledger import CONFIGMAP
+    """Bytes of the largest ledger object (root or shard): what the 1 MiB limit applies to."""
+    from gpuboot.lifecycle.ledger import ReservationLedger
 
-    cm = kube.read_configmap("default", CONFIGMAP)
-    return len(json.dumps((cm or {}).get("data") or {}).encode()) if cm else 0
+    return max(ReservationLedger(kube).sizes().values(), default=0)
 
 
-def burst(jobs: int, kube) -> dict:
-    """`jobs` place transactions released at once, each in its own (forked) process."""
+def burst(jobs: int, kube, placer: bool = False, per_process: int = 1) -> dict:
+    """`jobs` place transactions released at once, `per_process` of them (threads) in each forked process;
+    with `placer`, a placer process leads from its view (started first, its start-up counted apart)."""
     from gpuboot.hooks.ecs import EcsHook
-    from gpuboot.lifecycle.ledger import CONFIGMAP
+    from gpuboot.lifecycle.ledger import ReservationLedger
 
     kube.core, EcsHook().get_conn()     # the clients' modules imported before the fork, as in a prefork worker
     ctx = mp.get_context("fork")
     go, ready, results = ctx.Event(), ctx.Queue(), ctx.Queue()
-    procs = [ctx.Process(target=_place, args=(n, go, ready, results), daemon=True) for n in range(jobs)]
+    started, stop_placer, placer_proc = {}, ctx.Event(), None
+    if placer:
+        placer_proc = ctx.Process(target=_placer, args=(ready, stop_placer, results), daemon=True)
+        placer_proc.start()
+        started = ready.get(timeout=900)
+        led = time.monotonic() + 120
+        while _leader(kube) != started["me"] and time.monotonic() < led:
+            time.sleep(0.2)
+    groups = [list(range(i, min(jobs, i + per_process))) for i in range(0, jobs, per_process)]
+    procs = [ctx.Process(target=_place, args=(g, go, ready, results), daemon=True) for g in groups]
     for p in procs:
         p.start()
     waiting = 0
     with contextlib.suppress(queue.Empty):
-        while waiting < jobs:           # every process set up (its clients made) and waiting
+        while waiting < jobs:           # every job set up (its clients made) and waiting
             ready.get(timeout=300)
             waiting += 1
     peak, stop = [0], threading.Event()
@@ -147,16 +215,28 @@ def burst(jobs: int, kube) -> dict:
     watcher.start()
     released = time.time()
     go.set()
-    rows, give_up = [], released + QUEUE_TIMEOUT_SECONDS + 60
-    while len(rows) < jobs and time.time() < give_up:
+    rows, process_bytes, placer_row = [], [], {}
+    give_up = released + QUEUE_TIMEOUT_SECONDS + 60
+    while (len(rows) < jobs or len(process_bytes) < len(procs)) and time.time() < give_up:
         try:
-            rows.append(results.get(timeout=5))
+            got = results.get(timeout=5)
         except queue.Empty:
             continue
+        if "process_bytes" in got:
+            process_bytes.append(got["process_bytes"])
+        else:
+            rows.append(got)
     for p in procs:
         p.join(timeout=max(0.1, give_up - time.time()))
         if p.is_alive():
             p.kill()
+    if placer_proc is not None:
+        stop_placer.set()
+        with contextlib.suppress(queue.Empty):
+            placer_row = results.get(timeout=60)["placer"]
+        placer_proc.join(timeout=30)
+        if placer_proc.is_alive():
+            placer_proc.kill()
     seen = {r["n"] for r in rows}
     rows += [{"n": n, "outcome": None, "error": "no answer before the queue timeout", "reads": 0, "conflicts": 0,
               "deferrals": 0, "began": released, "ended": time.time()} for n in range(jobs) if n not in seen]
@@ -167,29 +247,54 @@ def burst(jobs: int, kube) -> dict:
     failed = [r for r in rows if r["outcome"] != "fits"]
     wall = max(r["ended"] for r in rows) - released
     reads = [r["reads"] for r in rows]
-    if end_size:
-        kube.core.delete_namespaced_config_map(CONFIGMAP, "default")    # the next burst starts from an empty ledger
-    return {"jobs": jobs, "placed": len(placed), "failed": len(failed),
-            "failures": sorted({r["error"] or r["outcome"] for r in failed})[:5],
+    for name in ReservationLedger(kube).sizes():        # the next burst starts from an empty ledger
+        kube.core.delete_namespaced_config_map(name, "default")
+    n = max(1, len(placed))
+    burst_bytes = sum(process_bytes) + placer_row.get("bytes", 0)
+    return {"jobs": jobs, "placer": placer, "jobs_per_process": per_process, "placed": len(placed),
+            "failed": len(failed), "failures": sorted({r["error"] or r["outcome"] for r in failed})[:5],
             "wall_s": round(wall, 1), "placements_per_s": round(len(placed) / wall, 2) if wall else None,
-            "reads_per_placement_mean": round(sum(reads) / max(1, len(placed)), 2),
+            "reads_per_placement_mean": round((sum(reads) + placer_row.get("full_reads", 0)) / n, 2),
             "reads_median": statistics.median(reads), "reads_max": max(reads),
             "conflicts": sum(r["conflicts"] for r in rows), "deferrals": sum(r["deferrals"] for r in rows),
-            "ledger_peak_bytes": max(peak[0], end_size), "ledger_end_bytes": end_size}
+            "ledger_peak_bytes": max(peak[0], end_size), "ledger_end_bytes": end_size,
+            "api_bytes_per_placement": round(burst_bytes / n),
+            "api_bytes_per_placement_jobs": round(sum(process_bytes) / n),
+            "api_bytes_per_placement_leader": round(placer_row.get("bytes", 0) / n) if placer else None,
+            "api_bytes_per_placement_amortised": round((burst_bytes + placer_row.get("startup_bytes", 0)) / n),
+            "placer_startup_bytes": placer_row.get("startup_bytes"), "placer_startup_s": placer_row.get("startup_s"),
+            "placer_view": {k: placer_row.get(k) for k in ("full_reads", "describe_batches", "lists", "gone",
+                                                            "resumes")} if placer else None}
 
 
-def run(workdir: Path, quick: bool = False, sizes=None, bursts=None) -> dict:
+def _leader(kube) -> str | None:
+    from gpuboot.lifecycle.ledger import ReservationLedger
+
+    return ReservationLedger(kube).snapshot().batch.led_by(time.time())
+
+
+def run(workdir: Path, quick: bool = False, sizes=None, bursts=None, placer: bool = False,
+        per_process: int = 1) -> dict:
     from gpuboot.hooks.kube import KubeClient
 
     sizes = sizes or ((100,) if quick else SIZES)
     bursts = bursts or ((50,) if quick else BURSTS)
     rows = []
     for size in sizes:
-        with local_cloud(fleet(size), workdir / f"cloud-{size}", ready_timeout=600):
+        with local_cloud(fleet(size), workdir / f"cloud-{size}", ready_timeout=1800):
             kube = KubeClient()
             for jobs in bursts:
-                rows.append({"nodes": size, **burst(jobs, kube)})
+                rows.append({"nodes": size, "pods": size * 4 // 5 * PODS_PER_NODE,
+                             **burst(jobs, kube, placer, per_process)})
                 print(f"burst: {rows[-1]}", flush=True)
+    growth = {}
+    for jobs in bursts:
+        same = [r for r in rows if r["jobs"] == jobs and r["placed"]]
+        if len(same) >= 2:
+            growth[f"{jobs} jobs"] = round(growth_exponent(same[0]["nodes"], same[0]["api_bytes_per_placement_amortised"],
+                                                           same[-1]["nodes"], same[-1]["api_bytes_per_placement_amortised"]), 2)
     return {"rows": rows, "queue_timeout_s": QUEUE_TIMEOUT_SECONDS, "cores": os.cpu_count(),
-            "note": "each place transaction in its own forked process, all released at once; "
-                    "reads = full cluster reads (Nodes + Pods + ECS) per placement"}
+            "bytes_growth_exponent": growth,
+            "note": ("a placer process leads from its watch-fed view; " if placer else "a place step leads; ")
+            + f"{per_process} place transaction(s) per forked process, all released at once; "
+              "reads = full cluster reads (Nodes + Pods + ECS) per placement; bytes = API bytes read, all processes"}

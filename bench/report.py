@@ -67,8 +67,14 @@ def burst(result: dict) -> str:
                ("wall_s", "wall s"), ("placements_per_s", "placements/s"),
                ("reads", "full reads per placement (mean / median / max)"), ("conflicts", "conflicts"),
                ("deferrals", "deferrals"), ("ledger", "ledger at peak")]
-    return ("== Bursts: N place transactions at once, one process each (Booker.book through the real hooks)\n"
-            + format_table(rows, columns) + "\n")
+    if any("api_bytes_per_placement" in r for r in rows):
+        columns += [("api_bytes_per_placement", "API B/placement"),
+                    ("api_bytes_per_placement_leader", "of which leader"),
+                    ("api_bytes_per_placement_amortised", "amortised (+ placer start)")]
+    growth = "".join(f"API bytes per placement ~ nodes^{v:g} ({k})\n"
+                     for k, v in (result.get("bytes_growth_exponent") or {}).items())
+    return (f"== Bursts: N place transactions at once ({result.get('note', 'one process each')})\n"
+            + format_table(rows, columns) + "\n" + growth)
 
 
 def distributed(result: dict) -> str:
@@ -126,12 +132,22 @@ def headlines(part: str, result: dict) -> dict[str, float | None]:
         return {f"{r['case']}: trigger -> Running s": r["trigger_to_running_s"] for r in result["rows"]
                 if "trigger_to_running_s" in r} | {f"{r['case']}: overhead s": r["overhead_s"] for r in result["rows"]}
     if part == "burst":
-        return {f"{r['jobs']} jobs on {r['nodes']} nodes: placements/s": r["placements_per_s"] for r in result["rows"]} | {
-            f"{r['jobs']} jobs on {r['nodes']} nodes: failed": r["failed"] for r in result["rows"]}
+        out: dict[str, float | None] = {}
+        for r in result["rows"]:
+            name = f"{r['jobs']} jobs on {r['nodes']} nodes{', placer' if r.get('placer') else ''}"
+            out |= {f"{name}: placements/s": r["placements_per_s"], f"{name}: failed": r["failed"]}
+            if "api_bytes_per_placement" in r:
+                out |= {f"{name}: API bytes per placement": r["api_bytes_per_placement"],
+                        f"{name}: same, amortised with the placer's start": r["api_bytes_per_placement_amortised"],
+                        f"{name}: ledger at peak, bytes": r["ledger_peak_bytes"]}
+        return out
     if part == "gang":
         return {"launch -> all ranks Running, median s": result["launch_to_all_running_s"].get("median")}
     if part == "placement":
         return {f"{r['nodes']} nodes: API reads ms": _ms(r["api_total_s"]) for r in result["rows"]}
+    if part == "ledger":        # in memory: the same on every backend
+        return {f"{result['jobs_held_at_once']} jobs: largest ledger object KiB": round(
+            result["peak_object"]["bytes"] / 1024), "conflicts per commit": result["conflicts_per_commit"]}
     if part == "preemption":
         return {f"{key}, median s": result[key].get("median") for key in PREEMPTION_FIGURES}
     return {}
@@ -178,4 +194,10 @@ def render(part: str, result: dict) -> str:
         return f"== {part}: FAILED: {result['error']}\n"
     return {"placement": placement, "readiness": readiness, "overhead": overhead, "gang": gang, "burst": burst,
             "distributed": distributed, "triggerer": triggerer, "queue_wake": queue_wake,
-            "preemption": preemption}[part](result)
+            "preemption": preemption, "ledger": ledger}[part](result)
+
+
+def ledger(result: dict) -> str:
+    from bench.ledger_scale import line
+
+    return f"== ledger at scale (bench.ledger_scale)\n{line(result)}\n"

@@ -1,6 +1,6 @@
 """Overcommit and admission monitor: watches the cluster and checks every change.
 
-It watches Pods, Nodes and the reservation ledger ConfigMap and, at every change,
+It watches Pods, Nodes and the reservation ledger ConfigMaps (root and shards) and, at every change,
 asks of each node: is it promised more than it has? Promised = requests of the bound,
 non-terminated pods + live ledger reservations not yet backed by a bound pod (the
 arithmetic is gpuboot.core.inventory.build_inventory's, reused, not copied); has = the
@@ -34,7 +34,7 @@ from typing import Any
 from gpuboot.core.inventory import build_inventory
 from gpuboot.core.model import LABEL_GPU_COUNT, Reservation
 from gpuboot.core.resources import GPU, QuantityError, Resources
-from gpuboot.lifecycle.ledger import CONFIGMAP, DATA_KEY
+from gpuboot.lifecycle.ledger import CONFIGMAP, DATA_KEY, LABEL_LEDGER
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ class Monitor:
             "pods": _Stream("pods", lambda core: (core.list_pod_for_all_namespaces, (), {})),
             "nodes": _Stream("nodes", lambda core: (core.list_node, (), {})),
             "ledger": _Stream("ledger", lambda core: (core.list_namespaced_config_map, (ledger_namespace,),
-                                                      {"field_selector": f"metadata.name={CONFIGMAP}"})),
+                                                      {"label_selector": f"{LABEL_LEDGER}={CONFIGMAP}"})),   # root and shards
         }
         self._local = threading.local()
 

@@ -70,7 +70,7 @@ class FakeCluster:
         self.writes = 0          # ConfigMap writes applied
         self.refused = 0         # ConfigMap writes refused with a Conflict
         self._conflicts = 0
-        self._before_write: list[Callable[[], object]] = []
+        self._before_write: list[tuple[Callable[[], bool], Callable[[], object]]] = []
         self._lock = threading.RLock()      # each ConfigMap read or write is atomic, as on the API server
         for n in nodes:
             self.put_node(n)
@@ -93,7 +93,12 @@ class FakeCluster:
 
     def before_next_write(self, action: Callable[[], object]) -> None:
         """Run `action` once, just before the next ConfigMap write is checked (an interleaved writer)."""
-        self._before_write.append(action)
+        self.before_write_when(lambda: True, action)
+
+    def before_write_when(self, when: Callable[[], bool], action: Callable[[], object]) -> None:
+        """Run `action` once, just before the first ConfigMap write at which `when()` holds (both outside
+        the lock: they may read the ledger, whose shards are read from threads of its own)."""
+        self._before_write.append((when, action))
 
     # -- ClusterReads ----------------------------------------------------------------------
     def list_nodes(self) -> list[dict]:
@@ -155,6 +160,7 @@ class FakeCluster:
 
     def create_configmap(self, namespace: str, body: dict) -> dict:
         key = (namespace, body["metadata"]["name"])
+        self._interleave()
         with self._lock:
             self._check_write(key)
             if key in self.configmaps:
@@ -163,6 +169,7 @@ class FakeCluster:
 
     def replace_configmap(self, namespace: str, body: dict) -> dict:
         key = (namespace, body["metadata"]["name"])
+        self._interleave()
         with self._lock:
             self._check_write(key)
             if key not in self.configmaps:
@@ -178,9 +185,22 @@ class FakeCluster:
         self._version += 1
         return str(self._version)
 
+    def _interleave(self) -> None:
+        """The writers registered with before_next_write, outside the lock (they may read and write
+        from threads of their own, as the ledger does when it writes several shards at once)."""
+        while True:
+            with self._lock:
+                pending = list(self._before_write)
+            due = next((entry for entry in pending if entry[0]()), None)
+            if due is None:
+                return
+            with self._lock:
+                if due not in self._before_write:
+                    continue            # another writer's check ran it
+                self._before_write.remove(due)
+            due[1]()
+
     def _check_write(self, key: tuple[str, str]) -> None:
-        while self._before_write:
-            self._before_write.pop(0)()
         if self._conflicts:
             self._conflicts -= 1
             if key in self.configmaps:       # another writer got there first

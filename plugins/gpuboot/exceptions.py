@@ -42,7 +42,7 @@ class LedgerConflict(Exception):
 
 
 class LedgerFull(Exception):
-    """A write would make the ledger ConfigMap larger than a ConfigMap may be (1 MiB)."""
+    """A write would make one of the ledger's ConfigMaps larger than gpuboot lets one grow (well below 1 MiB)."""
 
 
 class SecondLedger(Exception):

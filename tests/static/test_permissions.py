@@ -22,6 +22,7 @@ RBAC = ROOT / "deploy" / "kubernetes" / "rbac.yaml"
 RAM = ROOT / "deploy" / "ram" / "gpuboot-ecs-policy.json"
 LEDGER_CONFIGMAP = "gpuboot-reservations"
 QUEUE_SHARDS = tuple(f"{LEDGER_CONFIGMAP}-queue-{i}" for i in range(8))   # gpuboot.lifecycle.ledger.RequestQueue
+LEDGER_SHARDS = tuple(f"{LEDGER_CONFIGMAP}-{k}" for k in range(64))      # gpuboot.lifecycle.ledger.SHARDS
 JOB_QUEUE = "gpuboot-queue"    # gpuboot.lifecycle.jobqueue
 INSTANCE_ARN = "acs:ecs:*:*:instance/*"
 MANAGED_TAG = "acs:ResourceTag/gpuboot:managed"
@@ -238,14 +239,20 @@ def test_rbac_has_no_wildcards(rbac):
 
 
 def test_ledger_is_granted_only_on_its_configmap(rbac):
-    """get/update/patch are pinned to the ledger and its queue's shards by resourceNames; create
+    """get/update/patch are pinned to the ledger, its shards and its queue's shards by resourceNames; create
     cannot be (Kubernetes does not know the name when it authorizes a create), so it stands alone."""
     assert not any(perm[1] in LEDGER_RESOURCES for r in rbac["ClusterRole"] for perm, _ in _grants(r))
     for role in rbac["Role"]:
         for (_, resource, verb), names in _grants(role):
             if resource in LEDGER_RESOURCES:
-                expected = () if verb == "create" else (LEDGER_CONFIGMAP, *QUEUE_SHARDS, JOB_QUEUE)
+                expected = () if verb == "create" else (LEDGER_CONFIGMAP, *LEDGER_SHARDS, *QUEUE_SHARDS, JOB_QUEUE)
                 assert names == expected, f"configmaps {verb}: resourceNames {names}, want {expected}"
+
+
+def test_ledger_shard_count_is_the_one_rbac_names():
+    from gpuboot.lifecycle.ledger import SHARDS, ReservationLedger
+
+    assert tuple(ReservationLedger(None).shard_names()) == LEDGER_SHARDS and len(LEDGER_SHARDS) == SHARDS
 
 
 def test_ledger_name_is_the_one_the_plugin_uses(plugin_uses):

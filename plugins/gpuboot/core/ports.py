@@ -90,7 +90,7 @@ class PodControl(Protocol):
 
 class ConfigMapStore(Protocol):
     """Where `gpuboot.lifecycle.ledger.ReservationLedger` keeps the ledger (`gpuboot.hooks.kube.KubeClient`):
-    one ConfigMap, written with compare-and-swap. A write that meets another raises
+    ConfigMaps (a root and its shards), each written with compare-and-swap. A write that meets another raises
     `gpuboot.hooks.kube.Conflict` (HTTP 409): create when it exists already, replace when
     body.metadata.resourceVersion is not the stored one."""
 

@@ -109,6 +109,53 @@ class KubeClient:
     def get_node(self, name: str) -> dict:
         return _raw(self.core.read_node(name, _preload_content=False))
 
+    def list_versioned(self, kind: str) -> tuple[list[dict], str]:
+        """Every Node (`kind` "nodes") or every non-terminated pod ("pods"), paged, and the
+        collection's resourceVersion at the read (one consistent snapshot: the pages share it), which
+        a watch of the same collection resumes from (`stream_events`)."""
+        method, kwargs = self._collection(kind)
+        items: list[dict] = []
+        token = None
+        with collector_paused():
+            while True:
+                page = _raw(method(limit=PAGE, _continue=token, _preload_content=False, **kwargs))
+                items.extend(page.get("items") or [])
+                token = (page.get("metadata") or {}).get("continue")
+                if not token:
+                    return items, page["metadata"]["resourceVersion"]
+
+    def stream_events(self, kind: str, resource_version: str, timeout_seconds: int) -> Iterator[tuple[str, dict]]:
+        """(type, object) of every event of one watch of `kind`'s collection from `resource_version`,
+        BOOKMARKs included (they say how far the stream has come when nothing changes); raw, no model
+        objects. Gone when the version is too old to resume from (410, as a status or in the stream)."""
+        from kubernetes.client.exceptions import ApiException
+
+        method, kwargs = self._collection(kind)
+        try:
+            response = method(watch=True, resource_version=resource_version, allow_watch_bookmarks=True,
+                              timeout_seconds=timeout_seconds, _request_timeout=(10, timeout_seconds + 30),
+                              _preload_content=False, **kwargs)
+        except ApiException as exc:
+            if exc.status == 410:
+                raise Gone(str(exc.reason)) from None
+            raise
+        try:
+            rest = b""
+            for chunk in response.stream(64 * 1024, decode_content=True):
+                *lines, rest = (rest + chunk).split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield watch_event(line)
+        finally:
+            response.release_conn()
+
+    def _collection(self, kind: str):
+        if kind == "nodes":
+            return self.core.list_node, {}
+        if kind == "pods":
+            return self.core.list_pod_for_all_namespaces, {"field_selector": ACTIVE_PODS}
+        raise ValueError(f"kind {kind!r}: a cluster view keeps 'nodes' or 'pods'")
+
     def node_to_watch(self, name: str) -> tuple[dict, str]:
         """One Node and the resourceVersion to watch it from: the collection's at the read (a list
         of that one Node). A watch from it replays every write after the read; the Node's own

@@ -37,8 +37,8 @@ by another leader): capacity then only grew, and everything removed was counted 
 the plans were made, which is what the tombstone rule of `gpuboot.lifecycle.booking` asks. Any other change
 places the batch again. A batch write only adds reservations, never removes one (its pod may be
 about to be bound, and a placer that saw neither would promise the node twice: rule (d) of
-`gpuboot.lifecycle.booking`); so a queued request of a job that holds a placement made meanwhile is answered
-"busy", not placed again. A gang is placed whole by `place` or not at all.
+`gpuboot.lifecycle.booking`); so a queued request of a job that holds a placement made meanwhile is
+answered `alone` and places itself on the single path. A gang is placed whole by `place` or not at all.
 
 Nothing is lost. A leader that dies stops renewing its lease; after LEASE_SECONDS a waiter
 takes over the queue. A waiter that dies leaves its request, which expires after QUEUED_SECONDS
@@ -46,7 +46,10 @@ or is placed; its reservations then expire with their TTL like any crashed run's
 is not answered within `contended_seconds` (or cannot even queue within QUEUE_BUDGET_SECONDS)
 withdraws its request, takes an answer given meanwhile, or else places itself on the single path
 (`Booker.book`, whose `LedgerContended` makes the place step defer): a batch that cannot keep up
-costs at worst what no batching costs. An answer given after the withdrawal is found by the next
+costs at worst what no batching costs. Its budget starts again whenever the leader commits a batch
+(the root's write counter moves), up to PROGRESS_WAIT_SECONDS in all: a thousand waiters behind a
+leader that is placing them must not all fall back to full cluster reads at once, which would
+starve the API server the leader needs. An answer given after the withdrawal is found by the next
 try as reservations the job holds, which the single path replaces. Re-placements
 (fail-over, retries of a started job, releases) keep the single-placement path: they need the
 job's record, marks and the abandoned-node rule of `gpuboot.lifecycle.booking`.
@@ -58,7 +61,9 @@ import dataclasses
 import random
 import uuid
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from gpuboot.core.inventory import with_reservations
 from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.model import Reservation, Unavailable
 from gpuboot.core.placement import JobRequest, Outcome, Plan, Verdict, place
@@ -74,17 +79,24 @@ from gpuboot.lifecycle.booking import (
 )
 from gpuboot.lifecycle.ledger import Batch, Decided, LedgerConflict, LedgerState, Queued, RequestQueue, backoff
 
+if TYPE_CHECKING:
+    from gpuboot.lifecycle.view import ClusterView
+
 LEASE_SECONDS = 15         # a leader renews its lease with every batch it commits (half the contention budget:
                             # a dead leader costs its waiters half their wait, not all of it)
 QUEUED_SECONDS = 60         # a queued request nobody decided by then is dropped (a live waiter queues again)
 DECIDED_SECONDS = 120       # how long an answer waits in the ledger for its waiter
 POLL_SECONDS = (0.3, 0.9)   # a waiter's reads of its queue shard while its request is queued (jittered)
+POLL_CROWD = 100            # beyond this many waiters, each reads its shard less often (`poll_seconds`)
+POLL_MAX_SECONDS = 4.0
 QUEUE_BUDGET_SECONDS = 10  # a request that cannot be queued by then is placed on its own (booking.Booker.book)
 LEASE_CHECK_SECONDS = 5     # and of the ledger (is anyone leading?) at least this often
 QUEUE_BACKOFF_CAP_SECONDS = 4.0   # the longest pause between two tries to queue (full jitter)
 GATHER_SECONDS = 0.5        # a new leader waits this long before its survey, so a burst queues up behind it
 VERDICT_MAX_AGE_SECONDS = 5  # "busy" or "never" only from a survey this recent (the job then waits a while)
 ANSWER_ROWS = 400           # candidate-table rows all live answers carry together (~200 KiB): the ledger's answer budget
+DECIDE_SECONDS = LEASE_SECONDS / 5   # placing one batch's requests takes this long at most (the rest: next batch)
+PROGRESS_WAIT_SECONDS = 300   # a waiter behind a leader that keeps committing batches waits this long at most
 LEAD_SECONDS = 20           # a place step leads this long at most once its own job is decided, then hands over
 
 
@@ -93,9 +105,9 @@ def book_first(booker: Booker, spec: JobSpec, job_id: str) -> Booking:
     holds nothing and has no record), else `booker.book` (a re-run of place after a start, say,
     needs the record and the abandoned-node rule)."""
     state = booker.ledger.snapshot()
-    now = booker.clock()
-    if state.record(job_id, now) is not None or state.held(job_id, now):
+    if booker.ledger.record_of(job_id, state, booker.clock()) is not None:
         return booker.book(spec, job_id)
+    # a job holding reservations but no record (placed by an earlier batch) is answered `alone` by the leader
     return BatchPlacer(booker, spec).wait_for_batch(spec.to_job_request(job_id), reservation_ttl(spec), state)
 
 
@@ -129,12 +141,16 @@ class BatchPlacer:
                     return b.book(self.spec, job_id)
                 attempt += 1
                 b.sleep(backoff(attempt, base=0.05, cap=1.0, rng=b.rng))
-        checked = -LEASE_CHECK_SECONDS
+        check_every = min(LEASE_CHECK_SECONDS, b.contended_seconds / 3)    # sees a leader's progress within its budget
+        checked = -check_every
+        progress = state.given_parts[self.ledger.name].seq if self.ledger.name in state.given_parts else None
+        longest = b.monotonic() + PROGRESS_WAIT_SECONDS
         while True:
             # its shard says whether it still waits (a small read); the ledger, every few seconds or once
             # the entry is gone, says the answer and whether anyone leads
-            gone = not self.queue.holds(entry.ticket)
-            if gone or b.monotonic() - checked >= LEASE_CHECK_SECONDS:
+            waits, waiting = self.queue.holds(entry.ticket)
+            gone = not waits
+            if gone or b.monotonic() - checked >= check_every:
                 checked = b.monotonic()
                 state = self.ledger.snapshot()
                 now = b.clock()
@@ -144,6 +160,10 @@ class BatchPlacer:
                 if state.batch.led_by(now) is None and self._take_lease(state, ticket):
                     self.lead(ticket)
                     continue
+                root_seq = state.given_parts[self.ledger.name].seq if self.ledger.name in state.given_parts else None
+                if progress is not None and root_seq != progress and state.batch.led_by(now) is not None:
+                    give_up = min(longest, max(give_up, b.monotonic() + b.contended_seconds))   # the leader commits
+                progress = root_seq
             now = b.clock()
             if b.monotonic() >= give_up:
                 return self._withdraw(ticket, job_id)
@@ -151,24 +171,28 @@ class BatchPlacer:
                 entry = dataclasses.replace(entry, expires_at=now + QUEUED_SECONDS)
                 with contextlib.suppress(LedgerConflict):
                     self.queue.add(entry)
-            b.sleep((b.rng or random).uniform(*POLL_SECONDS))
+            b.sleep(poll_seconds(waiting, b.rng))
 
     def _take_lease(self, state: LedgerState, me: str) -> bool:
         """Become the leader, if nobody is (one compare-and-swap; losing it means another did)."""
         now = self.booker.clock()
         batch = dataclasses.replace(state.batch.live(now), leader=me, lease_until=now + LEASE_SECONDS)
         try:
-            self.ledger._write(list(state.reservations), state.unavailable, state, state.jobs, batch=batch)
+            self.ledger.put_batch(state, batch)
             return True
         except LedgerConflict:
             return False
 
     def _answered(self, answer: Decided, state: LedgerState) -> Booking:
+        if answer.alone:
+            self.log.info("job %s holds a placement already; placing it again on its own", answer.job_id)
+            return self.booker.book(self.spec, answer.job_id)
         plan = Plan.from_json(answer.plan)
         if plan.outcome == Outcome.FITS:
             self.log.info("placed in a batch led by %s: %s", answer.by,
                           "; ".join(f"{a.task} -> {a.node}" for a in plan.assignments))
-        return Booking(plan, plan.outcome == Outcome.FITS, state, None, state.record(plan.job_id, self.booker.clock()))
+        return Booking(plan, plan.outcome == Outcome.FITS, state, None,
+                       self.ledger.record_of(plan.job_id, state, self.booker.clock()))
 
     def _withdraw(self, ticket: str, job_id: str) -> Booking:
         """Give up the wait: take the request out of the queue, then take an answer given meanwhile."""
@@ -182,36 +206,39 @@ class BatchPlacer:
         return self.booker.book(self.spec, job_id)      # LedgerContended from there: the step defers
 
     # ------------------------------------------------------------------ the leader
-    def lead(self, me: str) -> None:
-        """Decide every queued request, batch after batch, until the queue is empty (module doc)."""
+    def lead(self, me: str, view: ClusterView | None = None, stay: bool = False) -> None:
+        """Decide every queued request, batch after batch, until the queue is empty (module doc).
+        `view`: the cluster from a watch-fed view (`gpuboot.lifecycle.placer`), full reads only when
+        it cannot say what it covers; `stay`: keep the lease when the queue is empty (a placer
+        leads for as long as it lives; a place step hands over)."""
         b = self.booker
         basis: Basis | None = None
+        fresh = False
         began = b.monotonic()
-        b.sleep(GATHER_SECONDS)         # let the rest of a burst queue behind the one read
+        if not stay:
+            b.sleep(GATHER_SECONDS)     # let the rest of a burst queue behind the one read
         while True:
             state = self.ledger.snapshot()
             now = b.clock()
             if state.batch.led_by(now) != me:
                 return                  # the lease went to someone else (ours expired): they lead
             queue = latest_per_job(self.queue.waiting(d.ticket for d in state.batch.decided))
+            if not queue and stay:
+                return
             if not queue or (b.monotonic() - began > LEAD_SECONDS and state.batch.answer(me) is not None):
                 return self._step_down(me)      # done, or led long enough: a waiter takes the lease over
-            released = basis.reusable(state, "", b.monotonic()) if basis is not None else None
-            if released is None:
-                b.full_reads += 1
-                read_at = b.monotonic()
-                basis = Basis(state.seq, survey(b.kube, b.ecs, state.others("", now), now, b.boot_grace_seconds),
-                              read_at, frozenset(state.live_unavailable(now)))
-                released = []
+            basis, released = self._basis(basis, state, now, fresh, view)
+            fresh = False
             # boot-failure marks whose evidence is gone go, as on the single path (booking.outdated_marks)
             outdated = outdated_marks([m for m in state.live_unavailable(now) if m in basis.marks],
                                       basis.survey.nodes, basis.survey.views)
             plans, added = self.decide(queue, basis.survey, [*state.others("", now), *released],
                                        [m for m in state.live_unavailable(now) if m not in outdated], now,
                                        answer_rows(state.batch.live(now), len(queue)))
+            queue = queue[:len(plans)]  # what the time budget let it place; the rest waits for the next batch
             if (released or b.monotonic() - basis.at > VERDICT_MAX_AGE_SECONDS) and any(
                     p.outcome != Outcome.FITS for p in plans):
-                basis = None            # a verdict of busy or never rests on a recent read, no release pending
+                fresh = True            # a verdict of busy or never rests on a recent read, no release pending
                 continue
             self.ledger.claim_nodes(plan_nodes(plans, basis.survey.nodes))   # SecondLedger: another ledger books them
             for attempt in range(1, 1 << 30):
@@ -225,23 +252,48 @@ class BatchPlacer:
                     state = newer
                     b.sleep(backoff(attempt, base=0.02, cap=0.5, rng=b.rng))
 
+    def _basis(self, basis: Basis | None, state: LedgerState, now: float, fresh: bool,
+               view: ClusterView | None) -> tuple[Basis, list[Reservation]]:
+        """The survey to place against and the releases since it to count: from the view when there is one
+        and it can say what it covers, else the survey already read (`Basis.reusable`), else a full read.
+        `fresh`: read after `state` itself."""
+        b = self.booker
+        if view is not None:
+            got = view.basis(self.ledger.name, state, now, fresh=fresh)
+            if got is not None:
+                return got
+        released = None if fresh or basis is None else basis.reusable(state, "", b.monotonic())
+        if released is not None:
+            return basis, released
+        b.full_reads += 1
+        read_at = b.monotonic()
+        return Basis(state.seq, survey(b.kube, b.ecs, state.others("", now), now, b.boot_grace_seconds),
+                     read_at, frozenset(state.live_unavailable(now))), []
+
     def decide(self, queue: Sequence[Queued], seen: Survey, reserved: list[Reservation],
                unavailable: list[Unavailable], now: float, rows: int = ANSWER_ROWS) -> tuple[list[Plan], list[Reservation]]:
-        """Place each queued request in turn against `seen` plus `reserved` plus the ones before it."""
+        """Place each queued request in turn against `seen` plus `reserved` plus the ones before it, for
+        DECIDE_SECONDS at most (at least one): a batch must be committed well within the lease, or a waiter
+        takes the lease over and the batch is lost (a thousand jobs on 10,000 nodes take seconds to place)."""
         plans, added = [], []
         holders = {r.job_id for r in reserved}
+        views = seen.recounted(reserved, now).views
+        until = self.booker.monotonic() + DECIDE_SECONDS
         for entry in queue:
+            if plans and self.booker.monotonic() > until:
+                break
             request = JobRequest.from_json(entry.request)
             if entry.job_id in holders:     # placed meanwhile (its wait gave up and placed itself)
                 plans.append(Plan(entry.job_id, Outcome.BUSY, "the job holds a placement made meanwhile; "
                                   "placing it again on its own"))
                 continue
-            views = seen.recounted([*reserved, *added], now).views
             plan = place(request, views, unavailable, table_rows=rows)     # only the rows its answer keeps
             plans.append(plan)
             if plan.outcome == Outcome.FITS:
-                added += [Reservation(job_id=entry.job_id, task=a.task, node=a.node, resources=a.requests,
-                                      expires_at=now + entry.ttl) for a in plan.assignments]
+                mine = [Reservation(job_id=entry.job_id, task=a.task, node=a.node, resources=a.requests,
+                                    expires_at=now + entry.ttl) for a in plan.assignments]
+                added += mine
+                views = with_reservations(views, seen.backed, mine, now)   # counted on top: only the new ones
         return plans, added
 
     def _commit(self, state: LedgerState, me: str, queue: Sequence[Queued], plans: Sequence[Plan],
@@ -251,8 +303,10 @@ class BatchPlacer:
         now = self.booker.clock()
         live = state.batch.live(now)
         rows = answer_rows(live, len(queue))
+        holders = {r.job_id for r in state.reservations if r.expires_at > now}    # answered `alone` (see decide)
         answers = tuple(Decided(q.job_id, q.ticket, compact(p, rows).to_json(), me.split(":", maxsplit=1)[0],
-                                now + DECIDED_SECONDS) for q, p in zip(queue, plans))
+                                now + DECIDED_SECONDS, alone=q.job_id in holders and p.outcome != Outcome.FITS)
+                        for q, p in zip(queue, plans))
         batch = Batch(live.decided + answers, me, now + LEASE_SECONDS)
         # never removes a reservation: its pod may still be bound (the tombstone rule of gpuboot.lifecycle.booking)
         self.ledger._write([*state.reservations, *added], [m for m in state.unavailable if m not in set(outdated)], state,
@@ -269,14 +323,16 @@ class BatchPlacer:
 
     def _step_down(self, me: str) -> None:
         """Give the lease up (a waiter whose request came after the last read takes it over)."""
-        def change(s: LedgerState):
-            live = s.batch.live(self.booker.clock())
+        for attempt in range(1, 21):
+            state = self.ledger.snapshot()
+            live = state.batch.live(self.booker.clock())
             if live.leader != me:
-                return None
-            return list(s.reservations), list(s.unavailable), list(s.jobs), dataclasses.replace(
-                live, leader=None, lease_until=0.0)
-
-        self.ledger.update(change, "step down as the batch leader")
+                return
+            try:
+                return self.ledger.put_batch(state, dataclasses.replace(live, leader=None, lease_until=0.0))
+            except LedgerConflict:
+                self.booker.sleep(backoff(attempt, rng=self.booker.rng))
+        # not given up: the lease lapses on its own within LEASE_SECONDS
 
 
 def still_valid(old: LedgerState, new: LedgerState, queue: Sequence[Queued], now: float) -> bool:
@@ -293,6 +349,13 @@ def latest_per_job(queue: Sequence[Queued]) -> list[Queued]:
     """One request per job, its newest (an older ticket of the same job is a wait that gave up)."""
     newest = {q.job_id: q for q in queue}      # queue order is oldest first
     return [q for q in queue if newest[q.job_id] is q]
+
+
+def poll_seconds(waiting: int, rng: random.Random | None = None) -> float:
+    """A waiter's pause before its next read of its queue shard: POLL_SECONDS (jittered) while few wait,
+    longer in proportion beyond POLL_CROWD waiters (up to POLL_MAX_SECONDS), so that the waiters of a
+    large burst read the API server at about POLL_CROWD / mean(POLL_SECONDS) times a second in all."""
+    return min(POLL_MAX_SECONDS, (rng or random).uniform(*POLL_SECONDS) * max(1.0, waiting / POLL_CROWD))
 
 
 def answer_rows(live: Batch, n: int) -> int:

@@ -106,12 +106,26 @@ def survey(kube: ClusterReads, ecs: Ecs, reservations: list[Reservation], now: f
     ids = sorted({i for i in map(instance_id_of, nodes) if i})
     instances = ecs.describe_instances(ids) if ids else []
     types = ecs.describe_instance_types({i["InstanceType"] for i in instances if i.get("InstanceType")})
+    return joined(nodes, pods, instances, priced_types(ecs, instances, types, prices), reservations, now,
+                  boot_grace_seconds)
+
+
+def priced_types(ecs: Ecs, instances: Sequence[dict], types: Mapping[str, dict], prices: PriceCache = PRICES) -> dict:
+    """`types` with each (type, zone) price of `instances` from the shared, TTL'd `prices` cache."""
+    out = dict(types)
     priced = prices.prices(ecs, {(i["InstanceType"], i.get("ZoneId")) for i in instances if i.get("InstanceType")},
                            getattr(ecs, "region_id", "") or "")
     for (itype, zone), price in priced.items():
-        if itype in types and price is not None:
-            types[itype] = {**types[itype], "PricesPerHour": {**types[itype].get("PricesPerHour", {}), zone: price}}
-    bare = tuple(build_inventory(nodes, pods, instances, types, [], now, boot_grace_seconds=boot_grace_seconds))
+        if itype in out and price is not None:
+            out[itype] = {**out[itype], "PricesPerHour": {**out[itype].get("PricesPerHour", {}), zone: price}}
+    return out
+
+
+def joined(nodes: list[dict], pods: list[dict], instances: list[dict], types: Mapping[str, dict],
+           reservations: list[Reservation], now: float, boot_grace_seconds: float = 900) -> Survey:
+    """The survey of these Nodes, pods and instances (however they were read: `survey`, or the
+    watch-fed `gpuboot.lifecycle.view.ClusterView`)."""
+    bare = tuple(build_inventory(nodes, pods, instances, dict(types), [], now, boot_grace_seconds=boot_grace_seconds))
     return Survey(nodes, pods, [], bare, frozenset(backed_tasks(pods))).recounted(reservations, now)
 
 

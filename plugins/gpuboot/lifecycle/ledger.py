@@ -1,50 +1,108 @@
-"""The reservation ledger: capacity promised to jobs, kept in one ConfigMap.
+"""The reservation ledger: capacity promised to jobs, kept in ConfigMaps sharded by node.
 
-Why one ConfigMap: a gang's reservations must be taken atomically, and the API
-server's resourceVersion gives compare-and-swap on one object for free. Every write
-is read-modify-write guarded by the version that was read; a 409 means someone else
-wrote first and the caller re-reads and re-places. Entries carry an expiry so a
+Why ConfigMaps: the API server's resourceVersion gives compare-and-swap on one object for
+free. Every write is read-modify-write guarded by the version that was read; a 409 means
+someone else wrote first and the caller re-reads and re-places. Entries carry an expiry so a
 crashed run leaks nothing, and expired entries are pruned on every write.
 
-The same ConfigMap holds the insufficient-capacity cache (key `unavailable.json`):
-offerings that ran out of stock and nodes that failed to boot, each with an expiry.
-Keeping it next to the reservations means every run and worker shares it, and a
-placement that commits after a mark was written must have read that mark (the CAS
-guarantees it), which is what lets a run stop a node it abandons without a race.
+Layout (format 2). One ConfigMap cannot hold 5,000 jobs (a reservation is ~220 bytes, a job
+record 130-320, a tombstone ~230: format 1, everything in one object, filled 1 MiB near 2,000
+jobs), and one object makes every placement conflict with every other. So:
+- the root `gpuboot-reservations` holds the format and the shard count (`meta.json`), the
+  offering marks (`unavailable.json`: offerings out of stock) and the group-commit state
+  (`batch.json`, gpuboot.lifecycle.batching);
+- shard `gpuboot-reservations-<k>` (k < SHARDS) holds the reservations, tombstones and node
+  marks of the nodes whose name hashes to k, and the records of the jobs whose id hashes to k,
+  with its own write counter `seq`.
+A placement reads every object but writes only the shards of the nodes it books (and the job's
+record's): two placements on nodes of different shards never conflict. Bookings stay tied to
+their nodes: each booked Node names its ledger (`claim_nodes`), so a second ledger on the
+same nodes is refused (SecondLedger, issue 35 #3).
 
-And one record per job (key `jobs.json`, `JobRecord`): the instances the job started
-(written *before* StartInstances is called, so a worker killed right after the call still
-left the record) and the nodes that failed for it. Every later try and every step of the
-job reads it from here, not from an XCom of an earlier try: that is what lets a retry stop
-a node an earlier try started, and never wait again on a node that already failed for it.
+The insufficient-capacity cache (`Unavailable`): offerings that ran out of stock (root) and
+nodes that failed to boot or are being stopped (the node's shard). A node mark lives in the
+same object as the node's reservations, so a placement that commits on a node after a mark
+on it was written must have read that mark (the compare-and-swap on that shard guarantees
+it), which is what lets a run stop a node it abandons without a race.
 
-Tombstones and the write counter (key `meta.json`). Every write bumps `seq`, a counter of the
-ledger's own writes (not the opaque resourceVersion), and leaves a tombstone for each live
-reservation it removes (a release, a re-placement, a job giving up), stamped with that write's
-seq and kept TOMBSTONE_SECONDS. A placer that re-places against a cluster survey read after
-ledger seq s counts the tombstones with seq > s as still reserved (their pods may have been
-bound after its pod listing): see `gpuboot.lifecycle.booking.Booker` for the safety argument. When a
-tombstone is pruned the ledger raises `tombstones_from` past its seq, so a placer whose survey
-predates a pruned tombstone knows it and reads the cluster again: the safety does not rest on
-clocks agreeing.
+One record per job (`JobRecord`): the instances the job started (written *before*
+StartInstances is called, so a worker killed right after the call still left the record) and
+the nodes that failed for it. Every later try and every step of the job reads it from here,
+not from an XCom of an earlier try: that is what lets a retry stop a node an earlier try
+started, and never wait again on a node that already failed for it.
+
+Tombstones and the write counters, per shard. Every write of a shard bumps its `seq` and
+leaves a tombstone for each live reservation it removes (a release, a re-placement, a job
+giving up), stamped with that write's seq and kept TOMBSTONE_SECONDS. A placer that re-places
+against a cluster survey read after the ledger at `LedgerState.seq` (opaque: every shard's
+seq) counts the tombstones of each shard newer than that shard's seq then as still reserved
+(their pods may have been bound after its pod listing): see `gpuboot.lifecycle.booking.Booker`
+for the argument, which holds shard by shard since a reservation lives in one shard for its
+whole life. When a tombstone is pruned its shard raises `tombstones_from` past its seq, so a
+placer whose survey predates a pruned tombstone knows it and reads the cluster again: the
+safety does not rest on clocks agreeing.
+
+Commits (`_write`). A write changes the objects whose content changes, each compare-and-swap on
+its own version. It first writes the objects that gain something (a reservation, a node mark,
+the batch state), each against the version the caller's plan was computed from, shards in
+name order and the root last; a conflict on any of them takes back what this write added to
+the ones already written, and raises LedgerConflict (the caller re-places). Then the objects
+that only lose or renew entries (the job's old reservations, its record, marks dropped) are
+re-read and rewritten until done: a removal never needs the version the plan read, and is
+safe on its own.
+- Why no node is promised twice: every reservation on a node, committed or mid-commit, is in
+  that node's shard, and every addition there is a compare-and-swap against the version whose
+  reservations the plan counted; the ledger serialises promises node by node as the single
+  object did for all of them.
+- What a reader sees mid-commit: part of the additions (counted as reserved, never as free)
+  and the job's old reservations still there; so it counts more than is promised, never less.
+  A batch's answers are in the root, written after every reservation they announce.
+- A crash mid-commit: when several objects gain reservations, they are written with at most
+  PROVISIONAL_SECONDS to live and extended to their full lifetime once all are in; what a
+  crashed commit added thus expires within minutes (a crashed taking back likewise), and the
+  job's next commit or release replaces or removes it earlier. Nothing is leaked beyond that,
+  and no pod can be bound to a reservation its commit never confirmed (the caller creates pods
+  only after `commit` returned). A crash after the additions leaves the job's old reservations,
+  which its next commit or release removes (or they expire): more held, never less.
+
+Migration (format 1, everything in the root, to format 2), in place on first use by this
+version, by any process that reads a format-1 root (`migrate`), in three steps:
+1. the root is rewritten (compare-and-swap) with its content unchanged, a migration tag, and a
+   `seq` format-1 code cannot parse: from then on a format-1 process refuses to read or write
+   the ledger (its error says to upgrade) rather than book without seeing the shards. A
+   format-1 write that came first makes this write conflict: the migrator reads it and starts over;
+2. each shard is written from the frozen root content, tagged; a shard already tagged is left
+   as it is (another migrator did it, and it may be in use already), so several migrators at
+   once write the same content once and never overwrite later writes;
+3. the root is switched to format 2 (compare-and-swap on the step-1 version).
+No reservation is lost: every format-1 write either precedes step 1 (and is in the frozen
+content) or conflicts with it and is refused from then on. A reader reads the root before the
+shards, so it never takes a half-migrated ledger for the shards.
 
 Size. A ConfigMap holds at most 1 MiB: every write prunes what expired (reservations, marks,
-records, tombstones) and a write that would still be larger than MAX_LEDGER_BYTES is refused
-with `LedgerFull`, which says what fills it; nothing is ever truncated silently.
+records, tombstones), and a write that would leave an object larger than MAX_OBJECT_BYTES (well
+below 1 MiB) is refused with `LedgerFull`, which names the object and says what fills it;
+nothing is ever truncated silently.
 
 Lifetime. The TTL of an entry exists only for crashed runs. A live run keeps what it holds
-with `renew` (compare-and-swap like every write): each step extends the job's reservations
-and record to cover its own longest wait plus the launch before it starts waiting, so an
-entry of a live run cannot expire under it (see `gpuboot.lifecycle.booking.reservation_ttl`).
+with `renew`: each step extends the job's reservations and record to cover its own longest
+wait plus the launch before it starts waiting, so an entry of a live run cannot expire under
+it (see `gpuboot.lifecycle.booking.reservation_ttl`). A renewal rewrites only entries still
+there: it never brings back a reservation released meanwhile.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
+import uuid
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import cached_property, lru_cache
+from itertools import chain
 
 from gpuboot.core.model import ANNOTATION_LEDGER, Reservation, Unavailable, ledger_of
 from gpuboot.core.resources import Resources
@@ -58,8 +116,20 @@ JOBS_KEY = "jobs.json"
 TOMBSTONES_KEY = "tombstones.json"
 META_KEY = "meta.json"
 BATCH_KEY = "batch.json"
+LABEL_LEDGER = "gpuboot.io/ledger"      # on every object of a ledger: its root's name
 TOMBSTONE_SECONDS = 120         # longer than any survey a placer re-places against (booking.SURVEY_MAX_AGE_SECONDS)
-MAX_LEDGER_BYTES = 1_000_000    # the API server refuses a ConfigMap over 1 MiB (data + metadata)
+MAX_OBJECT_BYTES = 800_000      # refused well before the API server's 1 MiB (data + metadata) per ConfigMap
+MAX_LEDGER_BYTES = MAX_OBJECT_BYTES     # the name format 1 used
+SHARDS = 64                     # shards of a new ledger (kept in its root; RBAC names each one)
+FORMAT = 2
+PROVISIONAL_SECONDS = 300       # additions of a commit over several objects live this long until all are in
+MIGRATION_ATTEMPTS = 20
+PARALLEL = 8                    # ledger objects read or written at once by one call
+ROOT_SEQ_KEY = "root_seq"       # the root's own write counter (format 2)
+MIGRATING_KEY = "migrating"     # the tag of a migration under way (root, steps 1-2)
+MIGRATED_FROM_KEY = "migrated_from"     # a shard written by that migration
+MIGRATED = ("this ledger is in format 2 (sharded), written by a newer gpuboot: upgrade gpuboot on this "
+            "process; it refuses to book rather than miss the bookings in the shards")
 
 
 WRITE_CONTENDED_SECONDS = 30    # a read-modify-write (renew, release, marks) retries conflicts at least this long
@@ -195,14 +265,15 @@ class Decided:
     plan: dict
     by: str
     expires_at: float
+    alone: bool = False     # the job holds reservations already: its waiter books on the single path
 
     def to_json(self) -> dict:
         return {"job_id": self.job_id, "ticket": self.ticket, "plan": self.plan, "by": self.by,
-                "expires_at": self.expires_at}
+                "expires_at": self.expires_at, **({"alone": True} if self.alone else {})}
 
     @classmethod
     def from_json(cls, d: dict) -> Decided:
-        return cls(d["job_id"], d["ticket"], d["plan"], d["by"], float(d["expires_at"]))
+        return cls(d["job_id"], d["ticket"], d["plan"], d["by"], float(d["expires_at"]), bool(d.get("alone")))
 
 
 @dataclass(frozen=True)
@@ -236,17 +307,104 @@ class Batch:
 
 
 @dataclass(frozen=True)
-class LedgerState:
-    """Everything in the ledger (expired entries included) and the version it was read at."""
+class Part:
+    """The content of one ledger object (the root, or one shard), as read at one version."""
 
-    reservations: tuple[Reservation, ...]
-    unavailable: tuple[Unavailable, ...]
-    version: str | None        # None: no ledger yet
-    jobs: tuple[JobRecord, ...] = field(default=())
-    seq: int = 0               # writes so far (the ledger's own counter)
-    tombstones: tuple[Tombstone, ...] = field(default=())
-    tombstones_from: int = 0   # every tombstone with seq > this is still here (older ones may be pruned)
+    reservations: tuple[Reservation, ...] = ()
+    unavailable: tuple[Unavailable, ...] = ()
+    jobs: tuple[JobRecord, ...] = ()
+    tombstones: tuple[Tombstone, ...] = ()
+    seq: int = 0               # writes of this object so far (its own counter)
+    tombstones_from: int = 0   # every tombstone of this object with seq > this is still here
     batch: Batch = field(default=Batch())
+    meta: tuple[tuple[str, object], ...] = ()     # other meta.json keys (format, shards, migration), kept as read
+
+    @classmethod
+    def from_data(cls, data: dict) -> Part:
+        meta = json.loads(data.get(META_KEY) or "{}")
+        seq = meta.pop(ROOT_SEQ_KEY) if ROOT_SEQ_KEY in meta else meta.pop("seq", 0)
+        meta.pop("seq", None)
+        return cls(tuple(Reservation.from_json(d) for d in json.loads(data.get(DATA_KEY) or "[]")),
+                   tuple(Unavailable.from_json(d) for d in json.loads(data.get(UNAVAILABLE_KEY) or "[]")),
+                   tuple(JobRecord.from_json(d) for d in json.loads(data.get(JOBS_KEY) or "[]")),
+                   tuple(Tombstone.from_json(d) for d in json.loads(data.get(TOMBSTONES_KEY) or "[]")),
+                   int(seq or 0), int(meta.pop("tombstones_from", 0)),
+                   Batch.from_json(json.loads(data.get(BATCH_KEY) or "{}")), tuple(sorted(meta.items())))
+
+    @property
+    def format(self) -> int:
+        return int(dict(self.meta).get("format") or 1)
+
+
+@dataclass(frozen=True)
+class LedgerState:
+    """The ledger as read: every object's content and version (see the module doc, "Layout"),
+    merged into one view (expired entries included). The shards are read on first use (`load`),
+    after the root: a waiter polling for its batch answer reads the root only."""
+
+    given_parts: Mapping[str, Part]
+    given_versions: Mapping[str, str | None]
+    root: str = CONFIGMAP
+    load: Callable[[], tuple[dict[str, Part], dict[str, str | None]]] | None = field(
+        default=None, compare=False, repr=False)
+
+    @classmethod
+    def empty(cls, root: str = CONFIGMAP) -> LedgerState:
+        return cls({}, {}, root)
+
+    @cached_property
+    def _loaded(self) -> tuple[dict[str, Part], dict[str, str | None]]:
+        if self.load is None:
+            return dict(self.given_parts), dict(self.given_versions)
+        parts, versions = self.load()
+        return {**self.given_parts, **parts}, {**self.given_versions, **versions}
+
+    @property
+    def parts(self) -> dict[str, Part]:
+        return self._loaded[0]
+
+    @property
+    def versions(self) -> dict[str, str | None]:
+        return self._loaded[1]
+
+    def _all(self, attr: str) -> tuple:
+        return tuple(chain.from_iterable(getattr(self.parts[name], attr) for name in sorted(self.parts)))
+
+    @cached_property
+    def reservations(self) -> tuple[Reservation, ...]:
+        return self._all("reservations")
+
+    @cached_property
+    def unavailable(self) -> tuple[Unavailable, ...]:
+        return self._all("unavailable")
+
+    @cached_property
+    def jobs(self) -> tuple[JobRecord, ...]:
+        return self._all("jobs")
+
+    @cached_property
+    def tombstones(self) -> tuple[Tombstone, ...]:
+        return self._all("tombstones")
+
+    @property
+    def batch(self) -> Batch:
+        return self.given_parts[self.root].batch if self.root in self.given_parts else Batch()
+
+    @property
+    def version(self) -> Versions | None:
+        """Opaque: the version of every object read (None: no ledger yet). Pass it back to `commit`."""
+        return Versions(tuple(sorted(self.versions.items()))) if self.versions.get(self.root) else None
+
+    @property
+    def seq(self) -> Seq:
+        """Opaque: every shard's write counter. Pass it back to `released_since`; equal means unchanged."""
+        return Seq(tuple(sorted((n, p.seq) for n, p in self.parts.items() if n != self.root)))
+
+    def seq_of(self, shards: Mapping[str, int | None]) -> Seq | None:
+        """A `seq` for `released_since` made of a seq per shard (None: some shard has none)."""
+        if any(v is None for v in shards.values()):
+            return None
+        return Seq(tuple(sorted((n, int(v)) for n, v in shards.items() if v is not None)))
 
     def record(self, job_id: str, now: float) -> JobRecord | None:
         """The job's live record (None: it has none, or it expired with the crashed run)."""
@@ -262,20 +420,46 @@ class LedgerState:
     def live_unavailable(self, now: float) -> list[Unavailable]:
         return [u for u in self.unavailable if u.expires_at > now]
 
-    def released_since(self, seq: int, job_id: str) -> list[Reservation] | None:
+    def released_since(self, seq: Seq, job_id: str) -> list[Reservation] | None:
         """Reservations of other jobs removed by writes after `seq`, as reservations to count (see
-        gpuboot.lifecycle.booking); None when some of them may have been pruned (read the cluster again)."""
-        if self.tombstones_from > seq or self.seq < seq:
+        gpuboot.lifecycle.booking), shard by shard; None when some of them may have been pruned or a
+        shard went back (read the cluster again)."""
+        then = dict(seq.shards)
+        out: list[Reservation] = []
+        for name, part in self.parts.items():
+            if name == self.root:
+                continue
+            s = then.get(name, 0)
+            if part.tombstones_from > s or part.seq < s:
+                return None
+            out += [t.as_reservation() for t in part.tombstones if t.seq > s and t.job_id != job_id]
+        if any(name not in self.parts for name in then):
             return None
-        return [t.as_reservation() for t in self.tombstones if t.seq > seq and t.job_id != job_id]
+        return out
+
+
+@dataclass(frozen=True)
+class Versions:
+    """Opaque to callers: (object, resourceVersion) of every object of one snapshot."""
+
+    objects: tuple[tuple[str, str | None], ...]
+
+
+@dataclass(frozen=True)
+class Seq:
+    """Opaque to callers: (shard, seq) of every shard of one snapshot."""
+
+    shards: tuple[tuple[str, int], ...]
 
 
 class ReservationLedger:
-    """Live reservations of every job, in ConfigMap `gpuboot-reservations` of `namespace`."""
+    """Live reservations of every job: root ConfigMap `gpuboot-reservations` of `namespace` and its
+    shards `gpuboot-reservations-<k>` (module doc, "Layout")."""
 
     def __init__(self, kube: KubeClient, namespace: str = "default", name: str = CONFIGMAP,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.kube, self.namespace, self.name, self.clock = kube, namespace, name, clock
+                 clock: Callable[[], float] = time.time, shards: int = SHARDS) -> None:
+        self.kube, self.namespace, self.name, self.clock, self.shards = kube, namespace, name, clock, shards
+        self._cache: dict[str, tuple[str | None, Part]] = {}     # shard -> (version, content) last parsed
 
     @property
     def identity(self) -> str:
@@ -303,22 +487,85 @@ class ReservationLedger:
                 except Conflict:        # the Node changed since it was read (perhaps claimed): read it again
                     node = self.kube.get_node(name)
 
-    def snapshot(self) -> LedgerState:
-        cm = self.kube.read_configmap(self.namespace, self.name)
-        if cm is None:
-            return LedgerState((), (), None)
-        data = cm.get("data") or {}
-        meta = json.loads(data.get(META_KEY) or "{}")
-        return LedgerState(tuple(Reservation.from_json(d) for d in json.loads(data.get(DATA_KEY) or "[]")),
-                           tuple(Unavailable.from_json(d) for d in json.loads(data.get(UNAVAILABLE_KEY) or "[]")),
-                           cm["metadata"]["resourceVersion"],
-                           tuple(JobRecord.from_json(d) for d in json.loads(data.get(JOBS_KEY) or "[]")),
-                           int(meta.get("seq", 0)),
-                           tuple(Tombstone.from_json(d) for d in json.loads(data.get(TOMBSTONES_KEY) or "[]")),
-                           int(meta.get("tombstones_from", 0)),
-                           Batch.from_json(json.loads(data.get(BATCH_KEY) or "{}")))
+    # ------------------------------------------------------------------ where entries live
+    def shard_names(self, count: int | None = None) -> list[str]:
+        return [f"{self.name}-{k}" for k in range(self.shards if count is None else count)]
 
-    def read(self) -> tuple[list[Reservation], str | None]:
+    def object_of_node(self, node: str, count: int) -> str:
+        return _shard(self.name, node, count)
+
+    def object_of_job(self, job_id: str, count: int) -> str:
+        return _shard(self.name, "job:" + job_id, count)
+
+    def _split(self, entries: Iterable[Reservation], unavailable: Iterable[Unavailable], jobs: Iterable[JobRecord],
+               count: int) -> dict[str, tuple[list, list, list]]:
+        """Entries by the object that holds them: a reservation and a node mark with its node's shard, a job
+        record with its job's, an offering mark in the root."""
+        out: dict[str, tuple[list, list, list]] = {}
+        for r in entries:
+            out.setdefault(self.object_of_node(r.node, count), ([], [], []))[0].append(r)
+        for u in unavailable:
+            out.setdefault(self.object_of_node(u.node, count) if u.node else self.name, ([], [], []))[1].append(u)
+        for j in jobs:
+            out.setdefault(self.object_of_job(j.job_id, count), ([], [], []))[2].append(j)
+        return out
+
+    # ------------------------------------------------------------------ reading
+    def snapshot(self) -> LedgerState:
+        """The root, then every shard (in that order: see "Migration"); migrates a format-1 ledger first."""
+        for _ in range(MIGRATION_ATTEMPTS):
+            root = self.kube.read_configmap(self.namespace, self.name)
+            if root is None:
+                return LedgerState.empty(self.name)
+            part = Part.from_data(root.get("data") or {})
+            if part.format < FORMAT or dict(part.meta).get(MIGRATING_KEY):
+                self.migrate(root)
+                continue
+            names = self.shard_names(int(dict(part.meta)["shards"]))
+            return LedgerState({self.name: part}, {self.name: root["metadata"]["resourceVersion"]}, self.name,
+                               lambda: self._read_shards(names))
+        raise LedgerConflict(f"ledger {self.identity}: its migration to format {FORMAT} kept being interrupted")
+
+    def record_of(self, job_id: str, state: LedgerState, now: float) -> JobRecord | None:
+        """The job's live record as `state` would give it, reading only the shard that holds it when `state`
+        has not read its shards (a waiter of a burst must not read the whole ledger)."""
+        root = state.given_parts.get(self.name)
+        if root is None or state.load is None or "_loaded" in state.__dict__ or root.format < FORMAT:
+            return state.record(job_id, now)
+        name = self.object_of_job(job_id, int(dict(root.meta)["shards"]))
+        part = self._parsed(name, self.kube.read_configmap(self.namespace, name))
+        return next((j for j in part.jobs if j.job_id == job_id and j.expires_at > now), None)
+
+    def _read_shards(self, names: list[str]) -> tuple[dict[str, Part], dict[str, str | None]]:
+        read: dict[str, dict | None] = {}
+
+        def get(name: str) -> None:
+            read[name] = self.kube.read_configmap(self.namespace, name)
+
+        _each(get, names, raising=True)
+        versions = {n: cm["metadata"]["resourceVersion"] if cm else None for n, cm in read.items()}
+        return {n: self._parsed(n, read[n]) for n in names}, versions
+
+    def _parsed(self, name: str, cm: dict | None) -> Part:
+        """The shard's content, parsed once per version (a snapshot mostly finds shards unchanged)."""
+        version = cm["metadata"]["resourceVersion"] if cm else None
+        cached = self._cache.get(name)
+        if cached is not None and version is not None and cached[0] == version:
+            return cached[1]
+        part = Part.from_data((cm or {}).get("data") or {})
+        self._cache[name] = (version, part)
+        return part
+
+    def sizes(self) -> dict[str, int]:
+        """Bytes of the data of each ledger object that exists (benches, and the size checks' tests)."""
+        root = self.kube.read_configmap(self.namespace, self.name)
+        if root is None:
+            return {}
+        count = int(dict(Part.from_data(root.get("data") or {}).meta).get("shards") or 0)
+        found = {self.name: root, **{n: self.kube.read_configmap(self.namespace, n) for n in self.shard_names(count)}}
+        return {n: len(json.dumps(cm.get("data") or {}).encode()) for n, cm in found.items() if cm is not None}
+
+    def read(self) -> tuple[list[Reservation], Versions | None]:
         """All reservations (expired ones included) and the version they were read at (None: no ledger yet)."""
         state = self.snapshot()
         return list(state.reservations), state.version
@@ -330,41 +577,53 @@ class ReservationLedger:
     def live_unavailable(self, now: float | None = None) -> list[Unavailable]:
         return self.snapshot().live_unavailable(self.clock() if now is None else now)
 
-    def commit(self, job_id: str, reservations: Iterable[Reservation], expected_version: str | None,
+    # ------------------------------------------------------------------ writing
+    def commit(self, job_id: str, reservations: Iterable[Reservation], expected_version: Versions | None,
                unavailable: Iterable[Unavailable] = (), record: JobRecord | None = None,
                drop_unavailable: Iterable[Unavailable] = (), state: LedgerState | None = None) -> None:
         """Replace `job_id`'s entries with `reservations` (and its record with `record`, when
-        given), add the `unavailable` marks and remove `drop_unavailable`, in one write, only if
-        the ledger is still at `expected_version` (the version the placement was computed
-        from); else LedgerConflict. `state`: the ledger as read at that version (spares a read;
-        the write's compare-and-swap still refuses it if the ledger moved since)."""
+        given), add the `unavailable` marks and remove `drop_unavailable`, only if every object
+        it adds to is still at `expected_version` (the version the placement was computed from);
+        else LedgerConflict with nothing added. `state`: the ledger as read at that version
+        (spares a read). What it only removes or rewrites follows (module doc, "Commits")."""
         new = list(reservations)
         if any(r.job_id != job_id for r in new) or (record is not None and record.job_id != job_id):
             raise ValueError(f"commit for job {job_id!r} got entries of another job")
         if state is None or state.version != expected_version:
             state = self.snapshot()
-        if state.version != expected_version:
-            raise LedgerConflict(f"ledger moved from version {expected_version} to {state.version}")
-        jobs = list(state.jobs) if record is None else [j for j in state.jobs if j.job_id != job_id] + [record]
+        if expected_version is None:       # placed on no ledger: every object that exists now moved
+            moved = [n for n, v in state.versions.items() if v is not None]
+        else:
+            moved = [n for n, v in expected_version.objects if state.versions.get(n) != v]
+        jobs = list(state.jobs) if record is None else _put(state.jobs, record)
+        # the shards of every reservation the plan holds are compare-and-swapped, even where it keeps one
+        # unchanged (the job re-placed where it already held): a place taken from it meanwhile (a
+        # preemption) must fail the commit, as an addition that no longer fits does
+        count = int(dict(state.parts[self.name].meta)["shards"]) if self.name in state.parts else SHARDS
         self._write([r for r in state.reservations if r.job_id != job_id] + new,
-                    _merge(_without(state.unavailable, drop_unavailable), unavailable), state, jobs)
+                    _merge(_without(state.unavailable, drop_unavailable), unavailable), state, jobs, moved=moved,
+                    guard={self.object_of_node(r.node, count) for r in new})
 
     def update(self, change: Callable[[LedgerState], tuple | None],
                what: str, attempts: int = 20) -> LedgerState | None:
-        """Read-modify-write through conflicts: `change(state)` returns the new entries, as
-        (reservations, unavailable, records) or with the batch state fourth (or None: nothing to
-        write). Returns the state the write was guarded by (None: nothing written)."""
+        """Read-modify-write until done: `change(state)` returns the new entries, as (reservations,
+        unavailable, records) or with the batch state fourth, or None once there is nothing left to
+        write. Each object is compare-and-swapped on its own, so a change that read several objects
+        (a record as long as the reservations it holds) is read again after its write and written
+        again until the ledger as read needs nothing more. Returns the state the last write was
+        guarded by (None: nothing written)."""
+        wrote = None
         for attempt in write_attempts(attempts):
             state = self.snapshot()
             new = change(state)
             if new is None:
-                return None
+                return wrote
             try:
                 self._write(new[0], new[1], state, new[2], batch=new[3] if len(new) > 3 else None)
-                return state
+                wrote = state
             except LedgerConflict:
+                wrote = state       # some objects may be written already: the next round writes the rest
                 time.sleep(backoff(attempt))
-                continue
         raise LedgerConflict(f"could not {what}: every write conflicted for {WRITE_CONTENDED_SECONDS} s")
 
     def renew(self, job_id: str, until: float) -> list[Reservation]:
@@ -396,6 +655,8 @@ class ReservationLedger:
             rec = state.record(job_id, now) or JobRecord(job_id, lasts)
             rec = replace(rec.with_started(started), expires_at=max(rec.expires_at, lasts))
             out[:] = [rec]
+            if rec == state.record(job_id, now):
+                return None
             return list(state.reservations), list(state.unavailable), _put(state.jobs, rec)
 
         self.update(change, f"record the starts of job {job_id}")
@@ -416,69 +677,352 @@ class ReservationLedger:
     def release(self, job_id: str, attempts: int = 20) -> list[Reservation]:
         """Remove every entry of `job_id`, its record included (idempotent); returns the
         reservations that were removed."""
-        for attempt in write_attempts(attempts):
-            state = self.snapshot()
+        removed: dict[tuple, Reservation] = {}
+
+        def change(state: LedgerState):
             mine = [r for r in state.reservations if r.job_id == job_id]
+            removed.update((_key(r), r) for r in mine)
             jobs = [j for j in state.jobs if j.job_id != job_id]
             if not mine and len(jobs) == len(state.jobs):
-                return []
-            try:
-                self._write([r for r in state.reservations if r.job_id != job_id], state.unavailable,
-                            state, jobs)
-                return mine
-            except LedgerConflict:
-                time.sleep(backoff(attempt))
-                continue
-        raise LedgerConflict(f"could not release job {job_id}: every write conflicted for {WRITE_CONTENDED_SECONDS} s")
+                return None
+            return [r for r in state.reservations if r.job_id != job_id], list(state.unavailable), jobs
+
+        try:
+            self.update(change, f"release job {job_id}", attempts)
+        except LedgerConflict:
+            raise LedgerConflict(f"could not release job {job_id}: every write conflicted for "
+                                 f"{WRITE_CONTENDED_SECONDS} s") from None
+        return list(removed.values())
 
     def _write(self, entries: list[Reservation], unavailable: Iterable[Unavailable], prev: LedgerState,
-               jobs: Iterable[JobRecord], batch: Batch | None = None) -> None:
-        """Write the whole ledger over `prev` (compare-and-swap on its version), compacted: what
-        expired is pruned, each live reservation of `prev` that `entries` drops leaves a tombstone.
-        `batch`: the new group-commit state (None: `prev`'s, kept)."""
+               jobs: Iterable[JobRecord], batch: Batch | None = None, moved: Sequence[str] = (),
+               guard: Iterable[str] = ()) -> None:
+        """Make the ledger hold these entries, over `prev` (module doc, "Commits"): the objects whose
+        content changes, each compacted (expired entries pruned, tombstones for what is dropped).
+        Objects that gain a reservation or a mark, and the root when `batch` changes it, are written
+        first, each a compare-and-swap on its version in `prev` (LedgerConflict, with what was added
+        taken back, when one moved, or when one is in `moved`); then the objects that only lose or
+        renew entries, re-read and re-applied until written (a release never needs the version
+        the caller read). `batch`: the new group-commit state (None: `prev`'s, kept). `guard`: objects
+        compare-and-swapped as the ones that gain, even when their content is unchanged (a placement's)."""
         now = self.clock()
-        data, _ = ledger_data(prev, entries, unavailable, jobs, now, batch)
-        size = len(json.dumps(data).encode())
-        if size > MAX_LEDGER_BYTES:
-            parts = ", ".join(f"{len(json.loads(data[k]))} {what} ({len(data[k].encode()):,} bytes)"
-                              for k, what in ((DATA_KEY, "reservations"), (JOBS_KEY, "job records"),
-                                              (UNAVAILABLE_KEY, "unavailable marks"), (TOMBSTONES_KEY, "tombstones"))
-                              if k in data)
-            if BATCH_KEY in data:
-                parts += (f", {len(json.loads(data[BATCH_KEY])['decided'])} batch answers "
-                          f"({len(data[BATCH_KEY].encode()):,} bytes)")
-            raise LedgerFull(
-                f"ledger ConfigMap {self.namespace}/{self.name} would be {size:,} bytes, over the "
-                f"{MAX_LEDGER_BYTES:,}-byte limit of a ConfigMap (1 MiB) even with expired entries pruned: {parts}. "
-                f"The write was refused and nothing changed: too many jobs hold reservations or records in "
-                f"this ledger at once; let some finish, or give groups of jobs their own ledger_namespace")
+        if prev.version is None:    # no ledger when the plan was made: valid only on a ledger still empty
+            self._create(now)
+            prev = self.snapshot()
+            if prev.version is None or prev.batch != Batch() or any(
+                    prev.versions[n] is not None for n in prev.parts if n != self.name) or prev.unavailable:
+                raise LedgerConflict("the ledger was created and written by another process meanwhile")
+        changes = {}
+        for name, (res, marks, recs) in self._touched(prev, entries, unavailable, jobs).items():
+            if name not in prev.parts:
+                raise ValueError(f"entries for an object this ledger does not have: {name}")
+            change = Change.between(prev.parts[name], res, marks, recs)
+            if not change.empty:
+                changes[name] = change
+        if batch is not None and batch != prev.batch:
+            changes[self.name] = replace(changes.get(self.name, Change()), batch=batch)
+        guard = set(guard) if prev.parts.get(self.name, Part()).format >= FORMAT else set()
+        for name in guard:
+            changes.setdefault(name, Change())
+        # what promises or fences capacity, a job record (one writer's read-modify-write), the batch
+        # state; offering marks in the root are hints
+        strict = [n for n, c in changes.items()
+                  if (c.adds or c.put_jobs or c.drop_jobs or n in guard) and (n != self.name or c.batch is not None)]
+        if any(n in moved for n in strict):
+            raise LedgerConflict(f"ledger objects {sorted(set(strict) & set(moved))} moved since they were read")
+        self._add_all(prev, strict, changes, now)
+        _each(lambda n: self._apply_fresh(n, changes[n]), [n for n in changes if n not in strict], raising=True)
+
+    def _touched(self, prev: LedgerState, entries: Iterable[Reservation], unavailable: Iterable[Unavailable],
+                 jobs: Iterable[JobRecord]) -> dict[str, tuple[list, list, list]]:
+        """The new content of each object the new entries differ from `prev` in. Entries the caller
+        took from `prev` as they were are the same objects: only the others are placed in their
+        shards (a write of one job costs the job's entries, not the whole ledger's)."""
+        entries, unavailable, jobs = list(entries), list(unavailable), list(jobs)
+        count = int(dict(prev.parts[self.name].meta)["shards"])
+        kept = {id(x) for x in (*entries, *unavailable, *jobs)}
+        touched: set[str] = set()
+        for name, part in prev.parts.items():
+            if any(id(x) not in kept for x in (*part.reservations, *part.unavailable, *part.jobs)):
+                touched.add(name)
+        known = {id(x) for part in prev.parts.values() for x in (*part.reservations, *part.unavailable, *part.jobs)}
+        fresh = self._split([r for r in entries if id(r) not in known], [u for u in unavailable if id(u) not in known],
+                            [j for j in jobs if id(j) not in known], count)
+        touched |= set(fresh)
+        out = {}
+        for name in touched:
+            part = prev.parts.get(name, Part())
+            add = fresh.get(name, ([], [], []))
+            out[name] = ([r for r in part.reservations if id(r) in kept] + add[0],
+                         [u for u in part.unavailable if id(u) in kept] + add[1],
+                         [j for j in part.jobs if id(j) in kept] + add[2])
+        return out
+
+    def _add_all(self, prev: LedgerState, names: list[str], changes: dict[str, Change], now: float) -> None:
+        """Write the objects that gain entries, each against its version in `prev`: those that only
+        add first (side by side), then the one with the job's record, the root last; on a conflict
+        take back what was added (module doc, "Commits"). Several objects: the reservations are
+        written with at most PROVISIONAL_SECONDS left, then extended once all are in."""
+        several = len(names) > 1
+        rank = {n: 2 if n == self.name else 1 if (changes[n].put_jobs or changes[n].drop_jobs) else 0 for n in names}
+        done: list[str] = []
+
+        def write(name: str) -> None:
+            change = changes[name].provisional(now) if several else changes[name]
+            if name == self.name:
+                self._put_root(prev.parts[name], change, now)
+            else:
+                self._cas(name, prev.parts[name], prev.versions.get(name), change, now)
+
+        for step in (0, 1, 2):
+            outcomes = _each(write, sorted(n for n in names if rank[n] == step))
+            done += [n for n, error in outcomes if error is None]
+            errors = [error for _, error in outcomes if error is not None]
+            if any(isinstance(e, LedgerConflict) for e in errors):
+                _each(lambda n: self._apply_fresh(n, changes[n].taken_back(now), must=False), done)
+                raise next(e for e in errors if isinstance(e, LedgerConflict))
+            if errors:
+                raise errors[0]         # not a conflict (the worker is going down): what it wrote expires
+        if several:
+            _each(lambda n: self._apply_fresh(n, changes[n].extension()),
+                  [n for n in done if changes[n].provisional(now) != changes[n]], raising=True)
+
+    def put_batch(self, state: LedgerState, batch: Batch) -> None:
+        """The group-commit state alone (a lease taken, renewed or given up), in one compare-and-swap of the
+        root at the version `state` read: LedgerConflict when the root moved meanwhile (another took the
+        lease, or answered). It reads no shard and writes no other object: a lease touches nothing else,
+        and a hundred waiters trying for a free lease must each cost one write, not a ledger read and
+        retries (the loser looks again at its next poll)."""
+        root = state.given_parts.get(self.name)
+        if root is None or root.format < FORMAT:        # no ledger yet, or one to migrate: the full write
+            return self._write(list(state.reservations), state.unavailable, state, state.jobs, batch=batch)
+        self._cas(self.name, root, state.given_versions.get(self.name), Change(batch=batch), self.clock())
+
+    def _put_root(self, prev: Part, change: Change, now: float) -> None:
+        """The root's batch state, if it is still the one `prev` read (else LedgerConflict): a write of
+        the root that left the batch alone (an offering mark) is no reason to refuse."""
+        for attempt in range(MIGRATION_ATTEMPTS):
+            cm = self.kube.read_configmap(self.namespace, self.name)
+            part = Part.from_data((cm or {}).get("data") or {})
+            if cm is None or part.batch != prev.batch or part.format < FORMAT:
+                raise LedgerConflict(f"the batch state in {self.identity} changed since it was read")
+            try:
+                return self._cas(self.name, part, cm["metadata"]["resourceVersion"], change, now)
+            except LedgerConflict:
+                time.sleep(backoff(attempt))
+        raise LedgerConflict(f"the root of ledger {self.identity} kept changing")
+
+    def _apply_fresh(self, name: str, change: Change, must: bool = True) -> None:
+        """Apply `change` to the object as it is now, through conflicts (for what needs no version:
+        removals, renewals, records, a taking back)."""
+        for attempt in write_attempts(20):
+            cm = self.kube.read_configmap(self.namespace, name)
+            part = Part.from_data((cm or {}).get("data") or {})
+            try:
+                self._cas(name, part, cm["metadata"]["resourceVersion"] if cm else None, change, self.clock())
+                return
+            except LedgerConflict:
+                time.sleep(backoff(attempt))
+        if must:
+            raise LedgerConflict(f"could not write ledger object {self.namespace}/{name}: every write conflicted "
+                                 f"for {WRITE_CONTENDED_SECONDS} s")
+
+    def _cas(self, name: str, prev: Part, version: str | None, change: Change, now: float) -> None:
+        data = object_data(change.applied(prev), prev, now)
+        self._check_size(name, data)
+        self._put(name, data, version)
+
+    def _put(self, name: str, data: dict[str, str], version: str | None) -> None:
         body = {"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": self.name, "namespace": self.namespace,
-                             "labels": {"app.kubernetes.io/managed-by": "gpuboot"}},
+                "metadata": {"name": name, "namespace": self.namespace,
+                             "labels": {"app.kubernetes.io/managed-by": "gpuboot", LABEL_LEDGER: self.name}},
                 "data": data}
         try:
-            if prev.version is None:
+            if version is None:
                 self.kube.create_configmap(self.namespace, body)
             else:
-                body["metadata"]["resourceVersion"] = prev.version
+                body["metadata"]["resourceVersion"] = version
                 self.kube.replace_configmap(self.namespace, body)
         except Conflict as exc:
             raise LedgerConflict(str(exc)) from None
+
+    def _check_size(self, name: str, data: dict[str, str]) -> None:
+        size = len(json.dumps(data).encode())
+        if size <= MAX_OBJECT_BYTES:
+            return
+        parts = ", ".join(f"{len(json.loads(data[k]))} {what} ({len(data[k].encode()):,} bytes)"
+                          for k, what in ((DATA_KEY, "reservations"), (JOBS_KEY, "job records"),
+                                          (UNAVAILABLE_KEY, "unavailable marks"), (TOMBSTONES_KEY, "tombstones"))
+                          if k in data)
+        if BATCH_KEY in data:
+            parts += (f", {len(json.loads(data[BATCH_KEY])['decided'])} batch answers "
+                      f"({len(data[BATCH_KEY].encode()):,} bytes)")
+        raise LedgerFull(
+            f"ledger ConfigMap {self.namespace}/{name} would be {size:,} bytes, over gpuboot's "
+            f"{MAX_OBJECT_BYTES:,}-byte limit per ledger object (kept well below the 1 MiB a ConfigMap may hold) "
+            f"even with expired entries pruned: {parts}. The write was refused and nothing changed: too many "
+            f"jobs hold reservations or records on the nodes of this shard at once; let some finish, or keep "
+            f"groups of jobs on separate nodes with a ledger_namespace each")
+
+    def _create(self, now: float) -> None:
+        """A new ledger: its root, in format 2 (a 409 means another process created it first)."""
+        with contextlib.suppress(LedgerConflict):
+            self._put(self.name, root_data(Part(), self.shards, now), None)
+
+    # ------------------------------------------------------------------ migration
+    def migrate(self, root: dict) -> None:
+        """Move a format-1 ledger (everything in the root) into shards, in place (module doc, "Migration")."""
+        part = Part.from_data(root.get("data") or {})
+        meta = dict(part.meta)
+        version = root["metadata"]["resourceVersion"]
+        if not meta.get(MIGRATING_KEY):     # 1. fence the format-1 writers out: they cannot parse this root
+            data = {**(root.get("data") or {}),
+                    META_KEY: json.dumps({"seq": MIGRATED, "tombstones_from": part.tombstones_from,
+                                          ROOT_SEQ_KEY: part.seq, MIGRATING_KEY: uuid.uuid4().hex,
+                                          "shards": self.shards}, sort_keys=True)}
+            try:
+                self._put(self.name, data, version)
+            except LedgerConflict:
+                return                      # a format-1 write or another migrator got there first: read again
+            return
+        count, tag, now = int(meta["shards"]), str(meta[MIGRATING_KEY]), self.clock()
+        wanted = self._split(part.reservations, part.unavailable, part.jobs, count)
+        tombs: dict[str, list[Tombstone]] = {}
+        for t in part.tombstones:
+            tombs.setdefault(self.object_of_node(t.node, count), []).append(t)
+        for name in self.shard_names(count):   # 2. every shard, once (a shard with this tag is done)
+            res, marks, recs = wanted.get(name, ([], [], []))
+            shard = Part(tuple(res), tuple(marks), tuple(recs), tuple(tombs.get(name, ())), part.seq,
+                         part.tombstones_from, meta=((MIGRATED_FROM_KEY, tag),))
+            self._migrate_shard(name, shard, tag)
+        new_root = Part(unavailable=tuple(wanted.get(self.name, ([], [], []))[1]), batch=part.batch, seq=part.seq)
+        with contextlib.suppress(LedgerConflict):     # 3. the switch (another migrator may have made it)
+            self._put(self.name, root_data(new_root, count, now), version)
+
+    def _migrate_shard(self, name: str, shard: Part, tag: str) -> None:
+        for _ in range(MIGRATION_ATTEMPTS):
+            cm = self.kube.read_configmap(self.namespace, name)
+            if cm is not None and dict(Part.from_data(cm.get("data") or {}).meta).get(MIGRATED_FROM_KEY) == tag:
+                return
+            try:
+                self._put(name, shard_data(shard), cm["metadata"]["resourceVersion"] if cm else None)
+                return
+            except LedgerConflict:
+                continue
+
+
+@dataclass(frozen=True)
+class Change:
+    """What one write does to one object: entries put (new, or rewritten like a renewal) and
+    dropped, and the new batch state (root only)."""
+
+    put: tuple[Reservation, ...] = ()
+    drop: frozenset = frozenset()             # reservation keys
+    put_marks: tuple[Unavailable, ...] = ()
+    drop_marks: frozenset = frozenset()
+    put_jobs: tuple[JobRecord, ...] = ()
+    drop_jobs: frozenset = frozenset()
+    batch: Batch | None = None
+    new_keys: frozenset = frozenset()         # keys of `put` the object did not hold (or held smaller): what it adds
+
+    @classmethod
+    def between(cls, old: Part, res: list[Reservation], marks: list[Unavailable], recs: list[JobRecord]) -> Change:
+        before = {_key(r): r for r in old.reservations}
+        after = {_key(r): r for r in res}
+        jobs_before = {j.job_id: j for j in old.jobs}
+        jobs_after = {j.job_id: j for j in recs}
+        grown = {k for k, r in after.items() if k in before and before[k].resources != r.resources}
+        return cls(put=tuple(r for k, r in after.items() if before.get(k) != r),
+                   drop=frozenset(set(before) - set(after)),
+                   put_marks=tuple(m for m in marks if m not in set(old.unavailable)),
+                   drop_marks=frozenset(set(old.unavailable) - set(marks)),
+                   put_jobs=tuple(j for i, j in jobs_after.items() if jobs_before.get(i) != j),
+                   drop_jobs=frozenset(set(jobs_before) - set(jobs_after)),
+                   new_keys=frozenset(set(after) - set(before)) | grown)
+
+    @property
+    def adds(self) -> bool:
+        """Does it promise (a reservation) or fence (a mark) something new, or change the batch?"""
+        return bool(self.new_keys or self.put_marks or self.batch is not None)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.put or self.drop or self.put_marks or self.drop_marks or self.put_jobs or self.drop_jobs
+                    or self.batch is not None)
+
+    def applied(self, part: Part) -> Part:
+        """On `part` as it is now: a put that is not an addition (a renewal) only rewrites an entry
+        still there, so a renewal never brings back a reservation released meanwhile."""
+        res = {_key(r): r for r in part.reservations if _key(r) not in self.drop}
+        res.update((_key(r), r) for r in self.put if _key(r) in self.new_keys or _key(r) in res)
+        jobs = {j.job_id: j for j in part.jobs if j.job_id not in self.drop_jobs}
+        jobs.update((j.job_id, j) for j in self.put_jobs)
+        marks = _merge([u for u in part.unavailable if u not in self.drop_marks], self.put_marks)
+        return replace(part, reservations=tuple(res.values()), unavailable=tuple(marks), jobs=tuple(jobs.values()),
+                       batch=part.batch if self.batch is None else self.batch)
+
+    def provisional(self, now: float) -> Change:
+        """The added reservations living at most PROVISIONAL_SECONDS (a crash before `extension` frees them soon)."""
+        put = tuple(replace(r, expires_at=min(r.expires_at, now + PROVISIONAL_SECONDS)) if _key(r) in self.new_keys
+                    else r for r in self.put)
+        return replace(self, put=put)
+
+    def extension(self) -> Change:
+        """Only the added reservations at their full lifetime (renews what `provisional` wrote, if still there)."""
+        return Change(put=tuple(r for r in self.put if _key(r) in self.new_keys))
+
+    def taken_back(self, now: float) -> Change:
+        """Undo what this change added (its reservations and marks), nothing else."""
+        return Change(drop=self.new_keys, drop_marks=frozenset(self.put_marks))
+
+
+def _each(action: Callable[[str], object], names: Sequence[str], raising: bool = False
+          ) -> list[tuple[str, BaseException | None]]:
+    """`action` on each name, up to PARALLEL at once (the ledger's objects are independent: a commit
+    over 40 shards costs a few round trips, not 40); each name's exception or None. `raising`: raise
+    the first exception instead, once all are done."""
+    if len(names) <= 1:
+        outcomes = []
+        for name in names:
+            try:
+                action(name)
+                outcomes.append((name, None))
+            except Exception as exc:   # returned to the caller, which decides
+                outcomes.append((name, exc))
+    else:
+        def run(name: str) -> tuple[str, BaseException | None]:
+            try:
+                action(name)
+                return name, None
+            except Exception as exc:   # returned to the caller, which decides
+                return name, exc
+        with ThreadPoolExecutor(min(PARALLEL, len(names))) as pool:
+            outcomes = list(pool.map(run, names))
+    if raising:
+        for _, error in outcomes:
+            if error is not None:
+                raise error
+    return outcomes
+
+
+@lru_cache(maxsize=1 << 16)
+def _shard(root: str, key: str, count: int) -> str:
+    """The shard holding a node name (or 'job:' + a job id): stable across processes and versions."""
+    return f"{root}-{zlib.crc32(key.encode()) % count}"
 
 
 def _key(r: Reservation) -> tuple[str, str, str]:
     return r.job_id, r.task, r.node
 
 
-def ledger_data(prev: LedgerState, entries: Iterable[Reservation], unavailable: Iterable[Unavailable],
-                jobs: Iterable[JobRecord], now: float, batch: Batch | None = None) -> tuple[dict[str, str], int]:
-    """The ConfigMap data of the write after `prev` (pure), and that write's seq.
+def object_data(new: Part, prev: Part, now: float) -> dict[str, str]:
+    """The ConfigMap data of one object's write after `prev` (pure).
 
     Compaction: expired reservations, marks, records and tombstones are dropped (the seq of the
     newest tombstone dropped raises `tombstones_from`, see the module doc); a live reservation of
-    `prev` that `entries` no longer has (same job, task and node) leaves a tombstone."""
+    `prev` that `new` no longer has (same job, task and node) leaves a tombstone with this write's seq."""
     seq = prev.seq + 1
-    kept = sorted((r for r in entries if r.expires_at > now), key=lambda r: (r.job_id, r.task))
+    kept = sorted((r for r in new.reservations if r.expires_at > now), key=lambda r: (r.job_id, r.task, r.node))
     still = {_key(r) for r in kept}
     removed = [Tombstone(r.job_id, r.task, r.node, r.resources, seq, now + TOMBSTONE_SECONDS)
                for r in prev.reservations if r.expires_at > now and _key(r) not in still]
@@ -489,20 +1033,43 @@ def ledger_data(prev: LedgerState, entries: Iterable[Reservation], unavailable: 
         else:
             floor = max(floor, t.seq)
     tombstones.sort(key=lambda t: (t.seq, t.job_id, t.task))
-    marks = sorted((u for u in unavailable if u.expires_at > now), key=lambda u: u.what)
-    records = sorted((j for j in jobs if j.expires_at > now), key=lambda j: j.job_id)
+    marks = sorted((u for u in new.unavailable if u.expires_at > now), key=lambda u: u.what)
+    records = sorted((j for j in new.jobs if j.expires_at > now), key=lambda j: j.job_id)
+    meta = dict(new.meta)
+    if meta.get("format"):
+        meta.update({"seq": MIGRATED, ROOT_SEQ_KEY: seq, "tombstones_from": floor})
+    else:
+        meta.update({"seq": seq, "tombstones_from": floor})
     data = {DATA_KEY: json.dumps([r.to_json() for r in kept], sort_keys=True),
-            META_KEY: json.dumps({"seq": seq, "tombstones_from": floor}, sort_keys=True)}
+            META_KEY: json.dumps(meta, sort_keys=True)}
     if marks:
         data[UNAVAILABLE_KEY] = json.dumps([u.to_json() for u in marks], sort_keys=True)
     if records:
         data[JOBS_KEY] = json.dumps([j.to_json() for j in records], sort_keys=True)
     if tombstones:
         data[TOMBSTONES_KEY] = json.dumps([t.to_json() for t in tombstones], sort_keys=True)
-    batch = (prev.batch if batch is None else batch).live(now)
+    batch = new.batch.live(now)
     if batch.decided or batch.leader:
         data[BATCH_KEY] = json.dumps(batch.to_json(), sort_keys=True)
-    return data, seq
+    return data
+
+
+def root_data(root: Part, shards: int, now: float) -> dict[str, str]:
+    """A format-2 root: its meta (the shard count; `seq` unparseable by format-1 code), offering marks, batch."""
+    meta = tuple(sorted({**dict(root.meta), "format": FORMAT, "shards": shards}.items()))
+    meta = tuple((k, v) for k, v in meta if k != MIGRATING_KEY)
+    return object_data(replace(root, meta=meta), replace(root, reservations=()), now)
+
+
+def shard_data(shard: Part) -> dict[str, str]:
+    """A shard as migration writes it: its entries as they were, nothing pruned, its seq the old ledger's."""
+    data = {DATA_KEY: json.dumps([r.to_json() for r in shard.reservations], sort_keys=True),
+            META_KEY: json.dumps({**dict(shard.meta), "seq": shard.seq, "tombstones_from": shard.tombstones_from},
+                                 sort_keys=True)}
+    for key, items in ((UNAVAILABLE_KEY, shard.unavailable), (JOBS_KEY, shard.jobs), (TOMBSTONES_KEY, shard.tombstones)):
+        if items:
+            data[key] = json.dumps([x.to_json() for x in items], sort_keys=True)
+    return data
 
 
 def _put(jobs: Iterable[JobRecord], record: JobRecord) -> list[JobRecord]:
@@ -568,8 +1135,11 @@ class RequestQueue:
     def add(self, entry: Queued) -> None:
         self._change(self.shard_of(entry.ticket), lambda qs: [q for q in qs if q.ticket != entry.ticket] + [entry])
 
-    def holds(self, ticket: str) -> bool:
-        return any(q.ticket == ticket and q.expires_at > self.clock() for q in self._read(self.shard_of(ticket))[0])
+    def holds(self, ticket: str) -> tuple[bool, int]:
+        """Whether the ticket still waits, and how many requests wait in all (estimated from its shard)."""
+        now = self.clock()
+        live = [q for q in self._read(self.shard_of(ticket))[0] if q.expires_at > now]
+        return any(q.ticket == ticket for q in live), len(live) * len(self.shards)
 
     def drop(self, tickets: Iterable[str], attempts: int = 5) -> None:
         """Take requests out of their shards, answered ones or a withdrawn wait (best effort: what

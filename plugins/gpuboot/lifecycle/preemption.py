@@ -140,11 +140,12 @@ def delete_and_wait(kube: PodControl, pods: Sequence[Mapping], poll_seconds: flo
 def drop_reservations(ledger: ReservationLedger, job_id: str) -> int:
     """Give back the job's reservations, keeping its job record (the instances it started: its
     release still stops one no pod ran on). How many were dropped (0: none left, idempotent)."""
-    dropped = []
+    dropped: set[tuple[str, str]] = set()     # over every round: a sharded ledger writes in rounds
 
     def change(state):
-        dropped[:] = [r for r in state.reservations if r.job_id == job_id]
-        if not dropped:
+        mine = {(r.task, r.node) for r in state.reservations if r.job_id == job_id}
+        dropped.update(mine)
+        if not mine:
             return None
         return [r for r in state.reservations if r.job_id != job_id], list(state.unavailable), list(state.jobs)
 

@@ -255,3 +255,59 @@ def test_a_stale_request_of_a_job_that_placed_itself_is_not_placed_again_nor_its
     assert held(c) == {"job": ["gpu-run"], "other": ["gpu-stop"]}
     stale = c.ledger().snapshot().batch.answer("job:dead")
     assert stale is not None and stale.plan["outcome"] == "busy" and "meanwhile" in stale.plan["message"]
+
+
+def test_a_job_placed_by_an_earlier_batch_is_placed_again_on_its_own_and_reads_only_its_record():
+    """A batch writes reservations but no job record, so a waiter cannot tell from its record's shard alone that
+    its job holds a placement (a re-run of place after its first answer). The leader, which reads every shard,
+    answers it `alone`, and the waiter books on the single path: the job ends with one placement, not two."""
+    c = cloud()
+    b = booker(c)
+    assert book_first(b, spec(), "job").plan.outcome == Outcome.FITS
+    assert held(c) == {"job": ["gpu-run"]}
+    reads = []
+    real = c.cluster.read_configmap
+    c.cluster.read_configmap = lambda ns, name: reads.append(name) or real(ns, name)
+    again = book_first(booker(c), spec(), "job")
+    assert again.committed and held(c) == {"job": [again.plan.assignments[0].node]}
+    answered = next(d for d in c.ledger().snapshot().batch.decided if d.job_id == "job" and d.alone)
+    assert answered.plan["outcome"] == Outcome.BUSY.value
+    before_queueing = reads[:next(i for i, name in enumerate(reads) if "queue" in name)]
+    assert before_queueing[0] == CONFIGMAP and len(set(before_queueing)) == 2   # the root, the record's shard
+
+
+def test_a_waiter_keeps_its_place_while_the_leader_commits_batches_and_withdraws_only_without_progress():
+    """A large burst: the leader commits batch after batch (the root's write counter moves) and has not reached
+    this job after the waiter's own budget (20 s). The waiter keeps waiting rather than falling back to a full
+    cluster read; once the leader stops (its lease runs out), the waiter leads and answers itself in a batch."""
+    c = cloud()
+    ghost(c, "ghost", lease_for=5)
+    start = c.clock()
+
+    def sleep(seconds: float) -> None:
+        c.clock.advance(seconds)
+        if c.clock() < start + 60:      # the leader commits a batch: its lease renewed, the root written
+            state = c.ledger().snapshot()
+            c.ledger()._write(list(state.reservations), state.unavailable, state, state.jobs,
+                              batch=Batch(state.batch.decided, "ghost:dead", c.clock() + 5))
+
+    b = booker(c, sleep=sleep, contended_seconds=20)
+    booking = book_first(b, spec(), "job")
+    assert booking.committed and booking.plan.outcome == Outcome.FITS
+    assert c.clock() - start > 60                                        # it waited through the leader's batches
+    assert c.ledger().snapshot().batch.answer(next(iter(
+        d.ticket for d in c.ledger().snapshot().batch.decided if d.job_id == "job"))) is not None   # by a batch
+
+
+def test_waiters_of_a_large_burst_poll_less_often():
+    import random
+
+    from gpuboot.lifecycle.batching import POLL_CROWD, POLL_MAX_SECONDS, POLL_SECONDS, poll_seconds
+
+    rng = random.Random(0)
+    few = [poll_seconds(10, rng) for _ in range(200)]
+    assert POLL_SECONDS[0] <= min(few) and max(few) <= POLL_SECONDS[1]
+    crowd = [poll_seconds(POLL_CROWD * 4, rng) for _ in range(200)]
+    assert min(crowd) >= 4 * POLL_SECONDS[0] and max(crowd) <= POLL_MAX_SECONDS
+    # what 1,000 waiters ask of the API server in all: about POLL_CROWD / mean(POLL_SECONDS) reads a second
+    assert 1000 / (sum(poll_seconds(1000, rng) for _ in range(1000)) / 1000) < 2 * POLL_CROWD / sum(POLL_SECONDS) * 2

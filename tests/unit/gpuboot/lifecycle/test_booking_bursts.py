@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -17,15 +18,16 @@ from gpuboot.exceptions import EcsError
 from gpuboot.hooks.kube import Conflict
 from gpuboot.lifecycle.booking import SURVEY_MAX_AGE_SECONDS, Booker, LedgerContended
 from gpuboot.lifecycle.ledger import (
-    MAX_LEDGER_BYTES,
+    MAX_OBJECT_BYTES,
+    SHARDS,
     TOMBSTONE_SECONDS,
     JobRecord,
     LedgerFull,
-    LedgerState,
+    Part,
     ReservationLedger,
     StartedNode,
     Tombstone,
-    ledger_data,
+    object_data,
 )
 from tests.builders import TYPES, instance, node, pod
 
@@ -43,7 +45,7 @@ class Clock:
 
 
 class Cluster:
-    """Nodes, pods and one ConfigMap (resourceVersion compare-and-swap), ECS instances: in memory.
+    """Nodes, pods and ConfigMaps (resourceVersion compare-and-swap), ECS instances: in memory.
     `after_survey` runs once right after the first full read (what others do meanwhile)."""
 
     def __init__(self, names, clock: Clock):
@@ -51,7 +53,7 @@ class Cluster:
         self.nodes = [node(n, heartbeat=NOW - 5) for n in names]
         self.instances = [instance(n, start=NOW - 3600) for n in names]
         self.pods: list[dict] = []
-        self.cm, self.version, self.conflicts = None, 0, 0
+        self.cms, self.versions, self.version, self.conflicts = {}, {}, 0, 0
         self.surveys, self.after_survey = 0, None
 
     # KubeClient
@@ -73,26 +75,37 @@ class Cluster:
 
     def read_configmap(self, namespace, name):
         with self.lock:
-            return None if self.cm is None else {**self.cm, "metadata": {**self.cm["metadata"],
-                                                                        "resourceVersion": str(self.version)}}
+            found = self.cms.get(name)
+            return None if found is None else {**found, "metadata": {**found["metadata"],
+                                                                     "resourceVersion": str(self.versions[name])}}
 
     def create_configmap(self, namespace, body):
         with self.lock:
             if self.conflicts:
                 self.conflicts -= 1
                 raise Conflict("injected")
-            if self.cm is not None:
+            name = body["metadata"]["name"]
+            if name in self.cms:
                 raise Conflict("exists")
-            self.cm, self.version = body, self.version + 1
+            self._store(name, body)
 
     def replace_configmap(self, namespace, body):
         with self.lock:
             if self.conflicts:
                 self.conflicts -= 1
                 raise Conflict("injected")
-            if body["metadata"]["resourceVersion"] != str(self.version):
+            name = body["metadata"]["name"]
+            if body["metadata"]["resourceVersion"] != str(self.versions.get(name)):
                 raise Conflict("stale")
-            self.cm, self.version = body, self.version + 1
+            self._store(name, body)
+
+    def _store(self, name, body):
+        self.version += 1
+        self.cms[name], self.versions[name] = body, self.version
+
+    def largest(self) -> int:
+        """Bytes of the largest ledger object's data."""
+        return max(len(json.dumps(cm["data"])) for cm in self.cms.values())
 
     # EcsHook
     def describe_instances(self, ids):
@@ -169,16 +182,18 @@ def test_a_survey_older_than_a_pruned_tombstone_or_the_age_bound_is_read_again()
     cluster = Cluster(["a", "b"], clock)
     ledger = ReservationLedger(cluster, clock=clock)
     booker(cluster, clock).book(spec("x"), "x")
-    ledger.release("x")                                           # tombstone at seq 2
+    before = ledger.snapshot().seq                                # opaque: every shard's write counter
+    ledger.release("x")                                           # a tombstone in a's shard
     state = ledger.snapshot()
-    assert state.released_since(1, "y") == [state.tombstones[0].as_reservation()]
-    assert state.released_since(2, "y") == [] and state.released_since(1, "x") == []   # own: not counted
+    assert state.released_since(before, "y") == [state.tombstones[0].as_reservation()]
+    assert state.released_since(state.seq, "y") == [] and state.released_since(before, "x") == []   # own: not counted
+    after = state.seq
     clock.t += TOMBSTONE_SECONDS + 1
-    ledger.commit("other", [], ledger.snapshot().version)           # any write prunes what expired
+    ledger.commit("other", [Reservation("other", "t", "a", GPU, NOW + 9999)], ledger.snapshot().version)  # prunes a's shard
     state = ledger.snapshot()
-    assert state.tombstones == () and state.tombstones_from == 2
-    assert state.released_since(1, "y") is None                   # it may have been pruned: re-survey
-    assert state.released_since(2, "y") == []
+    assert state.tombstones == ()
+    assert state.released_since(before, "y") is None              # it may have been pruned: re-survey
+    assert state.released_since(after, "y") == []
 
     y = booker(cluster, clock, contended_seconds=300)
 
@@ -204,7 +219,7 @@ def test_every_conflict_is_retried_with_jitter_until_the_budget_then_nothing_is_
     with pytest.raises(LedgerContended, match="nothing held"):
         b.book(spec("y"), "y")
     assert b.full_reads == 1 and len(pauses) > 5 and all(0 <= p <= 2.0 for p in pauses) and len(set(pauses)) > 1
-    assert cluster.cm is None                                     # nothing written
+    assert cluster.cms == {}                                      # nothing written
     cluster.conflicts = 3                                         # a short burst of 409s: placed through it
     assert b.book(spec("y"), "y").committed
 
@@ -235,11 +250,10 @@ def test_counting_reservations_on_bare_views_is_the_full_inventory():
 def test_compaction_prunes_what_expired_and_tombstones_only_removed_reservations():
     r1, r2 = Reservation("a", "t", "n1", GPU, NOW + 100), Reservation("b", "t", "n2", GPU, NOW + 100)
     old_tomb = Tombstone("c", "t", "n3", GPU, 3, NOW - 1)
-    prev = LedgerState((r1, r2, Reservation("gone", "t", "n4", GPU, NOW - 5)), (), "7", (JobRecord("a", NOW - 1),),
-                       seq=5, tombstones=(old_tomb,), tombstones_from=1)
+    prev = Part((r1, r2, Reservation("gone", "t", "n4", GPU, NOW - 5)), (), (JobRecord("a", NOW - 1),),
+                (old_tomb,), seq=5, tombstones_from=1)
     renewed = Reservation("a", "t", "n1", GPU, NOW + 999)
-    data, seq = ledger_data(prev, [renewed], [], prev.jobs, NOW)
-    assert seq == 6
+    data = object_data(replace(prev, reservations=(renewed,)), prev, NOW)
     assert [d["job_id"] for d in json.loads(data["reservations.json"])] == ["a"]
     tombs = json.loads(data["tombstones.json"])
     assert [(t["job_id"], t["seq"]) for t in tombs] == [("b", 6)]       # b removed; a renewed, not removed
@@ -247,20 +261,21 @@ def test_compaction_prunes_what_expired_and_tombstones_only_removed_reservations
     assert "jobs.json" not in data                                       # the expired record pruned
 
 
-def test_a_ledger_over_the_configmap_limit_is_refused_and_names_the_cause():
+def test_an_object_over_the_limit_is_refused_and_names_itself_and_its_cause():
     clock = Clock()
     cluster = Cluster(["a"], clock)
     ledger = ReservationLedger(cluster, clock=clock)
     ledger.commit("small", [Reservation("small", "t", "a", GPU, NOW + 100)], None)
-    before = json.dumps(cluster.cm)
+    before = json.dumps(cluster.cms)
     big = JobRecord("big", NOW + 100, tuple(StartedNode(f"node-{i:05d}", f"i-{i:020d}", NOW, "b" * 36)
                                             for i in range(8000)))
     with pytest.raises(LedgerFull) as err:
         ledger.commit("big", [], ledger.snapshot().version, record=big)
     message = str(err.value)
-    assert "1 MiB" in message and f"{MAX_LEDGER_BYTES:,}" in message and "1 job records" in message
-    assert "1 reservations" in message and "refused" in message
-    assert json.dumps(cluster.cm) == before                              # nothing written
+    shard = ledger.object_of_job("big", SHARDS)
+    assert f"ledger ConfigMap default/{shard} would be" in message and "1 MiB" in message
+    assert f"{MAX_OBJECT_BYTES:,}" in message and "1 job records" in message and "refused" in message
+    assert json.dumps(cluster.cms) == before                             # nothing written
 
 
 def test_the_largest_burst_leaves_the_ledger_far_below_the_limit():
@@ -275,13 +290,14 @@ def test_the_largest_burst_leaves_the_ledger_far_below_the_limit():
         ledger.commit(job, [Reservation(job, "main", f"n{i:04d}", GPU, NOW + 2000)], state.version,
                       record=JobRecord(job, NOW + 2000, (StartedNode(f"n{i:04d}", f"i-{i:020d}", NOW, "b" * 36),)),
                       state=state)
-    peak = len(json.dumps(cluster.cm["data"]))
+    peak = cluster.largest()
     for i in range(200):
         ledger.release(f"gb-{i:020d}")
     state = ledger.snapshot()
     assert len(state.tombstones) == 200 and state.reservations == () and state.jobs == ()
-    after = len(json.dumps(cluster.cm["data"]))
-    assert peak < MAX_LEDGER_BYTES / 10 and after < MAX_LEDGER_BYTES / 10
+    after = cluster.largest()
+    assert peak < MAX_OBJECT_BYTES / 50 and after < MAX_OBJECT_BYTES / 50     # spread over the shards
     clock.t += TOMBSTONE_SECONDS + 1
-    ledger.commit("other", [], ledger.snapshot().version)
-    assert ledger.snapshot().tombstones == ()                              # and they go
+    ledger.commit("other", [Reservation("other", f"t{i}", f"n{i:04d}", GPU, NOW + 9999) for i in range(200)],
+                  ledger.snapshot().version)                               # a write of each shard
+    assert ledger.snapshot().tombstones == ()                              # prunes them

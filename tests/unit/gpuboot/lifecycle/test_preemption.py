@@ -264,17 +264,15 @@ def test_a_deleted_pod_is_seen_gone_soon_the_reads_backing_off_from_50_ms_to_the
 def interleave(c: Cloud, when, action) -> list:
     """Run `action` once, just before the first ConfigMap write at which `when()` holds (the fake
     applies writes one at a time: a step of another actor, placed exactly there); its outcome."""
-    check, done = c.cluster._check_write, []
+    done: list = []
 
-    def checked(key):
-        if not done and when():
-            done.append(None)
-            try:
-                done[0] = action()
-            except (JobPreempted, CapacityBusy) as exc:
-                done[0] = exc
-        check(key)
-    c.cluster._check_write = checked
+    def run() -> None:
+        done.append(None)
+        try:
+            done[0] = action()
+        except (JobPreempted, CapacityBusy) as exc:
+            done[0] = exc
+    c.cluster.before_write_when(when, run)
     return done
 
 

@@ -1,0 +1,91 @@
+"""The watch-fed cluster view and the placer (gpuboot.lifecycle.view, gpuboot.lifecycle.placer) on the
+local cloud's API server through the real client: the view follows pod writes, covers the ledger
+writes its pod stream has passed, re-lists after a compaction (open watches ended, resume answered
+410 Gone), and a restarted placer (a new process: a new identity, an empty view) takes the lease
+over once the dead one's expires and answers from its view with no full read.
+tests/unit/gpuboot/lifecycle/test_view.py scripts the streams (staleness, dropped connections);
+tests/stress/test_burst.py runs a burst through two placers, the leading one killed."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from gpuboot.core.model import LABEL_JOB, LABEL_TASK
+from gpuboot.hooks.ecs import EcsHook
+from gpuboot.hooks.kube import KubeClient
+from gpuboot.lifecycle.batching import LEASE_SECONDS, book_first
+from gpuboot.lifecycle.booking import Booker
+from gpuboot.lifecycle.ledger import ReservationLedger
+from gpuboot.lifecycle.placer import Placer
+from gpuboot.lifecycle.view import ClusterView
+from simcloud.harness import wait_until
+from tests.unit.gpuboot.lifecycle.test_batching import spec
+
+LOG = logging.getLogger("test-cluster-view")
+
+
+def bound_pod(name: str, node: str, job: str, gpus: int = 1) -> dict:
+    limits = {"nvidia.com/gpu": str(gpus)} if gpus else {"cpu": "100m"}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {LABEL_JOB: job, LABEL_TASK: "main"}},
+            "spec": {"nodeName": node, "restartPolicy": "Never",
+                     "containers": [{"name": "main", "image": "busybox", "command": ["sh", "-c", "sleep 600"],
+                                     "resources": {"requests": limits, "limits": limits}}]}}
+
+
+def test_the_view_follows_writes_covers_the_ledger_and_relists_after_a_compaction(cloud):
+    kube, ecs = KubeClient(), EcsHook()
+    ledger = ReservationLedger(kube)
+    view = ClusterView(kube, ecs, log=LOG).start(timeout=60)
+    try:
+        core = cloud.core_v1()
+        core.create_namespaced_pod("default", bound_pod("a-main", "gpu-run", "a"))
+        assert wait_until(lambda: "default/a-main" in view.pods.items, timeout=10)
+        ledger.release("nobody")                        # a ledger write after the pod's
+        state = ledger.snapshot()
+        basis, released = view.basis(ledger.name, state, time.time(), fresh=True)
+        assert basis.seq == state.seq and released == []
+        assert next(v for v in basis.survey.views if v.name == "gpu-run").free.gpus == 0
+        lists = view.pods.lists
+        core.create_namespaced_config_map("default", {"metadata": {"name": "after-the-pods"}})   # the store moves on
+        cloud.compact()                                 # open watches end; resuming from before is 410 Gone
+        core.create_namespaced_pod("default", bound_pod("b-main", "cpu-1", "b", gpus=0))
+        assert wait_until(lambda: view.pods.lists > lists and "default/b-main" in view.pods.items, timeout=30)
+        assert view.pods.gone >= 1 and "default/a-main" in view.pods.items
+        core.delete_namespaced_pod("a-main", "default", grace_period_seconds=0)
+        assert wait_until(lambda: "default/a-main" not in view.pods.items, timeout=30)
+    finally:
+        view.stop()
+
+
+def placer(name: str) -> tuple[Placer, threading.Event, threading.Thread]:
+    kube, ecs = KubeClient(), EcsHook()
+    log = logging.getLogger(f"placer.{name}")
+    p = Placer(Booker(kube, ecs, ReservationLedger(kube), log), ClusterView(kube, ecs, log=log), name=name)
+    stop = threading.Event()
+    thread = threading.Thread(target=p.run, args=(stop,), daemon=True)
+    thread.start()
+    return p, stop, thread
+
+
+def test_a_restarted_placer_takes_the_lease_over_and_answers_from_its_view(cloud):
+    kube = KubeClient()
+    ledger = ReservationLedger(kube)
+    first, stop_first, thread = placer("first")
+    assert wait_until(lambda: ledger.snapshot().batch.led_by(time.time()) == first.me, timeout=60)
+    stop_first.set()                                    # it dies holding the lease (no step-down)
+    thread.join(30)
+    died = time.monotonic()
+    second, stop_second, thread2 = placer("second")
+    try:
+        assert wait_until(lambda: ledger.snapshot().batch.led_by(time.time()) == second.me, timeout=LEASE_SECONDS + 30)
+        assert time.monotonic() - died >= LEASE_SECONDS - 2 - 1     # not before the dead one's lease ran out
+        step = Booker(kube, EcsHook(), ledger, LOG)
+        booking = book_first(step, spec("after-restart"), "after-restart")
+        assert booking.plan.outcome.value == "fits", booking.plan.message
+        assert step.full_reads == 0 and second.booker.full_reads == 0     # answered from the view
+        assert ledger.snapshot().batch.answer is not None
+    finally:
+        stop_second.set()
+        thread2.join(30)

@@ -1,0 +1,225 @@
+"""The watch-fed cluster view (gpuboot.lifecycle.view) on the in-memory fakes, with scripted watch
+streams: the rule that says which ledger writes the pod stream covers, staleness (a release the
+stream has not caught up with is still counted), 410 Gone (re-list), a dropped connection (resume
+from the last version, no re-list), and the placer leading from the view with no full read.
+tests/integration/test_cluster_view.py runs it on the local cloud's API server."""
+from __future__ import annotations
+
+import copy
+import logging
+import queue
+import time
+
+import pytest
+
+from gpuboot.core.model import LABEL_JOB, LABEL_TASK, Reservation
+from gpuboot.core.resources import Resources
+from gpuboot.exceptions import Gone
+from gpuboot.lifecycle.batching import BatchPlacer
+from gpuboot.lifecycle.ledger import Queued, RequestQueue
+from gpuboot.lifecycle.view import ClusterView, ViewUnusable, covered_seq, version_number
+from tests.builders import pod
+from tests.fakes import Cloud, cloud
+from tests.unit.gpuboot.lifecycle.test_batching import booker, spec
+
+LOG = logging.getLogger("test-view")
+END = object()
+
+
+class Streams:
+    """list_versioned / stream_events over a FakeCluster (one resourceVersion counter for Nodes, pods
+    and ConfigMaps, as etcd has), the events of each watch scripted by the test."""
+
+    def __init__(self, c: Cloud) -> None:
+        self.c = c
+        self.pods: dict[str, dict] = {}
+        self.scripts = {"nodes": queue.Queue(), "pods": queue.Queue()}
+        self.opened: list[tuple[str, str]] = []      # (kind, resourceVersion) of each watch opened
+        self.listed: list[str] = []
+
+    def version(self) -> str:
+        return str(self.c.cluster._version)
+
+    def write_pod(self, obj: dict) -> dict:
+        """A pod write (a new resourceVersion), kept for the next list; its event is the test's to send."""
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["resourceVersion"] = self.c.cluster._next_version()
+        self.pods[obj["metadata"]["name"]] = obj
+        return obj
+
+    def list_versioned(self, kind: str):
+        self.listed.append(kind)
+        items = self.c.cluster.list_nodes() if kind == "nodes" else [copy.deepcopy(p) for p in self.pods.values()]
+        return items, self.version()
+
+    def stream_events(self, kind: str, resource_version: str, timeout_seconds: int):
+        self.opened.append((kind, resource_version))
+        while True:
+            try:
+                item = self.scripts[kind].get(timeout=0.05)
+            except queue.Empty:
+                return          # the watch's timeout: re-opened from the last version
+            if item is END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def send(self, kind: str, *items) -> None:
+        for item in items:
+            self.scripts[kind].put(item)
+
+    def bookmark(self, kind: str = "pods") -> None:
+        self.send(kind, ("BOOKMARK", {"metadata": {"resourceVersion": self.version()}}))
+
+
+def gpuboot_pod(job: str, node: str) -> dict:
+    return pod(f"{job}-pod", node, requests={"nvidia.com/gpu": 1, "cpu": "1"},
+               labels={LABEL_JOB: job, LABEL_TASK: "main"})
+
+
+def started_view(c: Cloud, streams: Streams) -> ClusterView:
+    return ClusterView(streams, c.ecs, monotonic=time.monotonic, log=LOG).start(timeout=10)
+
+
+def test_the_rule_takes_the_newest_ledger_write_the_stream_has_passed():
+    writes = [(10, 1), (15, 2), (30, 3)]
+    assert covered_seq(writes, 9) is None
+    assert covered_seq(writes, 10) == 1
+    assert covered_seq(writes, 29) == 2
+    assert covered_seq(writes, 1000) == 3
+    assert version_number(None) == 0
+    with pytest.raises(ViewUnusable, match="not an integer"):
+        version_number("abc")
+
+
+def test_events_and_bookmarks_move_the_view_and_what_it_has_passed():
+    c = cloud()
+    s = Streams(c)
+    view = started_view(c, s)
+    try:
+        written = s.write_pod(gpuboot_pod("a", "gpu-run"))
+        s.send("pods", ("ADDED", written))
+        assert view.pods.wait_past(int(written["metadata"]["resourceVersion"]), 5)
+        assert "default/a-pod" in view.pods.items
+        done = s.write_pod({**written, "status": {"phase": "Succeeded"}})
+        s.send("pods", ("MODIFIED", done))        # a pod that finished holds nothing: out of the view
+        s.c.cluster._next_version()
+        s.bookmark()
+        assert view.pods.wait_past(int(s.version()), 5)
+        assert "default/a-pod" not in view.pods.items
+        assert s.listed == ["nodes", "pods"]       # one list each, then only the watches
+    finally:
+        view.stop(1)
+
+
+def test_gone_relists_and_a_dropped_connection_resumes_from_the_last_version():
+    c = cloud()
+    s = Streams(c)
+    view = started_view(c, s)
+    try:
+        first = s.write_pod(gpuboot_pod("a", "gpu-run"))
+        s.send("pods", ("ADDED", first), ConnectionResetError("peer closed"))
+        assert wait(lambda: view.pods.resumes == 1)
+        assert wait(lambda: ("pods", first["metadata"]["resourceVersion"]) in s.opened)   # resumed, not listed
+        assert s.listed.count("pods") == 1
+        second = s.write_pod(gpuboot_pod("b", "gpu-run"))       # written while the stream is gone: the list has it
+        s.send("pods", Gone("too old resource version"))
+        assert wait(lambda: s.listed.count("pods") == 2)
+        assert view.pods.gone == 1
+        assert wait(lambda: "default/b-pod" in view.pods.items)
+        assert view.pods.passed >= int(second["metadata"]["resourceVersion"])
+    finally:
+        view.stop(1)
+
+
+def test_a_stale_pod_stream_still_counts_a_release_it_has_not_seen_the_pod_of():
+    """The unsafe order: job a's pod is bound and its reservation released, but the view's pod
+    stream has not delivered the pod. A placement from the view must still count gpu-run as taken
+    (a's tombstone: it was released after the newest ledger write the stream covers)."""
+    c = cloud()
+    s = Streams(c)
+    ledger = c.ledger()
+    ledger.commit("a", [Reservation("a", "main", "gpu-run", Resources.parse({"nvidia.com/gpu": 1, "cpu": "1"}),
+                                     c.clock() + 600)], ledger.snapshot().version)
+    view = started_view(c, s)
+    try:
+        view.note(ledger.name, ledger.snapshot())       # the placer read it: covered by the first list
+        s.write_pod(gpuboot_pod("a", "gpu-run"))        # bound ...
+        ledger.release("a")                             # ... then released; the stream lags behind both
+        state = ledger.snapshot()
+        got = view.basis(ledger.name, state, c.clock(), wait=0.2)
+        assert got is not None
+        basis, released = got
+        assert basis.seq != state.seq and [r.job_id for r in released] == ["a"]     # an older s0
+        b = booker(c)
+        RequestQueue(c.cluster, clock=c.clock).add(
+            Queued("b", "b:1", spec("b").to_job_request("b").to_json(), 600.0, c.clock() + 60))
+        placer = BatchPlacer(b, None)
+        assert placer._take_lease(ledger.snapshot(), "placer-1:x")
+        placer.lead("placer-1:x", view=view, stay=True)
+        answer = ledger.snapshot().batch.answer("b:1")
+        assert answer is not None and b.full_reads == 0
+        assert "gpu-run" not in [a["node"] for a in answer.plan.get("assignments", [])]
+        # once the stream passes the release, the view shows the pod instead and s0 is the release's write
+        pod_now = s.pods["a-pod"]
+        s.send("pods", ("ADDED", pod_now))
+        s.bookmark()
+        state = ledger.snapshot()
+        basis, released = view.basis(ledger.name, state, c.clock(), fresh=True, wait=5)
+        assert basis.seq == state.seq and released == []
+        assert next(v for v in basis.survey.views if v.name == "gpu-run").free.gpus == 0
+    finally:
+        view.stop(1)
+
+
+def test_a_disconnected_view_refuses_a_fresh_basis_and_the_leader_reads_in_full():
+    c = cloud()
+    s = Streams(c)
+    view = started_view(c, s)
+    try:
+        s.send("pods", ConnectionResetError("gone"))
+        assert wait(lambda: view.pods.stale_since is not None or view.pods.resumes)
+        view.pods.stale_since = view.pods.stale_since or time.monotonic()
+        assert view.basis(c.ledger().name, c.ledger().snapshot(), c.clock(), fresh=True, wait=0.1) is None
+    finally:
+        view.stop(1)
+
+
+def wait(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_the_view_describes_only_the_instances_whose_nodes_changed():
+    c = cloud()
+    s = Streams(c)
+    view = started_view(c, s)
+    try:
+        state = c.ledger().snapshot()
+        view.basis("x", state, c.clock())
+        calls = []
+        real = c.ecs.describe_instances
+        c.ecs.describe_instances = lambda ids: calls.append(list(ids)) or real(ids)
+        view.basis("x", state, c.clock())
+        assert calls == []                      # nothing changed: no DescribeInstances
+        node = c.cluster.get_node("gpu-stop")
+        node["status"]["nodeInfo"] = {**(node["status"].get("nodeInfo") or {}), "bootID": "new-boot"}
+        c.cluster.put_node(node)
+        s.send("nodes", ("MODIFIED", c.cluster.get_node("gpu-stop")))
+        assert wait(lambda: view.nodes.items["gpu-stop"]["status"].get("nodeInfo", {}).get("bootID") == "new-boot")
+        view.basis("x", state, c.clock())
+        assert len(calls) == 1 and len(calls[0]) == 1      # that node's instance only
+    finally:
+        view.stop(1)
+
+
+def test_stop_ends_the_watch_threads():
+    c = cloud()
+    view = started_view(c, Streams(c))
+    view.stop(2)
+    assert not any(t.is_alive() for t in view._threads)
