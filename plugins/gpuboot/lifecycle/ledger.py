@@ -53,7 +53,9 @@ safe on its own.
 - Why no node is promised twice: every reservation on a node, committed or mid-commit, is in
   that node's shard, and every addition there is a compare-and-swap against the version whose
   reservations the plan counted; the ledger serialises promises node by node as the single
-  object did for all of them.
+  object did for all of them. A placement's commit compare-and-swaps the shards of the
+  reservations it keeps unchanged too (`guard`): a place taken from the job meanwhile (by a
+  preemption) fails the commit instead of leaving the job believing it holds it.
 - What a reader sees mid-commit: part of the additions (counted as reserved, never as free)
   and the job's old reservations still there; so it counts more than is promised, never less.
   A batch's answers are in the root, written after every reservation they announce.
