@@ -146,7 +146,11 @@ def test_two_preemptors_at_once_never_both_take_the_victims_place(cloud, capfd):
     live = ReservationLedger(KubeClient()).live()
     assert [(r.job_id, r.node, r.resources.gpus) for r in live] == [(winner, "gpu8", 8)]
     state = JobQueue(KubeClient()).snapshot()
-    assert [(p.job_id, p.by) for p in state.preempted] == [("victim", winner)]
+    # preempted once; by the winner, or by the other, whose place the winner (ahead of it in the queue, same
+    # class) took once the node was free: the preemptor then still waits in the queue, nothing lost
+    ((victim, by),) = [(p.job_id, p.by) for p in state.preempted]
+    assert victim == "victim" and by in ("high-a", "high-b")
+    assert by == winner or by in {w.entry.job_id for w in state.waiting}, (by, winner, state.waiting)
     assert running_pods("victim") == []
     assert capfd.readouterr().out.count("preempted job sweep (victim") == 1
     for job_id in ("high-a", "high-b", "victim"):
