@@ -119,6 +119,42 @@ def test_a_dead_leaders_queue_is_taken_over_once_its_lease_expires():
     assert c.ledger().snapshot().batch.leader is None
 
 
+def test_twenty_waiters_taking_a_free_lease_at_once_one_wins_with_one_write_each_and_no_shard_read():
+    """The lease is one compare-and-swap of the root (ReservationLedger.put_batch): of twenty waiters that
+    read the same free lease, exactly one holds it; each wrote the root once, read no shard, wrote no shard,
+    and the reservations are as they were."""
+    c = cloud()
+    assert book_first(booker(c), spec("one"), "one").plan.outcome == Outcome.FITS     # a reservation to keep
+    before = c.ledger().snapshot().reservations
+    states = [c.ledger().snapshot() for _ in range(20)]     # every waiter read the ledger: no leader
+    assert all(s.batch.led_by(c.clock()) is None for s in states)
+    reads, writes, lock = Counter(), Counter(), threading.Lock()
+    read, replace_ = c.cluster.read_configmap, c.cluster.replace_configmap
+
+    def counted_read(namespace, name):
+        with lock:
+            reads[name] += 1
+        return read(namespace, name)
+
+    def counted_replace(namespace, body):
+        with lock:
+            writes[body["metadata"]["name"]] += 1
+        return replace_(namespace, body)
+    c.cluster.read_configmap, c.cluster.replace_configmap = counted_read, counted_replace
+    go = threading.Barrier(20)
+
+    def take(i: int) -> bool:
+        go.wait()
+        return BatchPlacer(booker(c), spec())._take_lease(states[i], f"waiter-{i}")
+    with ThreadPoolExecutor(20) as pool:
+        won = list(pool.map(take, range(20)))
+    assert won.count(True) == 1
+    assert writes == Counter({CONFIGMAP: 20}) and reads == Counter()     # one try each, the root only, no read
+    state = c.ledger().snapshot()
+    assert state.batch.led_by(c.clock()) == f"waiter-{won.index(True)}"
+    assert state.reservations == before
+
+
 def test_a_waiter_no_batch_answers_withdraws_its_request_and_places_itself():
     c = cloud()
     ghost(c, "ghost", lease_for=10_000)       # a leader that holds the lease and never decides
