@@ -163,8 +163,8 @@ def outcome(request, tmp_path_factory):
                        for n in range(JOBS)]
             go.wait(timeout=120)
             began = time.monotonic()
-            if isinstance(placers, Placers):        # mid-burst: the leading placer dies (the other takes over)
-                time.sleep(2)
+            if isinstance(placers, Placers):        # mid-burst, once it answered a batch, the leading placer dies
+                wait_until(_answered, timeout=120)     # (the other takes over)
                 killed = placers.kill_leader()
             results = [f.result() for f in futures]
             wall = time.monotonic() - began
@@ -193,6 +193,14 @@ def _leader() -> str | None:
 
 def _led() -> bool:
     return _leader() is not None
+
+
+def _answered() -> bool:
+    """Has a batch answered anyone yet?"""
+    from gpuboot.hooks.kube import KubeClient
+    from gpuboot.lifecycle.ledger import ReservationLedger
+
+    return bool(ReservationLedger(KubeClient()).snapshot().batch.decided)
 
 
 def test_every_job_of_the_burst_is_placed_and_runs(outcome):

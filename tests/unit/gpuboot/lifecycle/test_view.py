@@ -18,6 +18,7 @@ from gpuboot.exceptions import Gone
 from gpuboot.lifecycle.batching import BatchPlacer
 from gpuboot.lifecycle.ledger import Queued, RequestQueue
 from gpuboot.lifecycle.view import ClusterView, ViewUnusable, covered_seq, version_number
+from simcloud.harness import wait_until
 from tests.builders import pod
 from tests.fakes import Cloud, cloud
 from tests.unit.gpuboot.lifecycle.test_batching import booker, spec
@@ -120,14 +121,14 @@ def test_gone_relists_and_a_dropped_connection_resumes_from_the_last_version():
     try:
         first = s.write_pod(gpuboot_pod("a", "gpu-run"))
         s.send("pods", ("ADDED", first), ConnectionResetError("peer closed"))
-        assert wait(lambda: view.pods.resumes == 1)
-        assert wait(lambda: ("pods", first["metadata"]["resourceVersion"]) in s.opened)   # resumed, not listed
+        assert wait_until(lambda: view.pods.resumes == 1, timeout=5, interval=0.01)
+        assert wait_until(lambda: ("pods", first["metadata"]["resourceVersion"]) in s.opened, timeout=5, interval=0.01)   # resumed, not listed
         assert s.listed.count("pods") == 1
         second = s.write_pod(gpuboot_pod("b", "gpu-run"))       # written while the stream is gone: the list has it
         s.send("pods", Gone("too old resource version"))
-        assert wait(lambda: s.listed.count("pods") == 2)
+        assert wait_until(lambda: s.listed.count("pods") == 2, timeout=5, interval=0.01)
         assert view.pods.gone == 1
-        assert wait(lambda: "default/b-pod" in view.pods.items)
+        assert wait_until(lambda: "default/b-pod" in view.pods.items, timeout=5, interval=0.01)
         assert view.pods.passed >= int(second["metadata"]["resourceVersion"])
     finally:
         view.stop(1)
@@ -179,20 +180,11 @@ def test_a_disconnected_view_refuses_a_fresh_basis_and_the_leader_reads_in_full(
     view = started_view(c, s)
     try:
         s.send("pods", ConnectionResetError("gone"))
-        assert wait(lambda: view.pods.stale_since is not None or view.pods.resumes)
+        assert wait_until(lambda: view.pods.stale_since is not None or view.pods.resumes, timeout=5, interval=0.01)
         view.pods.stale_since = view.pods.stale_since or time.monotonic()
         assert view.basis(c.ledger().name, c.ledger().snapshot(), c.clock(), fresh=True, wait=0.1) is None
     finally:
         view.stop(1)
-
-
-def wait(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_the_view_describes_only_the_instances_whose_nodes_changed():
@@ -211,7 +203,7 @@ def test_the_view_describes_only_the_instances_whose_nodes_changed():
         node["status"]["nodeInfo"] = {**(node["status"].get("nodeInfo") or {}), "bootID": "new-boot"}
         c.cluster.put_node(node)
         s.send("nodes", ("MODIFIED", c.cluster.get_node("gpu-stop")))
-        assert wait(lambda: view.nodes.items["gpu-stop"]["status"].get("nodeInfo", {}).get("bootID") == "new-boot")
+        assert wait_until(lambda: view.nodes.items["gpu-stop"]["status"].get("nodeInfo", {}).get("bootID") == "new-boot", timeout=5, interval=0.01)
         view.basis("x", state, c.clock())
         assert len(calls) == 1 and len(calls[0]) == 1      # that node's instance only
     finally:
