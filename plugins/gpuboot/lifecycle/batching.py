@@ -143,7 +143,7 @@ class BatchPlacer:
                 b.sleep(backoff(attempt, base=0.05, cap=1.0, rng=b.rng))
         check_every = min(LEASE_CHECK_SECONDS, b.contended_seconds / 3)    # sees a leader's progress within its budget
         checked = -check_every
-        progress = state.given_parts[self.ledger.name].seq if self.ledger.name in state.given_parts else None
+        progress = root_seq(state)
         longest = b.monotonic() + PROGRESS_WAIT_SECONDS
         while True:
             # its shard says whether it still waits (a small read); the ledger, every few seconds or once
@@ -160,10 +160,10 @@ class BatchPlacer:
                 if state.batch.led_by(now) is None and self._take_lease(state, ticket):
                     self.lead(ticket)
                     continue
-                root_seq = state.given_parts[self.ledger.name].seq if self.ledger.name in state.given_parts else None
-                if progress is not None and root_seq != progress and state.batch.led_by(now) is not None:
+                seq = root_seq(state)
+                if progress is not None and seq != progress and state.batch.led_by(now) is not None:
                     give_up = min(longest, max(give_up, b.monotonic() + b.contended_seconds))   # the leader commits
-                progress = root_seq
+                progress = seq
             now = b.clock()
             if b.monotonic() >= give_up:
                 return self._withdraw(ticket, job_id)
@@ -343,6 +343,12 @@ def still_valid(old: LedgerState, new: LedgerState, queue: Sequence[Queued], now
     after = {(r.job_id, r.task, r.node, r.resources) for r in new.reservations if r.expires_at > now}
     return (after <= before and set(old.live_unavailable(now)) == set(new.live_unavailable(now))
             and not any(new.batch.answer(q.ticket) for q in queue))
+
+
+def root_seq(state: LedgerState) -> int | None:
+    """The root's own write counter as `state` read it (None: no root): it moves with every batch committed."""
+    root = state.given_parts.get(state.root)
+    return root.seq if root is not None else None
 
 
 def latest_per_job(queue: Sequence[Queued]) -> list[Queued]:
