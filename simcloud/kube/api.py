@@ -325,6 +325,8 @@ class K8sApi:
         token = query.get("continue")
         if token:   # later pages report the first page's resourceVersion, like the real server's snapshot
             rv, after = _decode_continue(token)
+        elif not query.get("resourceVersion"):      # a consistent read brings the watch cache up to now
+            self.store.request_progress(target.resource)
         page = self.store.page(target.resource, target.namespace, query.get("labelSelector"),
                                query.get("fieldSelector"), after=after, limit=_int_param(query, "limit"),
                                at=int(rv) if token else None)
@@ -476,11 +478,12 @@ class K8sApi:
 
         initial: list[WatchEvent] = []
         queue = None
+        start = since or 0        # a BOOKMARK goes only past the version the watch started from
         if since is not None:
             await self._wait_for_version(since)
         try:
             if since is None:
-                rv_now = int(self.store.resource_version)
+                rv_now = start = int(self.store.resource_version)
                 initial = [WatchEvent(rv_now, "ADDED", o, None)
                            for o in self.store.select(target.resource, target.namespace, q.get("labelSelector"),
                                                       field_selector)]
@@ -517,14 +520,19 @@ class K8sApi:
                 remaining = deadline - now
                 if remaining <= 0 or request.transport is None or request.transport.is_closing():
                     break
-                if bookmarks and now >= next_bookmark:
-                    await send("BOOKMARK", {"kind": target.info.kind, "apiVersion": target.info.api_version,
-                                            "metadata": {"resourceVersion": self.store.resource_version}})
+                if bookmarks and now >= next_bookmark and queue.empty():
+                    # The cacher's rule (cacheWatcher.process): a bookmark at the watch cache's version,
+                    # sent only when that is past the version the watch started from; and here only once
+                    # every event up to it has been sent (the queue drained).
+                    cached = self.store.cache_version(target.resource)
+                    if cached > start:
+                        await send("BOOKMARK", {"kind": target.info.kind, "apiVersion": target.info.api_version,
+                                                "metadata": {"resourceVersion": str(cached)}})
                     next_bookmark = self._next_bookmark(now, every, deadline, timeout)
                     continue
                 wait = min(remaining, 1.0, max(next_bookmark - now, 0.0) if bookmarks else 1.0)
                 try:
-                    event = await asyncio.wait_for(queue.get(), timeout=wait)
+                    event = queue.get_nowait() if not queue.empty() else await asyncio.wait_for(queue.get(), wait)
                 except TimeoutError:
                     continue
                 if event is None:     # the store was compacted: end the stream like a restarting server

@@ -132,6 +132,7 @@ class Store:
         self._history_seconds, self._clock = history_seconds, clock
         self._written: deque[tuple[float, int]] = deque()   # (when, rv) of the writes not yet compacted by age
         self._aged_rv = 0                                    # newest rv compacted by age (all resources)
+        self._cache_rv: dict[str, int] = dict.fromkeys(RESOURCES, 0)   # how far each watch cache has come
         self._subscribers: dict[str, list[_Subscriber]] = {name: [] for name in RESOURCES}
         self._event_keys: dict[tuple, tuple[str, str]] = {}
         self._terminating: dict[str, float] = {}      # namespace -> when its finalizer may be removed
@@ -162,8 +163,21 @@ class Store:
             raise not_found(resource, name)
         return obj
 
+    def cache_version(self, resource: str) -> int:
+        """How far `resource`'s watch cache has come: the version of its own last write, or of the last
+        progress asked for it (`request_progress`). kube-apiserver's cacher learns other resources'
+        writes only from etcd progress notifications, which etcd sends every 10 minutes unless asked:
+        a watch BOOKMARK carries this, never the store's global resourceVersion (kinder than the real one)."""
+        return self._cache_rv[self.info(resource).name]
+
+    def request_progress(self, resource: str) -> None:
+        """A consistent LIST of `resource` (no resourceVersion): the cacher waits until it has caught up
+        with etcd's current revision, asking etcd for a progress notification, so its version moves on."""
+        self._cache_rv[self.info(resource).name] = self._rv
+
     def _emit(self, resource: str, kind: str, obj: dict, old: dict | None) -> None:
         event = WatchEvent(self._rv, kind, obj, old)
+        self._cache_rv[resource] = self._rv
         self._written.append((self._clock(), self._rv))
         self._age_out()
         history, at = self._history[resource], self._history_at[resource]

@@ -363,19 +363,46 @@ def test_latency_fault_and_deletecollection(k8s: K8sServer):
     assert [c.metadata.name for c in v1.list_namespaced_config_map(NS).items] == ["keep"]
 
 
-def test_watch_bookmarks_carry_the_current_resource_version(k8s: K8sServer, monkeypatch):
+def test_watch_bookmarks_carry_the_watch_caches_version(k8s: K8sServer, monkeypatch):
     import simcloud.kube.api
     monkeypatch.setattr(simcloud.kube.api, "BOOKMARK_EVERY", 0.1)    # an idle watch gets a bookmark soon
     v1 = k8s.core_v1()
-    v1.create_namespaced_config_map(NS, {"metadata": {"name": "cm"}})
-    current = v1.list_namespaced_config_map(NS).metadata.resource_version
+    before = v1.list_namespaced_config_map(NS).metadata.resource_version
+    current = v1.create_namespaced_config_map("kube-system", {"metadata": {"name": "cm"}}).metadata.resource_version
     watch = kubernetes.watch.Watch()
     events = []
-    for event in watch.stream(v1.list_namespaced_config_map, NS, resource_version=current,
+    for event in watch.stream(v1.list_namespaced_config_map, NS, resource_version=before,
                               allow_watch_bookmarks=True, timeout_seconds=5, deserialize=False):
         events.append((event["type"], event["object"]["metadata"]["resourceVersion"]))
         watch.stop()
-    assert events == [("BOOKMARK", current)]
+    assert events == [("BOOKMARK", current)]       # a ConfigMap write this watch does not select, passed
+
+
+def bookmarks(list_fn, rv: str, timeout: int) -> list[int]:
+    """The resourceVersion of every BOOKMARK a watch of `list_fn` from `rv` gets (it must get nothing else)."""
+    seen = []
+    for event in kubernetes.watch.Watch().stream(list_fn, NS, resource_version=rv, allow_watch_bookmarks=True,
+                                                 timeout_seconds=timeout, deserialize=False):
+        assert event["type"] == "BOOKMARK", event
+        seen.append(int(event["object"]["metadata"]["resourceVersion"]))
+    return seen
+
+
+@pytest.mark.both_backends
+def test_a_quiet_watch_passes_other_resources_writes_only_after_a_consistent_list(k8s: K8sServer):
+    """kube-apiserver's watch cache of a resource learns that resource's writes, and other resources'
+    only from etcd's progress notifications (every 10 min unless asked; a consistent LIST asks). So a
+    BOOKMARK never passes a ConfigMap write on a quiet LimitRange watch until LimitRanges are listed:
+    gpuboot's cluster view asks so when it must pass a ledger write (gpuboot.lifecycle.view)."""
+    v1 = k8s.core_v1()
+    start = v1.list_namespaced_limit_range(NS).metadata.resource_version
+    elsewhere = int(v1.create_namespaced_config_map(NS, {"metadata": {"name": "another-resource"}})
+                    .metadata.resource_version)
+    assert bookmarks(v1.list_namespaced_limit_range, start, timeout=4) == []    # the cache stayed at `start`
+    listed = int(v1.list_namespaced_limit_range(NS, limit=1).metadata.resource_version)
+    assert listed >= elsewhere
+    seen = bookmarks(v1.list_namespaced_limit_range, start, timeout=4)
+    assert seen and seen[0] >= listed, seen     # the one just before the watch's timeout
 
 
 @pytest.mark.both_backends

@@ -6,13 +6,16 @@
 - One newer than any written waits 3 s (the watch cache's wait), then is 504, reason Timeout,
   "Too large resource version", with the ResourceVersionTooLarge cause.
 - allowWatchBookmarks=true gets a BOOKMARK every `timings.watch_bookmark_seconds`, and one just
-  before the watch's own timeoutSeconds.
+  before the watch's own timeoutSeconds, each at the watch cache's version, and only when that has
+  moved past the stream (test_k8s_api.py shows the real one's rule).
 """
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import subprocess
+import threading
 import time
 
 import kubernetes
@@ -131,15 +134,30 @@ def test_kubectl_raw_watch_gets_the_status_in_the_stream(simcloud_factory, kubec
 
 
 def bookmarks_of(v1, timeout: int, allow: bool = True) -> list[tuple[float, str]]:
-    """(seconds after the start, resourceVersion) of every BOOKMARK a quiet ConfigMap watch gets."""
+    """(seconds after the start, resourceVersion) of every BOOKMARK a ConfigMap watch of "default" gets
+    while ConfigMaps are written in "kube-system" (which it does not select) every 0.2 s: a bookmark
+    carries the watch cache's version, only when past the watch's start, so a quiet one would get none."""
     rv = current_rv(v1)
+    stop = threading.Event()
+
+    def write_elsewhere() -> None:
+        for i in itertools.count():
+            v1.create_namespaced_config_map("kube-system", {"metadata": {"name": f"elsewhere-{rv}-{i}"}})
+            if stop.wait(0.2):
+                return
+    writer = threading.Thread(target=write_elsewhere, daemon=True)
+    writer.start()
     started, seen = time.monotonic(), []
-    for event in kubernetes.watch.Watch().stream(v1.list_namespaced_config_map, "default", resource_version=rv,
-                                                 allow_watch_bookmarks=allow, timeout_seconds=timeout,
-                                                 deserialize=False):
-        assert event["type"] == "BOOKMARK", event
-        seen.append((time.monotonic() - started, event["object"]["metadata"]["resourceVersion"]))
-        assert int(seen[-1][1]) >= int(rv)
+    try:
+        for event in kubernetes.watch.Watch().stream(v1.list_namespaced_config_map, "default", resource_version=rv,
+                                                     allow_watch_bookmarks=allow, timeout_seconds=timeout,
+                                                     deserialize=False):
+            assert event["type"] == "BOOKMARK", event
+            seen.append((time.monotonic() - started, event["object"]["metadata"]["resourceVersion"]))
+            assert int(seen[-1][1]) > int(rv) and int(seen[-1][1]) >= int(seen[-2][1] if len(seen) > 1 else rv)
+    finally:
+        stop.set()
+        writer.join(5)
     return seen
 
 
