@@ -34,6 +34,14 @@ lag; a disconnected one counts as read when it was last connected (`Basis.at`), 
 limits of the single path and of the batch (SURVEY_MAX_AGE_SECONDS, VERDICT_MAX_AGE_SECONDS)
 hold for it too.
 
+Passing a ledger write. A BOOKMARK carries the API server's watch cache version for its resource,
+not etcd's: the pod cache learns ConfigMap (ledger) writes only from etcd progress notifications,
+every 10 minutes unless asked. So when the pod stream must pass a ledger write it has not passed,
+the view asks (`KubeClient.request_progress`: a consistent LIST of one pod brings the cache up to
+now) and the next bookmark, at most WATCH_SECONDS away, passes it. Without the ask, a quiet real
+cluster's busy verdict waited out WAIT_PAST_SECONDS and read in full (simcloud's bookmarks carried
+its global version then, kinder than the real one; they now follow the cacher's rule).
+
 Reconnects. A watch ends every WATCH_SECONDS (the API server sends a BOOKMARK just before, so an
 idle stream still tells how far it has come) and is re-opened from the last resourceVersion; a
 dropped connection is resumed from there too, after a jittered backoff; a 410 Gone (compaction)
@@ -101,7 +109,7 @@ class Collection:
         self.items: dict[str, dict] = {}
         self.passed = -1                # the resourceVersion everything up to is held (-1: not listed yet)
         self.changes = 0                # bumped by every change (the view rebuilds its inventory on one)
-        self.lists = self.resumes = self.gone = 0
+        self.lists = self.resumes = self.gone = self.progress_asked = 0
         self.stale_since: float | None = None   # monotonic: disconnected since (None: connected)
         self.cond = threading.Condition()
 
@@ -115,8 +123,20 @@ class Collection:
         with self.cond:
             return list(self.items.values()), self.passed, self.changes
 
-    def wait_past(self, version: int, timeout: float) -> bool:
-        """Until the stream has passed `version` (or `timeout` seconds): whether it has."""
+    def wait_past(self, version: int, timeout: float, *, ask: bool = False) -> bool:
+        """Until the stream has passed `version` (or `timeout` seconds): whether it has. `ask`: if it has
+        not yet, ask the API server to bring its watch cache up to now first (`request_progress`): a
+        BOOKMARK carries the cache's version, which a quiet collection's cache does not move on its own."""
+        with self.cond:
+            if self.passed >= version:
+                return True
+        if ask:
+            try:
+                self.kube.request_progress(self.kind)
+                self.progress_asked += 1
+            except Exception as exc:  # only a hint: the wait below decides
+                self.log.warning("cluster view: asking for %s progress failed (%s: %s)", self.kind,
+                                 type(exc).__name__, exc)
         with self.cond:
             return self.cond.wait_for(lambda: self.passed >= version, timeout)
 
@@ -296,7 +316,7 @@ class ClusterView:
     def _caught_up(self, state: LedgerState, wait: float) -> bool:
         if self.nodes.stale_since is not None or self.pods.stale_since is not None:
             return False            # disconnected: read in full rather than wait on a stream that is not there
-        return self.pods.wait_past(max((v for v, _ in _shard_writes(state).values()), default=0), wait)
+        return self.pods.wait_past(max((v for v, _ in _shard_writes(state).values()), default=0), wait, ask=True)
 
     def _survey(self, nodes: tuple[list[dict], int, int], pods: tuple[list[dict], int, int],
                 reservations: list[Reservation], now: float) -> Survey:

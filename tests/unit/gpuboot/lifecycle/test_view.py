@@ -37,6 +37,8 @@ class Streams:
         self.scripts = {"nodes": queue.Queue(), "pods": queue.Queue()}
         self.opened: list[tuple[str, str]] = []      # (kind, resourceVersion) of each watch opened
         self.listed: list[str] = []
+        self.asked: list[str] = []                  # request_progress calls, by kind
+        self.answer_progress = False                # whether a progress request brings a bookmark
 
     def version(self) -> str:
         return str(self.c.cluster._version)
@@ -69,6 +71,14 @@ class Streams:
     def send(self, kind: str, *items) -> None:
         for item in items:
             self.scripts[kind].put(item)
+
+    def request_progress(self, kind: str) -> str:
+        """The real server's answer to a consistent LIST: its cache moves to now, and the watch's next
+        BOOKMARK says so (only if the test lets it: a quiet stream otherwise stays where it is)."""
+        self.asked.append(kind)
+        if self.answer_progress:
+            self.bookmark(kind)
+        return self.version()
 
     def bookmark(self, kind: str = "pods") -> None:
         self.send(kind, ("BOOKMARK", {"metadata": {"resourceVersion": self.version()}}))
@@ -170,6 +180,29 @@ def test_a_stale_pod_stream_still_counts_a_release_it_has_not_seen_the_pod_of():
         basis, released = view.basis(ledger.name, state, c.clock(), fresh=True, wait=5)
         assert basis.seq == state.seq and released == []
         assert next(v for v in basis.survey.views if v.name == "gpu-run").free.gpus == 0
+    finally:
+        view.stop(1)
+
+
+def test_a_fresh_basis_asks_a_quiet_pod_stream_for_progress_and_follows_its_bookmark():
+    """A ledger write the quiet pod stream has not passed: its bookmarks carry the API server's pod cache
+    version, which moves on only when asked (a consistent LIST). Asked once, the basis covers the write;
+    a stream that never answers leaves the placement to a full read."""
+    c = cloud()
+    s = Streams(c)
+    ledger = c.ledger()
+    view = started_view(c, s)
+    try:
+        ledger.commit("a", [Reservation("a", "main", "gpu-run", Resources.parse({"nvidia.com/gpu": 1, "cpu": "1"}),
+                                         c.clock() + 600)], ledger.snapshot().version)
+        state = ledger.snapshot()
+        assert view.basis(ledger.name, state, c.clock(), fresh=True, wait=0.2) is None     # nobody answered
+        assert s.asked == ["pods"]
+        s.answer_progress = True
+        basis, released = view.basis(ledger.name, state, c.clock(), fresh=True, wait=5)
+        assert basis.seq == state.seq and released == [] and s.asked == ["pods", "pods"]
+        view.basis(ledger.name, state, c.clock(), fresh=True, wait=5)
+        assert s.asked == ["pods", "pods"] and view.pods.progress_asked == 2     # passed: nothing to ask
     finally:
         view.stop(1)
 
