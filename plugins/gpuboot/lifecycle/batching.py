@@ -77,7 +77,7 @@ from gpuboot.lifecycle.booking import (
     reservation_ttl,
     survey,
 )
-from gpuboot.lifecycle.ledger import Batch, Decided, LedgerConflict, LedgerState, Queued, RequestQueue, backoff
+from gpuboot.lifecycle.ledger import Batch, Decided, Lead, LedgerConflict, LedgerState, Queued, RequestQueue, backoff
 
 if TYPE_CHECKING:
     from gpuboot.lifecycle.view import ClusterView
@@ -142,15 +142,24 @@ class BatchPlacer:
                 attempt += 1
                 b.sleep(backoff(attempt, base=0.05, cap=1.0, rng=b.rng))
         check_every = min(LEASE_CHECK_SECONDS, b.contended_seconds / 3)    # sees a leader's progress within its budget
-        checked = -check_every
-        progress = root_seq(state)
+        # the caller's read (just before queueing) says whether someone leads: if not, look at once
+        checked = b.monotonic() if state.batch.led_by(b.clock()) is not None else -check_every
+        progress, committed = root_seq(state), None
         longest = b.monotonic() + PROGRESS_WAIT_SECONDS
         while True:
-            # its shard says whether it still waits (a small read); the ledger, every few seconds or once
-            # the entry is gone, says the answer and whether anyone leads
-            waits, waiting = self.queue.holds(entry.ticket)
-            gone = not waits
-            if gone or b.monotonic() - checked >= check_every:
+            # its shard says whether it still waits, its answer once decided, and the leader's last commit
+            # (`RequestQueue`: copies, never ahead of the ledger); the ledger root, once the entry is gone
+            # with no answer, or every few seconds while the copied lead does not show a live lease
+            look = self.queue.look(entry.ticket)
+            if look.answer is not None:
+                return self._answered(look.answer, state)
+            gone, waiting, now = not look.waits, look.waiting, b.clock()
+            led = look.lead is not None and look.lead.lease_until > now
+            if led and look.lead.at != committed:
+                if committed is not None:           # the leader commits batches: its waiters wait on
+                    give_up = min(longest, max(give_up, b.monotonic() + b.contended_seconds))
+                committed = look.lead.at
+            if gone or (b.monotonic() - checked >= check_every and (not led or checked < 0)):
                 checked = b.monotonic()
                 state = self.ledger.snapshot()
                 now = b.clock()
@@ -314,7 +323,7 @@ class BatchPlacer:
         for mark in outdated:
             self.log.info("dropped the mark on %s (%s): the node is Ready or booted again since", mark.what,
                           mark.reason)
-        self.queue.drop(q.ticket for q in queue)
+        self.queue.publish(answers, Lead(me, batch.lease_until, now))    # copies for the waiters (RequestQueue)
         for q, p in zip(queue, plans):
             self.log.info("batch: job %s: %s%s", q.job_id, p.outcome.value,
                           "".join(f"; {a.task} -> {a.node}" for a in p.assignments))
@@ -329,7 +338,9 @@ class BatchPlacer:
             if live.leader != me:
                 return
             try:
-                return self.ledger.put_batch(state, dataclasses.replace(live, leader=None, lease_until=0.0))
+                self.ledger.put_batch(state, dataclasses.replace(live, leader=None, lease_until=0.0))
+                # the copies in the queue shards say so too, or waiters trusting them would not look
+                return self.queue.publish((), Lead(me, 0.0, self.booker.clock()))
             except LedgerConflict:
                 self.booker.sleep(backoff(attempt, rng=self.booker.rng))
         # not given up: the lease lapses on its own within LEASE_SECONDS

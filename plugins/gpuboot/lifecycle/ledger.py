@@ -1091,7 +1091,48 @@ def _merge(current: Iterable[Unavailable], added: Iterable[Unavailable]) -> list
 
 
 QUEUE_KEY = "queue.json"
+ANSWERS_KEY = "answers.json"
+LEAD_KEY = "lead.json"
 QUEUE_SHARDS = 8    # ConfigMaps the batch queue is spread over: a burst's appends rarely collide
+ANSWER_KEEP_SECONDS = 8.0    # a copy of an answer stays in its queue shard this long (two of a waiter's
+                             # slowest polls, batching.POLL_MAX_SECONDS; later, it reads the ledger root)
+
+
+@dataclass(frozen=True)
+class Lead:
+    """What the batch leader last committed, as it copies it into every queue shard: who leads, until
+    when, and when it committed. Advisory: never newer than the ledger root it copies."""
+
+    leader: str
+    lease_until: float
+    at: float
+
+    def to_json(self) -> dict:
+        return {"leader": self.leader, "lease_until": self.lease_until, "at": self.at}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Lead:
+        return cls(d["leader"], float(d["lease_until"]), float(d["at"]))
+
+
+@dataclass(frozen=True)
+class QueueShard:
+    """One queue shard as read: the waits queued there, the answers copied there, the last lead."""
+
+    entries: tuple[Queued, ...] = ()
+    answers: tuple[Decided, ...] = ()
+    lead: Lead | None = None
+    version: str | None = None
+
+
+@dataclass(frozen=True)
+class Look:
+    """A waiter's one read of its queue shard (`RequestQueue.look`)."""
+
+    waits: bool                 # its entry is still there
+    waiting: int                # how many requests wait in all (estimated from its shard)
+    answer: Decided | None      # its answer's copy, once a batch decided it
+    lead: Lead | None
 
 
 class RequestQueue:
@@ -1099,7 +1140,15 @@ class RequestQueue:
     ConfigMaps named after the ledger (`<ledger>-queue-<i>`, so RBAC can name every one). A
     waiter appends to the shard its ticket hashes to (compare-and-swap on that shard only);
     the batch leader reads every shard. Entries expire; answers live in the ledger, so the
-    queue is only ever a hint of who is waiting: losing an entry delays a job, never double-books."""
+    queue is only ever a hint of who is waiting: losing an entry delays a job, never double-books.
+
+    Why answers are copied here too. A waiter polls its shard anyway; the ledger root holds every
+    live answer of the burst (tens to hundreds of KB). So after committing a batch the leader moves
+    each answered entry's `Decided` into its shard (kept ANSWER_KEEP_SECONDS) and copies its lease
+    (`Lead`) into every shard: a waiter reads its answer, and sees that someone leads and commits,
+    without reading the root. The copy is written only after the root commit, so it never says more
+    than the ledger: a lost copy sends the waiter to the root (its entry gone with no answer, the
+    lead lapsed, or its wait given up), as before the copies."""
 
     def __init__(self, kube: KubeClient, namespace: str = "default", ledger: str = CONFIGMAP,
                  clock: Callable[[], float] = time.time) -> None:
@@ -1109,22 +1158,34 @@ class RequestQueue:
     def shard_of(self, ticket: str) -> str:
         return self.shards[zlib.crc32(ticket.encode()) % len(self.shards)]
 
-    def _read(self, name: str) -> tuple[list[Queued], str | None]:
+    def _read(self, name: str) -> QueueShard:
         cm = self.kube.read_configmap(self.namespace, name)
         if cm is None:
-            return [], None
-        return ([Queued.from_json(d) for d in json.loads((cm.get("data") or {}).get(QUEUE_KEY) or "[]")],
-                cm["metadata"]["resourceVersion"])
+            return QueueShard()
+        data = cm.get("data") or {}
+        lead = json.loads(data.get(LEAD_KEY) or "null")
+        return QueueShard(tuple(Queued.from_json(d) for d in json.loads(data.get(QUEUE_KEY) or "[]")),
+                          tuple(Decided.from_json(d) for d in json.loads(data.get(ANSWERS_KEY) or "[]")),
+                          Lead.from_json(lead) if lead else None, cm["metadata"]["resourceVersion"])
 
-    def _change(self, name: str, change: Callable[[list[Queued]], list[Queued]]) -> None:
-        """One compare-and-swap on shard `name` (LedgerConflict when it moved; the caller retries)."""
-        entries, version = self._read(name)
+    def _change(self, name: str, change: Callable[[list[Queued]], list[Queued]], answers: Sequence[Decided] = (),
+                lead: Lead | None = None) -> None:
+        """One compare-and-swap on shard `name` (LedgerConflict when it moved; the caller retries):
+        its entries changed by `change`, `answers` added, `lead` set; what expired goes."""
+        shard = self._read(name)
+        version = shard.version
         now = self.clock()
-        new = [q for q in change(entries) if q.expires_at > now]
+        new = [q for q in change(list(shard.entries)) if q.expires_at > now]
+        kept = [d for d in (*shard.answers, *answers) if d.expires_at > now]
+        data = {QUEUE_KEY: json.dumps([q.to_json() for q in new], sort_keys=True)}
+        if kept:
+            data[ANSWERS_KEY] = json.dumps([d.to_json() for d in kept], sort_keys=True)
+        if lead or shard.lead:
+            data[LEAD_KEY] = json.dumps((lead or shard.lead).to_json(), sort_keys=True)
         body = {"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": name, "namespace": self.namespace,
                              "labels": {"app.kubernetes.io/managed-by": "gpuboot"}},
-                "data": {QUEUE_KEY: json.dumps([q.to_json() for q in new], sort_keys=True)}}
+                "data": data}
         try:
             if version is None:
                 self.kube.create_configmap(self.namespace, body)
@@ -1137,11 +1198,30 @@ class RequestQueue:
     def add(self, entry: Queued) -> None:
         self._change(self.shard_of(entry.ticket), lambda qs: [q for q in qs if q.ticket != entry.ticket] + [entry])
 
-    def holds(self, ticket: str) -> tuple[bool, int]:
-        """Whether the ticket still waits, and how many requests wait in all (estimated from its shard)."""
+    def look(self, ticket: str) -> Look:
+        """The waiter's poll: one read of its ticket's shard."""
         now = self.clock()
-        live = [q for q in self._read(self.shard_of(ticket))[0] if q.expires_at > now]
-        return any(q.ticket == ticket for q in live), len(live) * len(self.shards)
+        shard = self._read(self.shard_of(ticket))
+        live = [q for q in shard.entries if q.expires_at > now]
+        answer = next((d for d in shard.answers if d.ticket == ticket), None)
+        return Look(any(q.ticket == ticket for q in live), len(live) * len(self.shards), answer, shard.lead)
+
+    def publish(self, answers: Sequence[Decided], lead: Lead, attempts: int = 5) -> None:
+        """After a batch's ledger commit: each answered entry out of its shard and a copy of its answer in,
+        `lead` copied into every shard (all shards at once; best effort, see the class doc)."""
+        mine: dict[str, list[Decided]] = {name: [] for name in self.shards}
+        for d in answers:
+            mine[self.shard_of(d.ticket)].append(
+                replace(d, expires_at=min(d.expires_at, self.clock() + ANSWER_KEEP_SECONDS)))
+
+        def write(name: str) -> None:
+            done = {d.ticket for d in mine[name]}
+            for attempt in range(attempts):
+                try:
+                    return self._change(name, lambda qs: [q for q in qs if q.ticket not in done], mine[name], lead)
+                except LedgerConflict:
+                    time.sleep(backoff(attempt))
+        _each(write, self.shards)
 
     def drop(self, tickets: Iterable[str], attempts: int = 5) -> None:
         """Take requests out of their shards, answered ones or a withdrawn wait (best effort: what
@@ -1160,5 +1240,5 @@ class RequestQueue:
     def waiting(self, answered: Iterable[str] = ()) -> list[Queued]:
         """Every live entry not answered yet, oldest first (queue order)."""
         now, done = self.clock(), set(answered)
-        out = [q for name in self.shards for q in self._read(name)[0] if q.expires_at > now and q.ticket not in done]
+        out = [q for name in self.shards for q in self._read(name).entries if q.expires_at > now and q.ticket not in done]
         return sorted(out, key=lambda q: (q.expires_at, q.ticket))

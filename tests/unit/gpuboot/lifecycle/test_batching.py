@@ -28,7 +28,18 @@ from gpuboot.lifecycle.batching import (
     still_valid,
 )
 from gpuboot.lifecycle.booking import Booker, reservation_ttl
-from gpuboot.lifecycle.ledger import CONFIGMAP, MAX_LEDGER_BYTES, Batch, LedgerFull, Queued, RequestQueue, StartedNode
+from gpuboot.lifecycle.ledger import (
+    ANSWER_KEEP_SECONDS,
+    CONFIGMAP,
+    MAX_LEDGER_BYTES,
+    Batch,
+    Decided,
+    Lead,
+    LedgerFull,
+    Queued,
+    RequestQueue,
+    StartedNode,
+)
 from tests.fakes import T4, Cloud, cloud
 
 LOG = logging.getLogger("test-batching")
@@ -312,27 +323,110 @@ def test_a_job_placed_by_an_earlier_batch_is_placed_again_on_its_own_and_reads_o
     assert before_queueing[0] == CONFIGMAP and len(set(before_queueing)) == 2   # the root, the record's shard
 
 
-def test_a_waiter_keeps_its_place_while_the_leader_commits_batches_and_withdraws_only_without_progress():
-    """A large burst: the leader commits batch after batch (the root's write counter moves) and has not reached
-    this job after the waiter's own budget (20 s). The waiter keeps waiting rather than falling back to a full
-    cluster read; once the leader stops (its lease runs out), the waiter leads and answers itself in a batch."""
+@pytest.mark.parametrize("seen_in", ["root", "queue-shard-copies"])
+def test_a_waiter_keeps_its_place_while_the_leader_commits_batches_and_withdraws_only_without_progress(seen_in):
+    """A large burst: the leader commits batch after batch (the root's write counter moves; with copies, the
+    `Lead` in the queue shards too) and has not reached this job after the waiter's own budget (20 s). The
+    waiter keeps waiting rather than falling back to a full cluster read (seeing the copies, without reading
+    the root); once the leader stops (its lease runs out), the waiter leads and answers itself in a batch."""
     c = cloud()
     ghost(c, "ghost", lease_for=5)
     start = c.clock()
+    waiter_root_reads, ghost_writing = [], threading.Event()
+    read = c.cluster.read_configmap
+
+    def counted(namespace, name):
+        if name == CONFIGMAP and not ghost_writing.is_set() and c.clock() < start + 60:
+            waiter_root_reads.append(c.clock())
+        return read(namespace, name)
+    c.cluster.read_configmap = counted
 
     def sleep(seconds: float) -> None:
         c.clock.advance(seconds)
         if c.clock() < start + 60:      # the leader commits a batch: its lease renewed, the root written
+            ghost_writing.set()
             state = c.ledger().snapshot()
             c.ledger()._write(list(state.reservations), state.unavailable, state, state.jobs,
                               batch=Batch(state.batch.decided, "ghost:dead", c.clock() + 5))
+            if seen_in == "queue-shard-copies":
+                RequestQueue(c.cluster, clock=c.clock).publish((), Lead("ghost:dead", c.clock() + 5, c.clock()))
+            ghost_writing.clear()
 
     b = booker(c, sleep=sleep, contended_seconds=20)
     booking = book_first(b, spec(), "job")
     assert booking.committed and booking.plan.outcome == Outcome.FITS
     assert c.clock() - start > 60                                        # it waited through the leader's batches
+    # the root every LEASE_CHECK_SECONDS (5 s) for a minute, or only book_first's read when the copies show a lease
+    assert len(waiter_root_reads) == 1 if seen_in == "queue-shard-copies" else len(waiter_root_reads) >= 10
     assert c.ledger().snapshot().batch.answer(next(iter(
         d.ticket for d in c.ledger().snapshot().batch.decided if d.job_id == "job"))) is not None   # by a batch
+
+
+def test_a_batch_copies_each_answer_into_its_waiters_queue_shard_and_its_lease_into_every_shard():
+    """RequestQueue.publish, after the ledger commit: the answered entries leave their shards and their answers'
+    copies come in (for ANSWER_KEEP_SECONDS), the lead into all shards; a step-down publishes a lapsed lead."""
+    c = cloud()
+    q = RequestQueue(c.cluster, clock=c.clock)
+    tickets = [f"job-{i}:t{i}" for i in range(12)]
+    for t in tickets:
+        q.add(Queued(t.split(":")[0], t, spec().to_job_request("x").to_json(), 600.0, c.clock() + 60))
+    answered = [Decided(t.split(":")[0], t, {"outcome": "fits"}, "leader", c.clock() + 120) for t in tickets[:8]]
+    q.publish(answered, Lead("leader:1", c.clock() + 15, c.clock()))
+    looks = {t: q.look(t) for t in tickets}
+    assert all(looks[t].answer == dataclasses.replace(d, expires_at=c.clock() + ANSWER_KEEP_SECONDS)
+               and not looks[t].waits for t, d in zip(tickets, answered))
+    assert all(looks[t].answer is None and looks[t].waits for t in tickets[8:])
+    assert [x.ticket for x in q.waiting()] == sorted(tickets[8:], key=lambda t: t)
+    assert {q._read(name).lead for name in q.shards} == {Lead("leader:1", c.clock() + 15, c.clock())}
+    c.clock.advance(ANSWER_KEEP_SECONDS + 1)
+    q.publish((), Lead("leader:1", 0.0, c.clock()))              # a step-down
+    assert all(q.look(t).answer is None for t in tickets)        # the copies went; the root still has them
+    assert {q._read(name).lead.lease_until for name in q.shards} == {0.0}
+
+
+def test_an_answer_whose_copy_was_lost_is_read_from_the_ledger_root():
+    """The copy is best effort (written after the commit): without it the waiter finds its answer in the root."""
+    c = cloud()
+    b = booker(c, sleep=c.clock.advance)
+    lost = []
+    b_queue_publish = RequestQueue.publish
+    try:
+        RequestQueue.publish = lambda self, answers, lead, attempts=5: lost.extend(answers)
+        booking = book_first(b, spec(), "job")
+    finally:
+        RequestQueue.publish = b_queue_publish
+    assert booking.committed and booking.plan.outcome == Outcome.FITS and [d.job_id for d in lost] == ["job"]
+    assert held(c) == {"job": ["gpu-run"]}
+
+
+def test_waiters_take_their_answers_from_their_queue_shard_and_read_the_ledger_root_twice_at_most():
+    """Twelve first placements at once: one leads; each other waiter reads the root when it starts (book_first,
+    then at once, since nobody led yet) and then only its queue shard, where its answer's copy comes."""
+    c = cloud()
+    assert book_first(booker(c), spec("one"), "one").plan.outcome == Outcome.FITS     # the ledger exists
+    jobs = [f"job-{i:02d}" for i in range(12)]
+    barrier = threading.Barrier(len(jobs))
+    reads: Counter = Counter()
+    read = c.cluster.read_configmap
+
+    def counted(namespace, name):
+        if name == CONFIGMAP:
+            reads[threading.current_thread().name] += 1
+        return read(namespace, name)
+    c.cluster.read_configmap = counted
+    bookers = {j: booker(c) for j in jobs}
+
+    def run(job: str) -> Outcome:
+        threading.current_thread().name = job
+        barrier.wait()
+        return book_first(bookers[job], spec(job), job).plan.outcome
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        outcomes = list(pool.map(run, jobs))
+    assert Counter(outcomes) == {Outcome.FITS: 3, Outcome.BUSY: 9}
+    leaders = {d.by for d in c.ledger().snapshot().batch.decided if d.job_id in jobs}
+    waiters = [n for job, n in reads.items() if job in jobs and job not in leaders]
+    assert len(leaders) == 1 and len(waiters) == len(jobs) - 1 and max(waiters) <= 2, reads
 
 
 def test_waiters_of_a_large_burst_poll_less_often():
