@@ -60,7 +60,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gpuboot.core.inventory import parse_time
-from gpuboot.core.model import LABEL_JOB, TERMINATED_PHASES, Reservation
+from gpuboot.core.model import HOLD_REASON, LABEL_JOB, TERMINATED_PHASES, Reservation, Unavailable
 from gpuboot.core.ports import PodControl
 from gpuboot.core.queue import PRIORITY_CLASSES, Entry, Hold, Running
 from gpuboot.core.timefmt import duration, utc
@@ -153,16 +153,52 @@ def drop_reservations(ledger: ReservationLedger, job_id: str) -> int:
     return len(dropped)
 
 
+def keep_for(ledger: ReservationLedger, job_id: str, nodes: Sequence[str], until: float) -> bool:
+    """Mark `nodes` in the ledger as held for `job_id` until `until` (its queue entry's lease): every
+    other placement keeps off them, this job's does not (`Unavailable.held_for`). False, writing
+    nothing more, when one is held for another job already (a preemption there is under way)."""
+    free = [True]
+
+    def change(state):
+        live = state.live_unavailable(ledger.clock())
+        if any(u.node in nodes and u.held_for not in (None, job_id) for u in live):
+            free[0] = False
+            return None
+        have = {u.node for u in live if u.held_for == job_id}
+        add = [Unavailable(reason=f"{HOLD_REASON} {job_id}", expires_at=until, node=n) for n in nodes if n not in have]
+        return (list(state.reservations), [*state.unavailable, *add], list(state.jobs)) if add else None
+
+    ledger.update(change, f"hold node(s) {', '.join(nodes)} for job {job_id}")
+    return free[0]
+
+
+def let_go(ledger: ReservationLedger, job_id: str) -> None:
+    """Drop the ledger's marks holding nodes for `job_id` (idempotent): it placed, or gave up preempting."""
+    def change(state):
+        if not any(u.held_for == job_id for u in state.unavailable):
+            return None
+        return list(state.reservations), [u for u in state.unavailable if u.held_for != job_id], list(state.jobs)
+
+    ledger.update(change, f"let go of the nodes held for job {job_id}")
+
+
 def preempt(kube: PodControl, ledger: ReservationLedger, queue: JobQueue, preemptor: Entry, victims: Sequence[str],
-            hold: Hold | None, state: QueueState, log: logging.Logger, now: float) -> list[Admitted]:
-    """Steps 1 to 3 of the module doc for `victims` (named by the pass over `state`); the jobs
-    requeued ([]: another preemptor or a release got there first; nothing done)."""
+            holds: Mapping[str, Hold], state: QueueState, log: logging.Logger, now: float) -> list[Admitted]:
+    """Steps 1 to 4 of the module doc for `victims` (named by the pass over `state`, whose `holds`
+    are written with the preemption); the jobs requeued ([]: the queue moved since `state`, another
+    preemptor holds the nodes, or the victims were requeued or ended meanwhile; nothing kept)."""
+    hold = holds.get(preemptor.job_id)
     entries = {a.job_id: a.entry for a in state.running if a.entry is not None}
     why = {v: reason(preemptor, entries[v], hold, now) for v in victims if v in entries}
-    taken = queue.preempt(preemptor, victims, why)
+    lease = next((w.lease_until for w in state.waiting if w.entry.job_id == preemptor.job_id), now)
+    taken = []
+    if hold is None or keep_for(ledger, preemptor.job_id, hold.nodes, lease):
+        taken = queue.preempt(preemptor, victims, why, holds, based_on=state)
     if not taken:
-        log.info("the jobs to preempt for %s (%s) were requeued or ended meanwhile: deciding again at the next "
-                 "poll", preemptor.name or preemptor.job_id, ", ".join(victims))
+        let_go(ledger, preemptor.job_id)
+        log.info("the preemption of %s for %s did not happen (the queue moved, another job is being given those "
+                 "nodes, or they were requeued or ended meanwhile): deciding again", ", ".join(victims),
+                 preemptor.name or preemptor.job_id)
         return []
     for victim in taken:
         pods = [p for p in kube.list_pods(f"{LABEL_JOB}={victim.job_id}")
