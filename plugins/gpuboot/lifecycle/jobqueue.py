@@ -64,6 +64,12 @@ def changes_of(configmap: dict | None) -> int:
     return int(((configmap or {}).get("data") or {}).get(CHANGES_KEY) or 0)
 
 
+def preempted_in(configmap: dict | None, job_id: str) -> Preempted | None:
+    """The job's preemption record in the queue ConfigMap as read (None: not preempted, or settled)."""
+    raw = ((configmap or {}).get("data") or {}).get(PREEMPTED_KEY) or "[]"
+    return next((p for p in map(Preempted.from_json, json.loads(raw)) if p.job_id == job_id), None)
+
+
 def queue_config(environ=os.environ) -> QueueConfig:
     """Teams, quotas and the starvation threshold from GPUBOOT_QUEUE_CONFIG (JSON; unset: equal
     weights, no quotas), e.g. {"teams": {"vision": {"weight": 2, "nominal": {"A100": 16}}}}."""
