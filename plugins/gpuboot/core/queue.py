@@ -540,6 +540,7 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
     preempt: dict[str, list[str]] = {}
     gone: set[str] = set()
     preemptor: str | None = None    # the queue's head preemptor: the one job victims are named for
+    movable_any = any(r.preemptible for r in running)     # else nobody preempts and no hold is taken over
     while lines:
         head = next_in_order([line[-1] for line in lines.values()], used, capacity, config, now)
         line = lines[(head.priority, head.team)]
@@ -570,7 +571,7 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
                 blocker += "; " + "; ".join(f"node(s) {', '.join(h.nodes)} {HOLD_REASON} {h.job_id}" for h in others)
         judged = not result.never and not blocker.startswith("quota:")
         kept = holds.get(entry.job_id)
-        may = preemptor is None and judged and may_preempt(entry, now, config)
+        may = movable_any and preemptor is None and judged and may_preempt(entry, now, config)
         done = set(ahead) if may else set()
         behind = {job for job, h in holds.items() if not h.firm and job not in done and job != entry.job_id} \
             if may else set()           # holds of jobs behind it, which a job that may preempt takes over
