@@ -526,7 +526,10 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
     take over the holds of jobs behind it that are not firm (a job behind it would else keep the room
     it needs). The jobs after it wait: the room freed goes to the job that freed it (its hold turns
     firm when the preemption is written, and the ledger keeps the nodes for it:
-    gpuboot.lifecycle.preemption)."""
+    gpuboot.lifecycle.preemption). A pass for another job's step (`only`) that finds the job of a firm
+    hold would fit keeps that hold: its admission is that job's own step's to make, and the pass's
+    holds are written back (a hold dropped there went to the next starving job, and the two jobs'
+    steps took the node from each other at every poll)."""
     used: dict[str, dict[str, int]] = {team: dict(models) for team, models in usage.items()}
     holds = {job: h for job, h in holds.items() if any(e.job_id == job for e in entries)}
     lines: dict[tuple, list[Entry]] = {}      # (class, team) -> its entries, oldest last: only heads compete
@@ -557,7 +560,8 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
             blocker = quota_blocker(entry, result.model, used, config) or ""
             if not blocker:
                 commit(entry, result)
-                holds.pop(entry.job_id, None)
+                if only in (None, entry.job_id) or not (entry.job_id in holds and holds[entry.job_id].firm):
+                    holds.pop(entry.job_id, None)     # a firm hold goes with its own job's admission only
                 team = used.setdefault(entry.team, {})
                 team[result.model or ""] = team.get(result.model or "", 0) + entry.gpus
                 steps.append(Step(entry, len(steps), True, "", ahead))

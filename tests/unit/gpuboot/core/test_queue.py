@@ -308,6 +308,19 @@ def test_the_head_preemptor_takes_over_a_hold_behind_it_unless_jobs_were_preempt
     assert not firm.lets(entry("short", gpus=1, expected_runtime=1.0), 0) and Hold.from_json(firm.to_json()) == firm
 
 
+def test_a_pass_for_another_jobs_step_keeps_the_firm_hold_of_a_job_that_would_fit():
+    """Job a preempted on n1 (firm hold) and has not placed yet; b's step runs the pass: a fits there,
+    but its hold stays (its own step admits it) and b gets none on n1; the replay's pass (no `only`)
+    admits for real and lets it go."""
+    firm = Hold("a", ("n1",), None, since=0, firm=True)
+    jobs = [entry("a", gpus=8, at=0, priority_class="high"), entry("b", gpus=8, at=5, priority_class="high")]
+    fleet = Fleet(t4("n1"))
+    result = run_pass(jobs, now=0, config=QueueConfig(), usage={}, capacity={"T4": 8}, holds={"a": firm},
+                      nodes=fleet.nodes, attempt=fleet.attempt, commit=fleet.commit, only="b")
+    assert result.step("a").admitted and not result.step("b").admitted and result.holds == {"a": firm}
+    assert "a" not in preempting_pass(Fleet(t4("n1")), jobs, {"a": firm}).holds
+
+
 def test_only_nodes_of_young_work_are_held_and_a_hold_is_let_go_once_it_has_lasted_its_time():
     nodes = [t4("old", used=4, busy_since=0), t4("new", used=6, busy_since=9_000)]
     hold = choose_hold(entry("big", gpus=8), nodes, (), {}, now=10_000, young=3_600)

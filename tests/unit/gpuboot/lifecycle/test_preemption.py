@@ -217,8 +217,9 @@ def preempted_for(c: Cloud, name: str, at: float) -> None:
 
 def test_the_room_freed_goes_to_the_job_that_preempted_not_to_one_ahead_of_it_nor_to_a_stale_placement():
     """Between the preemption and the preemptor's placement: a job of the same class enqueued before it
-    (ahead of it in the queue), and a placement that never looks at the queue (what a place step that read
-    the queue before the preemption does), both find gpu2 held for the preemptor (its firm hold, and the
+    (ahead of it in the queue), a placement that never looks at the queue (what a place step that read
+    the queue before the preemption does), and a job behind it (whose pass finds the preemptor would fit
+    and must not give the hold away) all find gpu2 held for the preemptor (its firm hold, and the
     ledger's mark in the shard its reservations go to); the preemptor then places there and lets go."""
     c = cloud({"gpu2": ("Running", T4X2)})
     running(c, "low", spec("low", **LOW))
@@ -230,6 +231,9 @@ def test_the_room_freed_goes_to_the_job_that_preempted_not_to_one_ahead_of_it_no
     assert early.plan.outcome is Outcome.BUSY and "held for job late" in early.plan.message
     stale = Booker(c.cluster, c.ecs, c.ledger(), LOG, clock=c.clock).book(spec("stale"), "stale")
     assert stale.plan.outcome is Outcome.BUSY and "held for job late" in stale.plan.message
+    c.clock.advance(1)
+    behind = turn(c, "behind", spec("behind", priority_class="high"))   # its pass finds "late" would fit there
+    assert behind.plan.outcome is Outcome.BUSY and [h.job_id for h in JobQueue(c.cluster).snapshot().holds] == ["late"]
     late = turn(c, "late", spec("late", priority_class="high"))
     assert late.plan.outcome is Outcome.FITS and [a.node for a in late.plan.assignments] == ["gpu2"]
     assert [u for u in c.ledger().live_unavailable(c.clock()) if u.held_for] == []
