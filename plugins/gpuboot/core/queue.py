@@ -540,6 +540,7 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
     refused: dict[tuple, tuple[str, str]] = {}     # shape and marks -> the job refused so, and why
     steps: list[Step] = []
     ahead: list[str] = []
+    passed: set[str] = set()        # the same ids, for lookups (a backlog of thousands: no list scans)
     preempt: dict[str, list[str]] = {}
     gone: set[str] = set()
     preemptor: str | None = None    # the queue's head preemptor: the one job victims are named for
@@ -566,6 +567,7 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
                 team[result.model or ""] = team.get(result.model or "", 0) + entry.gpus
                 steps.append(Step(entry, len(steps), True, "", ahead))
                 ahead.append(entry.job_id)
+                passed.add(entry.job_id)
                 if only == entry.job_id:
                     break
                 continue
@@ -576,8 +578,7 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
         judged = not result.never and not blocker.startswith("quota:")
         kept = holds.get(entry.job_id)
         may = movable_any and preemptor is None and judged and may_preempt(entry, now, config)
-        done = set(ahead) if may else set()
-        behind = {job for job, h in holds.items() if not h.firm and job not in done and job != entry.job_id} \
+        behind = {job for job, h in holds.items() if not h.firm and job not in passed and job != entry.job_id} \
             if may else set()           # holds of jobs behind it, which a job that may preempt takes over
         if kept is not None and kept.firm and judged:
             pass                        # jobs went for it there: kept as it is until it is admitted or lapses
@@ -607,6 +608,7 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
                     gone.update(chosen)
         steps.append(Step(entry, len(steps), False, blocker, ahead))
         ahead.append(entry.job_id)
+        passed.add(entry.job_id)
         if only == entry.job_id:
             break
     return PassResult(steps, holds, preempt)
