@@ -124,6 +124,9 @@ STATE_RANK = {NodeState.READY: 0, NodeState.BOOTING: 1, NodeState.STOPPED: 2, No
 NOT_READY_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
 
 
+HOLD_REASON = "held for job"     # a node mark keeping the node for one job (gpuboot.core.queue; a preemption)
+
+
 @dataclass(frozen=True)
 class Unavailable:
     """Capacity placement must not count on until `expires_at` (epoch seconds).
@@ -134,7 +137,9 @@ class Unavailable:
     `boot_id`: for a node mark, the bootID the failed boot left (the evidence the mark rests
     on; gpuboot.lifecycle.booking drops the mark once the node reports another boot or is Ready).
     `failed_for_job`: the node failed the job being placed (its own record, never stored as a mark):
-    placement says NEVER, not BUSY, when only such nodes could hold the job."""
+    placement says NEVER, not BUSY, when only such nodes could hold the job.
+    A node mark whose reason is `HOLD_REASON <job id>` keeps the node for that job (`held_for`):
+    it blocks every other job, not that one."""
 
     reason: str
     expires_at: float
@@ -151,6 +156,12 @@ class Unavailable:
     @property
     def what(self) -> str:
         return f"node {self.node}" if self.node else f"offering {self.instance_type} in {self.zone}"
+
+    @property
+    def held_for(self) -> str | None:
+        """The job this mark keeps its node for (None: it keeps the node from every job)."""
+        prefix = HOLD_REASON + " "
+        return self.reason[len(prefix):] if self.node is not None and self.reason.startswith(prefix) else None
 
     def blocks(self, node: NodeView) -> bool:
         if self.node is not None:

@@ -760,7 +760,8 @@ def place(job: JobRequest, nodes: Sequence[NodeView], unavailable: Sequence[Unav
     `failed_for_job`) does make it NEVER when only such nodes could hold it: waiting for
     capacity would wait out the queue timeout for nothing. `cost` prices the decision (module doc).
     `table_rows`: candidate rows put into words, the chosen ones first (default _TABLE_LIMIT; a burst's
-    answers keep few)."""
+    answers keep few). A mark holding a node for this very job (`Unavailable.held_for`) does not block it."""
+    unavailable = [u for u in unavailable if u.held_for != job.job_id]
     nodes = sorted(nodes, key=operator.attrgetter("name"))
     run_hours = None if job.expected_run_seconds is None else job.expected_run_seconds / HOUR
     cost = _with_start_fill(job, nodes, cost)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuboot.core.inventory import gpu_model_matches
-from gpuboot.core.model import FrozenDict, NodeState, NodeView, Unavailable
+from gpuboot.core.model import HOLD_REASON, FrozenDict, NodeState, NodeView, Unavailable
 from gpuboot.core.resources import Resources
 
 PRIORITY_CLASSES = FrozenDict({"low": 0, "normal": 100, "high": 1000})
@@ -37,7 +37,6 @@ DEFAULT_SPARE_HOLDS = 1          # nodes held beyond what the job needs, when th
 DEFAULT_MAX_HOLDS = 1              # jobs holding nodes at once: the first starving ones in line (Slurm's top job)
 DEFAULT_HOLD_SECONDS = 3600.0     # hold only nodes whose work is younger, and for at most this long
 DEFAULT_PREEMPT_AFTER_SECONDS = 1800.0   # a held job still waiting this long may preempt preemptible jobs
-HOLD_REASON = "held for job"
 _UP = (NodeState.READY, NodeState.BOOTING)
 
 
@@ -246,26 +245,31 @@ def ordered(entries: Iterable[Entry], usage: Usage, capacity: Mapping[str, int],
 @dataclass(frozen=True)
 class Hold:
     """Nodes kept for a starving job: nobody else places there (but a backfill that ends before
-    `due`, the time the held nodes are expected to hold the job; None: not known)."""
+    `due`, the time the held nodes are expected to hold the job; None: not known). `firm`: jobs were
+    preempted for it there: the hold is kept as it is, lets no backfill in and is never taken over,
+    so the room freed goes to the job that preempted for it."""
 
     job_id: str
     nodes: tuple[str, ...]
     due: float | None
     since: float
+    firm: bool = False
 
     def marks(self) -> list[Unavailable]:
         return [Unavailable(reason=f"{HOLD_REASON} {self.job_id}", expires_at=math.inf, node=n) for n in self.nodes]
 
     def lets(self, entry: Entry, now: float) -> bool:
-        """May `entry` use the held nodes: it ends before the hold is due."""
-        return self.due is not None and entry.expected_runtime is not None and now + entry.expected_runtime <= self.due
+        """May `entry` use the held nodes: it ends before the hold is due (never a firm hold's)."""
+        return not self.firm and self.due is not None and entry.expected_runtime is not None and \
+            now + entry.expected_runtime <= self.due
 
     def to_json(self) -> dict:
-        return {"job_id": self.job_id, "nodes": list(self.nodes), "due": self.due, "since": self.since}
+        return {"job_id": self.job_id, "nodes": list(self.nodes), "due": self.due, "since": self.since,
+                **({"firm": True} if self.firm else {})}
 
     @classmethod
     def from_json(cls, d: Mapping) -> Hold:
-        return cls(d["job_id"], tuple(d["nodes"]), d.get("due"), float(d["since"]))
+        return cls(d["job_id"], tuple(d["nodes"]), d.get("due"), float(d["since"]), bool(d.get("firm")))
 
 
 @dataclass(frozen=True)
@@ -515,7 +519,17 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
 
     Placing only takes capacity and a hold only adds marks, so a shape refused with a set of
     marks is refused again later in the pass: skipped without a placement. `running`: the jobs placed,
-    for preemption (`victims`): the pass only names them; the caller requeues them."""
+    for preemption (`victims`): the pass only names them; the caller requeues them.
+
+    Only the queue's head preempts: victims are named for one job per pass, the first in order that
+    does not fit (its quota allowing), may preempt (`may_preempt`) and finds victims; such a job may
+    take over the holds of jobs behind it that are not firm (a job behind it would else keep the room
+    it needs). The jobs after it wait: the room freed goes to the job that freed it (its hold turns
+    firm when the preemption is written, and the ledger keeps the nodes for it:
+    gpuboot.lifecycle.preemption). A pass for another job's step (`only`) that finds the job of a firm
+    hold would fit keeps that hold: its admission is that job's own step's to make, and the pass's
+    holds are written back (a hold dropped there went to the next starving job, and the two jobs'
+    steps took the node from each other at every poll)."""
     used: dict[str, dict[str, int]] = {team: dict(models) for team, models in usage.items()}
     holds = {job: h for job, h in holds.items() if any(e.job_id == job for e in entries)}
     lines: dict[tuple, list[Entry]] = {}      # (class, team) -> its entries, oldest last: only heads compete
@@ -526,8 +540,11 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
     refused: dict[tuple, tuple[str, str]] = {}     # shape and marks -> the job refused so, and why
     steps: list[Step] = []
     ahead: list[str] = []
+    passed: set[str] = set()        # the same ids, for lookups (a backlog of thousands: no list scans)
     preempt: dict[str, list[str]] = {}
     gone: set[str] = set()
+    preemptor: str | None = None    # the queue's head preemptor: the one job victims are named for
+    movable_any = any(r.preemptible for r in running)     # else nobody preempts and no hold is taken over
     while lines:
         head = next_in_order([line[-1] for line in lines.values()], used, capacity, config, now)
         line = lines[(head.priority, head.team)]
@@ -544,11 +561,13 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
             blocker = quota_blocker(entry, result.model, used, config) or ""
             if not blocker:
                 commit(entry, result)
-                holds.pop(entry.job_id, None)
+                if only in (None, entry.job_id) or not (entry.job_id in holds and holds[entry.job_id].firm):
+                    holds.pop(entry.job_id, None)     # a firm hold goes with its own job's admission only
                 team = used.setdefault(entry.team, {})
                 team[result.model or ""] = team.get(result.model or "", 0) + entry.gpus
                 steps.append(Step(entry, len(steps), True, "", ahead))
                 ahead.append(entry.job_id)
+                passed.add(entry.job_id)
                 if only == entry.job_id:
                     break
                 continue
@@ -556,13 +575,20 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
             refused.setdefault(key, (entry.job_id, result.message))
             if marks and not result.never:
                 blocker += "; " + "; ".join(f"node(s) {', '.join(h.nodes)} {HOLD_REASON} {h.job_id}" for h in others)
-        if needs_hold(entry, now, config) and not result.never and not blocker.startswith("quota:") and \
-                (entry.job_id in holds or len(holds) < config.max_holds):
-            taken = {n for job, h in holds.items() if job != entry.job_id for n in h.nodes}
-            hold = choose_hold(entry, nodes(), taken, releases or {}, now, holds.get(entry.job_id), config.spare_holds,
+        judged = not result.never and not blocker.startswith("quota:")
+        kept = holds.get(entry.job_id)
+        may = movable_any and preemptor is None and judged and may_preempt(entry, now, config)
+        behind = {job for job, h in holds.items() if not h.firm and job not in passed and job != entry.job_id} \
+            if may else set()           # holds of jobs behind it, which a job that may preempt takes over
+        if kept is not None and kept.firm and judged:
+            pass                        # jobs went for it there: kept as it is until it is admitted or lapses
+        elif needs_hold(entry, now, config) and judged and \
+                (kept is not None or len(holds) - len(behind) < config.max_holds):
+            taken = {n for job, h in holds.items() if job != entry.job_id and job not in behind for n in h.nodes}
+            hold = choose_hold(entry, nodes(), taken, releases or {}, now, kept, config.spare_holds,
                                config.hold_seconds)
-            movable = [r for r in running if r.job_id not in gone]
-            if movable and may_preempt(entry, now, config) and (hold is None or _far(hold, now, config)):
+            movable = [r for r in running if r.job_id not in gone] if may else []
+            if movable and (hold is None or _far(hold, now, config)):
                 # no node drains soon: hold one where requeuing preemptible jobs makes room (ranked as
                 # when no end is known: the fewest GPUs to drain, then the youngest work), else keep
                 # what there is; a hold due within preempt_after_seconds is waited for instead
@@ -571,13 +597,18 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
             if hold is None:
                 holds.pop(entry.job_id, None)
             else:
+                for job in sorted(behind):      # what it needs of the holds behind it, and their slots
+                    if set(holds[job].nodes) & set(hold.nodes) or len(holds) + (kept is None) > config.max_holds:
+                        holds.pop(job)
                 holds[entry.job_id] = hold
-                chosen = victims(entry, hold, nodes(), movable, now, config)
+                chosen = victims(entry, hold, nodes(), movable, now, config) if movable else []
                 if chosen:
+                    preemptor = entry.job_id
                     preempt[entry.job_id] = chosen
                     gone.update(chosen)
         steps.append(Step(entry, len(steps), False, blocker, ahead))
         ahead.append(entry.job_id)
+        passed.add(entry.job_id)
         if only == entry.job_id:
             break
     return PassResult(steps, holds, preempt)

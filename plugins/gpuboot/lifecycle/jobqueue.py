@@ -44,7 +44,7 @@ from gpuboot.core.timefmt import utc_relative
 from gpuboot.exceptions import Conflict, LedgerConflict
 from gpuboot.lifecycle.booking import Booker, Booking, survey
 from gpuboot.lifecycle.ledger import backoff, write_attempts
-from gpuboot.lifecycle.preemption import preempt, running_jobs
+from gpuboot.lifecycle.preemption import let_go, preempt, running_jobs
 
 CONFIGMAP = "gpuboot-queue"
 ENTRIES_KEY = "entries.json"
@@ -56,11 +56,18 @@ WAKE_POSITIONS = 8               # waiters this near the front are woken by a re
 LEASE_SECONDS = 150.0            # a waiter polls every 30 s: five missed polls and its place is gone
 RUNNING_SECONDS = 7 * 24 * 3600  # an admitted job counts for its team's share until release, or this long
 CONFIG_ENV = "GPUBOOT_QUEUE_CONFIG"
+PREEMPT_TRIES = 3                # passes a place step runs whose preemption lost the queue's compare-and-swap
 
 
 def changes_of(configmap: dict | None) -> int:
     """The queue's change counter: its releases so far (0 before the first)."""
     return int(((configmap or {}).get("data") or {}).get(CHANGES_KEY) or 0)
+
+
+def preempted_in(configmap: dict | None, job_id: str) -> Preempted | None:
+    """The job's preemption record in the queue ConfigMap as read (None: not preempted, or settled)."""
+    raw = ((configmap or {}).get("data") or {}).get(PREEMPTED_KEY) or "[]"
+    return next((p for p in map(Preempted.from_json, json.loads(raw)) if p.job_id == job_id), None)
 
 
 def queue_config(environ=os.environ) -> QueueConfig:
@@ -246,13 +253,18 @@ class JobQueue:
                            changes=state.changes + 1)
         self._update(change, f"drop job {job_id}")      # a release (or a waiter gone): wakes the front of the line
 
-    def preempt(self, by: Entry, victims: Sequence[str], reasons: Mapping[str, str]) -> list[Admitted]:
+    def preempt(self, by: Entry, victims: Sequence[str], reasons: Mapping[str, str],
+                holds: Mapping[str, Hold] | None = None, based_on: QueueState | None = None) -> list[Admitted]:
         """Requeue `victims` for job `by`, all of them or none: each must still be admitted and not
         preempted already (else nothing is written and [] comes back: another preemptor, or the
         victim's own release, got there first). Each goes back to the line with its first enqueue
         time and a fresh lease (its deadline set anew by its launch step), with a record saying by
         whom and why. The admissions taken out come back: the caller deletes their pods.
-        The safety argument: gpuboot.lifecycle.preemption."""
+
+        `based_on`: the state the pass that named the victims read; the write is compare-and-swapped on
+        it, not retried (a queue that moved since gives []): so `by` was the queue's head preemptor when
+        it preempted, as every pass over that state says. `holds`: that pass's, written in the same
+        write with `by`'s turned firm. The safety argument: gpuboot.lifecycle.preemption."""
         taken: list[Admitted] = []
 
         def change(state: QueueState, now: float):
@@ -264,10 +276,22 @@ class JobQueue:
             back = [Waiting(a.entry, now + self.lease_seconds, None) for a in taken if a.entry is not None]
             records = [*state.preempted, *(Preempted(a.job_id, by.job_id, by.name, reasons.get(a.job_id, ""), now,
                                                      a.entry.enqueued_at if a.entry else None) for a in taken)]
+            kept = state.holds if holds is None else \
+                tuple(replace(h, firm=True) if h.job_id == by.job_id else h for h in holds.values())
             return replace(state, waiting=(*(w for w in state.waiting if w.entry.job_id not in victims), *back),
-                           running=tuple(a for a in state.running if a.job_id not in victims),
+                           running=tuple(a for a in state.running if a.job_id not in victims), holds=kept,
                            preempted=tuple(records), changes=state.changes + 1)
-        self._update(change, f"preempt {', '.join(victims)} for job {by.job_id}")
+        if based_on is None:
+            self._update(change, f"preempt {', '.join(victims)} for job {by.job_id}")
+            return list(taken)
+        now = self.clock()
+        new = change(based_on, now)
+        if new is None:
+            return []
+        try:
+            self._write(new, based_on, now)
+        except LedgerConflict:
+            return []
         return list(taken)
 
     def settle(self, record: Preempted) -> None:
@@ -460,6 +484,8 @@ def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, c
         if plan.outcome is Outcome.FITS:
             queue.admit(job_id, spec.team, _model(plan, booking.survey.views if booking.survey else (), entry),
                         entry.gpus, deadline, entry, spec.namespace)
+            if any(h.job_id == job_id and h.firm for h in state.holds):
+                let_go(booker.ledger, job_id)
             return Turn(plan, deadline=deadline)
         if plan.outcome is not Outcome.BUSY:
             return Turn(plan, deadline=deadline)
@@ -468,7 +494,9 @@ def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, c
             return Turn(plan, Step(entry, 0, False, plan.message), len(state.live(now)),
                         state.deadline_of(job_id, now), state.changes)
         # busy, alone in the line, and it may preempt a job running: the pass decides (it may hold and preempt)
-    for preempting in (True, False):      # at most one preemption per call, then place on the room it made
+    tries = PREEMPT_TRIES      # passes that may preempt; after a preemption, one more places on the room made
+    firm = any(h.job_id == job_id and h.firm for h in state.holds)
+    while True:
         state = queue.enqueue(entry, deadline)
         deadline = state.deadline_of(job_id, now)
         ledger = booker.ledger.snapshot()
@@ -476,15 +504,16 @@ def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, c
         result = decide(state.live(now), (job_id, spec.to_job_request(job_id)), seen.views,
                         ledger.live_unavailable(now), state.live_holds(now), config, state.usage(now),
                         capacity_of(seen.views), now, running_jobs(state, seen.pods, now, ledger.reservations))
-        saved = queue.save_holds(result.holds, state)
         step = result.step(job_id)
-        # preempt only once the hold is written: from then on no other pass places on the room it makes
-        if not (preempting and saved and result.preempt.get(job_id) and step is not None and not step.admitted):
+        victims = result.preempt.get(job_id) if tries and step is not None and not step.admitted else None
+        if not victims:
+            queue.save_holds(result.holds, state)
             break
+        tries -= 1
+        # the hold and the preemption in one write over the state this pass read (module doc of preemption)
         mine = next(e for e in state.live(now) if e.job_id == job_id)    # with its first enqueue time
-        if not preempt(booker.kube, booker.ledger, queue, mine, result.preempt[job_id], result.holds.get(job_id),
-                       state, booker.log, now):
-            break
+        if preempt(booker.kube, booker.ledger, queue, mine, victims, result.holds, state, booker.log, now):
+            tries, firm = 0, True
         now = booker.clock()
     waiting = len(state.live(now))
     names = {e.job_id: e.name for e in state.live(now) if e.name and e.name != e.job_id}
@@ -496,6 +525,8 @@ def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, c
     plan = booker.book(spec, job_id, held=held).plan
     if plan.outcome is Outcome.FITS:
         queue.admit(job_id, spec.team, _model(plan, seen.views, entry), entry.gpus, deadline, entry, spec.namespace)
+        if firm:
+            let_go(booker.ledger, job_id)        # its place is committed: the nodes freed for it are no longer kept
     return Turn(plan, step, waiting, deadline, state.changes, names)
 
 

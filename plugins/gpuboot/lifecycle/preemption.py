@@ -7,15 +7,20 @@ admitted job with no pod yet (its start or wait step) counts by its reservations
 it goes first, having lost no work.
 
 Who acts: the preemptor's own place step, for its own job only (`gpuboot.lifecycle.jobqueue.book_in_order`):
-every step runs the same pass, but only the job the nodes are held for acts on them. In this order:
+every step runs the same pass, which names victims for one job only, the queue's head preemptor
+(`gpuboot.core.queue.run_pass`). In this order:
 
-1. the queue's compare-and-swap (`JobQueue.preempt`) takes the victims out of the admitted jobs and
-   puts them back in the line with their first enqueue time, each with a record: by whom and why;
+0. the held nodes are marked in the ledger as held for the preemptor (`keep_for`: a node mark in
+   the shard the node's reservations live in, expiring with its queue entry's lease), unless one is
+   marked for another job already (that job is preempting there: nothing done);
+1. the queue's compare-and-swap (`JobQueue.preempt`), over the very state the pass read, takes the
+   victims out of the admitted jobs and puts them back in the line with their first enqueue time,
+   each with a record: by whom and why; and writes the pass's holds, the preemptor's turned firm;
 2. their pods are deleted (every rank of a gang) and waited for until gone;
 3. their reservations are dropped from the ledger (their job records stay: release still stops a
    node a victim started and no pod ran on);
-4. the preemptor places again at once; its hold (written before step 1) keeps every other job off
-   those nodes.
+4. the preemptor places again at once, its own placement ignoring the marks held for it
+   (`Unavailable.held_for`), and drops them once placed (`let_go`).
 
 The victim's launch step (`gpuboot.operators.launch`) reads the record before it creates pods,
 after it created them, and when its gang ends short: it logs by whom and why, drops what it still
@@ -25,14 +30,18 @@ re-placement) and goes on to its launch step at once, which does the above.
 
 Why this is safe:
 
-- Two preemptors, one victim. Step 1 is one compare-and-swap that takes every victim or none, and
-  only victims still admitted and not preempted yet: the loser's write conflicts, it reads again,
-  finds the victim no longer admitted and writes nothing (no pod deleted, no reservation dropped);
-  it places only when a later pass admits it. The room freed goes to the winner: it preempts only
-  once its hold is written to the queue (a hold write that conflicts means no preemption at this
-  poll), so every pass begun after that keeps off the held nodes; a pass that read the queue just
-  before could still place there, and even then the ledger's compare-and-swap never gives one GPU
-  twice (eight preemptors at once on the fakes: the preemptor got the room 60 times in 60).
+- Two preemptors, one victim. Step 0 refuses a node marked for another job, and step 1 is one
+  compare-and-swap over the state the pass read that takes every victim or none, only victims
+  still admitted and not preempted yet: the loser writes nothing there, drops its marks (no pod
+  deleted, no reservation dropped) and places only when a later pass admits it. Since step 1 is
+  written over the state its pass read, the preemptor was the queue's head preemptor then.
+- The room freed goes to the preemptor, not to a job ahead of it, nor to a placement that read the
+  queue before step 1 (or never reads it: the batch path). Every pass after step 1 sees the firm
+  hold and keeps every other job off those nodes; and every placement does, through the ledger: the
+  marks of step 0 are in the shard of each node's reservations, written before step 3 drops them
+  (or the victim's own launch or release does), so a placement that commits on the node after it
+  has room there read the mark (the shard's compare-and-swap). The ledger never gives one GPU twice.
+  Eight preemptors at once on the fakes: the job recorded as preemptor is the one that got the room.
 - A victim finishing on its own. Released before step 1, it is no longer admitted: nothing is
   written. Released after, its release drops its entry and record (`JobQueue.drop`); its pods had
   ended (they hold nothing); its launch either saw the success first, or saw its pods deleted and
@@ -47,10 +56,10 @@ Why this is safe:
   record (before creating pods) and gives them back; the ledger never gives one GPU twice
   meanwhile, so at worst the preemptor waits one more poll. The fakes' tests run the victim's
   re-placement at each of these moments.
-- The preemptor dying after step 1 or 2. The record was written first, so the victim's launch still
-  requeues and drops its own reservations; the preemptor's hold ends with its lease, and its retry
-  decides again. Preemption starts no instance and removes no job record, so no instance runs
-  without a record.
+- The preemptor dying after step 0, 1 or 2. The record was written first, so the victim's launch
+  still requeues and drops its own reservations; the preemptor's hold and its marks end with its
+  lease (150 s), and its retry decides again. Preemption starts no instance and removes no job
+  record, so no instance runs without a record.
 """
 from __future__ import annotations
 
@@ -60,7 +69,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gpuboot.core.inventory import parse_time
-from gpuboot.core.model import LABEL_JOB, TERMINATED_PHASES, Reservation
+from gpuboot.core.model import HOLD_REASON, LABEL_JOB, TERMINATED_PHASES, Reservation, Unavailable
 from gpuboot.core.ports import PodControl
 from gpuboot.core.queue import PRIORITY_CLASSES, Entry, Hold, Running
 from gpuboot.core.timefmt import duration, utc
@@ -153,16 +162,52 @@ def drop_reservations(ledger: ReservationLedger, job_id: str) -> int:
     return len(dropped)
 
 
+def keep_for(ledger: ReservationLedger, job_id: str, nodes: Sequence[str], until: float) -> bool:
+    """Mark `nodes` in the ledger as held for `job_id` until `until` (its queue entry's lease): every
+    other placement keeps off them, this job's does not (`Unavailable.held_for`). False, writing
+    nothing more, when one is held for another job already (a preemption there is under way)."""
+    free = [True]
+
+    def change(state):
+        live = state.live_unavailable(ledger.clock())
+        if any(u.node in nodes and u.held_for not in (None, job_id) for u in live):
+            free[0] = False
+            return None
+        have = {u.node for u in live if u.held_for == job_id}
+        add = [Unavailable(reason=f"{HOLD_REASON} {job_id}", expires_at=until, node=n) for n in nodes if n not in have]
+        return (list(state.reservations), [*state.unavailable, *add], list(state.jobs)) if add else None
+
+    ledger.update(change, f"hold node(s) {', '.join(nodes)} for job {job_id}")
+    return free[0]
+
+
+def let_go(ledger: ReservationLedger, job_id: str) -> None:
+    """Drop the ledger's marks holding nodes for `job_id` (idempotent): it placed, or gave up preempting."""
+    def change(state):
+        if not any(u.held_for == job_id for u in state.unavailable):
+            return None
+        return list(state.reservations), [u for u in state.unavailable if u.held_for != job_id], list(state.jobs)
+
+    ledger.update(change, f"let go of the nodes held for job {job_id}")
+
+
 def preempt(kube: PodControl, ledger: ReservationLedger, queue: JobQueue, preemptor: Entry, victims: Sequence[str],
-            hold: Hold | None, state: QueueState, log: logging.Logger, now: float) -> list[Admitted]:
-    """Steps 1 to 3 of the module doc for `victims` (named by the pass over `state`); the jobs
-    requeued ([]: another preemptor or a release got there first; nothing done)."""
+            holds: Mapping[str, Hold], state: QueueState, log: logging.Logger, now: float) -> list[Admitted]:
+    """Steps 1 to 4 of the module doc for `victims` (named by the pass over `state`, whose `holds`
+    are written with the preemption); the jobs requeued ([]: the queue moved since `state`, another
+    preemptor holds the nodes, or the victims were requeued or ended meanwhile; nothing kept)."""
+    hold = holds.get(preemptor.job_id)
     entries = {a.job_id: a.entry for a in state.running if a.entry is not None}
     why = {v: reason(preemptor, entries[v], hold, now) for v in victims if v in entries}
-    taken = queue.preempt(preemptor, victims, why)
+    lease = next((w.lease_until for w in state.waiting if w.entry.job_id == preemptor.job_id), now)
+    taken = []
+    if hold is None or keep_for(ledger, preemptor.job_id, hold.nodes, lease):
+        taken = queue.preempt(preemptor, victims, why, holds, based_on=state)
     if not taken:
-        log.info("the jobs to preempt for %s (%s) were requeued or ended meanwhile: deciding again at the next "
-                 "poll", preemptor.name or preemptor.job_id, ", ".join(victims))
+        let_go(ledger, preemptor.job_id)
+        log.info("the preemption of %s for %s did not happen (the queue moved, another job is being given those "
+                 "nodes, or they were requeued or ended meanwhile): deciding again", ", ".join(victims),
+                 preemptor.name or preemptor.job_id)
         return []
     for victim in taken:
         pods = [p for p in kube.list_pods(f"{LABEL_JOB}={victim.job_id}")

@@ -10,7 +10,7 @@ import math
 import time
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuboot.core.idle import IdleRule, IdleVerdict
 from gpuboot.core.model import LABEL_GPU_MODEL, LABEL_HOSTNAME, LABEL_MANAGED, NodeState, NodeView, Unavailable
@@ -400,7 +400,8 @@ class Simulation:
             self._carry_out(waiting.pop(name), decisions[name], False)
         self.holds = result.holds
         self.queue = list(waiting.values())
-        for victims in result.preempt.values():
+        for preemptor, victims in result.preempt.items():
+            self.holds[preemptor] = replace(self.holds[preemptor], firm=True)    # as JobQueue.preempt writes it
             for name in victims:
                 self._preempt(name)
         self._account_holds(now)
@@ -408,27 +409,37 @@ class Simulation:
             self._retry_queue()         # the held job finds its room at its next poll
 
     def _placed(self) -> list[Running]:
-        """The jobs running on nodes, their runtimes stated only when jobs state them."""
-        known = self.config.expected_runtime
-        return [Running(name, node.name, job.requests, preemptible=self._preemptible(job), started_at=began,
-                        enqueued_at=job.arrival, expected_runtime=job.run_seconds if known else None)
-                for node in self.nodes.values() for name, began in node.running.items()
-                for job in (self.job_by_name[name],)]
+        """The jobs placed on nodes, as the live queue sees them (gpuboot.lifecycle.preemption.running_jobs):
+        those running, their runtimes stated only when jobs state them, and those waiting for their node's
+        boot, started now with no known end (no work lost: the first a preemption takes)."""
+        known, now = self.config.expected_runtime, self.clock.now
+        running = [Running(name, node.name, job.requests, preemptible=self._preemptible(job), started_at=began,
+                           enqueued_at=job.arrival, expected_runtime=job.run_seconds if known else None)
+                   for node in self.nodes.values() for name, began in node.running.items()
+                   for job in (self.job_by_name[name],)]
+        booting = [Running(job.name, node.name, job.requests, preemptible=self._preemptible(job), started_at=now,
+                           enqueued_at=job.arrival) for node in self.nodes.values() for job in node.waiting]
+        return running + booting
 
     def _preempt(self, name: str) -> None:
-        """Stop a running preemptible job and requeue it (its pods deleted; it runs again from the start)."""
+        """Stop a preemptible job and requeue it: running (its pods deleted; it runs again from the
+        start), or placed on a node still booting (nothing run, nothing lost)."""
         job = self.job_by_name[name]
-        node = next(n for n in self.nodes.values() if name in n.running)
+        node = next(n for n in self.nodes.values() if name in n.running or job in n.waiting)
         self._mark(node)
-        began = node.running.pop(name)
-        self.recorder.job_share(share_per_hour(job.requests, node.capacity, node.price),
-                                self.cheapest_share(job), began + job.run_seconds, self.clock.now)
+        if job in node.waiting:
+            node.waiting.remove(job)
+            self.recorder.preemptions += 1          # it never started: no run to lose or to take back
+        else:
+            began = node.running.pop(name)
+            self.recorder.job_share(share_per_hour(job.requests, node.capacity, node.price),
+                                    self.cheapest_share(job), began + job.run_seconds, self.clock.now)
+            self.run_token[name] += 1
+            self.recorder.job_preempted(name, began, self.clock.now, job.gpus, job.run_seconds)
         node.allocated = node.allocated - job.requests
         node.changed()
         team, model = self.team_of_job.pop(name)
         self.usage[team][model] -= job.gpus
-        self.run_token[name] += 1
-        self.recorder.job_preempted(name, began, self.clock.now, job.gpus, job.run_seconds)
         self._enqueue(job)
         self.queue.append(job)
 

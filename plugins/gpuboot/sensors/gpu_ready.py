@@ -46,6 +46,7 @@ from gpuboot.core.placement import Plan
 from gpuboot.core.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline
 from gpuboot.core.steplog import boot_summary, evidence_block
 from gpuboot.core.timefmt import duration, utc, utc_relative
+from gpuboot.exceptions import JobPreempted
 from gpuboot.hooks.kube import Gone, KubeClient
 from gpuboot.lifecycle.booking import LAUNCH_MARGIN_SECONDS
 from gpuboot.lifecycle.boot import (
@@ -55,8 +56,9 @@ from gpuboot.lifecycle.boot import (
     JobBoot,
     wait_deadline,
 )
+from gpuboot.lifecycle.jobqueue import CONFIGMAP, Preempted
 from gpuboot.operators.base import GpuJobStep, refusal, summarize, summarizes_failure
-from gpuboot.operators.capacity_wait import WaitsForCapacity
+from gpuboot.operators.capacity_wait import WaitsForCapacity, handed_to_launch
 from gpuboot.triggers.gpu_ready import NodeGpuReadyTrigger
 
 
@@ -220,7 +222,9 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         self.defer(trigger=NodeGpuReadyTrigger(baseline=dict(baseline), deadline=deadline, settle_seconds=settle,
                                                kubernetes_conn_id=self.kubernetes_conn_id,
                                                fallback_seconds=self.fallback_seconds, ecs_conn_id=self.ecs_conn_id,
-                                               echo=WaitProgress(index, settle, seen, state).to_json()),
+                                               echo=WaitProgress(index, settle, seen, state).to_json(),
+                                               preemption=[self.ledger_namespace, CONFIGMAP, state.plan["job_id"]]
+                                               if state.plan else None),
                    method_name="execute_complete")
 
     @summarizes_failure
@@ -242,6 +246,9 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
                                    "left": why or event["status"], "left_at": time.time(),
                                    "summary": f"left {node}: {why}"}}
             context["ti"].xcom_push(key="evidence", value=seen)
+        if event.get("status") == "preempted":    # its launch step requeues it (gpuboot.operators.requeue)
+            record = Preempted.from_json(event["preempted"])
+            return self._watch(context, handed_to_launch(self, JobPreempted(record), state.tried), settle, seen)
         if event.get("status") == "stopped":
             return self._watch(context, self._move_off(context, state, node, event.get("message") or ""), settle, seen)
         if event.get("status") != "ready":

@@ -5,6 +5,9 @@ list, watch, resume, re-list on 410, reconnect with backoff; one watch per node 
 triggers of a triggerer waiting on it) and feeds each, plus timer ticks when the settle window
 may have completed, into the pure `GpuWait` (gpuboot.core.gpu_wait), which the poking sensor
 feeds from its reads: the rule, the settle timer and the deadline live there, not here.
+It also ends early when the instance is stopped outside gpuboot (`PowerWatch`) and when the job is
+preempted meanwhile (`PreemptionWatch`): the wait step then hands the job to its launch step, which
+requeues it (gpuboot.operators.requeue), instead of learning it when the boot ends.
 """
 from __future__ import annotations
 
@@ -22,7 +25,10 @@ from gpuboot.core.inventory import node_condition, parse_provider_id
 from gpuboot.core.readiness import DEFAULT_FALLBACK_SECONDS, BootBaseline, ReadinessTracker
 from gpuboot.core.steplog import boot_summary
 from gpuboot.hooks.kube import AsyncKubeClient
+from gpuboot.lifecycle.jobqueue import Preempted, preempted_in
+from gpuboot.lifecycle.preemption import told
 from gpuboot.triggers.events import ShortEvent
+from gpuboot.triggers.wake_up import QUEUE_POLL_SECONDS, read_queue
 
 
 class PowerWatch:
@@ -84,9 +90,42 @@ class PowerWatch:
         return self._ecs.statuses([self.instance_id]).get(self.instance_id)
 
 
+class PreemptionWatch:
+    """Whether the job was preempted while its node comes up (a victim with no pod yet:
+    gpuboot.lifecycle.preemption). Its preemptor already gave its reservations away, so the wait is
+    for nothing; learning it within POLL_SECONDS rather than when the boot ends (minutes) puts the job
+    back in the line at once.
+
+    Why a poll of the queue's ConfigMap every 2 s: the record lives in that one small object, and the
+    read is the one every trigger of the triggerer looking at the queue shares (the waiters' wake-ups,
+    gpuboot.triggers.wake_up.read_queue): one GET per triggerer per 2 s however many jobs wait. A watch
+    would be told of every lease renewal of every waiter, for a record written once per preemption."""
+
+    POLL_SECONDS = QUEUE_POLL_SECONDS
+
+    def __init__(self, queue, kubernetes_conn_id: str) -> None:
+        """`queue`: (namespace, ConfigMap name, job id), or None: not watched (the requeue's own waits)."""
+        self.queue, self.kubernetes_conn_id = (tuple(queue) if queue else None), kubernetes_conn_id
+        self.checked = -math.inf
+
+    def next_check_in(self, now: float) -> float:
+        return math.inf if self.queue is None else max(0.0, self.checked + self.POLL_SECONDS - now)
+
+    async def preempted(self, now: float) -> Preempted | None:
+        """The job's preemption record, when it is time to look and there is one."""
+        if self.queue is None or now < self.checked + self.POLL_SECONDS:
+            return None
+        self.checked = now
+        namespace, name, job_id = self.queue
+        ok, configmap = await read_queue(self.kubernetes_conn_id, namespace, name, self.POLL_SECONDS)
+        return preempted_in(configmap, job_id) if ok else None
+
+
 class NodeGpuReadyTrigger(BaseTrigger):
-    """Fires once: {"status": "ready"|"timeout"|"stopped", "node", "reason", "evidence", "echo"}
-    ("stopped": the instance was stopped outside gpuboot; PowerWatch, with `ecs_conn_id`).
+    """Fires once: {"status": "ready"|"timeout"|"stopped"|"preempted", "node", "reason", "evidence", "echo"}
+    ("stopped": the instance was stopped outside gpuboot; PowerWatch, with `ecs_conn_id`. "preempted",
+    with "preempted": the queue's record: the job was preempted; PreemptionWatch, with `preemption`,
+    (namespace, queue ConfigMap, job id)).
 
     The watch starts from the Node's resourceVersion read before the start request
     (the baseline's), so every write of the boot is seen, the kubelet's reset of the GPU
@@ -96,9 +135,11 @@ class NodeGpuReadyTrigger(BaseTrigger):
 
     def __init__(self, baseline: dict, deadline: float, settle_seconds: float = 5.0,
                  kubernetes_conn_id: str = "kubernetes_default", echo: dict | None = None,
-                 fallback_seconds: float = DEFAULT_FALLBACK_SECONDS, ecs_conn_id: str | None = None) -> None:
+                 fallback_seconds: float = DEFAULT_FALLBACK_SECONDS, ecs_conn_id: str | None = None,
+                 preemption: list | tuple | None = None) -> None:
         super().__init__()
         self.ecs_conn_id = ecs_conn_id
+        self.preemption = list(preemption) if preemption else None
         self.baseline = dict(baseline)
         self.deadline = float(deadline)
         self.settle_seconds = float(settle_seconds)
@@ -110,7 +151,8 @@ class NodeGpuReadyTrigger(BaseTrigger):
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"baseline": self.baseline, "deadline": self.deadline, "settle_seconds": self.settle_seconds,
                  "kubernetes_conn_id": self.kubernetes_conn_id, "echo": self.echo,
-                 "fallback_seconds": self.fallback_seconds, "ecs_conn_id": self.ecs_conn_id})
+                 "fallback_seconds": self.fallback_seconds, "ecs_conn_id": self.ecs_conn_id,
+                 "preemption": self.preemption})
 
     @property
     def node(self) -> str:
@@ -121,7 +163,7 @@ class NodeGpuReadyTrigger(BaseTrigger):
         return ReadinessTracker(BootBaseline.from_json(self.baseline), settle_seconds=self.settle_seconds,
                                 fallback_seconds=self.fallback_seconds, continuous=continuous)
 
-    def _event(self, status: str, wait: GpuWait, message: str) -> ShortEvent:
+    def _event(self, status: str, wait: GpuWait, message: str, **more) -> ShortEvent:
         readiness = wait.last
         summary = boot_summary(self.node, wait.clock) if status == "ready" else message
         wait.note(message, time.time())
@@ -130,7 +172,7 @@ class NodeGpuReadyTrigger(BaseTrigger):
                            "reason": readiness.reason if readiness else "no status read yet",
                            "code": readiness.code if readiness else None,
                            "evidence": dict(readiness.evidence) if readiness else {},
-                           "history": wait.history})
+                           "history": wait.history, **more})
 
     async def run(self):
         baseline = BootBaseline.from_json(self.baseline)
@@ -139,6 +181,7 @@ class NodeGpuReadyTrigger(BaseTrigger):
         wait = GpuWait(baseline, self.make_tracker(continuous=since is not None), self.deadline)
         kube = AsyncKubeClient(self.kubernetes_conn_id)
         power = PowerWatch(self.ecs_conn_id, baseline.start_requested_at, lambda: kube.get_node(self.node))
+        preemption = PreemptionWatch(self.preemption, self.kubernetes_conn_id)
         node: dict | None = None          # the latest Node seen (None: nothing written since the start yet)
         async with kube.node_events(self.node, since, self.log) as events:
             while True:
@@ -157,11 +200,17 @@ class NodeGpuReadyTrigger(BaseTrigger):
                 if stopped is not None:
                     yield self._event("stopped", wait, f"node {self.node}: {stopped}")
                     return
+                record = await preemption.preempted(now)
+                if record is not None:
+                    yield self._event("preempted", wait, f"job {record.job_id} was {told(record)}",
+                                      preempted=record.to_json())
+                    return
                 if stretched is None and wait.stretched_by is not None:
                     self.log.warning("node %s: boot timeout reached while its count holds in the fallback "
                                      "window; waiting %.0fs more for the window to complete", self.node,
                                      wait.stretched_by)
-                event = await events.next(min(wait.next_check_in(now), power.next_check_in(node, now)))
+                event = await events.next(min(wait.next_check_in(now), power.next_check_in(node, now),
+                                              preemption.next_check_in(now)))
                 if event is None:
                     continue              # a timer: the settle window or the deadline
                 if event.relisted:

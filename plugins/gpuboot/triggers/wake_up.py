@@ -28,23 +28,30 @@ QUEUE_POLL_SECONDS = 2.0
 _READS: dict[tuple, tuple[float, asyncio.Future]] = {}
 
 
-async def queue_changes(kubernetes_conn_id: str, namespace: str, name: str, max_age: float) -> int | None:
-    """The job queue's change counter, read at most once per `max_age` seconds per triggerer (all its
-    waiting triggers share the read in flight or just made); None when it could not be read."""
+async def read_queue(kubernetes_conn_id: str, namespace: str, name: str, max_age: float) -> tuple[bool, dict | None]:
+    """The job queue ConfigMap (None: none yet), read at most once per `max_age` seconds per triggerer:
+    all its triggers that look at the queue (the waiters here, the readiness watches' preemption
+    check) share the read in flight or just made. (False, None) when it could not be read."""
     key = (id(asyncio.get_running_loop()), kubernetes_conn_id, namespace, name)
     at, read = _READS.get(key, (-math.inf, None))
     if read is None or (read.done() and time.monotonic() - at >= max_age):
-        read = asyncio.ensure_future(_read_changes(kubernetes_conn_id, namespace, name))
+        read = asyncio.ensure_future(_read_queue(kubernetes_conn_id, namespace, name))
         _READS[key] = (time.monotonic(), read)
     return await asyncio.shield(read)
 
 
-async def _read_changes(kubernetes_conn_id: str, namespace: str, name: str) -> int | None:
+async def _read_queue(kubernetes_conn_id: str, namespace: str, name: str) -> tuple[bool, dict | None]:
     try:
-        return changes_of(await AsyncKubeClient(kubernetes_conn_id).read_configmap(namespace, name))
-    except Exception as exc:      # the API server away or slow: the timer still fires
-        LOG.warning("could not read the job queue %s/%s (%s); waiting on the timer", namespace, name, exc)
-        return None
+        return True, await AsyncKubeClient(kubernetes_conn_id).read_configmap(namespace, name)
+    except Exception as exc:      # the API server away or slow: the timers still fire
+        LOG.warning("could not read the job queue %s/%s (%s); going on with the timers", namespace, name, exc)
+        return False, None
+
+
+async def queue_changes(kubernetes_conn_id: str, namespace: str, name: str, max_age: float) -> int | None:
+    """The job queue's change counter (`read_queue`); None when it could not be read."""
+    ok, configmap = await read_queue(kubernetes_conn_id, namespace, name, max_age)
+    return changes_of(configmap) if ok else None
 
 
 class WakeUpTrigger(BaseTrigger):

@@ -281,6 +281,46 @@ def test_the_pass_names_the_jobs_to_requeue_for_the_held_job():
     assert result.holds["big"].nodes == ("n1",) and result.preempt == {"big": ["p"]}
 
 
+def preempting_pass(fleet, entries, holds=None, config=None, running=()):
+    return run_pass(entries, now=0, config=config or QueueConfig(), usage={}, capacity={"T4": 16}, holds=holds or {},
+                    nodes=fleet.nodes, attempt=fleet.attempt, commit=fleet.commit, running=list(running))
+
+
+def test_only_the_queue_head_preempts_even_where_a_job_behind_it_could_too():
+    """Two high jobs that do not fit, two nodes of preemptible work, holds for both: victims are named
+    for the first in order only; the second waits (the room freed goes to the job that freed it)."""
+    lows = [running_on(n, f"p{n}", 8, 0, preemptible=True, priority_class="low") for n in ("n1", "n2")]
+    jobs = [entry("b", gpus=8, at=5, priority_class="high"), entry("a", gpus=8, at=0, priority_class="high")]
+    result = preempting_pass(Fleet(t4("n1", used=8), t4("n2", used=8)), jobs, config=QueueConfig(max_holds=2, spare_holds=0),
+                             running=lows)
+    assert list(result.preempt) == ["a"] and len(result.preempt["a"]) == 1 and set(result.holds) == {"a", "b"}
+
+
+def test_the_head_preemptor_takes_over_a_hold_behind_it_unless_jobs_were_preempted_for_that_one():
+    lows = [running_on("n1", "p", 8, 0, preemptible=True, priority_class="low")]
+    jobs = [entry("a", gpus=8, at=0, priority_class="high"), entry("b", gpus=8, at=5, priority_class="high")]
+    behind = Hold("b", ("n1",), None, since=0)
+    result = preempting_pass(Fleet(t4("n1", used=8)), jobs, {"b": behind}, running=lows)
+    assert result.preempt == {"a": ["p"]} and list(result.holds) == ["a"] and result.holds["a"].nodes == ("n1",)
+    firm = dataclasses.replace(behind, firm=True)           # b preempted there already: n1 stays b's
+    result = preempting_pass(Fleet(t4("n1", used=8)), jobs, {"b": firm}, running=lows)
+    assert result.preempt == {} and result.holds == {"b": firm}
+    assert not firm.lets(entry("short", gpus=1, expected_runtime=1.0), 0) and Hold.from_json(firm.to_json()) == firm
+
+
+def test_a_pass_for_another_jobs_step_keeps_the_firm_hold_of_a_job_that_would_fit():
+    """Job a preempted on n1 (firm hold) and has not placed yet; b's step runs the pass: a fits there,
+    but its hold stays (its own step admits it) and b gets none on n1; the replay's pass (no `only`)
+    admits for real and lets it go."""
+    firm = Hold("a", ("n1",), None, since=0, firm=True)
+    jobs = [entry("a", gpus=8, at=0, priority_class="high"), entry("b", gpus=8, at=5, priority_class="high")]
+    fleet = Fleet(t4("n1"))
+    result = run_pass(jobs, now=0, config=QueueConfig(), usage={}, capacity={"T4": 8}, holds={"a": firm},
+                      nodes=fleet.nodes, attempt=fleet.attempt, commit=fleet.commit, only="b")
+    assert result.step("a").admitted and not result.step("b").admitted and result.holds == {"a": firm}
+    assert "a" not in preempting_pass(Fleet(t4("n1")), jobs, {"a": firm}).holds
+
+
 def test_only_nodes_of_young_work_are_held_and_a_hold_is_let_go_once_it_has_lasted_its_time():
     nodes = [t4("old", used=4, busy_since=0), t4("new", used=6, busy_since=9_000)]
     hold = choose_hold(entry("big", gpus=8), nodes, (), {}, now=10_000, young=3_600)

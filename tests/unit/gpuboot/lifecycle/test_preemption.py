@@ -13,12 +13,12 @@ import pytest
 from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.model import LABEL_JOB, LABEL_TASK
 from gpuboot.core.placement import Outcome
-from gpuboot.core.queue import QueueConfig
+from gpuboot.core.queue import Hold, QueueConfig
 from gpuboot.exceptions import CapacityBusy, JobPreempted
 from gpuboot.lifecycle.booking import Booker
 from gpuboot.lifecycle.boot import JobBoot
 from gpuboot.lifecycle.jobqueue import LEASE_SECONDS, JobQueue, book_in_order, entry_of, queue_view
-from gpuboot.lifecycle.preemption import delete_and_wait, drop_reservations, running_jobs, told
+from gpuboot.lifecycle.preemption import delete_and_wait, drop_reservations, keep_for, preempt, running_jobs, told
 from tests.builders import pod
 from tests.fakes import T4X2, Cloud, cloud
 
@@ -103,7 +103,7 @@ def test_two_preemptors_never_both_take_one_victims_place():
     for _ in range(5):
         c = cloud({"gpu2": ("Running", T4X2)})
         running(c, "low", spec("low", **LOW))
-        results, errors = {}, []
+        results, errors = {}, []    # the job that preempted is the one that runs on the freed node
         start = threading.Barrier(8)
 
         def preemptor(i: int) -> None:
@@ -126,8 +126,9 @@ def test_two_preemptors_never_both_take_one_victims_place():
         assert len(fits) == 1, {i: r.plan.message for i, r in results.items()}
         assert sum(r.resources.gpus for r in c.ledger().live(c.clock()) if r.node == "gpu2") == 2
         state = JobQueue(c.cluster).snapshot()
-        assert [p.job_id for p in state.preempted] == ["low"] and state.preempted[0].by.startswith("high-")
+        assert [(p.job_id, p.by) for p in state.preempted] == [("low", f"high-{fits[0]}")]   # the job that got it
         assert reserved(c, "low") == [] and c.cluster.list_pods(f"{LABEL_JOB}=low") == []
+        assert not [u for u in c.ledger().live_unavailable(c.clock()) if u.held_for]   # let go once it placed
 
 
 def test_a_preemption_that_lost_the_race_writes_nothing():
@@ -202,6 +203,62 @@ def test_a_preemptor_dying_after_its_queue_write_leaks_nothing():
     back = turn(c, "low", spec("low", **LOW), record.enqueued_at)
     assert back.plan.outcome is Outcome.FITS
     assert sum(r.resources.gpus for r in c.ledger().live(c.clock())) == 2
+
+
+def preempted_for(c: Cloud, name: str, at: float) -> None:
+    """Job `name` (high, enqueued at `at`) preempts "low" on gpu2 and stops there (steps 1 to 3, not 4)."""
+    queue = JobQueue(c.cluster, clock=c.clock)
+    state = queue.enqueue(entry_of(spec(name, priority_class="high"), name, at))
+    (mine,) = [e for e in state.live(c.clock()) if e.job_id == name]
+    holds = {name: Hold(name, ("gpu2",), None, c.clock())}
+    assert [a.job_id for a in preempt(c.cluster, c.ledger(), queue, mine, ["low"], holds, state, LOG, c.clock())] \
+        == ["low"]
+
+
+def test_the_room_freed_goes_to_the_job_that_preempted_not_to_one_ahead_of_it_nor_to_a_stale_placement():
+    """Between the preemption and the preemptor's placement: a job of the same class enqueued before it
+    (ahead of it in the queue), a placement that never looks at the queue (what a place step that read
+    the queue before the preemption does), and a job behind it (whose pass finds the preemptor would fit
+    and must not give the hold away) all find gpu2 held for the preemptor (its firm hold, and the
+    ledger's mark in the shard its reservations go to); the preemptor then places there and lets go."""
+    c = cloud({"gpu2": ("Running", T4X2)})
+    running(c, "low", spec("low", **LOW))
+    c.clock.advance(60)
+    preempted_for(c, "late", c.clock())
+    state = JobQueue(c.cluster).snapshot()
+    assert [(h.job_id, h.firm) for h in state.holds] == [("late", True)] and reserved(c, "low") == []
+    early = turn(c, "early", spec("early", priority_class="high"), enqueued_at=c.clock() - 30)
+    assert early.plan.outcome is Outcome.BUSY and "held for job late" in early.plan.message
+    stale = Booker(c.cluster, c.ecs, c.ledger(), LOG, clock=c.clock).book(spec("stale"), "stale")
+    assert stale.plan.outcome is Outcome.BUSY and "held for job late" in stale.plan.message
+    c.clock.advance(1)
+    behind = turn(c, "behind", spec("behind", priority_class="high"))   # its pass finds "late" would fit there
+    assert behind.plan.outcome is Outcome.BUSY and [h.job_id for h in JobQueue(c.cluster).snapshot().holds] == ["late"]
+    late = turn(c, "late", spec("late", priority_class="high"))
+    assert late.plan.outcome is Outcome.FITS and [a.node for a in late.plan.assignments] == ["gpu2"]
+    assert [u for u in c.ledger().live_unavailable(c.clock()) if u.held_for] == []
+    assert JobQueue(c.cluster).snapshot().holds == ()
+    assert sum(r.resources.gpus for r in c.ledger().live(c.clock())) == 2
+
+
+def test_a_preemptor_dying_before_it_placed_keeps_the_room_only_until_its_entry_lapses():
+    c = cloud({"gpu2": ("Running", T4X2)})
+    running(c, "low", spec("low", **LOW))
+    preempted_for(c, "dead", c.clock())                                   # then it died
+    assert turn(c, "other", spec("other", priority_class="high")).plan.outcome is Outcome.BUSY
+    c.clock.advance(LEASE_SECONDS + 1)                                  # its entry lapses, its marks expire
+    assert turn(c, "other", spec("other", priority_class="high")).plan.outcome is Outcome.FITS
+    state = JobQueue(c.cluster).snapshot()
+    assert [a.job_id for a in state.running] == ["other"] and state.holds == ()
+    assert [r.job_id for r in c.ledger().live(c.clock())] == ["other"]
+
+
+def test_nodes_held_for_one_preemptor_are_not_held_for_another():
+    c = cloud({"gpu2": ("Running", T4X2)})
+    until = c.clock() + 60
+    assert keep_for(c.ledger(), "a", ["gpu2"], until) and keep_for(c.ledger(), "a", ["gpu2"], until)   # idempotent
+    assert not keep_for(c.ledger(), "b", ["gpu2"], until)
+    assert [(u.node, u.held_for) for u in c.ledger().live_unavailable(c.clock())] == [("gpu2", "a")]
 
 
 def boot_of(c: Cloud, name: str, job: JobSpec, **kwargs) -> JobBoot:

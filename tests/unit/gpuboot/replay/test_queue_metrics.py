@@ -76,6 +76,18 @@ def test_a_held_job_requeues_preemptible_jobs_once_it_has_waited_past_the_thresh
     assert preempting["by_size"]["1 GPU"]["started"] == 40           # requeued, not failed: all ran again
 
 
+def test_a_job_placed_on_a_node_still_booting_is_preempted_first_as_live():
+    """The node boots for 5,000 s with a long 1-GPU job placed on it; an 8-GPU job that fits only there
+    waits past both thresholds: it takes the booting job's place (nothing run, nothing lost) and starts
+    when the boot ends, not after the small job's 20,000 s; the small job runs after it."""
+    fleet, jobs = [node("a", 8, 64)], [job("small", 0, 20_000, gpus=1), job("big", 10, 500, gpus=8)]
+    slow = {"boot_seconds": 5_000, "end": 60_000, "preemptible": 1.0}
+    summary = run(Gpuboot(spare_seconds=0), fleet, jobs, **slow)
+    assert summary["preemptions"] == 1 and summary["preempted_gpu_hours"] == 0     # taken while booting
+    assert summary["by_size"]["5-8 GPUs"]["wait_max_seconds"] <= 10 + 5_000 + 10 + 10
+    assert summary["by_size"]["1 GPU"]["started"] == 1                               # requeued, then ran
+
+
 def test_overload_is_the_work_the_fleet_cannot_have_done_yet_whatever_the_order():
     # 4 GPUs; from t=0 two 4-GPU jobs of 1 h each: 8 GPU-h demanded in the first hour, 4 available
     jobs = [job("a", 0, 3_600, gpus=4), job("b", 0, 3_600, gpus=4), job("c", 20_000, 100, gpus=1)]

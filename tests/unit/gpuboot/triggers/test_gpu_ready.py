@@ -1,11 +1,12 @@
-"""PowerWatch: how often the readiness trigger asks ECS whether the instance was stopped outside gpuboot."""
+"""PowerWatch: how often the readiness trigger asks ECS whether the instance was stopped outside gpuboot;
+PreemptionWatch: how soon it learns that its job was preempted."""
 from __future__ import annotations
 
 import asyncio
 
 import pytest
 
-from gpuboot.triggers.gpu_ready import PowerWatch
+from gpuboot.triggers.gpu_ready import PowerWatch, PreemptionWatch
 
 T0 = 1_800_000_000.0
 NODE = {"spec": {"providerID": "cn-hangzhou.i-abc"},
@@ -49,3 +50,31 @@ def test_without_an_ecs_connection_nothing_is_asked(asked):
     watch = PowerWatch(None, T0, _node)
     assert watch.next_check_in(NODE, T0 + 60) == float("inf")
     assert asyncio.run(watch.stopped_outside(NODE, T0 + 60)) is None and asked == []
+
+
+def test_the_readiness_watch_learns_of_its_jobs_preemption_at_its_next_look_at_the_queue(monkeypatch):
+    """PreemptionWatch on the fakes: the queue ConfigMap a real preemption wrote, read through the
+    triggerer's shared read at most every POLL_SECONDS; no record, no event; no queue, no read."""
+    from gpuboot.lifecycle.jobqueue import CONFIGMAP
+    from gpuboot.triggers import gpu_ready
+    from tests.fakes import T4X2, cloud
+    from tests.unit.gpuboot.lifecycle.test_preemption import LOW, running, spec, turn
+
+    c = cloud({"gpu2": ("Running", T4X2)})
+    running(c, "low", spec("low", **LOW))
+    reads: list[str] = []
+
+    async def read_queue(conn, namespace, name, max_age):
+        reads.append(name)
+        return True, c.cluster.read_configmap(namespace, name)
+
+    monkeypatch.setattr(gpu_ready, "read_queue", read_queue)
+    watch = PreemptionWatch(["default", CONFIGMAP, "low"], "kubernetes_default")
+    assert asyncio.run(watch.preempted(T0)) is None and reads == [CONFIGMAP]      # not preempted yet
+    assert turn(c, "high", spec("high", priority_class="high")).plan.outcome.value == "fits"   # preempts "low"
+    assert watch.next_check_in(T0 + 1) == pytest.approx(PreemptionWatch.POLL_SECONDS - 1)
+    assert asyncio.run(watch.preempted(T0 + 1)) is None and len(reads) == 1        # not time to look yet
+    record = asyncio.run(watch.preempted(T0 + PreemptionWatch.POLL_SECONDS))
+    assert (record.job_id, record.by) == ("low", "high") and len(reads) == 2
+    quiet = PreemptionWatch(None, "kubernetes_default")                            # the requeue's own waits
+    assert quiet.next_check_in(T0) == float("inf") and asyncio.run(quiet.preempted(T0)) is None and len(reads) == 2
