@@ -72,6 +72,8 @@ class BootBaseline:
     gpus_needed: int
     resource_version_before: str | None = None
     extended_needed: Mapping[str, int] = field(default_factory=dict)   # other extended resources
+    start_window_seconds: float = 0.0   # the start came this long after start_requested_at at most: ECS's
+                                        # StartTime (a start by someone else) is to the minute, floored
 
     @property
     def needs(self) -> dict[str, int]:
@@ -84,14 +86,16 @@ class BootBaseline:
         return {"node": self.node, "start_requested_at": self.start_requested_at,
                 "boot_id_before": self.boot_id_before, "gpus_needed": self.gpus_needed,
                 "resource_version_before": self.resource_version_before,
-                "extended_needed": dict(self.extended_needed)}
+                "extended_needed": dict(self.extended_needed),
+                **({"start_window_seconds": self.start_window_seconds} if self.start_window_seconds else {})}
 
     @classmethod
     def from_json(cls, data: Mapping) -> BootBaseline:
         return cls(node=data["node"], start_requested_at=data.get("start_requested_at"),
                    boot_id_before=data.get("boot_id_before"), gpus_needed=int(data.get("gpus_needed", 0)),
                    resource_version_before=data.get("resource_version_before"),
-                   extended_needed={k: int(v) for k, v in (data.get("extended_needed") or {}).items()})
+                   extended_needed={k: int(v) for k, v in (data.get("extended_needed") or {}).items()},
+                   start_window_seconds=float(data.get("start_window_seconds") or 0.0))
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from gpuboot.lifecycle.ledger import JobRecord, ReservationLedger, StartedNode
 
 DEFAULT_UNAVAILABLE_TTL_SECONDS = 600
 ALREADY_UP_GRACE_SECONDS = 60   # how long a node that was up when chosen may take to pass the rule (plus settle)
+START_TIME_PRECISION_SECONDS = 60   # ECS's StartTime ("2026-12-06T17:12Z") is to the minute, floored
 
 
 def wait_deadline(baseline: Mapping, boot_timeout: float, settle: float, now: float) -> float:
@@ -59,7 +60,8 @@ def wait_deadline(baseline: Mapping, boot_timeout: float, settle: float, now: fl
     since = baseline.get("start_requested_at")
     if since is None:
         return now + settle + ALREADY_UP_GRACE_SECONDS
-    return max(float(since) + boot_timeout, now + settle + 1)
+    # a start known only to the minute (ECS's StartTime) gets its timeout from the latest it can have been
+    return max(float(since) + float(baseline.get("start_window_seconds") or 0.0) + boot_timeout, now + settle + 1)
 
 
 @dataclass
@@ -207,10 +209,12 @@ class JobBoot:
         boots = []
         for node, assigned in sorted(by_node.items()):
             iid = assigned[0].instance_id
-            if node in to_start:
-                since = requested_at if outcomes[iid].outcome == "done" else start_times.get(iid) or requested_at
-            elif node in booting:     # started by someone else; no StartTime while Pending/Starting
+            window = 0.0
+            if node in to_start and outcomes[iid].outcome == "done":
+                since = requested_at
+            elif node in to_start or node in booting:   # started before (no StartTime while Pending/Starting)
                 since = start_times.get(iid) or requested_at
+                window = max(0.0, min(START_TIME_PRECISION_SECONDS, requested_at - since))
             else:
                 since = None
             read = before.get(node) or {}
@@ -219,8 +223,9 @@ class JobBoot:
             version = (versions or {}).get(node) if started_now else None
             mine = record.started_on(node) if record else None
             if mine:    # this job started it (this try or an earlier one): its first start is the baseline
-                since, boot_id_before, version = mine.at, mine.boot_id_before, mine.resource_version_before
+                since, boot_id_before, version, window = mine.at, mine.boot_id_before, mine.resource_version_before, 0.0
             baseline = BootBaseline(node=node, start_requested_at=since, boot_id_before=boot_id_before,
+                                    start_window_seconds=window,
                                     gpus_needed=sum(a.requests.gpus for a in assigned),
                                     extended_needed=extended_needs(sum((a.requests for a in assigned[1:]),
                                                                        assigned[0].requests)),

@@ -20,6 +20,7 @@ from gpuboot.lifecycle.boot import (
     CapacityBusy,
     CapacityUnavailable,
     JobBoot,
+    wait_deadline,
 )
 from tests.builders import instance_id, pod
 from tests.fakes import T4, T4X2, ZONE, Cloud, cloud
@@ -142,6 +143,25 @@ def test_a_start_retry_starts_nothing_twice_and_keeps_the_first_start_as_the_bas
     again = job(c).ensure_up(up.plan)                               # a retry of the start step
     assert again.started == [] and c.ecs.calls_to("start")[-1] == (STOP,)
     assert again.baselines[0]["start_requested_at"] == up.baselines[0]["start_requested_at"] == c.clock() - 30
+
+
+def test_a_start_known_only_to_the_minute_counts_the_boot_timeout_from_the_latest_it_can_have_been():
+    """A node another job started: ECS's StartTime says the minute (floored), so the start is taken as
+    then (every Ready after it counts) but the boot timeout runs from the latest the start can have been,
+    or a job adopting a node booted 45 s into a minute lost 45 s of its timeout."""
+    c = cloud()
+    assert c.clock() % 60 == 0
+    _boot, up = booted_job(c)                                       # started on the minute ...
+    c.clock.advance(45)
+    as_seen = up.plan.to_json()
+    as_seen.update(assignments=[{**a, "state": "booting"} for a in as_seen["assignments"]], nodes_to_start=[])
+    adopting = Plan.from_json(as_seen)         # ... placed 45 s later by a job that sees it booting
+    baseline = job(c, job_id="other").bring_up(adopting).baselines[0]
+    assert baseline["start_requested_at"] == c.clock() - 45 and baseline["start_window_seconds"] == 45
+    assert wait_deadline(baseline, 300, 5, c.clock()) == c.clock() - 45 + 45 + 300
+    c.clock.advance(120)                                            # a start seen minutes later: at most a minute
+    assert job(c, job_id="third").bring_up(adopting).baselines[0]["start_window_seconds"] == 60
+    assert "start_window_seconds" not in up.baselines[0]           # its own start: known to the second
 
 
 # -- boot timeout ------------------------------------------------------------------------------
