@@ -34,9 +34,12 @@ compare-and-swap against the ledger state L the plans were computed from, exactl
 placement's, and the queue is only a hint of who waits (an answer exists only in the ledger; a
 request lost or read twice delays a job, never books it twice: a ticket already answered is never
 placed again). When the write conflicts, the plans are kept only if the ledger moved by removing
-reservations (no reservation added, no mark added or removed, none of the batch's tickets answered
-by another leader): capacity then only grew, and everything removed was counted as reserved when
-the plans were made, which is what the tombstone rule of `gpuboot.lifecycle.booking` asks. Any other change
+reservations the plans counted (no reservation added, none released that the plans' ledger state
+did not hold, by its tombstones; no mark added or removed, none of the batch's tickets answered by
+another leader): capacity then only grew, and everything removed was counted as reserved when
+the plans were made, which is what the tombstone rule of `gpuboot.lifecycle.booking` asks. (Live
+reservations alone do not say it: a job that reserved, bound its pod and released in between
+leaves them as they were, its node taken by a pod the plans never saw.) Any other change
 places the batch again. A batch write only adds reservations, never removes one (its pod may be
 about to be bound, and a placer that saw neither would promise the node twice: rule (d) of
 `gpuboot.lifecycle.booking`); so a queued request of a job that holds a placement made meanwhile is
@@ -349,12 +352,19 @@ class BatchPlacer:
 
 
 def still_valid(old: LedgerState, new: LedgerState, queue: Sequence[Queued], now: float) -> bool:
-    """Plans made against `old` hold against `new` when the ledger only lost reservations: no
-    reservation added, the marks unchanged, none of the batch's requests answered by another
-    leader meanwhile (the module doc's safety argument)."""
-    before = {(r.job_id, r.task, r.node, r.resources) for r in old.reservations if r.expires_at > now}
-    after = {(r.job_id, r.task, r.node, r.resources) for r in new.reservations if r.expires_at > now}
-    return (after <= before and set(old.live_unavailable(now)) == set(new.live_unavailable(now))
+    """Plans made against `old` hold against `new` when the ledger only lost reservations the plans
+    counted: no reservation added, none released that `old` did not hold (the tombstones since `old`
+    say: a job that reserved and released in between, its pod bound meanwhile, left the live sets
+    alike and its node taken by a pod the plans never saw), the marks unchanged, none of the batch's
+    requests answered by another leader meanwhile (the module doc's safety argument)."""
+    def key(r: Reservation) -> tuple:
+        return r.job_id, r.task, r.node, r.resources
+
+    before = {key(r) for r in old.reservations if r.expires_at > now}
+    after = {key(r) for r in new.reservations if r.expires_at > now}
+    released = new.released_since(old.seq, "")
+    return (released is not None and after <= before and {key(r) for r in released} <= before
+            and set(old.live_unavailable(now)) == set(new.live_unavailable(now))
             and not any(new.batch.answer(q.ticket) for q in queue))
 
 
