@@ -42,6 +42,12 @@ now) and the next bookmark, at most WATCH_SECONDS away, passes it. Without the a
 cluster's busy verdict waited out WAIT_PAST_SECONDS and read in full (simcloud's bookmarks carried
 its global version then, kinder than the real one; they now follow the cacher's rule).
 
+The same rule keeps a quiet stream from falling out of the API server's history: a watch resumes
+from the last version it saw, which on a quiet collection stops moving while every other write of
+the cluster moves on (10,000 nodes' heartbeats: past the 75 s window in about a minute, and a 410
+means a re-list of 80,000 pods). So a stream that has not moved for QUIET_SECONDS asks for
+progress too before it re-opens its watch: one LIST of one object, and the next bookmark moves it.
+
 Reconnects. A watch ends every WATCH_SECONDS (the API server sends a BOOKMARK just before, so an
 idle stream still tells how far it has come) and is re-opened from the last resourceVersion; a
 dropped connection is resumed from there too, after a jittered backoff; a 410 Gone (compaction)
@@ -69,6 +75,7 @@ WATCH_SECONDS = 4               # a watch is re-opened this often; the API serve
 RECONNECT_SECONDS = (0.2, 5.0)  # backoff after a dropped connection: first, longest (full jitter)
 INSTANCE_REFRESH_SECONDS = 300  # every instance described again this often (changes outside the node signals)
 WAIT_PAST_SECONDS = WATCH_SECONDS + 5   # how long a placement waits for the pod stream to pass a ledger write
+QUIET_SECONDS = 30              # a stream that has not moved this long asks for progress (module doc)
 REBUILD_SECONDS = 30            # an unchanged fleet's inventory is rebuilt this often (states depend on the
                                 # clock: boot grace, settle windows); the single path re-uses a survey as long
 START_SECONDS = 300             # the first lists of a starting view (10,000 nodes, 80,000 pods: ~30 s)
@@ -111,6 +118,7 @@ class Collection:
         self.changes = 0                # bumped by every change (the view rebuilds its inventory on one)
         self.lists = self.resumes = self.gone = self.progress_asked = 0
         self.stale_since: float | None = None   # monotonic: disconnected since (None: connected)
+        self.moved_at = monotonic()             # when `passed` last moved on (or it last asked for progress)
         self.cond = threading.Condition()
 
     def key(self, obj: dict) -> str:
@@ -131,14 +139,19 @@ class Collection:
             if self.passed >= version:
                 return True
         if ask:
-            try:
-                self.kube.request_progress(self.kind)
-                self.progress_asked += 1
-            except Exception as exc:  # only a hint: the wait below decides
-                self.log.warning("cluster view: asking for %s progress failed (%s: %s)", self.kind,
-                                 type(exc).__name__, exc)
+            self.ask_progress()
         with self.cond:
             return self.cond.wait_for(lambda: self.passed >= version, timeout)
+
+    def ask_progress(self) -> None:
+        """Have the API server's watch cache catch up (`KubeClient.request_progress`): a hint, so a
+        failure is logged and the caller goes on."""
+        try:
+            self.kube.request_progress(self.kind)
+            self.progress_asked += 1
+        except Exception as exc:  # only a hint: the waits decide
+            self.log.warning("cluster view: asking for %s progress failed (%s: %s)", self.kind,
+                             type(exc).__name__, exc)
 
     def run(self, stop: threading.Event) -> None:
         """List, then watch from the list's version, until `stop`: resume on a dropped stream, re-list on 410."""
@@ -156,6 +169,9 @@ class Collection:
                     if stop.is_set():
                         return
                 self._connected()
+                if self.monotonic() - self.moved_at > QUIET_SECONDS:
+                    self.moved_at = self.monotonic()    # at most one ask per QUIET_SECONDS
+                    self.ask_progress()         # a quiet stream: its next bookmark moves it on (module doc)
             except Gone as exc:
                 self.gone += 1
                 self.log.info("cluster view: %s watch from %s is gone (%s); listing again", self.kind, version, exc)
@@ -178,7 +194,7 @@ class Collection:
         fresh = {self.key(o): o for o in items if self.kind != "pods" or pod_is_active(o)}
         with self.cond:
             old, self.items = self.items, fresh
-            self.passed, self.stale_since = version_number(version), None
+            self.passed, self.stale_since, self.moved_at = version_number(version), None, self.monotonic()
             self.lists += 1
             self.changes += 1
             self.cond.notify_all()
@@ -197,7 +213,9 @@ class Collection:
                 if kind != "DELETED" and (self.kind != "pods" or pod_is_active(obj)):
                     self.items[key] = obj
                 self.changes += 1
-            self.passed, self.stale_since = max(self.passed, version_number(version)), None
+            if version_number(version) > self.passed:
+                self.passed, self.moved_at = version_number(version), self.monotonic()
+            self.stale_since = None
             self.cond.notify_all()
         if kind != "BOOKMARK" and self.on_change is not None:
             self.on_change(before, None if kind == "DELETED" else obj)

@@ -207,6 +207,32 @@ def test_a_fresh_basis_asks_a_quiet_pod_stream_for_progress_and_follows_its_book
         view.stop(1)
 
 
+def test_a_quiet_stream_asks_for_progress_once_per_quiet_period_so_it_never_falls_out_of_the_history():
+    """Nothing changes in a collection for QUIET_SECONDS: its watch would resume from an ever older
+    version (a 410 and a re-list once the history moved past it), so it asks for progress, and the
+    bookmark that brings moves it on; at most once per quiet period."""
+    from gpuboot.lifecycle.view import QUIET_SECONDS
+
+    c = cloud()
+    s = Streams(c)
+    s.answer_progress = True
+    now = [1000.0]
+    view = ClusterView(s, c.ecs, monotonic=lambda: now[0], log=LOG).start(timeout=10)
+    try:
+        assert wait_until(lambda: len(s.opened) >= 4, timeout=5, interval=0.01)     # watches re-opened, quiet
+        assert s.asked == []
+        passed = view.pods.passed
+        c.cluster._next_version()                   # another resource's write: the pods stream is behind it
+        now[0] += QUIET_SECONDS + 1
+        assert wait_until(lambda: view.pods.passed > passed, timeout=5, interval=0.01)
+        assert sorted(set(s.asked)) == ["nodes", "pods"] and len(s.asked) == 2     # one ask each
+        opened = len(s.opened)
+        assert wait_until(lambda: len(s.opened) >= opened + 6, timeout=5, interval=0.01)
+        assert len(s.asked) == 2                    # not again within the quiet period
+    finally:
+        view.stop(1)
+
+
 def test_a_disconnected_view_refuses_a_fresh_basis_and_the_leader_reads_in_full():
     c = cloud()
     s = Streams(c)
