@@ -13,16 +13,16 @@ the command or env; a `ticket` names this wait) in one of the queue's shards (`R
 own ConfigMaps, so a burst queueing does not contend on the ledger) and polls its shard (GETs,
 which never conflict), where the leader copies its answer and its lease after each commit
 (`RequestQueue`); the ledger root only when those copies do not show a live lease or its answer.
-A waiter that sees no live lease takes it (one compare-and-swap on the ledger root) and leads: after GATHER_SECONDS, so the rest of the burst queues behind it, one survey,
-then every queued request is placed in queue order against that survey plus every live
+A waiter that sees no live lease takes it (one compare-and-swap on the ledger root) and leads:
+after GATHER_SECONDS, so the rest of the burst queues behind it, one survey, then every queued request is placed in queue order against that survey plus every live
 reservation plus the requests placed before it in the batch, and one ledger write adds all their
 reservations and `Decided` answers (fits, busy or never, with the plan: its whole candidate table
 for a batch of one, a few rows each in a burst, ANSWER_ROWS in all for every live answer, so
 however many batches follow each other the answers stay within that budget plus their chosen
 rows) and renews the lease.
 Each waiter reads its answer (its reservations are already there), from its queue shard, or
-from the ledger root, which keeps it DECIDED_SECONDS, when the copy is missing. A leader keeps leading while
-requests arrive (for LEAD_SECONDS at most once its own job is answered, then it hands the lease
+from the ledger root, which keeps it DECIDED_SECONDS, when the copy is missing. A leader keeps
+leading while requests arrive (for LEAD_SECONDS at most once its own job is answered, then it hands the lease
 over, so no place step leads forever), re-placing against its survey as `gpuboot.lifecycle.booking` does
 after a conflict, and reads again when the survey is too old or a tombstone it would need was
 pruned. A "busy" or "never" answer comes only from a survey younger than VERDICT_MAX_AGE_SECONDS
