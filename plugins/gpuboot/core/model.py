@@ -157,6 +157,11 @@ class Unavailable:
     def what(self) -> str:
         return f"node {self.node}" if self.node else f"offering {self.instance_type} in {self.zone}"
 
+    @classmethod
+    def holding(cls, job_id: str, node: str, until: float) -> Unavailable:
+        """A mark keeping `node` for `job_id` until `until` (read back by `held_for`)."""
+        return cls(reason=f"{HOLD_REASON} {job_id}", expires_at=until, node=node)
+
     @property
     def held_for(self) -> str | None:
         """The job this mark keeps its node for (None: it keeps the node from every job)."""

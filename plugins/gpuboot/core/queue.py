@@ -256,7 +256,7 @@ class Hold:
     firm: bool = False
 
     def marks(self) -> list[Unavailable]:
-        return [Unavailable(reason=f"{HOLD_REASON} {self.job_id}", expires_at=math.inf, node=n) for n in self.nodes]
+        return [Unavailable.holding(self.job_id, n, math.inf) for n in self.nodes]
 
     def lets(self, entry: Entry, now: float) -> bool:
         """May `entry` use the held nodes: it ends before the hold is due (never a firm hold's)."""

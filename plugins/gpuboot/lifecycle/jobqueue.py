@@ -64,10 +64,15 @@ def changes_of(configmap: dict | None) -> int:
     return int(((configmap or {}).get("data") or {}).get(CHANGES_KEY) or 0)
 
 
+def preemptions_of(configmap: dict | None) -> tuple[Preempted, ...]:
+    """The preemption records in the queue ConfigMap as read."""
+    raw = ((configmap or {}).get("data") or {}).get(PREEMPTED_KEY) or "[]"
+    return tuple(Preempted.from_json(d) for d in json.loads(raw))
+
+
 def preempted_in(configmap: dict | None, job_id: str) -> Preempted | None:
     """The job's preemption record in the queue ConfigMap as read (None: not preempted, or settled)."""
-    raw = ((configmap or {}).get("data") or {}).get(PREEMPTED_KEY) or "[]"
-    return next((p for p in map(Preempted.from_json, json.loads(raw)) if p.job_id == job_id), None)
+    return next((p for p in preemptions_of(configmap) if p.job_id == job_id), None)
 
 
 def queue_config(environ=os.environ) -> QueueConfig:
@@ -208,8 +213,7 @@ class JobQueue:
                           tuple(Hold.from_json(d) for d in json.loads(data.get(HOLDS_KEY) or "[]")),
                           cm["metadata"]["resourceVersion"],
                           tuple(Admitted.from_json(d) for d in json.loads(data.get(RUNNING_KEY) or "[]")),
-                          changes_of(cm),
-                          tuple(Preempted.from_json(d) for d in json.loads(data.get(PREEMPTED_KEY) or "[]")))
+                          changes_of(cm), preemptions_of(cm))
 
     def enqueue(self, entry: Entry, deadline: float | None = None, lease_seconds: float | None = None) -> QueueState:
         """Add the job, or renew its lease keeping its first enqueue time and deadline; the state written."""

@@ -69,7 +69,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gpuboot.core.inventory import parse_time
-from gpuboot.core.model import HOLD_REASON, LABEL_JOB, TERMINATED_PHASES, Reservation, Unavailable
+from gpuboot.core.model import LABEL_JOB, TERMINATED_PHASES, Reservation, Unavailable
 from gpuboot.core.ports import PodControl
 from gpuboot.core.queue import PRIORITY_CLASSES, Entry, Hold, Running
 from gpuboot.core.timefmt import duration, utc
@@ -174,7 +174,7 @@ def keep_for(ledger: ReservationLedger, job_id: str, nodes: Sequence[str], until
             free[0] = False
             return None
         have = {u.node for u in live if u.held_for == job_id}
-        add = [Unavailable(reason=f"{HOLD_REASON} {job_id}", expires_at=until, node=n) for n in nodes if n not in have]
+        add = [Unavailable.holding(job_id, n, until) for n in nodes if n not in have]
         return (list(state.reservations), [*state.unavailable, *add], list(state.jobs)) if add else None
 
     ledger.update(change, f"hold node(s) {', '.join(nodes)} for job {job_id}")
