@@ -44,7 +44,7 @@ from gpuboot.core.timefmt import utc_relative
 from gpuboot.exceptions import Conflict, LedgerConflict
 from gpuboot.lifecycle.booking import Booker, Booking, survey
 from gpuboot.lifecycle.ledger import backoff, write_attempts
-from gpuboot.lifecycle.preemption import let_go, preempt, running_jobs
+from gpuboot.lifecycle.preemption import keep_holding, let_go, preempt, running_jobs
 
 CONFIGMAP = "gpuboot-queue"
 ENTRIES_KEY = "entries.json"
@@ -245,9 +245,13 @@ class JobQueue:
         now = self.clock()
         return self.snapshot().deadline_of(job_id, now) or now + timeout_seconds
 
-    def drop(self, job_id: str) -> None:
-        """Take the job out entirely (idempotent): its run ended, however it ended."""
+    def drop(self, job_id: str) -> bool:
+        """Take the job out entirely (idempotent): its run ended, however it ended. True when it held
+        nodes firm (it had preempted and not placed yet): its ledger marks are the caller's to let go."""
+        firm = [False]
+
         def change(state: QueueState, now: float):
+            firm[0] = any(h.job_id == job_id and h.firm for h in state.holds)
             known = {w.entry.job_id for w in state.waiting} | {h.job_id for h in state.holds} | \
                 {a.job_id for a in state.running} | {p.job_id for p in state.preempted}
             if job_id not in known:
@@ -256,6 +260,7 @@ class JobQueue:
                            preempted=tuple(p for p in state.preempted if p.job_id != job_id),
                            changes=state.changes + 1)
         self._update(change, f"drop job {job_id}")      # a release (or a waiter gone): wakes the front of the line
+        return firm[0]
 
     def preempt(self, by: Entry, victims: Sequence[str], reasons: Mapping[str, str],
                 holds: Mapping[str, Hold] | None = None, based_on: QueueState | None = None) -> list[Admitted]:
@@ -495,6 +500,7 @@ def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, c
             return Turn(plan, deadline=deadline)
         if not _may_preempt(state, entry, config, now):
             state = queue.enqueue(entry, deadline)
+            _still_held(booker, state, job_id)
             return Turn(plan, Step(entry, 0, False, plan.message), len(state.live(now)),
                         state.deadline_of(job_id, now), state.changes)
         # busy, alone in the line, and it may preempt a job running: the pass decides (it may hold and preempt)
@@ -522,6 +528,7 @@ def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, c
     waiting = len(state.live(now))
     names = {e.job_id: e.name for e in state.live(now) if e.name and e.name != e.job_id}
     if step is None or not step.admitted:
+        _still_held(booker, state, job_id)
         blocker = step.blocker if step else "not judged"
         return Turn(Plan(job_id, Outcome.BUSY, f"waiting in the job queue: {blocker}"), step, waiting, deadline,
                     state.changes, names)
@@ -531,7 +538,19 @@ def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, c
         queue.admit(job_id, spec.team, _model(plan, seen.views, entry), entry.gpus, deadline, entry, spec.namespace)
         if firm:
             let_go(booker.ledger, job_id)        # its place is committed: the nodes freed for it are no longer kept
+    else:
+        _still_held(booker, state, job_id)
     return Turn(plan, step, waiting, deadline, state.changes, names)
+
+
+def _still_held(booker: Booker, state: QueueState, job_id: str) -> None:
+    """The job's turn ends without its place: if it holds nodes firm (it preempted for them), its
+    ledger marks are moved on to the lease its entry was just given in `state`, so other placements
+    keep off them as long as the entry lives, not only for the lease of the preemption's moment
+    (the safety argument: gpuboot.lifecycle.preemption, "The preemptor still waiting")."""
+    lease = next((w.lease_until for w in state.waiting if w.entry.job_id == job_id), None)
+    if lease is not None and any(h.job_id == job_id and h.firm for h in state.holds):
+        keep_holding(booker.ledger, job_id, lease)
 
 
 def _may_preempt(state: QueueState, entry: Entry, config: QueueConfig, now: float) -> bool:
