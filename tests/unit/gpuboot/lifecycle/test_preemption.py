@@ -15,7 +15,7 @@ from gpuboot.core.model import LABEL_JOB, LABEL_TASK
 from gpuboot.core.placement import Outcome
 from gpuboot.core.queue import Hold, QueueConfig
 from gpuboot.exceptions import CapacityBusy, JobPreempted
-from gpuboot.lifecycle.booking import Booker
+from gpuboot.lifecycle.booking import Booker, survey
 from gpuboot.lifecycle.boot import JobBoot
 from gpuboot.lifecycle.jobqueue import LEASE_SECONDS, JobQueue, book_in_order, entry_of, queue_view
 from gpuboot.lifecycle.preemption import (
@@ -463,6 +463,29 @@ def test_the_preemptors_marks_are_renewed_while_it_waits_and_let_go_when_it_plac
         assert late.plan.outcome is Outcome.FITS and [a.node for a in late.plan.assignments] == ["gpu2"]
         assert marks_for(c, "late") == [] and promised(c)["gpu2"] == 2
         assert [r.job_id for r in c.ledger().live(c.clock())] == ["late"]
+
+
+def test_a_waiting_preemptor_shows_its_firm_hold_in_its_log_line_the_queue_table_and_the_fleets_marks():
+    """Issue 32 #5 for preemption: the preemptor's line and its queue row say which nodes it holds and
+    that the hold is firm; the job blocked by it names it; the ledger's mark says for whom, until when."""
+    c = cloud({"gpu2": ("Running", T4X2)})
+    waiting_preemptor(c)
+    c.clock.advance(60)
+    late = turn(c, "late", spec("late", priority_class="high"))
+    assert "holds node(s) gpu2, firm: it preempted there, kept for it alone until it places" in late.line(c.clock())
+    early = turn(c, "early", spec("early", gpus=1), enqueued_at=c.clock() - 600)
+    assert "held for job late" in early.line(c.clock())
+    ledger = c.ledger().snapshot()
+    live = [r for r in ledger.reservations if r.expires_at > c.clock()]      # as the fleet page reads them
+    seen = survey(c.cluster, c.ecs, live, c.clock())
+    rows = {r["job_id"]: r for r in queue_view(JobQueue(c.cluster).snapshot(), seen.views,
+                                              ledger.live_unavailable(c.clock()), QueueConfig(), c.clock(),
+                                              seen.pods, live)}
+    assert (rows["late"]["held_nodes"], rows["late"]["hold_firm"]) == (["gpu2"], True)
+    assert rows["early"]["blocked_by"] == "hold" and "held for job late" in rows["early"]["blocker"]
+    assert (rows["early"]["held_nodes"], rows["early"]["hold_firm"], rows["early"]["hold_due"]) == ([], False, None)
+    (mark,) = marks_for(c, "late")
+    assert (mark.node, mark.reason, mark.expires_at) == ("gpu2", "held for job late", lease_of(c, "late"))
 
 
 def test_the_marks_of_a_preemptor_that_stops_polling_lapse_with_its_entry_and_are_never_brought_back():
