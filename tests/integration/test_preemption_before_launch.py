@@ -89,6 +89,30 @@ def test_a_job_preempted_while_its_wait_step_watches_its_node_boot_learns_it_fro
     requeued_and_later_succeeds(capfd, pushed, waited, started, high_plan, high_pushed, out)
 
 
+def test_a_job_preempted_while_its_poking_wait_step_watches_its_node_boot_learns_it_at_a_poke(slow_cloud, capfd):
+    """The same in poke mode (deferrable=False): each poke looks at the queue with the trigger's own
+    PreemptionWatch, so the step ends within 2 s of the preemption (not when the boot ends) and hands
+    the job to its launch step the same way."""
+    plan, pushed = place(SHORT_LOW, job_id="sweep-run")
+    assert plan["outcome"] == "fits", plan["message"]
+    started = StartGpuNodesOperator(task_id="start", plan=plan, job=pushed["job"]).execute(context("start"))
+    waited = context("wait")
+    sensor = GpuReadySensor(task_id="wait", baselines=started["baselines"], job=pushed["job"], plan=started["plan"],
+                            deferrable=False, poke_interval=0.2)
+    ended: dict = {}
+    poking = threading.Thread(target=lambda: ended.update(tasks=sensor.execute(waited)))
+    poking.start()
+    booted_by = time.time() + BOOT_SECONDS
+    high_plan, high_pushed = place(HIGH, job_id="urgent-run")      # preempts sweep-run, its node still booting
+    assert high_plan["outcome"] == "fits" and [a["node"] for a in high_plan["assignments"]] == ["gpu8"]
+    poking.join(BOOT_SECONDS)
+    assert not poking.is_alive() and time.time() < booted_by and ended.get("tasks") == [], ended
+    out = capfd.readouterr().out
+    assert "job sweep-run was preempted by job urgent (urgent-run) before its node(s) were up" in out
+    assert [r.job_id for r in ReservationLedger(KubeClient()).live()] == ["urgent-run"]   # booked nothing again
+    requeued_and_later_succeeds(capfd, pushed, waited, started, high_plan, high_pushed, out)
+
+
 def requeued_and_later_succeeds(capfd, pushed, waited, started, high_plan, high_pushed, out: str) -> None:
     """The victim's launch, told, waits in the queue while the high job runs, then places again and runs."""
     victim: dict = {}

@@ -44,7 +44,7 @@ from gpuboot.core.timefmt import utc_relative
 from gpuboot.exceptions import Conflict, LedgerConflict
 from gpuboot.lifecycle.booking import Booker, Booking, survey
 from gpuboot.lifecycle.ledger import backoff, write_attempts
-from gpuboot.lifecycle.preemption import let_go, preempt, running_jobs
+from gpuboot.lifecycle.preemption import keep_holding, let_go, preempt, running_jobs
 
 CONFIGMAP = "gpuboot-queue"
 ENTRIES_KEY = "entries.json"
@@ -245,9 +245,13 @@ class JobQueue:
         now = self.clock()
         return self.snapshot().deadline_of(job_id, now) or now + timeout_seconds
 
-    def drop(self, job_id: str) -> None:
-        """Take the job out entirely (idempotent): its run ended, however it ended."""
+    def drop(self, job_id: str) -> bool:
+        """Take the job out entirely (idempotent): its run ended, however it ended. True when it held
+        nodes firm (it had preempted and not placed yet): its ledger marks are the caller's to let go."""
+        firm = [False]
+
         def change(state: QueueState, now: float):
+            firm[0] = any(h.job_id == job_id and h.firm for h in state.holds)
             known = {w.entry.job_id for w in state.waiting} | {h.job_id for h in state.holds} | \
                 {a.job_id for a in state.running} | {p.job_id for p in state.preempted}
             if job_id not in known:
@@ -256,6 +260,7 @@ class JobQueue:
                            preempted=tuple(p for p in state.preempted if p.job_id != job_id),
                            changes=state.changes + 1)
         self._update(change, f"drop job {job_id}")      # a release (or a waiter gone): wakes the front of the line
+        return firm[0]
 
     def preempt(self, by: Entry, victims: Sequence[str], reasons: Mapping[str, str],
                 holds: Mapping[str, Hold] | None = None, based_on: QueueState | None = None) -> list[Admitted]:
@@ -420,7 +425,9 @@ def queue_view(state: QueueState, views, unavailable: Sequence[Unavailable], con
     """Every waiting job in order, as the place steps' pass sees it: position, team, class, shape,
     since when it waits and until when (its queue deadline), who is ahead, what blocks it and what
     kind of thing that is (quota, hold, capacity), the nodes held for it, and by whom and why it was
-    preempted if it was requeued (the fleet page's queue table and /api/queue; JSON-safe). `pods` and
+    preempted if it was requeued (the fleet page's queue table and /api/queue; JSON-safe). A hold
+    says whether it is firm (the job preempted there: kept for it alone until it places) and when
+    its nodes are due to free (None: not known). `pods` and
     `reservations`: the survey's and the ledger's, so the holds shown are the ones the place steps choose."""
     result = decide(state.live(now), None, list(views), unavailable, state.live_holds(now), config,
                     state.usage(now), capacity_of(views), now, running_jobs(state, pods, now, reservations))
@@ -433,6 +440,8 @@ def queue_view(state: QueueState, views, unavailable: Sequence[Unavailable], con
              "deadline": deadlines.get(s.entry.job_id), "ahead": list(s.ahead), "next": s.admitted,
              "blocked_by": s.blocked_by, "blocker": s.blocker,
              "held_nodes": list(result.holds[s.entry.job_id].nodes) if s.entry.job_id in result.holds else [],
+             "hold_firm": s.entry.job_id in result.holds and result.holds[s.entry.job_id].firm,
+             "hold_due": result.holds[s.entry.job_id].due if s.entry.job_id in result.holds else None,
              "preempted_by": preempted[s.entry.job_id].preemptor if s.entry.job_id in preempted else None,
              "preempted_why": preempted[s.entry.job_id].reason if s.entry.job_id in preempted else None}
             for s in result.steps]
@@ -448,6 +457,7 @@ class Turn:
     deadline: float | None = None
     changes: int | None = None      # the queue's change counter the decision saw
     names: Mapping[str, str] = field(default_factory=dict)    # job id -> the job's name, for the line
+    hold: Hold | None = None        # the nodes held for this job, if any
 
     @property
     def wake_after(self) -> int | None:
@@ -464,10 +474,19 @@ class Turn:
             return "no other job waits: placed on its own"
         ahead = [f"{self.names[j]} ({j})" if self.names.get(j) else j for j in self.step.ahead]
         who = ", ".join(ahead[:5]) + (f" and {len(ahead) - 5} more" if len(ahead) > 5 else "") if ahead else "nobody"
-        until = "" if self.deadline is None else \
-            f"; queue deadline {utc_relative(self.deadline, time.time() if now is None else now)}"
+        now = time.time() if now is None else now
+        until = "" if self.deadline is None else f"; queue deadline {utc_relative(self.deadline, now)}"
         return (f"queue position {self.step.position + 1} of {self.waiting}; ahead: {who}; "
-                f"blocked by: {self.step.blocker or 'nothing (admitted)'}{until}")
+                f"blocked by: {self.step.blocker or 'nothing (admitted)'}{held(self.hold, now)}{until}")
+
+
+def held(hold: Hold | None, now: float) -> str:
+    """The nodes held for a waiting job, for its log line: firm (it preempted there) or when due."""
+    if hold is None:
+        return ""
+    when = ", firm: it preempted there, kept for it alone until it places" if hold.firm else \
+        f", due {utc_relative(hold.due, now)}" if hold.due is not None else ", due when their work ends (not stated)"
+    return f"; holds node(s) {', '.join(hold.nodes)}{when}"
 
 
 def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, config: QueueConfig,
@@ -495,8 +514,10 @@ def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, c
             return Turn(plan, deadline=deadline)
         if not _may_preempt(state, entry, config, now):
             state = queue.enqueue(entry, deadline)
+            _still_held(booker, state, job_id)
             return Turn(plan, Step(entry, 0, False, plan.message), len(state.live(now)),
-                        state.deadline_of(job_id, now), state.changes)
+                        state.deadline_of(job_id, now), state.changes,
+                        hold=next((h for h in state.holds if h.job_id == job_id), None))
         # busy, alone in the line, and it may preempt a job running: the pass decides (it may hold and preempt)
     tries = PREEMPT_TRIES      # passes that may preempt; after a preemption, one more places on the room made
     firm = any(h.job_id == job_id and h.firm for h in state.holds)
@@ -522,16 +543,29 @@ def book_in_order(booker: Booker, queue: JobQueue, spec: JobSpec, job_id: str, c
     waiting = len(state.live(now))
     names = {e.job_id: e.name for e in state.live(now) if e.name and e.name != e.job_id}
     if step is None or not step.admitted:
+        _still_held(booker, state, job_id)
         blocker = step.blocker if step else "not judged"
         return Turn(Plan(job_id, Outcome.BUSY, f"waiting in the job queue: {blocker}"), step, waiting, deadline,
-                    state.changes, names)
+                    state.changes, names, result.holds.get(job_id))
     held = [m for h in result.holds.values() if h.job_id != job_id and not h.lets(step.entry, now) for m in h.marks()]
     plan = booker.book(spec, job_id, held=held).plan
     if plan.outcome is Outcome.FITS:
         queue.admit(job_id, spec.team, _model(plan, seen.views, entry), entry.gpus, deadline, entry, spec.namespace)
         if firm:
             let_go(booker.ledger, job_id)        # its place is committed: the nodes freed for it are no longer kept
+    else:
+        _still_held(booker, state, job_id)
     return Turn(plan, step, waiting, deadline, state.changes, names)
+
+
+def _still_held(booker: Booker, state: QueueState, job_id: str) -> None:
+    """The job's turn ends without its place: if it holds nodes firm (it preempted for them), its
+    ledger marks are moved on to the lease its entry was just given in `state`, so other placements
+    keep off them as long as the entry lives, not only for the lease of the preemption's moment
+    (the safety argument: gpuboot.lifecycle.preemption, "The preemptor still waiting")."""
+    lease = next((w.lease_until for w in state.waiting if w.entry.job_id == job_id), None)
+    if lease is not None and any(h.job_id == job_id and h.firm for h in state.holds):
+        keep_holding(booker.ledger, job_id, lease)
 
 
 def _may_preempt(state: QueueState, entry: Entry, config: QueueConfig, now: float) -> bool:

@@ -11,8 +11,9 @@ every step runs the same pass, which names victims for one job only, the queue's
 (`gpuboot.core.queue.run_pass`). In this order:
 
 0. the held nodes are marked in the ledger as held for the preemptor (`keep_for`: a node mark in
-   the shard the node's reservations live in, expiring with its queue entry's lease), unless one is
-   marked for another job already (that job is preempting there: nothing done);
+   the shard the node's reservations live in, expiring with its queue entry's lease and renewed with
+   it while the preemptor waits: `keep_holding`), unless one is marked for another job already
+   (that job is preempting there: nothing done);
 1. the queue's compare-and-swap (`JobQueue.preempt`), over the very state the pass read, takes the
    victims out of the admitted jobs and puts them back in the line with their first enqueue time,
    each with a record: by whom and why; and writes the pass's holds, the preemptor's turned firm;
@@ -56,6 +57,18 @@ Why this is safe:
   record (before creating pods) and gives them back; the ledger never gives one GPU twice
   meanwhile, so at worst the preemptor waits one more poll. The fakes' tests run the victim's
   re-placement at each of these moments.
+- The preemptor still waiting after step 4 (its placement found the room not free yet: a pod still
+  going, part of a gang's nodes still draining). Its firm hold lives as long as its queue entry,
+  which its place step renews at every poll; so does each mark: every turn that ends without a
+  commit moves the marks on to the lease just written (`keep_holding`, in `book_in_order`). A
+  renewal only extends marks live in the state its compare-and-swap read, never brings one back:
+  once a mark lapsed (another job may have booked the node since) or was let go (the preemptor
+  placed; its release ran: `JobQueue.drop` says it held firm, release lets go), no renewal, stale
+  or racing, writes it again. A mark never outlives the entry: its expiry is the lease of the
+  enqueue that preceded it, and an entry that lapses takes its marks with it at the same moment.
+  The ledger still never gives one GPU twice (marks only keep other placements off; every commit
+  is the shard's compare-and-swap). On the fakes: the preemptor polling for 5 leases while other
+  jobs place at once, then committing, or stopping, with no mark left and no GPU over-promised.
 - The preemptor dying after step 0, 1 or 2. The record was written first, so the victim's launch
   still requeues and drops its own reservations; the preemptor's hold and its marks end with its
   lease (150 s), and its retry decides again. Preemption starts no instance and removes no job
@@ -66,6 +79,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gpuboot.core.inventory import parse_time
@@ -79,6 +93,7 @@ if TYPE_CHECKING:    # jobqueue calls this module (its place step's turn); the t
     from gpuboot.lifecycle.jobqueue import Admitted, JobQueue, Preempted, QueueState
 
 GONE_SECONDS = 60.0          # how long a deleted pod may take to go before it is force-deleted
+RENEW_SLACK_SECONDS = 30.0   # the preemptor's marks are moved on when they would lapse this long before its lease
 
 
 def running_jobs(state: QueueState, pods: Sequence[Mapping], now: float,
@@ -179,6 +194,34 @@ def keep_for(ledger: ReservationLedger, job_id: str, nodes: Sequence[str], until
 
     ledger.update(change, f"hold node(s) {', '.join(nodes)} for job {job_id}")
     return free[0]
+
+
+def keep_holding(ledger: ReservationLedger, job_id: str, until: float, slack: float = RENEW_SLACK_SECONDS) -> int:
+    """Move the live marks held for `job_id` on to `until`, the lease its queue entry was just
+    renewed to (the preemptor still waits: its place step's poll). How many it holds now (0: none,
+    they lapsed or were let go).
+
+    Why this is safe (module doc, "Renewal"): a mark is only ever extended, never brought back. The
+    change reads the marks inside the ledger's compare-and-swap and moves only those still live
+    then, so a mark that lapsed (another job may have booked the node since) or was let go (the
+    preemptor placed, or its release ran) stays gone, whichever write comes first; and `until` is
+    the entry's own lease, so no mark outlives the entry it keeps the room for. Marks are only
+    written when one would lapse more than `slack` seconds before `until`: a waiter woken by every
+    release does not write the ledger at every poll."""
+    held = [0]      # in the last state read: the one the writes ended on
+
+    def change(state):
+        now = ledger.clock()
+        mine = [u for u in state.unavailable if u.held_for == job_id and u.expires_at > now]
+        held[0] = len(mine)
+        if not any(u.expires_at < until - slack for u in mine):
+            return None
+        renewed = [replace(u, expires_at=until) if u.held_for == job_id and now < u.expires_at < until else u
+                   for u in state.unavailable]
+        return list(state.reservations), renewed, list(state.jobs)
+
+    ledger.update(change, f"keep the nodes held for job {job_id} until its entry's lease")
+    return held[0]
 
 
 def let_go(ledger: ReservationLedger, job_id: str) -> None:

@@ -11,6 +11,7 @@ from gpuboot.core.gang import completion
 from gpuboot.core.model import LABEL_JOB
 from gpuboot.exceptions import LedgerConflict, LedgerContended
 from gpuboot.lifecycle.jobqueue import JobQueue
+from gpuboot.lifecycle.preemption import let_go
 from gpuboot.operators.base import GpuJobStep, context_job_id, summarize
 from gpuboot.operators.capacity_wait import CapacityWait, defer_for_contention
 
@@ -70,7 +71,8 @@ class ReleaseReservationOperator(GpuJobStep, BaseOperator):
         used |= launched
         boot = self.job_boot(job_id)
         released = boot.finish(used=used - {None})
-        JobQueue(self.kube(), self.ledger_namespace).drop(job_id)    # out of the line and of its team's share
+        if JobQueue(self.kube(), self.ledger_namespace).drop(job_id):  # out of the line and of its team's share
+            let_go(boot.ledger, job_id)     # it had preempted and not placed: the nodes kept for it are free
         if released:
             line = (f"released {len(released)} reservation(s) of job {job_id}: "
                     + "; ".join(f"{r.task} on {r.node} ({r.resources})" for r in released))

@@ -2,7 +2,9 @@
 
 Deferred, it hands one node at a time to NodeGpuReadyTrigger (a watch in the
 triggerer, no worker slot held); in poke mode it feeds the same GpuWait (the rule, the boot's
-phases, the deadline and its one stretch) from Node reads.
+phases, the deadline and its one stretch) from Node reads, and looks for the job's preemption
+record in the queue with the trigger's own PreemptionWatch (every 2 s at most): either way a job
+preempted while its nodes come up is handed to its launch step, which requeues it.
 
 Every try starts from the ledger, not from its XCom inputs (`JobBoot.ensure_up`): where
 the job is reserved now (an earlier try may have failed over, a cleared `place` may have
@@ -59,7 +61,7 @@ from gpuboot.lifecycle.boot import (
 from gpuboot.lifecycle.jobqueue import CONFIGMAP, Preempted
 from gpuboot.operators.base import GpuJobStep, refusal, summarize, summarizes_failure
 from gpuboot.operators.capacity_wait import WaitsForCapacity, handed_to_launch
-from gpuboot.triggers.gpu_ready import NodeGpuReadyTrigger
+from gpuboot.triggers.gpu_ready import NodeGpuReadyTrigger, PreemptionWatch
 
 
 def describe_evidence(evidence: Mapping[str, Any]) -> str:
@@ -166,6 +168,7 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
         self._versions: dict[str, str | None] = {}     # poke mode: the resourceVersion each node was read at
         self._latest: dict[str, dict] = {}
         self._state = WaitState(None, [], [])
+        self._preemption = PreemptionWatch(None, kubernetes_conn_id)    # poke mode: the trigger's look at the queue
 
     def _timing(self) -> tuple[float, float]:
         spec = self.spec()
@@ -190,9 +193,14 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
             return self._cleared(context, {}, state)
         if not self.deferrable:
             self.timeout = timeout * self.max_boot_attempts + 60     # our own deadlines fail first, with evidence
-            self._state = state
+            self._start_poking(state)
             return super().execute(context)
         return self._defer_for(0, settle, {}, state)
+
+    def _start_poking(self, state: WaitState) -> None:
+        """What the pokes wait on: `state`'s nodes, and the job's preemption record in the queue."""
+        self._state = state
+        self._preemption = PreemptionWatch(self._queue_record(state), self.kubernetes_conn_id)
 
     def _boot(self, state: WaitState) -> JobBoot | None:
         if not state.plan:
@@ -223,9 +231,17 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
                                                kubernetes_conn_id=self.kubernetes_conn_id,
                                                fallback_seconds=self.fallback_seconds, ecs_conn_id=self.ecs_conn_id,
                                                echo=WaitProgress(index, settle, seen, state).to_json(),
-                                               preemption=[self.ledger_namespace, CONFIGMAP, state.plan["job_id"]]
-                                               if state.plan else None),
+                                               preemption=self._queue_record(state)),
                    method_name="execute_complete")
+
+    def _queue_record(self, state: WaitState) -> list | None:
+        """Where the job's preemption record would be: (namespace, queue ConfigMap, job id)."""
+        return [self.ledger_namespace, CONFIGMAP, state.plan["job_id"]] if state.plan else None
+
+    def _preempted(self, context, record: Preempted, state: WaitState, settle: float, seen: Mapping | None = None):
+        """Preempted while its nodes came up: nothing more is waited for, its launch step requeues it
+        (gpuboot.operators.requeue); the deferred and the poking wait end here alike."""
+        return self._watch(context, handed_to_launch(self, JobPreempted(record), state.tried), settle, seen)
 
     @summarizes_failure
     def execute_complete(self, context, event: Mapping):
@@ -247,8 +263,7 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
                                    "summary": f"left {node}: {why}"}}
             context["ti"].xcom_push(key="evidence", value=seen)
         if event.get("status") == "preempted":    # its launch step requeues it (gpuboot.operators.requeue)
-            record = Preempted.from_json(event["preempted"])
-            return self._watch(context, handed_to_launch(self, JobPreempted(record), state.tried), settle, seen)
+            return self._preempted(context, Preempted.from_json(event["preempted"]), state, settle, seen)
         if event.get("status") == "stopped":
             return self._watch(context, self._move_off(context, state, node, event.get("message") or ""), settle, seen)
         if event.get("status") != "ready":
@@ -325,8 +340,11 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
     @summarizes_failure
     def poke(self, context):
         settle, _ = self._timing()
-        kube = KubeClient(self.kubernetes_conn_id)
+        kube = self.kube()
         now = time.time()
+        record = self._preemption.poked(kube, now, self.log)
+        if record is not None:        # as the trigger's "preempted" event (execute_complete)
+            return PokeReturnValue(is_done=True, xcom_value=self._preempted(context, record, self._state, settle))
         readiness = {b["node"]: self._poke_node(kube, b, settle, now) for b in self._state.baselines}
         waiting = {n: r for n, r in readiness.items() if not r.ready}
         if not waiting:

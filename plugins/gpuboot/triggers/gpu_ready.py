@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Mapping
@@ -99,7 +100,8 @@ class PreemptionWatch:
     Why a poll of the queue's ConfigMap every 2 s: the record lives in that one small object, and the
     read is the one every trigger of the triggerer looking at the queue shares (the waiters' wake-ups,
     gpuboot.triggers.wake_up.read_queue): one GET per triggerer per 2 s however many jobs wait. A watch
-    would be told of every lease renewal of every waiter, for a record written once per preemption."""
+    would be told of every lease renewal of every waiter, for a record written once per preemption.
+    The sensor in poke mode looks the same way at its pokes (`poked`: its own read, every 2 s at most)."""
 
     POLL_SECONDS = QUEUE_POLL_SECONDS
 
@@ -111,14 +113,34 @@ class PreemptionWatch:
     def next_check_in(self, now: float) -> float:
         return math.inf if self.queue is None else max(0.0, self.checked + self.POLL_SECONDS - now)
 
+    def _due(self, now: float) -> bool:
+        """Whether it is time to look (and, if so, the look counts from `now`)."""
+        if self.queue is None or now < self.checked + self.POLL_SECONDS:
+            return False
+        self.checked = now
+        return True
+
     async def preempted(self, now: float) -> Preempted | None:
         """The job's preemption record, when it is time to look and there is one."""
-        if self.queue is None or now < self.checked + self.POLL_SECONDS:
+        if not self._due(now):
             return None
-        self.checked = now
         namespace, name, job_id = self.queue
         ok, configmap = await read_queue(self.kubernetes_conn_id, namespace, name, self.POLL_SECONDS)
         return preempted_in(configmap, job_id) if ok else None
+
+    def poked(self, kube, now: float, log: logging.Logger) -> Preempted | None:
+        """The same look for the sensor in poke mode (a worker: no triggerer's shared read to join),
+        through its own client `kube`; a read that fails counts as no record, as the trigger's does."""
+        if not self._due(now):
+            return None
+        namespace, name, job_id = self.queue
+        try:
+            configmap = kube.read_configmap(namespace, name)
+        except Exception as exc:      # the API server away or slow: the Node reads still decide
+            log.warning("could not read the job queue %s/%s (%s); looking again in %gs", namespace, name, exc,
+                        self.POLL_SECONDS)
+            return None
+        return preempted_in(configmap, job_id)
 
 
 class NodeGpuReadyTrigger(BaseTrigger):

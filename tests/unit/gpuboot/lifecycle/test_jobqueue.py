@@ -96,6 +96,21 @@ def test_the_log_line_names_the_jobs_ahead_by_name_and_id_and_says_the_deadline(
         "use; queue deadline 2027-01-15 09:00:00 UTC (in 60 min)")
 
 
+def test_the_log_line_says_which_nodes_the_job_holds_and_whether_firm_or_when_due():
+    step = Step(entry("gb-3", 0), 0, False, "capacity busy: every node that fits is in use")
+    now = 1_800_000_000.0
+
+    def line(hold: Hold) -> str:
+        return Turn(Plan("gb-3", Outcome.BUSY, ""), step, 1, hold=hold).line(now)
+
+    assert line(Hold("gb-3", ("gpu8",), None, now, firm=True)).endswith(
+        "; holds node(s) gpu8, firm: it preempted there, kept for it alone until it places")
+    assert line(Hold("gb-3", ("gpu8", "gpu8b"), now + 600, now)).endswith(
+        "; holds node(s) gpu8, gpu8b, due 2027-01-15 08:10:00 UTC (in 10 min)")
+    assert line(Hold("gb-3", ("gpu8",), None, now)).endswith("; holds node(s) gpu8, due when their work ends "
+                                                             "(not stated)")
+
+
 def test_a_waiter_killed_mid_wait_loses_its_place_and_its_hold_within_one_lease():
     c = cloud()
     queue = JobQueue(c.cluster, clock=c.clock)

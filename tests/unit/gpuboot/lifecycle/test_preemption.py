@@ -15,10 +15,19 @@ from gpuboot.core.model import LABEL_JOB, LABEL_TASK
 from gpuboot.core.placement import Outcome
 from gpuboot.core.queue import Hold, QueueConfig
 from gpuboot.exceptions import CapacityBusy, JobPreempted
-from gpuboot.lifecycle.booking import Booker
+from gpuboot.lifecycle.booking import Booker, survey
 from gpuboot.lifecycle.boot import JobBoot
 from gpuboot.lifecycle.jobqueue import LEASE_SECONDS, JobQueue, book_in_order, entry_of, queue_view
-from gpuboot.lifecycle.preemption import delete_and_wait, drop_reservations, keep_for, preempt, running_jobs, told
+from gpuboot.lifecycle.preemption import (
+    delete_and_wait,
+    drop_reservations,
+    keep_for,
+    keep_holding,
+    let_go,
+    preempt,
+    running_jobs,
+    told,
+)
 from tests.builders import pod
 from tests.fakes import T4X2, Cloud, cloud
 
@@ -370,3 +379,167 @@ def test_a_victims_start_step_re_placing_at_any_moment_of_its_preemption_never_k
     high = turn(c, "high", spec("high", priority_class="high"))
     assert high.plan.outcome is Outcome.FITS, high.plan.message
     assert sorted(r.job_id for r in c.ledger().live(c.clock())) == ["high"]
+
+
+# -- the preemptor still waiting: its ledger marks live as long as its queue entry -----------------
+STRAY = 1      # GPUs of gpu2 a pod that is not the queue's keeps: the preemptor (2 GPUs) cannot place yet
+
+
+def waiting_preemptor(c: Cloud) -> None:
+    """"late" preempted "low" on gpu2 (steps 0 to 3) but cannot place yet: a stray pod keeps one GPU."""
+    running(c, "low", spec("low", **LOW))
+    preempted_for(c, "late", c.clock())
+    c.cluster.add_pod(pod("stray", "gpu2", requests={"nvidia.com/gpu": str(STRAY)}))
+
+
+def marks_for(c: Cloud, job_id: str) -> list:
+    return [u for u in c.ledger().live_unavailable(c.clock()) if u.held_for == job_id]
+
+
+def lease_of(c: Cloud, job_id: str) -> float | None:
+    return next((w.lease_until for w in JobQueue(c.cluster).snapshot().waiting if w.entry.job_id == job_id), None)
+
+
+def promised(c: Cloud) -> dict[str, int]:
+    """GPUs promised per node: live reservations plus the stray pod's."""
+    out = {"gpu2": STRAY if c.cluster.list_pods("") and any(
+        p["metadata"]["name"] == "stray" for p in c.cluster.list_active_pods()) else 0}
+    for r in c.ledger().live(c.clock()):
+        out[r.node] = out.get(r.node, 0) + r.resources.gpus
+    return out
+
+
+def round_at_once(c: Cloud, actors: list) -> list:
+    """Run every actor at once (a barrier, then each in its own thread); their results, or errors raised."""
+    start, results = threading.Barrier(len(actors)), [None] * len(actors)
+
+    def run(i: int) -> None:
+        start.wait()
+        results[i] = actors[i]()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(actors))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    return results
+
+
+def others(c: Cloud, poll: int, count: int = 4) -> list:
+    """`count` 1-GPU placements that fit on gpu2's free GPU but for the marks: half through the queue
+    (a place step's turn), half through the batch path (which never reads the queue)."""
+    def queued(name: str):
+        return lambda: turn(c, name, spec(name, gpus=1))
+
+    def batch(name: str):
+        return lambda: Booker(c.cluster, c.ecs, c.ledger(), LOG, clock=c.clock).book(spec(name, gpus=1), name)
+
+    return [(queued if i % 2 else batch)(f"other-{poll}-{i}") for i in range(count)]
+
+
+def test_the_preemptors_marks_are_renewed_while_it_waits_and_let_go_when_it_places():
+    """The preemptor polls for five leases (its place step's turn every 30 s) while, at each poll,
+    four other 1-GPU jobs try to place at once (half through the queue, half through the batch path
+    that never reads it) on the free GPU of gpu2: none gets it, whenever they run against the
+    renewal; its marks never outlive its entry; the ledger never promises more GPUs than a node has.
+    Then the room frees and the preemptor places there: no mark is left."""
+    for _ in range(3):
+        c = cloud({"gpu2": ("Running", T4X2)})
+        waiting_preemptor(c)
+        for poll in range(int(5 * LEASE_SECONDS / 30)):
+            c.clock.advance(30)
+            late, *rest = round_at_once(c, [lambda: turn(c, "late", spec("late", priority_class="high")),
+                                            *others(c, poll)])
+            assert late.plan.outcome is Outcome.BUSY
+            assert all(getattr(r, "plan", r).outcome is Outcome.BUSY for r in rest)
+            assert [u.node for u in marks_for(c, "late")] == ["gpu2"]
+            assert all(u.expires_at <= lease_of(c, "late") for u in marks_for(c, "late"))
+            assert promised(c)["gpu2"] <= 2 and [r.job_id for r in c.ledger().live(c.clock())] == []
+        c.cluster.pods[:] = [p for p in c.cluster.pods if p["metadata"]["name"] != "stray"]   # the room frees
+        c.clock.advance(30)
+        late, *rest = round_at_once(c, [lambda: turn(c, "late", spec("late", priority_class="high")),
+                                        *others(c, "last")])
+        assert late.plan.outcome is Outcome.FITS and [a.node for a in late.plan.assignments] == ["gpu2"]
+        assert marks_for(c, "late") == [] and promised(c)["gpu2"] == 2
+        assert [r.job_id for r in c.ledger().live(c.clock())] == ["late"]
+
+
+def test_a_waiting_preemptor_shows_its_firm_hold_in_its_log_line_the_queue_table_and_the_fleets_marks():
+    """Issue 32 #5 for preemption: the preemptor's line and its queue row say which nodes it holds and
+    that the hold is firm; the job blocked by it names it; the ledger's mark says for whom, until when."""
+    c = cloud({"gpu2": ("Running", T4X2)})
+    waiting_preemptor(c)
+    c.clock.advance(60)
+    late = turn(c, "late", spec("late", priority_class="high"))
+    assert "holds node(s) gpu2, firm: it preempted there, kept for it alone until it places" in late.line(c.clock())
+    early = turn(c, "early", spec("early", gpus=1), enqueued_at=c.clock() - 600)
+    assert "held for job late" in early.line(c.clock())
+    ledger = c.ledger().snapshot()
+    live = [r for r in ledger.reservations if r.expires_at > c.clock()]      # as the fleet page reads them
+    seen = survey(c.cluster, c.ecs, live, c.clock())
+    rows = {r["job_id"]: r for r in queue_view(JobQueue(c.cluster).snapshot(), seen.views,
+                                              ledger.live_unavailable(c.clock()), QueueConfig(), c.clock(),
+                                              seen.pods, live)}
+    assert (rows["late"]["held_nodes"], rows["late"]["hold_firm"]) == (["gpu2"], True)
+    assert rows["early"]["blocked_by"] == "hold" and "held for job late" in rows["early"]["blocker"]
+    assert (rows["early"]["held_nodes"], rows["early"]["hold_firm"], rows["early"]["hold_due"]) == ([], False, None)
+    (mark,) = marks_for(c, "late")
+    assert (mark.node, mark.reason, mark.expires_at) == ("gpu2", "held for job late", lease_of(c, "late"))
+
+
+def test_the_marks_of_a_preemptor_that_stops_polling_lapse_with_its_entry_and_are_never_brought_back():
+    c = cloud({"gpu2": ("Running", T4X2)})
+    waiting_preemptor(c)
+    c.clock.advance(60)
+    assert turn(c, "late", spec("late", priority_class="high")).plan.outcome is Outcome.BUSY   # renews
+    lease = lease_of(c, "late")
+    assert [u.expires_at for u in marks_for(c, "late")] == [lease]
+    c.clock.advance(LEASE_SECONDS - 1)                                 # its place step died after that poll
+    assert marks_for(c, "late") and Booker(c.cluster, c.ecs, c.ledger(), LOG, clock=c.clock).book(
+        spec("early", gpus=1), "early").plan.outcome is Outcome.BUSY
+    c.clock.advance(2)                                                 # the entry lapses, its marks with it
+    assert marks_for(c, "late") == [] and lease_of(c, "late") is not None and lease_of(c, "late") < c.clock()
+    assert keep_holding(c.ledger(), "late", c.clock() + LEASE_SECONDS) == 0       # a stale renewal: nothing
+    assert marks_for(c, "late") == []
+    assert turn(c, "other", spec("other", gpus=1)).plan.outcome is Outcome.FITS  # the free GPU is anyone's now
+
+
+def test_a_renewal_racing_the_let_go_never_brings_a_mark_back():
+    """The compare-and-swap: a renewal whose write comes after a let-go (the preemptor placed, or its
+    release ran) finds no live mark and writes nothing; one before it is undone by it."""
+    c = cloud({"gpu2": ("Running", T4X2)})
+    waiting_preemptor(c)
+    c.clock.advance(60)
+    c.cluster.before_next_write(lambda: let_go(c.ledger(), "late"))
+    assert keep_holding(c.ledger(), "late", c.clock() + LEASE_SECONDS) == 0 and marks_for(c, "late") == []
+    c2 = cloud({"gpu2": ("Running", T4X2)})
+    waiting_preemptor(c2)
+    c2.clock.advance(60)
+    writes = c2.cluster.writes
+    assert keep_holding(c2.ledger(), "late", c2.clock() + LEASE_SECONDS) == 1
+    assert [u.expires_at for u in marks_for(c2, "late")] == [c2.clock() + LEASE_SECONDS]
+    assert c2.cluster.writes == writes + 1
+    assert keep_holding(c2.ledger(), "late", c2.clock() + LEASE_SECONDS + 20) == 1   # within the slack: no write
+    assert c2.cluster.writes == writes + 1
+    let_go(c2.ledger(), "late")
+    assert marks_for(c2, "late") == []
+
+
+def test_the_release_of_a_preemptor_that_never_placed_lets_its_marks_go(monkeypatch):
+    """Its run ended (cancelled, or timed out waiting): the queue says it held firm, release lets go
+    at once rather than keeping the room for nobody until the lease ends."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from gpuboot.operators.release import ReleaseReservationOperator
+    from tests.builders import step_context
+
+    c = cloud({"gpu2": ("Running", T4X2)})
+    waiting_preemptor(c)
+    step = ReleaseReservationOperator(task_id="release", job_id="late")
+    monkeypatch.setattr(step, "kube", lambda: c.cluster)
+    monkeypatch.setattr(step, "ecs", lambda: c.ecs)
+    with pytest.raises(AirflowFailException, match="did not run to completion"):
+        step.execute(step_context())
+    assert marks_for(c, "late") == [] and lease_of(c, "late") is None
+    assert JobQueue(c.cluster).drop("late") is False                  # idempotent, nothing firm left
