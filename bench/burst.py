@@ -38,6 +38,7 @@ import random
 import statistics
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 from .common import growth_exponent, local_cloud
@@ -50,6 +51,8 @@ DEFER_SECONDS = (1.0, 3.0)      # how long a contended place step stays deferred
 # GPUBOOT_BURST_NO_DEFER=1: a LedgerContended fails the job, as the place step did before it deferred
 # (how the "before" figures were measured, on the code of that time)
 DEFERS = os.environ.get("GPUBOOT_BURST_NO_DEFER") != "1"
+# why a waiter placed on its own, or led a batch itself (gpuboot.lifecycle.batching's log lines)
+FALLBACKS = ("could not queue", "no batch answered", "holds a placement already", "batch: decided")
 
 
 def count_bytes() -> list[int]:
@@ -130,12 +133,16 @@ def _book(n: int, go, ready, results) -> None:
     from gpuboot.lifecycle import batching, booking
     from gpuboot.lifecycle.ledger import LedgerConflict, ReservationLedger
 
-    reads, conflicts = [0], [0]
+    reads, conflicts, alone = [0], [0], []
 
     class Counting(logging.Handler):
         def emit(self, record):
-            if "re-plac" in record.getMessage() or "conflict" in record.getMessage() or "batch kept" in record.getMessage():
+            message = record.getMessage()
+            if "re-plac" in message or "conflict" in message or "batch kept" in message:
                 conflicts[0] += 1
+            for why in FALLBACKS:
+                if why in message:
+                    alone.append(why)
 
     log = logging.getLogger(f"burst.{n}")
     log.propagate = False
@@ -168,7 +175,7 @@ def _book(n: int, go, ready, results) -> None:
             break
     reads[0] = booker.full_reads
     results.put({"n": n, "outcome": outcome, "error": error, "reads": reads[0], "conflicts": conflicts[0],
-                 "deferrals": deferrals, "began": began, "ended": time.time()})
+                 "deferrals": deferrals, "alone": alone, "began": began, "ended": time.time()})
 
 
 def _ledger_size(kube) -> int:
@@ -257,6 +264,7 @@ def burst(jobs: int, kube, placer: bool = False, per_process: int = 1) -> dict:
             "reads_per_placement_mean": round((sum(reads) + placer_row.get("full_reads", 0)) / n, 2),
             "reads_median": statistics.median(reads), "reads_max": max(reads),
             "conflicts": sum(r["conflicts"] for r in rows), "deferrals": sum(r["deferrals"] for r in rows),
+            "left_the_batch": dict(Counter(why for r in rows for why in r.get("alone", ()))),
             "ledger_peak_bytes": max(peak[0], end_size), "ledger_end_bytes": end_size,
             "api_bytes_per_placement": round(burst_bytes / n),
             "api_bytes_per_placement_jobs": round(sum(process_bytes) / n),
