@@ -48,13 +48,18 @@ answered `alone` and places itself on the single path. A gang is placed whole by
 Nothing is lost. A leader that dies stops renewing its lease; after LEASE_SECONDS a waiter
 takes over the queue. A waiter that dies leaves its request, which expires after QUEUED_SECONDS
 or is placed; its reservations then expire with their TTL like any crashed run's. A waiter that
-is not answered within `contended_seconds` (or cannot even queue within QUEUE_BUDGET_SECONDS)
-withdraws its request, takes an answer given meanwhile, or else places itself on the single path
-(`Booker.book`, whose `LedgerContended` makes the place step defer): a batch that cannot keep up
-costs at worst what no batching costs. Its budget starts again whenever the leader commits a batch
-(the root's write counter moves), up to PROGRESS_WAIT_SECONDS in all: a thousand waiters behind a
-leader that is placing them must not all fall back to full cluster reads at once, which would
-starve the API server the leader needs. An answer given after the withdrawal is found by the next
+is not answered within `contended_seconds` withdraws its request, takes an answer given meanwhile,
+or else places itself on the single path (`Booker.book`, whose `LedgerContended` makes the place
+step defer): a batch that cannot keep up costs at worst what no batching costs. Its budget starts
+again whenever it sees a live lease, up to PROGRESS_WAIT_SECONDS in all: a thousand waiters
+behind a leader that is placing them must not all fall back to full cluster reads at once, which
+would starve the API server the leader needs. A live lease means a live leader: a place step's
+lease is renewed only by its commits, a placer's by a thread that stops when the placer's loop
+stops coming round (`gpuboot.lifecycle.placer`); the first batch on 10,000 nodes may take longer
+than a waiter's budget. A waiter that cannot even queue within QUEUE_BUDGET_SECONDS (each try a
+new ticket, so another shard) defers at once (`LedgerContended`, holding nothing): a burst that
+keeps the queue's shards contended that long is one whose single paths (a full cluster read
+each) would starve the API server. An answer given after the withdrawal is found by the next
 try as reservations the job holds, which the single path replaces. Re-placements
 (fail-over, retries of a started job, releases) keep the single-placement path: they need the
 job's record, marks and the abandoned-node rule of `gpuboot.lifecycle.booking`.
@@ -63,6 +68,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import random
 import uuid
 from collections.abc import Sequence
@@ -72,6 +78,7 @@ from gpuboot.core.inventory import with_reservations
 from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.model import Reservation, Unavailable
 from gpuboot.core.placement import JobRequest, Outcome, Plan, Verdict, place
+from gpuboot.exceptions import LedgerContended
 from gpuboot.lifecycle.booking import (
     Basis,
     Booker,
@@ -94,15 +101,18 @@ DECIDED_SECONDS = 120       # how long an answer waits in the ledger for its wai
 POLL_SECONDS = (0.3, 0.9)   # a waiter's reads of its queue shard while its request is queued (jittered)
 POLL_CROWD = 100            # beyond this many waiters, each reads its shard less often (`poll_seconds`)
 POLL_MAX_SECONDS = 4.0
-QUEUE_BUDGET_SECONDS = 10  # a request that cannot be queued by then is placed on its own (booking.Booker.book)
+QUEUE_BUDGET_SECONDS = 10  # a request that cannot be queued by then defers (LedgerContended) and queues again later
 LEASE_CHECK_SECONDS = 5     # and of the ledger (is anyone leading?) at least this often
 QUEUE_BACKOFF_CAP_SECONDS = 4.0   # the longest pause between two tries to queue (full jitter)
 GATHER_SECONDS = 0.5        # a new leader waits this long before its survey, so a burst queues up behind it
 VERDICT_MAX_AGE_SECONDS = 5  # "busy" or "never" only from a survey this recent (the job then waits a while)
 ANSWER_ROWS = 400           # candidate-table rows all live answers carry together (~200 KiB): the ledger's answer budget
 DECIDE_SECONDS = LEASE_SECONDS / 5   # placing one batch's requests takes this long at most (the rest: next batch)
+ANSWER_BYTES = 150_000      # the answers the ledger root holds at once: a batch answers no more than fit, and the
+                            # oldest, copied to the queue shards, make room (every place step reads the root once)
 PROGRESS_WAIT_SECONDS = 300   # a waiter behind a leader that keeps committing batches waits this long at most
 LEAD_SECONDS = 20           # a place step leads this long at most once its own job is decided, then hands over
+VIEW_PATIENCE_SECONDS = 60  # a leader with a connected view that is behind waits this long for it, then reads in full
 
 
 def book_first(booker: Booker, spec: JobSpec, job_id: str) -> Booking:
@@ -124,32 +134,35 @@ class BatchPlacer:
         self.booker, self.spec = booker, spec
         self.ledger, self.log = booker.ledger, booker.log
         self.queue = RequestQueue(booker.ledger.kube, booker.ledger.namespace, booker.ledger.name, booker.clock)
+        self.alive_at = booker.monotonic()     # the leader's loop last came round (`renew` keeps a live one's lease)
+        self.committed_at = 0.0                # when it last committed a batch (the `Lead` copies' `at`)
+        self._view_behind: float | None = None  # since when its view could not say what it covers
 
     # ------------------------------------------------------------------ the waiter
     def wait_for_batch(self, request: JobRequest, ttl: float, state: LedgerState) -> Booking:
         """Queue `request`, lead a batch when nobody does, and return the batch's answer."""
         b = self.booker
         job_id = request.job_id
-        ticket = f"{job_id}:{uuid.uuid4().hex[:12]}"
         give_up = b.monotonic() + b.contended_seconds
         queue_by = b.monotonic() + QUEUE_BUDGET_SECONDS
-        entry = Queued(job_id, ticket, request.to_json(), ttl, b.clock() + QUEUED_SECONDS)
         attempt = 0
         while True:         # queue it: a compare-and-swap on one shard, which few others write
+            # a new ticket each try: its shard is another one, so a burst's retries spread over every shard
+            ticket = f"{job_id}:{uuid.uuid4().hex[:12]}"
+            entry = Queued(job_id, ticket, request.to_json(), ttl, b.clock() + QUEUED_SECONDS)
             try:
                 self.queue.add(entry)
                 break
             except LedgerConflict:
                 if b.monotonic() >= queue_by:
-                    self.log.info("could not queue job %s for a batch in %.0f s; placing it on its own", job_id,
-                                  QUEUE_BUDGET_SECONDS)
-                    return b.book(self.spec, job_id)
+                    raise LedgerContended(
+                        f"could not queue job {job_id} for a batch in {QUEUE_BUDGET_SECONDS:g} s (every try met "
+                        f"another write of its queue shard); nothing held, retry later") from None
                 attempt += 1
                 b.sleep(backoff(attempt, base=0.05, cap=1.0, rng=b.rng))
         check_every = min(LEASE_CHECK_SECONDS, b.contended_seconds / 3)    # sees a leader's progress within its budget
         # the caller's read (just before queueing) says whether someone leads: if not, look at once
         checked = b.monotonic() if state.batch.led_by(b.clock()) is not None else -check_every
-        progress, committed = root_seq(state), None
         longest = b.monotonic() + PROGRESS_WAIT_SECONDS
         while True:
             # its shard says whether it still waits, its answer once decided, and the leader's last commit
@@ -160,10 +173,8 @@ class BatchPlacer:
                 return self._answered(look.answer, state)
             gone, waiting, now = not look.waits, look.waiting, b.clock()
             led = look.lead is not None and look.lead.lease_until > now
-            if led and look.lead.at != committed:
-                if committed is not None:           # the leader commits batches: its waiters wait on
-                    give_up = min(longest, max(give_up, b.monotonic() + b.contended_seconds))
-                committed = look.lead.at
+            if led:         # a leader lives (module doc, "Nothing is lost"): its waiters wait on
+                give_up = min(longest, max(give_up, b.monotonic() + b.contended_seconds))
             if gone or (b.monotonic() - checked >= check_every and (not led or checked < 0)):
                 checked = b.monotonic()
                 state = self.ledger.snapshot()
@@ -174,10 +185,8 @@ class BatchPlacer:
                 if state.batch.led_by(now) is None and self._take_lease(state, ticket):
                     self.lead(ticket)
                     continue
-                seq = root_seq(state)
-                if progress is not None and seq != progress and state.batch.led_by(now) is not None:
-                    give_up = min(longest, max(give_up, b.monotonic() + b.contended_seconds))   # the leader commits
-                progress = seq
+                if state.batch.led_by(now) is not None:
+                    give_up = min(longest, max(give_up, b.monotonic() + b.contended_seconds))   # a leader lives
             now = b.clock()
             if b.monotonic() >= give_up:
                 return self._withdraw(ticket, job_id)
@@ -232,6 +241,7 @@ class BatchPlacer:
         if not stay:
             b.sleep(GATHER_SECONDS)     # let the rest of a burst queue behind the one read
         while True:
+            self.alive_at = round_began = b.monotonic()
             state = self.ledger.snapshot()
             now = b.clock()
             if state.batch.led_by(now) != me:
@@ -241,8 +251,12 @@ class BatchPlacer:
                 return
             if not queue or (b.monotonic() - began > LEAD_SECONDS and state.batch.answer(me) is not None):
                 return self._step_down(me)      # done, or led long enough: a waiter takes the lease over
-            basis, released = self._basis(basis, state, now, fresh, view)
+            got = self._basis(basis, state, now, fresh, view)
+            if got is None:
+                continue                # the view is catching up (it waited WAIT_PAST_SECONDS): look again
+            basis, released = got
             fresh = False
+            based = b.monotonic()
             # boot-failure marks whose evidence is gone go, as on the single path (booking.outdated_marks)
             outdated = outdated_marks([m for m in state.live_unavailable(now) if m in basis.marks],
                                       basis.survey.nodes, basis.survey.views)
@@ -250,6 +264,7 @@ class BatchPlacer:
                                        [m for m in state.live_unavailable(now) if m not in outdated], now,
                                        answer_rows(state.batch.live(now), len(queue)))
             queue = queue[:len(plans)]  # what the time budget let it place; the rest waits for the next batch
+            spent = (based - round_began, b.monotonic() - based)
             if (released or b.monotonic() - basis.at > VERDICT_MAX_AGE_SECONDS) and any(
                     p.outcome != Outcome.FITS for p in plans):
                 fresh = True            # a verdict of busy or never rests on a recent read, no release pending
@@ -257,7 +272,7 @@ class BatchPlacer:
             self.ledger.claim_nodes(plan_nodes(plans, basis.survey.nodes))   # SecondLedger: another ledger books them
             for attempt in range(1, 1 << 30):
                 try:
-                    self._commit(state, me, queue, plans, added, outdated)
+                    self._commit(state, me, queue, plans, added, outdated, spent)
                     break
                 except LedgerConflict:
                     newer = self.ledger.snapshot()
@@ -267,15 +282,26 @@ class BatchPlacer:
                     b.sleep(backoff(attempt, base=0.02, cap=0.5, rng=b.rng))
 
     def _basis(self, basis: Basis | None, state: LedgerState, now: float, fresh: bool,
-               view: ClusterView | None) -> tuple[Basis, list[Reservation]]:
+               view: ClusterView | None) -> tuple[Basis, list[Reservation]] | None:
         """The survey to place against and the releases since it to count: from the view when there is one
         and it can say what it covers, else the survey already read (`Basis.reusable`), else a full read.
-        `fresh`: read after `state` itself."""
+        `fresh`: read after `state` itself. None: the view is connected but behind (re-listing after a
+        410, say), for less than VIEW_PATIENCE_SECONDS so far: on a large fleet a full read costs more
+        than the view's catching up, and a thousand waiters' batch would wait for it anyway."""
         b = self.booker
         if view is not None:
             got = view.basis(self.ledger.name, state, now, fresh=fresh)
             if got is not None:
+                self._view_behind = None
                 return got
+            if view.connected():
+                self._view_behind = self._view_behind or b.monotonic()
+                if b.monotonic() - self._view_behind < VIEW_PATIENCE_SECONDS:
+                    return None
+            behind, self._view_behind = self._view_behind, None
+            self.log.info("the cluster view %s; reading the cluster in full",
+                          f"has been behind for {b.monotonic() - behind:.0f} s" if behind is not None
+                          else "is disconnected")
         released = None if fresh or basis is None else basis.reusable(state, "", b.monotonic())
         if released is not None:
             return basis, released
@@ -293,8 +319,9 @@ class BatchPlacer:
         holders = {r.job_id for r in reserved}
         views = seen.recounted(reserved, now).views
         until = self.booker.monotonic() + DECIDE_SECONDS
+        room = ANSWER_BYTES
         for entry in queue:
-            if plans and self.booker.monotonic() > until:
+            if plans and (self.booker.monotonic() > until or room < 0):
                 break
             request = JobRequest.from_json(entry.request)
             if entry.job_id in holders:     # placed meanwhile (its wait gave up and placed itself)
@@ -303,6 +330,7 @@ class BatchPlacer:
                 continue
             plan = place(request, views, unavailable, table_rows=rows)     # only the rows its answer keeps
             plans.append(plan)
+            room -= answer_bytes(compact(plan, rows).to_json(), entry.ticket)
             if plan.outcome == Outcome.FITS:
                 mine = [Reservation(job_id=entry.job_id, task=a.task, node=a.node, resources=a.requests,
                                     expires_at=now + entry.ttl) for a in plan.assignments]
@@ -311,29 +339,49 @@ class BatchPlacer:
         return plans, added
 
     def _commit(self, state: LedgerState, me: str, queue: Sequence[Queued], plans: Sequence[Plan],
-                added: list[Reservation], outdated: Sequence[Unavailable] = ()) -> None:
+                added: list[Reservation], outdated: Sequence[Unavailable] = (),
+                spent: tuple[float, float] = (0.0, 0.0)) -> None:
         """Every reservation and answer of the batch in one write, the lease renewed, the `outdated`
-        marks dropped."""
+        marks dropped. `spent`: seconds the round took to read (the queue, the ledger, the cluster) and to place."""
         now = self.booker.clock()
+        began = self.booker.monotonic()
         live = state.batch.live(now)
         rows = answer_rows(live, len(queue))
         holders = {r.job_id for r in state.reservations if r.expires_at > now}    # answered `alone` (see decide)
         answers = tuple(Decided(q.job_id, q.ticket, compact(p, rows).to_json(), me.split(":", maxsplit=1)[0],
                                 now + DECIDED_SECONDS, alone=q.job_id in holders and p.outcome != Outcome.FITS)
                         for q, p in zip(queue, plans))
-        batch = Batch(live.decided + answers, me, now + LEASE_SECONDS)
+        batch = Batch(kept_answers(live.decided, answers), me, now + LEASE_SECONDS)
         # never removes a reservation: its pod may still be bound (the tombstone rule of gpuboot.lifecycle.booking)
         self.ledger._write([*state.reservations, *added], [m for m in state.unavailable if m not in set(outdated)], state,
                            state.jobs, batch=batch)
         for mark in outdated:
             self.log.info("dropped the mark on %s (%s): the node is Ready or booted again since", mark.what,
                           mark.reason)
+        self.committed_at = now
         self.queue.publish(answers, Lead(me, batch.lease_until, now))    # copies for the waiters (RequestQueue)
         for q, p in zip(queue, plans):
             self.log.info("batch: job %s: %s%s", q.job_id, p.outcome.value,
                           "".join(f"; {a.task} -> {a.node}" for a in p.assignments))
-        self.log.info("batch: decided %d queued placement(s) (%d fit) in one write", len(queue),
-                      sum(p.outcome == Outcome.FITS for p in plans))
+        self.log.info("batch: decided %d queued placement(s) (%d fit) in one write (read %.2f s, placed %.2f s, "
+                      "written %.2f s)", len(queue), sum(p.outcome == Outcome.FITS for p in plans), *spent,
+                      self.booker.monotonic() - began)
+
+    def renew(self, me: str, below: float = LEASE_SECONDS * 2 / 3) -> bool:
+        """The lease renewed if `me` holds it with less than `below` seconds of it left (one compare-and-swap
+        of the root; losing it to a batch commit is fine, that renewed it), and its copy in the queue shards,
+        `at` unchanged (waiters take a new `at` for a committed batch). Whether it was renewed."""
+        state = self.ledger.snapshot()
+        now = self.booker.clock()
+        if state.batch.led_by(now) != me or state.batch.lease_until - now >= below:
+            return False
+        batch = dataclasses.replace(state.batch.live(now), lease_until=now + LEASE_SECONDS)
+        try:
+            self.ledger.put_batch(state, batch)
+        except LedgerConflict:
+            return False
+        self.queue.publish((), Lead(me, batch.lease_until, self.committed_at), attempts=1)   # one try: the next renews
+        return True
 
     def _step_down(self, me: str) -> None:
         """Give the lease up (a waiter whose request came after the last read takes it over)."""
@@ -368,12 +416,6 @@ def still_valid(old: LedgerState, new: LedgerState, queue: Sequence[Queued], now
             and not any(new.batch.answer(q.ticket) for q in queue))
 
 
-def root_seq(state: LedgerState) -> int | None:
-    """The root's own write counter as `state` read it (None: no root): it moves with every batch committed."""
-    root = state.given_parts.get(state.root)
-    return root.seq if root is not None else None
-
-
 def latest_per_job(queue: Sequence[Queued]) -> list[Queued]:
     """One request per job, its newest (an older ticket of the same job is a wait that gave up)."""
     newest = {q.job_id: q for q in queue}      # queue order is oldest first
@@ -394,6 +436,27 @@ def answer_rows(live: Batch, n: int) -> int:
     ledger never pass the budget plus their chosen rows, however long the burst."""
     held = sum(len(d.plan.get("candidates", ())) for d in live.decided)
     return max(0, ANSWER_ROWS - held) // max(1, n)
+
+
+def answer_bytes(plan: dict, ticket: str) -> int:
+    """About what one answer takes in the ledger root (its plan, ticket and the rest of a `Decided`)."""
+    return len(json.dumps(plan)) + len(ticket) * 2 + 150
+
+
+def kept_answers(older: Sequence[Decided], new: Sequence[Decided]) -> tuple[Decided, ...]:
+    """The root's answers after a batch: `new`, and as many of the `older` (newest first) as ANSWER_BYTES
+    leaves room for. Why dropping one early is safe: its copy is in its waiter's queue shard (copied
+    after its own commit), and a waiter that finds neither withdraws and books on the single path,
+    which takes over the reservations the answer gave it; a leader meeting its request again
+    answers it `alone` (the job holds a placement), never places it twice."""
+    room = ANSWER_BYTES - sum(answer_bytes(d.plan, d.ticket) for d in new)
+    kept: list[Decided] = []
+    for d in reversed(older):
+        room -= answer_bytes(d.plan, d.ticket)
+        if room < 0:
+            break
+        kept.append(d)
+    return (*reversed(kept), *new)
 
 
 def compact(plan: Plan, rows: int) -> Plan:

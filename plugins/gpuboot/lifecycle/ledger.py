@@ -1093,7 +1093,8 @@ def _merge(current: Iterable[Unavailable], added: Iterable[Unavailable]) -> list
 QUEUE_KEY = "queue.json"
 ANSWERS_KEY = "answers.json"
 LEAD_KEY = "lead.json"
-QUEUE_SHARDS = 8    # ConfigMaps the batch queue is spread over: a burst's appends rarely collide
+QUEUE_SHARDS = 32   # ConfigMaps the batch queue is spread over: a 1,000-job burst's appends (~30 per
+                    # shard) rarely collide; the leader reads them all, a waiter only its own
 ANSWER_KEEP_SECONDS = 8.0    # a copy of an answer stays in its queue shard this long (two of a waiter's
                              # slowest polls, batching.POLL_MAX_SECONDS; later, it reads the ledger root)
 
@@ -1240,5 +1241,7 @@ class RequestQueue:
     def waiting(self, answered: Iterable[str] = ()) -> list[Queued]:
         """Every live entry not answered yet, oldest first (queue order)."""
         now, done = self.clock(), set(answered)
-        out = [q for name in self.shards for q in self._read(name).entries if q.expires_at > now and q.ticket not in done]
+        read: dict[str, QueueShard] = {}
+        _each(lambda name: read.__setitem__(name, self._read(name)), self.shards, raising=True)   # PARALLEL at once
+        out = [q for shard in read.values() for q in shard.entries if q.expires_at > now and q.ticket not in done]
         return sorted(out, key=lambda q: (q.expires_at, q.ticket))

@@ -15,9 +15,18 @@ Several placers (HA). Each keeps its own view; one holds the lease (a compare-an
 ledger), the others check it every LEASE_CHECK_SECONDS and one of them takes it over when it
 expires (a placer killed or partitioned: LEASE_SECONDS). Two placers can never both commit a batch
 on the same ledger state: each batch write is compare-and-swapped against the ledger it was
-planned from, the lease only says who should try. An idle placer renews its lease when less than
-two thirds of it are left: one small ledger write every ~LEASE_SECONDS / 3 (a placer starved of
-CPU for longer loses the lease to a place step, which then leads with full reads: it says so).
+planned from, the lease only says who should try.
+
+Keeping the lease. A thread renews it when less than two thirds of it are left (one small write of
+the ledger root, and its copy in the queue shards: `BatchPlacer.renew`), whatever the placer is
+doing: one round of a batch on 10,000 nodes (its view re-listing 80,000 pods after a 410, every
+instance described again) can take longer than the lease, and a lapsed lease hands the queue to a
+place step, which leads with full reads of the cluster. A renewal races a batch commit harmlessly:
+both are compare-and-swaps of the root, and a commit whose only conflict was a renewal keeps its
+plans (`batching.still_valid`). The thread renews only while the placer's loop comes round (within
+STUCK_SECONDS): a placer stuck for good lets its lease lapse, and its waiters, who give up on a
+leader that commits nothing within their budget anyway, elect another. A placer starved of CPU for
+longer than the lease still loses it: it says so.
 
 A restart. A new placer lists Nodes and pods once (its view is empty), then leads; a placer that
 restarts while holding the lease waits for it to expire (its identity is new).
@@ -35,7 +44,9 @@ from gpuboot.lifecycle.batching import LEASE_CHECK_SECONDS, LEASE_SECONDS, Batch
 from gpuboot.lifecycle.booking import Booker
 from gpuboot.lifecycle.view import ClusterView
 
-POLL_SECONDS = 0.25         # how often the lease holder looks at the queue when idle
+POLL_SECONDS = 1.0          # how often the lease holder looks at the queue when idle (every shard: 32 GETs)
+RENEW_SECONDS = LEASE_SECONDS / 5   # how often the lease thread looks (it renews at two thirds left)
+STUCK_SECONDS = 120         # a placer whose loop has not come round for this long lets its lease lapse
 
 
 class Placer:
@@ -53,10 +64,13 @@ class Placer:
         """Start the view, then lead whenever the lease is free or ours; stand by while another holds it."""
         b, ledger = self.booker, self.booker.ledger
         self.view.start()
+        keeper = threading.Thread(target=self._keep_lease, args=(stop,), name="gpuboot-placer-lease", daemon=True)
+        keeper.start()
         self.view.basis(ledger.name, ledger.snapshot(), b.clock())    # instances described, inventory built
         self.log.info("placer %s: view ready (%d nodes, %d pods); leading ledger %s", self.me,
                       len(self.view.nodes.items), len(self.view.pods.items), ledger.identity)
         while not stop.is_set():
+            self.batcher.alive_at = b.monotonic()
             try:
                 state = ledger.snapshot()
                 self.view.note(ledger.name, state)
@@ -65,7 +79,8 @@ class Placer:
                 if leader not in (None, self.me):
                     if self.led:
                         self.log.warning("placer %s: %s leads now (our lease ran out: was this process starved "
-                                         "of CPU for %.0f s?); standing by", self.me, leader, LEASE_SECONDS / 3)
+                                         "of CPU, or the API server too slow to renew it, for %.0f s?); standing by",
+                                         self.me, leader, LEASE_SECONDS * 2 / 3)
                     self.led = False
                     # standing by: another placer (or a place step) leads; look again when its lease would lapse
                     stop.wait(min(LEASE_CHECK_SECONDS, max(0.1, state.batch.lease_until - now + 0.1)))
@@ -81,7 +96,18 @@ class Placer:
             except Exception:  # the loop outlives any one failure (API down, ECS throttled): log and go on
                 self.log.exception("placer %s: a round failed; trying again", self.me)
                 stop.wait(LEASE_CHECK_SECONDS)
+        keeper.join(RENEW_SECONDS + 5)
         self.view.stop()
+
+    def _keep_lease(self, stop: threading.Event) -> None:
+        """Renew the lease while this placer holds it and its loop comes round (module doc, "Keeping the lease")."""
+        while not stop.wait(RENEW_SECONDS):
+            if self.booker.monotonic() - self.batcher.alive_at > STUCK_SECONDS:
+                continue
+            try:
+                self.batcher.renew(self.me)
+            except Exception as exc:  # the next look tries again; the loop reports lasting failures
+                self.log.warning("placer %s: renewing the lease failed (%s: %s)", self.me, type(exc).__name__, exc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -326,13 +326,17 @@ class ClusterView:
         seen = self._survey(nodes, pods, state.others("", now), now)
         return Basis(s0, seen, self.read_at(), frozenset(state.live_unavailable(now))), released
 
+    def connected(self) -> bool:
+        """Both watches connected (a re-list counts as connected: it is reading)."""
+        return self.nodes.stale_since is None and self.pods.stale_since is None
+
     def read_at(self) -> float:
         """When the view was last known current (monotonic): now if both watches are connected."""
         stale = [s for s in (self.nodes.stale_since, self.pods.stale_since) if s is not None]
         return min(stale) if stale else self.monotonic()
 
     def _caught_up(self, state: LedgerState, wait: float) -> bool:
-        if self.nodes.stale_since is not None or self.pods.stale_since is not None:
+        if not self.connected():
             return False            # disconnected: read in full rather than wait on a stream that is not there
         return self.pods.wait_past(max((v for v, _ in _shard_writes(state).values()), default=0), wait, ask=True)
 

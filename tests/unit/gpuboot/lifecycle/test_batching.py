@@ -21,6 +21,7 @@ from gpuboot.core.resources import Resources
 from gpuboot.lifecycle.batching import (
     ANSWER_ROWS,
     LEASE_SECONDS,
+    PROGRESS_WAIT_SECONDS,
     BatchPlacer,
     answer_rows,
     book_first,
@@ -167,12 +168,17 @@ def test_twenty_waiters_taking_a_free_lease_at_once_one_wins_with_one_write_each
 
 
 def test_a_waiter_no_batch_answers_withdraws_its_request_and_places_itself():
+    """A leader that holds the lease and never decides: the waiter waits on it (a live lease is a live
+    leader, whose first batch on a large fleet can take longer than the waiter's own budget) for
+    PROGRESS_WAIT_SECONDS at most, then places itself."""
     c = cloud()
-    ghost(c, "ghost", lease_for=10_000)       # a leader that holds the lease and never decides
+    ghost(c, "ghost", lease_for=10_000)
     b = booker(c, sleep=c.clock.advance, contended_seconds=20)
+    start = c.clock()
     booking = book_first(b, spec(), "job")
+    assert PROGRESS_WAIT_SECONDS <= c.clock() - start < PROGRESS_WAIT_SECONDS + 20
     assert booking.committed and booking.plan.outcome == Outcome.FITS and b.full_reads == 1
-    assert queued(c) == ["ghost"] and held(c) == {"job": ["gpu-run"]}
+    assert "job" not in queued(c) and held(c) == {"job": ["gpu-run"]}
     assert c.ledger().snapshot().batch.answer("job") is None          # placed on the single path
 
 
@@ -299,7 +305,7 @@ def test_answers_of_batch_after_batch_share_one_row_budget_so_the_ledger_stays_b
 
 def test_the_queue_shards_are_the_ones_the_ledger_role_names():
     """tests/static/test_permissions.py checks the Role against these names."""
-    assert RequestQueue(None).shards == [f"{CONFIGMAP}-queue-{i}" for i in range(8)]
+    assert RequestQueue(None).shards == [f"{CONFIGMAP}-queue-{i}" for i in range(32)]
 
 
 def test_a_queued_request_reads_back_as_the_same_request_and_carries_no_command_or_env():
@@ -463,3 +469,160 @@ def test_waiters_of_a_large_burst_poll_less_often():
     assert min(crowd) >= 4 * POLL_SECONDS[0] and max(crowd) <= POLL_MAX_SECONDS
     # what 1,000 waiters ask of the API server in all: about POLL_CROWD / mean(POLL_SECONDS) reads a second
     assert 1000 / (sum(poll_seconds(1000, rng) for _ in range(1000)) / 1000) < 2 * POLL_CROWD / sum(POLL_SECONDS) * 2
+
+
+def test_a_leaders_lease_is_renewed_at_two_thirds_left_and_its_copy_keeps_the_last_commit_time():
+    """`BatchPlacer.renew` (the placer's lease thread): one write of the root when less than two thirds of
+    the lease are left, the copy in every queue shard with the last commit's `at` (a new `at` would tell the
+    waiters a batch was committed); never someone else's lease, nor a lapsed one."""
+    c = cloud()
+    p = BatchPlacer(booker(c), None)
+    me = "placer-1:x"
+    assert p._take_lease(c.ledger().snapshot(), me)
+    assert not p.renew(me)                          # a fresh lease: no write
+    c.clock.advance(LEASE_SECONDS / 2)
+    p.committed_at = 1_799_999_990.0
+    assert p.renew(me)
+    assert c.ledger().snapshot().batch.lease_until == c.clock() + LEASE_SECONDS
+    queue = RequestQueue(c.cluster, clock=c.clock)
+    assert {queue._read(name).lead for name in queue.shards} == {Lead(me, c.clock() + LEASE_SECONDS, p.committed_at)}
+    c.clock.advance(LEASE_SECONDS + 1)
+    assert not p.renew(me)                          # lapsed: taken again, not renewed
+    assert p._take_lease(c.ledger().snapshot(), "placer-2:y")
+    c.clock.advance(LEASE_SECONDS / 2)
+    assert not p.renew(me) and c.ledger().snapshot().batch.leader == "placer-2:y"
+
+
+def test_a_batch_commit_that_met_only_a_renewal_keeps_its_plans():
+    c = cloud()
+    p = BatchPlacer(booker(c), None)
+    assert p._take_lease(c.ledger().snapshot(), "placer-1:x")
+    state = c.ledger().snapshot()
+    c.clock.advance(LEASE_SECONDS / 2)
+    assert p.renew("placer-1:x")
+    assert still_valid(state, c.ledger().snapshot(), [], c.clock())
+
+
+def test_a_burst_led_while_the_lease_is_renewed_again_and_again_never_promises_a_gpu_twice():
+    """24 waiters at once for the fleet's 4 GPUs while a lease thread renews whoever leads as fast as it
+    can (each renewal a compare-and-swap of the root racing the batch commits): 4 fit, 20 are told busy,
+    no GPU promised twice, and the renewals did land between the commits."""
+    c = cloud()
+    jobs = [f"job-{i:02d}" for i in range(24)]
+    barrier = threading.Barrier(len(jobs) + 1)
+    bookers = {j: booker(c) for j in jobs}
+    done, renewals = threading.Event(), [0]
+
+    def renew_whoever_leads() -> None:
+        renewer = BatchPlacer(booker(c), None)
+        barrier.wait()
+        while not done.is_set():
+            leader = c.ledger().snapshot().batch.led_by(c.clock())
+            if leader is not None and renewer.renew(leader, below=float("inf")):
+                renewals[0] += 1
+            time.sleep(0.001)
+
+    def run(job: str) -> Outcome:
+        barrier.wait()
+        return book_first(bookers[job], spec(job), job).plan.outcome
+
+    keeper = threading.Thread(target=renew_whoever_leads)
+    keeper.start()
+    try:
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            outcomes = dict(zip(jobs, pool.map(run, jobs)))
+    finally:
+        done.set()
+        keeper.join()
+    assert Counter(outcomes.values()) == {Outcome.FITS: 4, Outcome.BUSY: 20}
+    state = c.ledger().snapshot()
+    assert sorted(r.job_id for r in state.reservations) == sorted(j for j, o in outcomes.items() if o == Outcome.FITS)
+    assert Counter(r.node for r in state.reservations) == {"gpu-run": 1, "gpu-stop": 1, "gpu2-stop": 2}
+    assert renewals[0] > 0
+
+
+def hot_shards(c: Cloud, hot) -> list[str]:
+    """Every write of a queue shard `hot(name)` says is taken meets another writer (409); the names tried."""
+    tried: list[str] = []
+    for verb in ("create_configmap", "replace_configmap"):
+        real = getattr(c.cluster, verb)
+
+        def write(namespace, body, real=real):
+            name = body["metadata"]["name"]
+            if "-queue-" in name:
+                tried.append(name)
+                if hot(name):
+                    c.cluster._refuse(f"409 configmap {name}: another writer")
+            return real(namespace, body)
+        setattr(c.cluster, verb, write)
+    return tried
+
+
+def test_a_retry_to_queue_takes_a_new_ticket_so_another_shard():
+    """A burst's appends collide on a shard: each retry goes to another one (a new ticket), not to the
+    shard every other waiter of that hash keeps writing."""
+    c = cloud()
+    tried = hot_shards(c, lambda name: name == tried[0])
+    booking = book_first(booker(c), spec(), "job")
+    assert booking.plan.outcome == Outcome.FITS and held(c) == {"job": ["gpu-run"]}
+    assert len(set(tried)) >= 2
+
+
+def test_a_request_the_queue_never_takes_defers_holding_nothing_and_reads_no_cluster():
+    """Every shard contended for QUEUE_BUDGET_SECONDS: the step defers (LedgerContended), holding nothing
+    and without a full cluster read (a thousand of those at once would starve the API server)."""
+    from gpuboot.exceptions import LedgerContended
+
+    c = cloud()
+    hot_shards(c, lambda name: True)
+    b = booker(c, sleep=c.clock.advance)
+    with pytest.raises(LedgerContended, match="could not queue job job"):
+        book_first(b, spec(), "job")
+    assert b.full_reads == 0 and held(c) == {} and queued(c) == []
+
+
+def test_the_root_keeps_the_newest_answers_that_fit_its_budget(monkeypatch):
+    from gpuboot.lifecycle import batching
+
+    plan = {"job_id": "j", "outcome": "busy", "message": "x" * 300}
+    old = tuple(Decided(f"old-{i}", f"old-{i}:t", plan, "p", 1e10) for i in range(10))
+    new = tuple(Decided(f"new-{i}", f"new-{i}:t", plan, "p", 1e10) for i in range(3))
+    size = batching.answer_bytes(plan, "old-0:t")
+    monkeypatch.setattr(batching, "ANSWER_BYTES", size * 5 + 1)
+    kept = batching.kept_answers(old, new)
+    assert [d.job_id for d in kept] == ["old-8", "old-9", "new-0", "new-1", "new-2"]
+    assert batching.kept_answers((), new) == new
+
+
+def test_a_burst_larger_than_the_roots_answer_budget_is_answered_over_several_batches(monkeypatch):
+    """1,000 jobs' answers would pass the root's size limit: a batch answers what fits in ANSWER_BYTES
+    (here about four answers), the rest go to the next batches; every waiter is answered, no GPU is
+    promised twice and the root never holds more than the budget."""
+    from gpuboot.lifecycle import batching
+
+    c = cloud()
+    first = book_first(booker(c), spec("first"), "first")
+    budget = 4 * batching.answer_bytes(compact(first.plan, ANSWER_ROWS).to_json(), "job-00:0123456789ab")
+    monkeypatch.setattr(batching, "ANSWER_BYTES", budget)
+    jobs = [f"job-{i:02d}" for i in range(16)]
+    barrier = threading.Barrier(len(jobs))
+    bookers = {j: booker(c) for j in jobs}
+    peak = [0]
+    real = c.cluster.replace_configmap
+
+    def watched(namespace, body):
+        if body["metadata"]["name"] == CONFIGMAP and "batch.json" in body["data"]:
+            decided = json.loads(body["data"]["batch.json"]).get("decided", [])
+            peak[0] = max(peak[0], sum(batching.answer_bytes(d["plan"], d["ticket"]) for d in decided))
+        return real(namespace, body)
+    c.cluster.replace_configmap = watched
+
+    def run(job: str) -> Outcome:
+        barrier.wait()
+        return book_first(bookers[job], spec(job), job).plan.outcome
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        outcomes = dict(zip(jobs, pool.map(run, jobs)))
+    assert Counter(outcomes.values()) == {Outcome.FITS: 3, Outcome.BUSY: 13}
+    assert Counter(r.node for r in c.ledger().snapshot().reservations) == {"gpu-run": 1, "gpu-stop": 1, "gpu2-stop": 2}
+    assert 0 < peak[0] <= budget + batching.answer_bytes(compact(first.plan, ANSWER_ROWS).to_json(), "x" * 30)

@@ -274,3 +274,50 @@ def test_stop_ends_the_watch_threads():
     view = started_view(c, Streams(c))
     view.stop(2)
     assert not any(t.is_alive() for t in view._threads)
+
+
+class Behind:
+    """A connected view that cannot say what it covers for its first `times` asks (re-listing after a 410)."""
+
+    def __init__(self, view: ClusterView, times: int) -> None:
+        self.view, self.times, self.asked = view, times, 0
+
+    def basis(self, *args, **kwargs):
+        self.asked += 1
+        if self.times:
+            self.times -= 1
+            return None
+        return self.view.basis(*args, **kwargs)
+
+    def connected(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("patience", [None, 0])
+def test_a_leader_waits_for_a_connected_view_that_is_behind_and_reads_in_full_only_past_its_patience(
+        patience, monkeypatch):
+    """Its view behind (a re-list of 80,000 pods after a 410 takes a while), the leader looks again rather
+    than reading the cluster in full, which costs more than the catching up; only a view behind for longer
+    than VIEW_PATIENCE_SECONDS (here 0) sends it to a full read."""
+    from gpuboot.lifecycle import batching
+
+    if patience is not None:
+        monkeypatch.setattr(batching, "VIEW_PATIENCE_SECONDS", patience)
+    c = cloud()
+    s = Streams(c)
+    view = started_view(c, s)
+    try:
+        b = booker(c)
+        RequestQueue(c.cluster, clock=c.clock).add(
+            Queued("b", "b:1", spec("b").to_job_request("b").to_json(), 600.0, c.clock() + 60))
+        placer = BatchPlacer(b, None)
+        assert placer._take_lease(c.ledger().snapshot(), "placer-1:x")
+        behind = Behind(view, 3)
+        placer.lead("placer-1:x", view=behind, stay=True)
+        assert c.ledger().snapshot().batch.answer("b:1") is not None
+        if patience is None:
+            assert b.full_reads == 0 and behind.asked == 4
+        else:
+            assert b.full_reads == 1 and behind.asked == 1
+    finally:
+        view.stop(1)
