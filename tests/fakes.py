@@ -180,6 +180,27 @@ class FakeCluster:
                 self._refuse(f"409 configmap {key} is at resourceVersion {stored}, not {expected}")
             return self._store(key, body)
 
+    def merge_patch_configmap(self, namespace: str, name: str, body: dict) -> dict | None:
+        """Applied to the stored object as it is (no resourceVersion: never a conflict); None removes a key."""
+        key = (namespace, name)
+        self._interleave()
+        with self._lock:
+            if key not in self.configmaps:
+                return None
+            if self._conflicts:         # the API server gave up on its own retries (heavy contention)
+                self._conflicts -= 1
+                self._refuse(f"409 configmap {key}: injected conflict on a patch")
+            merged = copy.deepcopy(self.configmaps[key])
+            for k, v in (body.get("metadata") or {}).get("labels", {}).items():
+                merged["metadata"].setdefault("labels", {})[k] = v
+            data = merged.setdefault("data", {})
+            for k, v in (body.get("data") or {}).items():
+                if v is None:
+                    data.pop(k, None)
+                else:
+                    data[k] = v
+            return self._store(key, merged)
+
     # -- internals -------------------------------------------------------------------------
     def _next_version(self) -> str:
         self._version += 1

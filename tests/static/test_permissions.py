@@ -239,13 +239,15 @@ def test_rbac_has_no_wildcards(rbac):
 
 
 def test_ledger_is_granted_only_on_its_configmap(rbac):
-    """get/update/patch are pinned to the ledger, its shards and its queue's shards by resourceNames; create
+    """get/update are pinned to the ledger, its shards and its queue's shards by resourceNames, patch to the
+    queue's shards (RequestQueue's merge patches); create
     cannot be (Kubernetes does not know the name when it authorizes a create), so it stands alone."""
     assert not any(perm[1] in LEDGER_RESOURCES for r in rbac["ClusterRole"] for perm, _ in _grants(r))
     for role in rbac["Role"]:
         for (_, resource, verb), names in _grants(role):
             if resource in LEDGER_RESOURCES:
-                expected = () if verb == "create" else (LEDGER_CONFIGMAP, *LEDGER_SHARDS, *QUEUE_SHARDS, JOB_QUEUE)
+                expected = () if verb == "create" else QUEUE_SHARDS if verb == "patch" else \
+                    (LEDGER_CONFIGMAP, *LEDGER_SHARDS, *QUEUE_SHARDS, JOB_QUEUE)
                 assert names == expected, f"configmaps {verb}: resourceNames {names}, want {expected}"
 
 

@@ -105,6 +105,10 @@ class ConfigMapStore(Protocol):
         """Replace guarded by body.metadata.resourceVersion."""
         ...
 
+    def merge_patch_configmap(self, namespace: str, name: str, body: dict) -> dict | None:
+        """JSON merge patch (None removes a key), never a conflict; None when there is no such ConfigMap."""
+        ...
+
     # The ledger's mark on the Nodes it books (ReservationLedger.claim_nodes)
     def get_node(self, name: str) -> dict:
         ...

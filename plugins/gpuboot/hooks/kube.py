@@ -331,6 +331,19 @@ class KubeClient:
         """Replace guarded by body.metadata.resourceVersion (compare-and-swap)."""
         return self._write(self.core.replace_namespaced_config_map, body["metadata"]["name"], namespace, body)
 
+    def merge_patch_configmap(self, namespace: str, name: str, body: dict) -> dict | None:
+        """JSON merge patch of a ConfigMap (None removes a key): applied to the object as it is, so it never
+        conflicts; None when there is no such ConfigMap (404)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self._write(self.core.patch_namespaced_config_map, name, namespace, body,
+                               _content_type="application/merge-patch+json")
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     def merge_patch_node(self, name: str, body: dict) -> dict:
         """JSON merge patch of a Node (None removes a key); guarded when body.metadata.resourceVersion is set."""
         return self._write(self.core.patch_node, name, body, _content_type="application/merge-patch+json")

@@ -56,10 +56,7 @@ behind a leader that is placing them must not all fall back to full cluster read
 would starve the API server the leader needs. A live lease means a live leader: a place step's
 lease is renewed only by its commits, a placer's by a thread that stops when the placer's loop
 stops coming round (`gpuboot.lifecycle.placer`); the first batch on 10,000 nodes may take longer
-than a waiter's budget. A waiter that cannot even queue within QUEUE_BUDGET_SECONDS (each try a
-new ticket, so another shard) defers at once (`LedgerContended`, holding nothing): a burst that
-keeps the queue's shards contended that long is one whose single paths (a full cluster read
-each) would starve the API server. An answer given after the withdrawal is found by the next
+than a waiter's budget. An answer given after the withdrawal is found by the next
 try as reservations the job holds, which the single path replaces. Re-placements
 (fail-over, retries of a started job, releases) keep the single-placement path: they need the
 job's record, marks and the abandoned-node rule of `gpuboot.lifecycle.booking`.
@@ -100,8 +97,7 @@ QUEUED_SECONDS = 60         # a queued request nobody decided by then is dropped
 DECIDED_SECONDS = 120       # how long an answer waits in the ledger for its waiter
 POLL_SECONDS = (0.3, 0.9)   # a waiter's reads of its queue shard while its request is queued (jittered)
 POLL_CROWD = 100            # beyond this many waiters, each reads its shard less often (`poll_seconds`)
-POLL_MAX_SECONDS = 4.0
-QUEUE_BUDGET_SECONDS = 10  # a request that cannot be queued by then defers (LedgerContended) and queues again later
+POLL_MAX_SECONDS = 8.0     # (1,000 waiters: 125-250 reads a second in all)
 LEASE_CHECK_SECONDS = 5     # and of the ledger (is anyone leading?) at least this often
 QUEUE_BACKOFF_CAP_SECONDS = 4.0   # the longest pause between two tries to queue (full jitter)
 GATHER_SECONDS = 0.5        # a new leader waits this long before its survey, so a burst queues up behind it
@@ -136,6 +132,7 @@ class BatchPlacer:
         self.queue = RequestQueue(booker.ledger.kube, booker.ledger.namespace, booker.ledger.name, booker.clock)
         self.alive_at = booker.monotonic()     # the leader's loop last came round (`renew` keeps a live one's lease)
         self.committed_at = 0.0                # when it last committed a batch (the `Lead` copies' `at`)
+        self.lost_to: str | None = None        # who held the lease when `lead` found it lost
         self._view_behind: float | None = None  # since when its view could not say what it covers
 
     # ------------------------------------------------------------------ the waiter
@@ -144,22 +141,13 @@ class BatchPlacer:
         b = self.booker
         job_id = request.job_id
         give_up = b.monotonic() + b.contended_seconds
-        queue_by = b.monotonic() + QUEUE_BUDGET_SECONDS
-        attempt = 0
-        while True:         # queue it: a compare-and-swap on one shard, which few others write
-            # a new ticket each try: its shard is another one, so a burst's retries spread over every shard
-            ticket = f"{job_id}:{uuid.uuid4().hex[:12]}"
-            entry = Queued(job_id, ticket, request.to_json(), ttl, b.clock() + QUEUED_SECONDS)
-            try:
-                self.queue.add(entry)
-                break
-            except LedgerConflict:
-                if b.monotonic() >= queue_by:
-                    raise LedgerContended(
-                        f"could not queue job {job_id} for a batch in {QUEUE_BUDGET_SECONDS:g} s (every try met "
-                        f"another write of its queue shard); nothing held, retry later") from None
-                attempt += 1
-                b.sleep(backoff(attempt, base=0.05, cap=1.0, rng=b.rng))
+        ticket = f"{job_id}:{uuid.uuid4().hex[:12]}"
+        entry = Queued(job_id, ticket, request.to_json(), ttl, b.clock() + QUEUED_SECONDS)
+        try:
+            self.queue.add(entry)   # a merge patch of its shard: a conflict only when the API server gives up
+        except LedgerConflict as exc:
+            raise LedgerContended(f"could not queue job {job_id} for a batch ({exc}); nothing held, retry later") \
+                from None
         check_every = min(LEASE_CHECK_SECONDS, b.contended_seconds / 3)    # sees a leader's progress within its budget
         # the caller's read (just before queueing) says whether someone leads: if not, look at once
         checked = b.monotonic() if state.batch.led_by(b.clock()) is not None else -check_every
@@ -172,7 +160,9 @@ class BatchPlacer:
             if look.answer is not None:
                 return self._answered(look.answer, state)
             gone, waiting, now = not look.waits, look.waiting, b.clock()
-            led = look.lead is not None and look.lead.lease_until > now
+            # the copy is refreshed best effort (a renewal's copy may miss a shard): one lease stale still
+            # counts, so a slow API server does not send a thousand waiters to the root at once
+            led = look.lead is not None and look.lead.lease_until + LEASE_SECONDS > now
             if led:         # a leader lives (module doc, "Nothing is lost"): its waiters wait on
                 give_up = min(longest, max(give_up, b.monotonic() + b.contended_seconds))
             if gone or (b.monotonic() - checked >= check_every and (not led or checked < 0)):
@@ -192,7 +182,7 @@ class BatchPlacer:
                 return self._withdraw(ticket, job_id)
             if gone or now >= entry.expires_at - QUEUED_SECONDS / 2:      # keep the entry there while waiting
                 entry = dataclasses.replace(entry, expires_at=now + QUEUED_SECONDS)
-                with contextlib.suppress(LedgerConflict):
+                with contextlib.suppress(LedgerConflict):     # the next poll tries again
                     self.queue.add(entry)
             b.sleep(poll_seconds(waiting, b.rng))
 
@@ -245,6 +235,7 @@ class BatchPlacer:
             state = self.ledger.snapshot()
             now = b.clock()
             if state.batch.led_by(now) != me:
+                self.lost_to = state.batch.led_by(now)
                 return                  # the lease went to someone else (ours expired): they lead
             queue = latest_per_job(self.queue.waiting(d.ticket for d in state.batch.decided))
             if not queue and stay:

@@ -77,11 +77,11 @@ class Placer:
                 now = b.clock()
                 leader = state.batch.led_by(now)
                 if leader not in (None, self.me):
-                    if self.led:
+                    if self.led or self.batcher.lost_to:
                         self.log.warning("placer %s: %s leads now (our lease ran out: was this process starved "
                                          "of CPU, or the API server too slow to renew it, for %.0f s?); standing by",
                                          self.me, leader, LEASE_SECONDS * 2 / 3)
-                    self.led = False
+                    self.led, self.batcher.lost_to = False, None
                     # standing by: another placer (or a place step) leads; look again when its lease would lapse
                     stop.wait(min(LEASE_CHECK_SECONDS, max(0.1, state.batch.lease_until - now + 0.1)))
                     continue
@@ -104,10 +104,15 @@ class Placer:
         while not stop.wait(RENEW_SECONDS):
             if self.booker.monotonic() - self.batcher.alive_at > STUCK_SECONDS:
                 continue
+            began = self.booker.monotonic()
             try:
                 self.batcher.renew(self.me)
             except Exception as exc:  # the next look tries again; the loop reports lasting failures
                 self.log.warning("placer %s: renewing the lease failed (%s: %s)", self.me, type(exc).__name__, exc)
+            took = self.booker.monotonic() - began
+            if took > RENEW_SECONDS:
+                self.log.warning("placer %s: renewing the lease took %.1f s (the API server is slow, or this process "
+                                 "starved of CPU): it lapses after %.0f s", self.me, took, LEASE_SECONDS)
 
 
 def main(argv: list[str] | None = None) -> int:

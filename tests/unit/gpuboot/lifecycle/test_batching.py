@@ -541,46 +541,6 @@ def test_a_burst_led_while_the_lease_is_renewed_again_and_again_never_promises_a
     assert renewals[0] > 0
 
 
-def hot_shards(c: Cloud, hot) -> list[str]:
-    """Every write of a queue shard `hot(name)` says is taken meets another writer (409); the names tried."""
-    tried: list[str] = []
-    for verb in ("create_configmap", "replace_configmap"):
-        real = getattr(c.cluster, verb)
-
-        def write(namespace, body, real=real):
-            name = body["metadata"]["name"]
-            if "-queue-" in name:
-                tried.append(name)
-                if hot(name):
-                    c.cluster._refuse(f"409 configmap {name}: another writer")
-            return real(namespace, body)
-        setattr(c.cluster, verb, write)
-    return tried
-
-
-def test_a_retry_to_queue_takes_a_new_ticket_so_another_shard():
-    """A burst's appends collide on a shard: each retry goes to another one (a new ticket), not to the
-    shard every other waiter of that hash keeps writing."""
-    c = cloud()
-    tried = hot_shards(c, lambda name: name == tried[0])
-    booking = book_first(booker(c), spec(), "job")
-    assert booking.plan.outcome == Outcome.FITS and held(c) == {"job": ["gpu-run"]}
-    assert len(set(tried)) >= 2
-
-
-def test_a_request_the_queue_never_takes_defers_holding_nothing_and_reads_no_cluster():
-    """Every shard contended for QUEUE_BUDGET_SECONDS: the step defers (LedgerContended), holding nothing
-    and without a full cluster read (a thousand of those at once would starve the API server)."""
-    from gpuboot.exceptions import LedgerContended
-
-    c = cloud()
-    hot_shards(c, lambda name: True)
-    b = booker(c, sleep=c.clock.advance)
-    with pytest.raises(LedgerContended, match="could not queue job job"):
-        book_first(b, spec(), "job")
-    assert b.full_reads == 0 and held(c) == {} and queued(c) == []
-
-
 def test_the_root_keeps_the_newest_answers_that_fit_its_budget(monkeypatch):
     from gpuboot.lifecycle import batching
 
@@ -626,3 +586,56 @@ def test_a_burst_larger_than_the_roots_answer_budget_is_answered_over_several_ba
     assert Counter(outcomes.values()) == {Outcome.FITS: 3, Outcome.BUSY: 13}
     assert Counter(r.node for r in c.ledger().snapshot().reservations) == {"gpu-run": 1, "gpu-stop": 1, "gpu2-stop": 2}
     assert 0 < peak[0] <= budget + batching.answer_bytes(compact(first.plan, ANSWER_ROWS).to_json(), "x" * 30)
+
+
+def test_waiters_queueing_at_once_never_conflict_and_none_is_lost():
+    """Every entry is a key of its own, added by a merge patch: 64 waiters queueing at the same instant
+    (two per shard) meet no conflict and are all there for the leader."""
+    c = cloud()
+    q = RequestQueue(c.cluster, clock=c.clock)
+    barrier = threading.Barrier(64)
+    refused = c.cluster.refused
+
+    def add(i: int) -> None:
+        barrier.wait()
+        q.add(Queued(f"job-{i}", f"job-{i}:t", spec().to_job_request(f"job-{i}").to_json(), 600.0, c.clock() + 60))
+
+    with ThreadPoolExecutor(64) as pool:
+        list(pool.map(add, range(64)))
+    assert sorted(e.job_id for e in q.waiting()) == sorted(f"job-{i}" for i in range(64))
+    assert c.cluster.refused == refused
+
+
+def test_publish_prunes_what_the_leaders_read_found_expired_and_keeps_what_came_since():
+    c = cloud()
+    q = RequestQueue(c.cluster, clock=c.clock)
+    entry = lambda job, ttl: Queued(job, f"{job}:t", spec().to_job_request(job).to_json(), 600.0, c.clock() + ttl)  # noqa: E731
+    q.add(entry("a", 60))
+    q.add(entry("old", 5))
+    c.clock.advance(10)
+    assert [e.job_id for e in q.waiting()] == ["a"]         # the leader's read: "old" expired
+    q.add(entry("new", 60))                                 # queued after that read
+    answer = Decided("a", "a:t", {"job_id": "a", "outcome": "busy"}, "p", c.clock() + 120)
+    q.publish([answer], Lead("p", c.clock() + 15, c.clock()))
+    assert sorted(e.job_id for e in q.waiting()) == ["new"]
+    assert q.look("a:t").answer is not None and q.look("new:t").waits
+    keys = {k for name in q.shards for k in (c.cluster.read_configmap("default", name) or {}).get("data", {})}
+    assert len([k for k in keys if k.startswith("q.")]) == 1    # "old" and "a" gone, "new" kept
+
+
+def test_a_queue_patch_the_api_server_gives_up_on_is_tried_again_and_past_that_the_step_defers():
+    """A merge patch may still meet a 409 when the API server's own retries give up: a few are tried again;
+    a shard that refuses every try makes the place step defer, holding nothing, with no cluster read."""
+    from gpuboot.exceptions import LedgerContended
+
+    c = cloud()
+    q = RequestQueue(c.cluster, clock=c.clock)
+    q.add(Queued("x", "x:t", spec().to_job_request("x").to_json(), 600.0, c.clock() + 60))   # the shards exist
+    c.cluster.conflict_next_writes(2)
+    q.add(Queued("y", "y:t", spec().to_job_request("y").to_json(), 600.0, c.clock() + 60))
+    assert {e.job_id for e in q.waiting()} == {"x", "y"}
+    b = booker(c)
+    c.cluster.conflict_next_writes(1000)
+    with pytest.raises(LedgerContended, match="could not queue job job"):
+        book_first(b, spec(), "job")
+    assert b.full_reads == 0 and "job" not in held(c)
