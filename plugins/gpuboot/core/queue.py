@@ -421,8 +421,11 @@ def _outranks(entry: Entry, job: Running, waited: bool, scarcity: Callable[[Reso
     mine, theirs = entry.priority, PRIORITY_CLASSES[job.priority_class]
     if theirs != mine:
         return theirs < mine
-    return waited and (-job.requests.gpus, scarcity(job.requests), job.enqueued_at) > \
-        (-entry.requests.gpus, scarcity(entry.requests), entry.enqueued_at)
+    if not waited:
+        return False
+    if job.requests.gpus != entry.requests.gpus:
+        return job.requests.gpus < entry.requests.gpus
+    return (scarcity(job.requests), job.enqueued_at) > (scarcity(entry.requests), entry.enqueued_at)   # counted on a tie only
 
 
 def _clearing(entry: Entry, node: NodeView, copies: int, jobs: Iterable[Running], waited: bool,
