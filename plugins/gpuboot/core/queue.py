@@ -20,6 +20,7 @@ held as a whole: the hold covers every task it needs at once, or there is no hol
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -404,18 +405,70 @@ def may_preempt(entry: Entry, now: float, config: QueueConfig) -> bool:
         now - entry.enqueued_at >= config.starve_seconds + config.preempt_after_seconds
 
 
+def reach(requests: Resources, nodes: Sequence[NodeView]) -> int:
+    """How many nodes of the fleet (whatever their state) one task of this shape fits on when empty: the
+    scarcity of the room it can use. GPU models are not counted (a `Running` row does not carry them),
+    so both sides of a comparison are counted alike."""
+    return sum(1 for n in nodes if requests.fits_in(n.allocatable))
+
+
+def _outranks(entry: Entry, job: Running, waited: bool, scarcity: Callable[[Resources], int]) -> bool:
+    """May `entry` preempt `job`: a higher class, or the same class once `entry` has waited and it
+    ranks first by (more GPUs per task, then fewer nodes its task fits on, then enqueued earlier). A
+    strict order, so two jobs never requeue each other in turn. The scarcity rank lets a job that fits
+    only a few nodes (a 120-CPU task that only the fleet's one large node takes) requeue an older job of
+    as many GPUs that could run elsewhere: by age alone it would wait that job out, for days."""
+    mine, theirs = entry.priority, PRIORITY_CLASSES[job.priority_class]
+    if theirs != mine:
+        return theirs < mine
+    if not waited:
+        return False
+    if job.requests.gpus != entry.requests.gpus:
+        return job.requests.gpus < entry.requests.gpus
+    return (scarcity(job.requests), job.enqueued_at) > (scarcity(entry.requests), entry.enqueued_at)   # counted on a tie only
+
+
+def _clearing(entry: Entry, node: NodeView, copies: int, jobs: Iterable[Running], waited: bool,
+              scarcity: Callable[[Resources], int]) -> list[Running] | None:
+    """The preemptible jobs on `node` whose going makes room for `copies` of the entry's task, the
+    youngest first (the least work lost); None when that cannot make room."""
+    need = Resources({k: v * copies for k, v in entry.requests.items()})
+    free, chosen = node.free, []
+    for job in sorted(jobs, key=lambda r: (-r.started_at, r.job_id)):
+        if need.fits_in(free):
+            break
+        if job.preemptible and _outranks(entry, job, waited, scarcity):
+            chosen.append(job)
+            free = free + job.requests
+    return chosen if need.fits_in(free) else None
+
+
+def _scarcity(nodes: Sequence[NodeView]) -> Callable[[Resources], int]:
+    return functools.lru_cache(maxsize=None)(lambda requests: reach(requests, nodes))
+
+
+def _by_node(running: Iterable[Running]) -> dict[str, list[Running]]:
+    out: dict[str, list[Running]] = {}
+    for r in running:
+        out.setdefault(r.node, []).append(r)
+    return out
+
+
+def _waited(entry: Entry, now: float, config: QueueConfig) -> bool:
+    return now - entry.enqueued_at >= config.starve_seconds + (config.preempt_after_seconds or 0.0)
+
+
 def victims(entry: Entry, hold: Hold, nodes: Sequence[NodeView], running: Sequence[Running], now: float,
             config: QueueConfig) -> list[str]:
     """The preemptible jobs on the held nodes whose going makes room for the whole held job now, the
     youngest first (the least work lost), or [] when that cannot make room or may not happen yet.
 
-    Only jobs that said they are preemptible go, only for a job of a higher class, or of the same
-    class that ranks below it (fewer GPUs per task, or as many and enqueued later: a strict order, so
-    two jobs never requeue each other in turn), once it has waited `preempt_after_seconds`; a gang's
-    room is made on all its nodes or none."""
+    Only jobs that said they are preemptible go, only for a job that outranks them (`_outranks`: a
+    higher class, or the same class once it has waited `preempt_after_seconds` and ranks first by GPUs
+    per task, scarcity of the nodes it fits, then age); a gang's room is made on all its nodes or none."""
     if config.preempt_after_seconds is None:
         return []
-    waited = now - entry.enqueued_at >= config.starve_seconds + config.preempt_after_seconds
+    waited, scarcity, on = _waited(entry, now, config), _scarcity(nodes), _by_node(running)
     by_name = {n.name: n for n in nodes}
     chosen: list[str] = []
     covered = 0
@@ -424,21 +477,53 @@ def victims(entry: Entry, hold: Hold, nodes: Sequence[NodeView], running: Sequen
         if node is None or node.state not in _UP or covered >= entry.tasks:
             continue
         copies = min(entry.tasks - covered, _slots(node.allocatable, entry.requests))
-        need = Resources({k: v * copies for k, v in entry.requests.items()})
-        free = node.free
-        for job in sorted((r for r in running if r.node == name), key=lambda r: (-r.started_at, r.job_id)):
-            if need.fits_in(free):
-                break
-            outranked = PRIORITY_CLASSES[job.priority_class] < entry.priority or \
-                (PRIORITY_CLASSES[job.priority_class] == entry.priority and waited and
-                 (-job.requests.gpus, job.enqueued_at) > (-entry.requests.gpus, entry.enqueued_at))
-            if job.preemptible and outranked:
-                chosen.append(job.job_id)
-                free = free + job.requests
-        if not need.fits_in(free):
+        going = _clearing(entry, node, copies, on.get(name, ()), waited, scarcity)
+        if going is None:
             return []
+        chosen += [job.job_id for job in going]
         covered += copies
     return chosen if covered >= entry.tasks else []
+
+
+def choose_room(entry: Entry, nodes: Sequence[NodeView], taken: Iterable[str], running: Sequence[Running],
+                now: float, config: QueueConfig) -> Hold | None:
+    """The nodes (none held for another job) where preempting makes room for the whole job losing the
+    least work: per node that fits, the longest any of its victims (`_clearing`) has run, then the
+    GPU-seconds they have run in all, then the fewest GPUs to drain, then the youngest work; a gang takes
+    nodes in that order until covered. None when no such room needs a preemption.
+
+    Why the work lost: a requeued job runs again from its start and its wait counts from its first
+    arrival, so a victim that had run for days waits days more, and a few such waits set the tail and
+    the fairness between teams. Ranked by GPUs to drain (before), one 18-day 1-GPU job went before
+    seven that had just started (docs/performance.md, The job queue)."""
+    if config.preempt_after_seconds is None:
+        return None
+    taken = set(taken)
+    waited, scarcity, on = _waited(entry, now, config), _scarcity(nodes), _by_node(running)
+    ranked = []
+    for n in nodes:
+        if n.state not in _UP or n.name in taken or not gpu_model_matches(entry.models, n.gpu_model) or \
+                not entry.requests.fits_in(n.allocatable):
+            continue
+        copies = min(entry.tasks, _slots(n.allocatable, entry.requests))
+        going = _clearing(entry, n, copies, on.get(n.name, ()), waited, scarcity)
+        if going is None:
+            continue
+        ran = [max(0.0, now - job.started_at) for job in going]
+        lost = (max(ran, default=0.0), sum(job.requests.gpus * r for job, r in zip(going, ran)))
+        drain = max(0, entry.requests.gpus * copies - n.free.gpus)
+        ranked.append((lost, drain, -(n.busy_since or now), n.name, copies, bool(going)))
+    ranked.sort()
+    chosen, covered, any_going = [], 0, False
+    for *_, name, copies, goes in ranked:
+        if covered >= entry.tasks:
+            break
+        chosen.append(name)
+        covered += copies
+        any_going = any_going or goes
+    if covered < entry.tasks or not any_going:
+        return None
+    return Hold(entry.job_id, tuple(sorted(chosen)), None, now)
 
 
 @dataclass(frozen=True)
@@ -589,10 +674,10 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
                                config.hold_seconds)
             movable = [r for r in running if r.job_id not in gone] if may else []
             if movable and (hold is None or _far(hold, now, config)):
-                # no node drains soon: hold one where requeuing preemptible jobs makes room (ranked as
-                # when no end is known: the fewest GPUs to drain, then the youngest work), else keep
-                # what there is; a hold due within preempt_after_seconds is waited for instead
-                room = choose_hold(entry, nodes(), taken, {}, now, None, 0)
+                # no node drains soon: hold one where requeuing preemptible jobs makes room losing the
+                # least work (`choose_room`), else keep what there is; a hold due within
+                # preempt_after_seconds is waited for instead
+                room = choose_room(entry, nodes(), taken, movable, now, config)
                 hold = room if room and victims(entry, room, nodes(), movable, now, config) else hold
             if hold is None:
                 holds.pop(entry.job_id, None)

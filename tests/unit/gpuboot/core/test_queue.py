@@ -14,10 +14,12 @@ from gpuboot.core.queue import (
     Step,
     TeamQuota,
     choose_hold,
+    choose_room,
     expected_end,
     never_fits_quota,
     ordered,
     quota_blocker,
+    reach,
     releases_of,
     run_pass,
     victims,
@@ -392,3 +394,73 @@ def test_a_job_that_may_preempt_does_not_wait_days_for_a_stated_end_when_preempt
     result = run_pass([big], now=2_500, config=QueueConfig(), usage={}, capacity={"T4": 16}, holds={},
                       nodes=fleet.nodes, attempt=fleet.attempt, commit=fleet.commit, releases=soon, running=running)
     assert result.holds["big"].nodes == ("soon",) and result.preempt == {}
+
+
+# -- preemption: scarce shapes and the work lost (issue 32) ------------------------------------
+
+def big_node(name, used=0, cpu="128"):
+    return nv(name, gpus=8, cpu=cpu, memory="768Gi", gpu_model="T4",
+              used={GPU: used, "cpu": "0", "memory": "0"} if used else None)
+
+
+def test_a_job_that_fits_few_nodes_may_requeue_an_older_job_of_as_many_gpus_that_fits_elsewhere():
+    """The 120-CPU 8-GPU job fits only the one 128-CPU node, where an older 8-GPU job that would fit the
+    small nodes too runs: by age alone it waited that job out (63,272 s on --fleet 10 --seed 0); ranked
+    by the scarcity of its nodes it requeues it. The order stays strict: the job that fits everywhere
+    never requeues the scarce one, however old, and GPUs per task still come first."""
+    config = QueueConfig(starve_seconds=600, preempt_after_seconds=1800)
+    nodes = [big_node("large", used=8), big_node("s1", cpu="96"), big_node("s2", cpu="96")]
+    wide = Resources.parse({"cpu": "88", "memory": "320Gi", GPU: 8})
+    scarce = Resources.parse({"cpu": "120", "memory": "640Gi", GPU: 8})
+    assert reach(wide, nodes) == 3 and reach(scarce, nodes) == 1
+    hold = Hold("new", ("large",), None, since=0)
+    older_wide = [Running("old", "large", wide, preemptible=True, started_at=0, enqueued_at=0)]
+    new_scarce = Entry("new", scarce, enqueued_at=100)
+    assert victims(new_scarce, hold, nodes, older_wide, now=2_500, config=config) == ["old"]
+    older_scarce = [Running("old", "large", scarce, preemptible=True, started_at=0, enqueued_at=0)]
+    assert victims(Entry("new", wide, enqueued_at=100), hold, nodes, older_scarce, now=2_500, config=config) == []
+    scarce_four = dataclasses.replace(new_scarce, requests=Resources.parse({"cpu": "120", "memory": "640Gi", GPU: 4}))
+    assert victims(scarce_four, hold, nodes, older_wide, now=2_500, config=config) == []   # GPUs per task first
+    four = [Running("four", "large", Resources.parse({"cpu": "8", "memory": "8Gi", GPU: 4}), preemptible=True,
+                    started_at=0, enqueued_at=0)]
+    half = [big_node("large", used=4), *nodes[1:]]
+    assert victims(new_scarce, hold, half, four, now=2_500, config=config) == ["four"]
+
+
+def test_room_is_made_where_the_victims_lose_the_least_work_not_where_the_fewest_gpus_drain():
+    """n1 runs one 1-GPU job that has run for days (1 GPU to drain), n2 four 2-GPU jobs that have just
+    started (8 to drain): the 8-GPU job requeues the four (before: the one, which then ran again from
+    its start and waited days more); among equal losses the fewer GPUs to drain still go first."""
+    config = QueueConfig()
+    now = 1_000_000.0
+    nodes = [t4("n1", used=1, busy_since=0), t4("n2", used=8, busy_since=now - 600)]
+    running = [running_on("n1", "days", 1, 0, preemptible=True),
+               *[running_on("n2", f"fresh{i}", 2, now - 600 + i, preemptible=True) for i in range(4)]]
+    big = entry("big", gpus=8, at=now - 3_000)
+    room = choose_room(big, nodes, (), running, now, config)
+    assert room.nodes == ("n2",) and room.due is None and room.since == now
+    assert sorted(victims(big, room, nodes, running, now, config)) == [f"fresh{i}" for i in range(4)]
+    assert choose_room(big, nodes, ("n2",), running, now, config).nodes == ("n1",)   # n2 held for another job
+    assert choose_room(big, nodes, (), running, now, QueueConfig(preempt_after_seconds=None)) is None
+    assert choose_room(big, nodes, (), [], now, config) is None                       # nothing may go
+    fleet = Fleet(*nodes)
+    result = run_pass([big], now=now, config=config, usage={}, capacity={"T4": 16}, holds={}, nodes=fleet.nodes,
+                      attempt=fleet.attempt, commit=fleet.commit, running=running)
+    assert result.holds["big"].nodes == ("n2",) and sorted(result.preempt["big"]) == [f"fresh{i}" for i in range(4)]
+    same = [running_on("n1", "a", 1, now - 600, preemptible=True), running_on("n2", "b", 1, now - 600, preemptible=True)]
+    nodes = [t4("n1", used=1, busy_since=now - 600), t4("n2", used=4, busy_since=now - 600)]
+    assert choose_room(big, nodes, (), same, now, config).nodes == ("n1",)   # n2's other 3 GPUs may not go
+    nodes = [t4("n1", used=1, busy_since=now - 600), t4("n2", used=1, busy_since=now - 900)]
+    assert choose_room(big, nodes, (), same, now, config).nodes == ("n1",)   # equal losses: the youngest work
+
+
+def test_a_gang_takes_the_rooms_that_lose_least_until_all_its_tasks_are_covered():
+    config = QueueConfig()
+    now = 100_000.0
+    nodes = [t4(f"n{i}", used=8, busy_since=0) for i in range(3)]
+    running = [dataclasses.replace(running_on(f"n{i}", f"j{i}", 8, started, preemptible=True), enqueued_at=now - 100)
+               for i, started in enumerate((0, now - 100, now - 200))]       # j0 has run for a day
+    gang = entry("gang", gpus=8, tasks=2, at=now - 3_000)
+    room = choose_room(gang, nodes, (), running, now, config)
+    assert room.nodes == ("n1", "n2") and sorted(victims(gang, room, nodes, running, now, config)) == ["j1", "j2"]
+    assert choose_room(gang, nodes, ("n1",), running, now, config).nodes == ("n0", "n2")
