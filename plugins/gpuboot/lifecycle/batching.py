@@ -288,6 +288,8 @@ class BatchPlacer:
             if view.connected():
                 self._view_behind = self._view_behind or b.monotonic()
                 if b.monotonic() - self._view_behind < VIEW_PATIENCE_SECONDS:
+                    self.log.info("the cluster view's pod stream is behind the ledger (for %.1f s); looking again",
+                                  b.monotonic() - self._view_behind)
                     return None
             behind, self._view_behind = self._view_behind, None
             self.log.info("the cluster view %s; reading the cluster in full",
