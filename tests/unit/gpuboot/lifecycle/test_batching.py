@@ -641,7 +641,6 @@ def test_a_queue_patch_the_api_server_gives_up_on_is_tried_again_and_past_that_t
     assert b.full_reads == 0 and "job" not in held(c)
 
 
-@pytest.mark.timeout(60)    # the old rule read again for ever here
 def test_a_stale_request_of_a_job_already_answered_does_not_make_the_leader_read_again(monkeypatch):
     """A waiter renews its entry just as its answer comes (the renewal lands after the answer's copy
     removed it): the leader meets the request of a job that holds its placement, and answers it
