@@ -251,15 +251,13 @@ class BatchPlacer:
             # boot-failure marks whose evidence is gone go, as on the single path (booking.outdated_marks)
             outdated = outdated_marks([m for m in state.live_unavailable(now) if m in basis.marks],
                                       basis.survey.nodes, basis.survey.views)
-            reserved = [*state.others("", now), *released]
-            plans, added = self.decide(queue, basis.survey, reserved,
+            plans, added = self.decide(queue, basis.survey, [*state.others("", now), *released],
                                        [m for m in state.live_unavailable(now) if m not in outdated], now,
                                        answer_rows(state.batch.live(now), len(queue)))
             queue = queue[:len(plans)]  # what the time budget let it place; the rest waits for the next batch
             spent = (based - round_began, b.monotonic() - based)
-            holding = {r.job_id for r in reserved}      # answered `alone` (decide): no verdict on capacity
             if (released or b.monotonic() - basis.at > VERDICT_MAX_AGE_SECONDS) and any(
-                    p.outcome != Outcome.FITS and q.job_id not in holding for q, p in zip(queue, plans)):
+                    p.outcome != Outcome.FITS for p in plans):
                 fresh = True            # a verdict of busy or never rests on a recent read, no release pending
                 continue
             self.ledger.claim_nodes(plan_nodes(plans, basis.survey.nodes))   # SecondLedger: another ledger books them

@@ -639,21 +639,3 @@ def test_a_queue_patch_the_api_server_gives_up_on_is_tried_again_and_past_that_t
     with pytest.raises(LedgerContended, match="could not queue job job"):
         book_first(b, spec(), "job")
     assert b.full_reads == 0 and "job" not in held(c)
-
-
-def test_a_stale_request_of_a_job_already_answered_does_not_make_the_leader_read_again(monkeypatch):
-    """A waiter renews its entry just as its answer comes (the renewal lands after the answer's copy
-    removed it): the leader meets the request of a job that holds its placement, and answers it
-    `alone`. That answer is no verdict on capacity, so it must not send the batch back for a fresh
-    read (on 10,000 nodes each one cost a round of seconds, several times per 1,000-job burst)."""
-    from gpuboot.lifecycle import batching
-
-    monkeypatch.setattr(batching, "VERDICT_MAX_AGE_SECONDS", -1)    # every read counts as old
-    c = cloud()
-    assert book_first(booker(c), spec("placed"), "placed").plan.outcome == Outcome.FITS
-    RequestQueue(c.cluster, clock=c.clock).add(                     # its renewal, after its answer
-        Queued("placed", "placed:again", spec("placed").to_job_request("placed").to_json(), 600.0, c.clock() + 60))
-    b = booker(c)
-    booking = book_first(b, spec("new"), "new")
-    assert booking.plan.outcome == Outcome.FITS and b.full_reads == 1
-    assert c.ledger().snapshot().batch.answer("placed:again").alone
