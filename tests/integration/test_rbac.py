@@ -81,6 +81,8 @@ PROBES: dict[tuple[str, str, str], Callable] = {
     ("gpuboot-ledger", "configmaps", "get"): lambda v1: v1.read_namespaced_config_map(CONFIGMAP, LEDGER),
     ("gpuboot-ledger", "configmaps", "update"): lambda v1: v1.replace_namespaced_config_map(
         CONFIGMAP, LEDGER, {"metadata": {"name": CONFIGMAP}, "data": {"reservations": "[]"}}),
+    ("gpuboot-ledger", "configmaps", "patch"): lambda v1: v1.patch_namespaced_config_map(     # the batch queue
+        f"{CONFIGMAP}-queue-0", LEDGER, {"data": {"q.probe": None}}, _content_type="application/merge-patch+json"),
     ("gpuboot-ledger", "configmaps", "create"): lambda v1: v1.create_namespaced_config_map(
         LEDGER, {"metadata": {"name": CONFIGMAP}}),                                    # 409: it exists
 }
