@@ -99,7 +99,6 @@ POLL_SECONDS = (0.3, 0.9)   # a waiter's reads of its queue shard while its requ
 POLL_CROWD = 100            # beyond this many waiters, each reads its shard less often (`poll_seconds`)
 POLL_MAX_SECONDS = 8.0     # (1,000 waiters: 125-250 reads a second in all)
 LEASE_CHECK_SECONDS = 5     # and of the ledger (is anyone leading?) at least this often
-QUEUE_BACKOFF_CAP_SECONDS = 4.0   # the longest pause between two tries to queue (full jitter)
 GATHER_SECONDS = 0.5        # a new leader waits this long before its survey, so a burst queues up behind it
 VERDICT_MAX_AGE_SECONDS = 5  # "busy" or "never" only from a survey this recent (the job then waits a while)
 ANSWER_ROWS = 400           # candidate-table rows all live answers carry together (~200 KiB): the ledger's answer budget

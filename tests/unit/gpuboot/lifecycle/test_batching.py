@@ -639,3 +639,15 @@ def test_a_queue_patch_the_api_server_gives_up_on_is_tried_again_and_past_that_t
     with pytest.raises(LedgerContended, match="could not queue job job"):
         book_first(b, spec(), "job")
     assert b.full_reads == 0 and "job" not in held(c)
+
+
+def test_a_shard_of_the_compare_and_swap_format_is_read_as_empty_and_its_keys_pruned():
+    """An upgrade: a shard written by the old code (one JSON list of entries) is not read as entries (their
+    waiters, old code, withdraw and place themselves), and the leader's next patch removes its keys."""
+    c = cloud()
+    q = RequestQueue(c.cluster, clock=c.clock)
+    c.cluster.create_configmap("default", {"metadata": {"name": q.shards[0]},
+                                           "data": {"queue.json": "[]", "answers.json": "[]"}})
+    assert q.waiting() == []
+    q.publish((), Lead("p", c.clock() + 15, c.clock()))
+    assert set(c.cluster.read_configmap("default", q.shards[0])["data"]) == {"lead.json"}
