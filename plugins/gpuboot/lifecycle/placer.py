@@ -24,8 +24,8 @@ instance described again) can take longer than the lease, and a lapsed lease han
 place step, which leads with full reads of the cluster. A renewal races a batch commit harmlessly:
 both are compare-and-swaps of the root, and a commit whose only conflict was a renewal keeps its
 plans (`batching.still_valid`). The thread renews only while the placer's loop comes round (within
-STUCK_SECONDS): a placer stuck for good lets its lease lapse, and its waiters, who give up on a
-leader that commits nothing within their budget anyway, elect another. A placer starved of CPU for
+STUCK_SECONDS): a placer stuck for good lets its lease lapse, and its waiters, who wait only while
+a lease is live, elect another. A placer starved of CPU for
 longer than the lease still loses it: it says so.
 
 A restart. A new placer lists Nodes and pods once (its view is empty), then leads; a placer that

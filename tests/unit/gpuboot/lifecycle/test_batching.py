@@ -651,3 +651,42 @@ def test_a_shard_of_the_compare_and_swap_format_is_read_as_empty_and_its_keys_pr
     assert q.waiting() == []
     q.publish((), Lead("p", c.clock() + 15, c.clock()))
     assert set(c.cluster.read_configmap("default", q.shards[0])["data"]) == {"lead.json"}
+
+
+class CountingStop(threading.Event):
+    """A stop event that counts the waits on it (the rounds of a loop paced by it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits = 0
+
+    def wait(self, timeout=None):
+        self.waits += 1
+        return super().wait(timeout)
+
+
+def test_the_placers_lease_thread_renews_while_its_loop_comes_round_and_never_when_it_is_stuck(monkeypatch):
+    from gpuboot.lifecycle import placer as placer_module
+    from simcloud.harness import wait_until
+
+    monkeypatch.setattr(placer_module, "RENEW_SECONDS", 0.01)
+    c = cloud()
+    p = placer_module.Placer(booker(c), view=None, name="test")
+    renewals = []
+    renew = p.batcher.renew
+    p.batcher.renew = lambda me: renewals.append(me) or renew(me)
+    assert p.batcher._take_lease(c.ledger().snapshot(), p.me)
+    c.clock.advance(LEASE_SECONDS / 2)
+    p.batcher.alive_at = c.clock() - placer_module.STUCK_SECONDS - 1    # its loop has not come round for long
+    stop = CountingStop()
+    keeper = threading.Thread(target=p._keep_lease, args=(stop,))
+    keeper.start()
+    try:
+        assert wait_until(lambda: stop.waits >= 20, timeout=10, interval=0.01)
+        assert renewals == []                   # stuck: the lease is left to lapse
+        p.batcher.alive_at = c.clock()          # the loop comes round again
+        assert wait_until(lambda: c.ledger().snapshot().batch.lease_until == c.clock() + LEASE_SECONDS,
+                          timeout=10, interval=0.01)
+    finally:
+        stop.set()
+        keeper.join()
