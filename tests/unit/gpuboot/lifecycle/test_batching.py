@@ -74,6 +74,16 @@ def ghost(c: Cloud, job: str, lease_for: float | None) -> None:
                       batch=Batch(state.batch.decided, f"{job}:dead", c.clock() + lease_for))
 
 
+def at_once(jobs: list[str], bookers: dict[str, Booker], barrier: threading.Barrier) -> dict[str, Outcome]:
+    """`book_first` for each job in a thread of its own, all released together by `barrier`: their outcomes."""
+    def run(job: str) -> Outcome:
+        barrier.wait()
+        return book_first(bookers[job], spec(job), job).plan.outcome
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        return dict(zip(jobs, pool.map(run, jobs)))
+
+
 def queued(c: Cloud) -> list[str]:
     return [q.job_id for q in RequestQueue(c.cluster, clock=c.clock).waiting()]
 
@@ -95,12 +105,7 @@ def test_a_burst_is_placed_from_few_cluster_reads_and_never_promises_a_gpu_twice
     barrier = threading.Barrier(len(jobs))
     bookers = {j: booker(c) for j in jobs}
 
-    def run(job: str) -> Outcome:
-        barrier.wait()
-        return book_first(bookers[job], spec(job), job).plan.outcome
-
-    with ThreadPoolExecutor(len(jobs)) as pool:
-        outcomes = dict(zip(jobs, pool.map(run, jobs)))
+    outcomes = at_once(jobs, bookers, barrier)
     assert Counter(outcomes.values()) == {Outcome.FITS: 4, Outcome.BUSY: 20}
     state = c.ledger().snapshot()
     assert sorted(r.job_id for r in state.reservations) == sorted(j for j, o in outcomes.items() if o == Outcome.FITS)
@@ -520,17 +525,12 @@ def test_a_burst_led_while_the_lease_is_renewed_again_and_again_never_promises_a
             leader = c.ledger().snapshot().batch.led_by(c.clock())
             if leader is not None and renewer.renew(leader, below=float("inf")):
                 renewals[0] += 1
-            time.sleep(0.001)
-
-    def run(job: str) -> Outcome:
-        barrier.wait()
-        return book_first(bookers[job], spec(job), job).plan.outcome
+            done.wait(0.001)        # as fast as it can, yielding to the waiters
 
     keeper = threading.Thread(target=renew_whoever_leads)
     keeper.start()
     try:
-        with ThreadPoolExecutor(len(jobs)) as pool:
-            outcomes = dict(zip(jobs, pool.map(run, jobs)))
+        outcomes = at_once(jobs, bookers, barrier)
     finally:
         done.set()
         keeper.join()
@@ -577,12 +577,7 @@ def test_a_burst_larger_than_the_roots_answer_budget_is_answered_over_several_ba
         return real(namespace, body)
     c.cluster.replace_configmap = watched
 
-    def run(job: str) -> Outcome:
-        barrier.wait()
-        return book_first(bookers[job], spec(job), job).plan.outcome
-
-    with ThreadPoolExecutor(len(jobs)) as pool:
-        outcomes = dict(zip(jobs, pool.map(run, jobs)))
+    outcomes = at_once(jobs, bookers, barrier)
     assert Counter(outcomes.values()) == {Outcome.FITS: 3, Outcome.BUSY: 13}
     assert Counter(r.node for r in c.ledger().snapshot().reservations) == {"gpu-run": 1, "gpu-stop": 1, "gpu2-stop": 2}
     assert 0 < peak[0] <= budget + batching.answer_bytes(compact(first.plan, ANSWER_ROWS).to_json(), "x" * 30)
