@@ -181,7 +181,8 @@ class FakeCluster:
             return self._store(key, body)
 
     def merge_patch_configmap(self, namespace: str, name: str, body: dict) -> dict | None:
-        """Applied to the stored object as it is (no resourceVersion: never a conflict); None removes a key."""
+        """Applied to the stored object as it is (no resourceVersion); None removes a key; a 409 only when
+        injected (`conflict_next_writes`: the API server giving up its own retries)."""
         key = (namespace, name)
         self._interleave()
         with self._lock:

@@ -106,7 +106,8 @@ class ConfigMapStore(Protocol):
         ...
 
     def merge_patch_configmap(self, namespace: str, name: str, body: dict) -> dict | None:
-        """JSON merge patch (None removes a key), never a conflict; None when there is no such ConfigMap."""
+        """JSON merge patch (None removes a key), applied to the object as it is: a 409 only when the API
+        server gives up its own retries; None when there is no such ConfigMap."""
         ...
 
     # The ledger's mark on the Nodes it books (ReservationLedger.claim_nodes)

@@ -332,8 +332,8 @@ class KubeClient:
         return self._write(self.core.replace_namespaced_config_map, body["metadata"]["name"], namespace, body)
 
     def merge_patch_configmap(self, namespace: str, name: str, body: dict) -> dict | None:
-        """JSON merge patch of a ConfigMap (None removes a key): applied to the object as it is, so it never
-        conflicts; None when there is no such ConfigMap (404)."""
+        """JSON merge patch of a ConfigMap (None removes a key), applied to the object as it is: Conflict
+        only when the API server gives up its own retries; None when there is no such ConfigMap (404)."""
         from kubernetes.client.exceptions import ApiException
 
         try:
