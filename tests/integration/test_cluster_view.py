@@ -41,7 +41,10 @@ def test_the_view_follows_writes_covers_the_ledger_and_relists_after_a_compactio
     try:
         core = cloud.core_v1()
         core.create_namespaced_pod("default", bound_pod("a-main", "gpu-run", "a"))
-        assert wait_until(lambda: "default/a-main" in view.pods.items, timeout=10)
+        # Running: the kubelet has written its last status of the pod, so no pod write can land between the
+        # ConfigMap below and the compaction and carry the pod stream past the compacted version (no 410)
+        assert wait_until(lambda: (view.pods.items.get("default/a-main") or {}).get("status", {}).get("phase")
+                          == "Running", timeout=30)
         ledger.release("nobody")                        # a ledger write after the pod's
         state = ledger.snapshot()
         basis, released = view.basis(ledger.name, state, time.time(), fresh=True)
