@@ -1254,10 +1254,20 @@ class RequestQueue:
                 log.info("could not drop %d queued request(s) from %s (%s)", len(gone), name, exc)
 
     def waiting(self, answered: Iterable[str] = ()) -> list[Queued]:
-        """Every live entry not answered yet, oldest first (queue order)."""
+        """Every live entry not answered yet, oldest first (queue order): not in `answered` (the ledger
+        root's answers) and without an answer's copy in its shard. The copy matters once the root has let
+        the answer go (`kept_answers`): a waiter's renewal that crossed the answer brings its entry back,
+        and placed again it would be answered `alone`, overwriting the copy its waiter has still to read.
+        Such an entry is pruned by the next `publish`, like an expired one."""
         now, done = self.clock(), set(answered)
         read: dict[str, QueueShard] = {}
         _each(lambda name: read.__setitem__(name, self._read(name)), self.shards, raising=True)   # PARALLEL at once
-        self._stale = {name: set(shard.stale) for name, shard in read.items() if shard.stale}
-        out = [q for shard in read.values() for q in shard.entries if q.expires_at > now and q.ticket not in done]
+        out: list[Queued] = []
+        self._stale = {}
+        for name, shard in read.items():
+            copied = {d.ticket for d in shard.answers}
+            stale = set(shard.stale) | {_queue_key(ENTRY_PREFIX, q.ticket) for q in shard.entries if q.ticket in copied}
+            if stale:
+                self._stale[name] = stale
+            out += [q for q in shard.entries if q.expires_at > now and q.ticket not in done and q.ticket not in copied]
         return sorted(out, key=lambda q: (q.expires_at, q.ticket))

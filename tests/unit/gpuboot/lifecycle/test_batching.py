@@ -618,6 +618,27 @@ def test_publish_prunes_what_the_leaders_read_found_expired_and_keeps_what_came_
     assert len([k for k in keys if k.startswith("q.")]) == 1    # "old" and "a" gone, "new" kept
 
 
+def test_a_renewal_that_crossed_its_answer_does_not_queue_the_job_again():
+    """A waiter renews its entry just as the leader answers it: the patch lands after the answer's, and
+    the entry is back beside its answer's copy. Once the root has let the answer go, the leader must not
+    take it for a new request (it would answer `alone` and overwrite the copy); the next publish prunes it."""
+    c = cloud()
+    q = RequestQueue(c.cluster, clock=c.clock)
+    entry = Queued("a", "a:t", spec().to_job_request("a").to_json(), 600.0, c.clock() + 60)
+    q.add(entry)
+    q.add(Queued("b", "b:t", spec().to_job_request("b").to_json(), 600.0, c.clock() + 60))
+    answer = Decided("a", "a:t", {"job_id": "a", "outcome": "fits"}, "p", c.clock() + 120)
+    q.publish([answer], Lead("p", c.clock() + 15, c.clock()))
+    q.add(dataclasses.replace(entry, expires_at=c.clock() + 90))    # the renewal that crossed the answer
+    crossed = q.look("a:t")
+    assert crossed.waits and crossed.answer is not None           # entry and copy side by side
+    assert [e.job_id for e in q.waiting(answered=())] == ["b"]     # the root no longer holds a's answer
+    q.publish((), Lead("p", c.clock() + 15, c.clock()))
+    look = q.look("a:t")
+    assert not look.waits and look.answer is not None and look.answer.plan["outcome"] == "fits"
+    assert [e.job_id for e in q.waiting()] == ["b"]
+
+
 def test_a_queue_patch_the_api_server_gives_up_on_is_tried_again_and_past_that_the_step_defers():
     """A merge patch may still meet a 409 when the API server's own retries give up: a few are tried again;
     a shard that refuses every try makes the place step defer, holding nothing, with no cluster read."""
