@@ -300,6 +300,10 @@ class Batch:
     def led_by(self, now: float) -> str | None:
         return self.leader if self.lease_until > now else None
 
+    def same_but_lease(self, other: Batch) -> bool:
+        """The same leader and answers, the lease perhaps renewed: what only the leader's own renewal changes."""
+        return self.leader == other.leader and self.decided == other.decided
+
     def answer(self, ticket: str) -> Decided | None:
         return next((d for d in self.decided if d.ticket == ticket), None)
 
@@ -474,24 +478,39 @@ class ReservationLedger:
     def claim_nodes(self, nodes: Iterable[dict]) -> None:
         """Before a booking on them: mark each Node as booked through this ledger (ANNOTATION_LEDGER, first
         come, a compare-and-swap on the Node), or raise SecondLedger when one names another: its bookings
-        are in a ledger this one never reads (issue 35 #3)."""
-        for seen in nodes:
-            node, name = seen, seen["metadata"]["name"]
-            while ledger_of(node) != self.identity:
-                owner = ledger_of(node)
-                if owner is not None:
-                    raise SecondLedger(
-                        f"node {name} is booked through ledger {owner}, this deployment's is {self.identity}: two "
-                        f"gpuboot deployments with different ledgers on the same nodes would promise the same GPUs "
-                        f"twice, and one's scale-down would stop a node the other booked. Nothing was booked. Give "
-                        f"every deployment on these nodes the same ledger_namespace, or keep their nodes apart "
-                        f"(node_selector); a node moved for good: kubectl annotate node {name} {ANNOTATION_LEDGER}-")
-                try:
-                    self.kube.merge_patch_node(name, {"metadata": {"annotations": {ANNOTATION_LEDGER: self.identity},
-                                                                   "resourceVersion": node["metadata"].get("resourceVersion")}})
-                    break
-                except Conflict:        # the Node changed since it was read (perhaps claimed): read it again
-                    node = self.kube.get_node(name)
+        are in a ledger this one never reads (issue 35 #3). The Nodes as read are checked first, so a
+        refusal seen there writes nothing; then the unclaimed ones are claimed PARALLEL at once (a batch
+        on a large fleet books ~150 Nodes never booked before: one after the other they took 3.5 s a
+        batch). Each claim is its Node's own compare-and-swap, so doing them at once changes nothing
+        any one of them decides; a claim left behind by a refusal met later only names this ledger on
+        a Node it did not book, which the serial loop did as well."""
+        unclaimed = {}
+        for node in nodes:
+            if ledger_of(node) != self.identity:
+                self._refuse_second(node)
+                unclaimed[node["metadata"]["name"]] = node
+        _each(lambda name: self._claim(unclaimed[name]), sorted(unclaimed), raising=True)
+
+    def _claim(self, node: dict) -> None:
+        name = node["metadata"]["name"]
+        while ledger_of(node) != self.identity:
+            self._refuse_second(node)
+            try:
+                self.kube.merge_patch_node(name, {"metadata": {"annotations": {ANNOTATION_LEDGER: self.identity},
+                                                               "resourceVersion": node["metadata"].get("resourceVersion")}})
+                return
+            except Conflict:        # the Node changed since it was read (perhaps claimed): read it again
+                node = self.kube.get_node(name)
+
+    def _refuse_second(self, node: dict) -> None:
+        owner, name = ledger_of(node), node["metadata"]["name"]
+        if owner is not None and owner != self.identity:
+            raise SecondLedger(
+                f"node {name} is booked through ledger {owner}, this deployment's is {self.identity}: two "
+                f"gpuboot deployments with different ledgers on the same nodes would promise the same GPUs "
+                f"twice, and one's scale-down would stop a node the other booked. Nothing was booked. Give "
+                f"every deployment on these nodes the same ledger_namespace, or keep their nodes apart "
+                f"(node_selector); a node moved for good: kubectl annotate node {name} {ANNOTATION_LEDGER}-")
 
     # ------------------------------------------------------------------ where entries live
     def shard_names(self, count: int | None = None) -> list[str]:
@@ -806,11 +825,13 @@ class ReservationLedger:
 
     def _put_root(self, prev: Part, change: Change, now: float) -> None:
         """The root's batch state, if it is still the one `prev` read (else LedgerConflict): a write of
-        the root that left the batch alone (an offering mark) is no reason to refuse."""
+        the root that left the batch alone (an offering mark), or only renewed its lease (the placer's
+        lease thread, `BatchPlacer.renew`: the same leader, the same answers), is no reason to refuse.
+        Refusing a renewal took back a whole batch whenever a round outlasted a third of the lease."""
         for attempt in range(MIGRATION_ATTEMPTS):
             cm = self.kube.read_configmap(self.namespace, self.name)
             part = Part.from_data((cm or {}).get("data") or {})
-            if cm is None or part.batch != prev.batch or part.format < FORMAT:
+            if cm is None or not part.batch.same_but_lease(prev.batch) or part.format < FORMAT:
                 raise LedgerConflict(f"the batch state in {self.identity} changed since it was read")
             try:
                 return self._cas(self.name, part, cm["metadata"]["resourceVersion"], change, now)

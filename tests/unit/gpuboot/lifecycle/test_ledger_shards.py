@@ -214,3 +214,45 @@ def test_migration_under_format1_writers_and_new_processes_at_once_loses_no_rese
     assert all(held[j] == 1 for j in ["old-start", *landed]), "a format-1 reservation was lost"
     assert all(held[f"new-{i}"] == 1 for i in range(8))
     assert sum(refused.values()) == 4                # every format-1 writer ended refused, loudly
+
+
+def test_nodes_are_claimed_at_once_and_two_ledgers_racing_for_them_never_share_one():
+    """A batch claims every Node it books that no ledger names yet, all at once (ReservationLedger.claim_nodes).
+    Each claim is a compare-and-swap on its Node: racing another ledger's claims (and renewals of our own),
+    every Node ends named by exactly one ledger, a call that returns has named every Node it was given
+    after its own ledger, and one that meets another's Node raises SecondLedger, naming it."""
+    from gpuboot.core.model import ANNOTATION_LEDGER
+    from gpuboot.exceptions import SecondLedger
+    from tests.builders import node
+
+    kube = FakeCluster([node(f"n-{i}") for i in range(40)])
+    ledgers = [ReservationLedger(kube, "team-a"), ReservationLedger(kube, "team-b")]
+    outcome: dict[str, object] = {}
+
+    def claim(actor: str, ledger: ReservationLedger) -> None:
+        try:
+            ledger.claim_nodes([kube.get_node(f"n-{i}") for i in range(40)])
+            outcome[actor] = "claimed"
+        except SecondLedger as exc:
+            outcome[actor] = exc
+
+    actors = [threading.Thread(target=claim, args=(f"{k}-{j}", ledgers[k]), name=f"{k}-{j}")
+              for k in (0, 1) for j in range(3)]
+    run_threads(actors, timeout=30)
+    owners = Counter(kube.get_node(f"n-{i}")["metadata"]["annotations"][ANNOTATION_LEDGER] for i in range(40))
+    assert sum(owners.values()) == 40 and set(owners) <= {"team-a/gpuboot-reservations", "team-b/gpuboot-reservations"}
+    for actor, result in outcome.items():
+        ledger = ledgers[int(actor[0])]
+        if result == "claimed":
+            assert owners == {ledger.identity: 40}
+        else:
+            assert "is booked through ledger" in str(result) and ledger.identity in str(result)
+    assert len(outcome) == 6
+
+    before = {f"n-{i}": kube.get_node(f"n-{i}")["metadata"]["resourceVersion"] for i in range(40)}
+    loser = next(x for x in ledgers if owners.get(x.identity, 0) < 40)
+    kube.put_node(node("n-new"))
+    with pytest.raises(SecondLedger, match="Nothing was booked"):
+        loser.claim_nodes([kube.get_node("n-new"), *(kube.get_node(f"n-{i}") for i in range(40))])
+    assert ANNOTATION_LEDGER not in (kube.get_node("n-new")["metadata"].get("annotations") or {})   # checked first
+    assert {f"n-{i}": kube.get_node(f"n-{i}")["metadata"]["resourceVersion"] for i in range(40)} == before
