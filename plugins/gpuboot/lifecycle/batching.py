@@ -250,14 +250,18 @@ class BatchPlacer:
             # boot-failure marks whose evidence is gone go, as on the single path (booking.outdated_marks)
             outdated = outdated_marks([m for m in state.live_unavailable(now) if m in basis.marks],
                                       basis.survey.nodes, basis.survey.views)
-            plans, added = self.decide(queue, basis.survey, [*state.others("", now), *released],
+            plans, added = self.decide(queue, basis.survey, state.others("", now), released,
                                        [m for m in state.live_unavailable(now) if m not in outdated], now,
                                        answer_rows(state.batch.live(now), len(queue)))
             queue = queue[:len(plans)]  # what the time budget let it place; the rest waits for the next batch
             spent = (based - round_began, b.monotonic() - based)
-            if (released or b.monotonic() - basis.at > VERDICT_MAX_AGE_SECONDS) and any(
-                    p.outcome != Outcome.FITS for p in plans):
-                fresh = True            # a verdict of busy or never rests on a recent read, no release pending
+            unfit = [p for p in plans if p.outcome != Outcome.FITS]
+            if unfit and (released or b.monotonic() - basis.at > VERDICT_MAX_AGE_SECONDS):
+                # a verdict of busy or never rests on a recent read, no release pending
+                self.log.info("batch: %d of %d plans do not fit (job %s: %s) on a read %.1f s old with %d "
+                              "release(s) since; placing the batch again on a fresh read", len(unfit), len(plans),
+                              unfit[0].job_id, unfit[0].outcome.value, b.monotonic() - basis.at, len(released))
+                fresh = True
                 continue
             self.ledger.claim_nodes(plan_nodes(plans, basis.survey.nodes))   # SecondLedger: another ledger books them
             for attempt in range(1, 1 << 30):
@@ -302,14 +306,18 @@ class BatchPlacer:
         return Basis(state.seq, survey(b.kube, b.ecs, state.others("", now), now, b.boot_grace_seconds),
                      read_at, frozenset(state.live_unavailable(now))), []
 
-    def decide(self, queue: Sequence[Queued], seen: Survey, reserved: list[Reservation],
+    def decide(self, queue: Sequence[Queued], seen: Survey, reserved: list[Reservation], released: list[Reservation],
                unavailable: list[Unavailable], now: float, rows: int = ANSWER_ROWS) -> tuple[list[Plan], list[Reservation]]:
-        """Place each queued request in turn against `seen` plus `reserved` plus the ones before it, for
-        DECIDE_SECONDS at most (at least one): a batch must be committed well within the lease, or a waiter
-        takes the lease over and the batch is lost (a thousand jobs on 10,000 nodes take seconds to place)."""
+        """Place each queued request in turn against `seen` plus `reserved` (the live reservations) plus
+        `released` (releases the survey may not show yet, counted as still reserved) plus the ones before
+        it, for DECIDE_SECONDS at most (at least one): a batch must be committed well within the lease, or
+        a waiter takes the lease over and the batch is lost (a thousand jobs on 10,000 nodes take seconds
+        to place). A job with a live reservation holds a placement made meanwhile (answered `alone`); one
+        whose reservations were released holds nothing and is placed (a batch taken back after a
+        conflict left its jobs' tombstones: counted as holders, they were told busy, round after round)."""
         plans, added = [], []
         holders = {r.job_id for r in reserved}
-        views = seen.recounted(reserved, now).views
+        views = seen.recounted([*reserved, *released], now).views
         until = self.booker.monotonic() + DECIDE_SECONDS
         room = ANSWER_BYTES
         for entry in queue:

@@ -508,6 +508,52 @@ def test_a_batch_commit_that_met_only_a_renewal_keeps_its_plans():
     assert still_valid(state, c.ledger().snapshot(), [], c.clock())
 
 
+def test_a_batch_commit_that_meets_its_own_lease_renewed_writes_once_and_takes_nothing_back():
+    """The placer's lease thread renews the lease between a round's read and its commit (a round on 10,000
+    nodes outlasts a third of the lease). The root's batch then differs from the one read by its lease only:
+    the commit goes through. Refused, it took back the batch's reservations (a tombstone each) and placed
+    it again, and those tombstones then read as releases: each job holding them was told busy."""
+    c = cloud()
+    p = BatchPlacer(booker(c), None)
+    me = "placer-1:x"
+    assert p._take_lease(c.ledger().snapshot(), me)
+    RequestQueue(c.cluster, clock=c.clock).add(
+        Queued("job", "job:t", spec().to_job_request("job").to_json(), 600.0, c.clock() + 60))
+    renewed: list[float] = []
+
+    def renew() -> None:                            # a second later, the lease thread renews
+        c.clock.advance(1)
+        assert p.renew(me, below=float("inf"))
+        renewed.append(c.ledger().snapshot().batch.lease_until)
+
+    # once the batch's reservation is in its shard, and before the root is written
+    c.cluster.before_write_when(lambda: bool(held(c)), renew)
+    p.lead(me, stay=True)
+    state = c.ledger().snapshot()
+    assert renewed == [c.clock() + LEASE_SECONDS]
+    assert Plan.from_json(state.batch.answer("job:t").plan).outcome == Outcome.FITS and held(c) == {"job": ["gpu-run"]}
+    assert state.tombstones == ()                   # nothing taken back
+    assert p.booker.full_reads == 1                 # placed once
+
+
+def test_a_queued_job_whose_reservations_were_released_is_placed_not_told_busy():
+    """Releases the survey may not show yet are counted as reserved capacity, but the job they belonged to
+    holds nothing now: it is placed (only a live reservation means a placement made meanwhile)."""
+    from gpuboot.lifecycle.booking import survey
+
+    c = cloud()
+    p = BatchPlacer(booker(c), None)
+    entry = Queued("job", "job:t", spec().to_job_request("job").to_json(), 600.0, c.clock() + 60)
+    gone = Reservation(job_id="job", task="main", node="gpu-run", resources=Resources.parse({"nvidia.com/gpu": 1}),
+                       expires_at=c.clock() + 600)
+    seen = survey(c.cluster, c.ecs, [], c.clock(), 900)
+    plans, added = p.decide([entry], seen, [], [gone], [], c.clock())
+    assert plans[0].outcome == Outcome.FITS
+    assert [r.node for r in added] != ["gpu-run"]   # the released GPU still counted as taken
+    plans, _ = p.decide([entry], seen, [gone], [], [], c.clock())
+    assert plans[0].outcome == Outcome.BUSY and "placement made meanwhile" in plans[0].message
+
+
 def test_a_burst_led_while_the_lease_is_renewed_again_and_again_never_promises_a_gpu_twice():
     """24 waiters at once for the fleet's 4 GPUs while a lease thread renews whoever leads as fast as it
     can (each renewal a compare-and-swap of the root racing the batch commits): 4 fit, 20 are told busy,
