@@ -25,6 +25,8 @@ from gpuboot.exceptions import Conflict, Gone, InvalidRequest
 ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 WATCH_SECONDS = 60      # a watch is re-opened at least this often (cheap; survives idle proxies)
 PAGE = 500
+POOL = 32               # connections kept per client: the ledger's and the claims' parallel calls, the placer's
+                        # watches and lease thread (the client's default, 5 per core, churned a connection a call)
 # What launching a job's pods needs in its namespace, (apiGroup, resource, verb): the Role
 # gpuboot-jobs of deploy/kubernetes/rbac.yaml (tests/static/test_permissions.py keeps the two equal).
 # The place step reviews them (KubeClient.denied) before it reserves or boots anything.
@@ -80,8 +82,14 @@ class KubeClient:
 
     @cached_property
     def core(self):
+        from kubernetes.client.rest import RESTClientObject
+
         core = self.hook.core_v1_client
-        mask_credentials(core.api_client.configuration)
+        configuration = core.api_client.configuration
+        mask_credentials(configuration)
+        if (configuration.connection_pool_maxsize or 0) < POOL:
+            configuration.connection_pool_maxsize = POOL
+            core.api_client.rest_client = RESTClientObject(configuration)
         return core
 
     def _list(self, method, **kwargs) -> list[dict]:

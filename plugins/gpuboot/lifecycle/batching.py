@@ -218,20 +218,22 @@ class BatchPlacer:
         return self.booker.book(self.spec, job_id)      # LedgerContended from there: the step defers
 
     # ------------------------------------------------------------------ the leader
-    def lead(self, me: str, view: ClusterView | None = None, stay: bool = False) -> None:
+    def lead(self, me: str, view: ClusterView | None = None, stay: bool = False,
+             state: LedgerState | None = None) -> None:
         """Decide every queued request, batch after batch, until the queue is empty (module doc).
         `view`: the cluster from a watch-fed view (`gpuboot.lifecycle.placer`), full reads only when
         it cannot say what it covers; `stay`: keep the lease when the queue is empty (a placer
-        leads for as long as it lives; a place step hands over)."""
+        leads for as long as it lives; a place step hands over); `state`: the ledger as the caller
+        has just read it, for the first round (a thousand waiters queueing make every read slow)."""
         b = self.booker
         basis: Basis | None = None
-        fresh = False
+        fresh, first = False, state
         began = b.monotonic()
         if not stay:
             b.sleep(GATHER_SECONDS)     # let the rest of a burst queue behind the one read
         while True:
             self.alive_at = round_began = b.monotonic()
-            state = self.ledger.snapshot()
+            state, first = (first if first is not None else self.ledger.snapshot()), None
             now = b.clock()
             if state.batch.led_by(now) != me:
                 self.lost_to = state.batch.led_by(now)

@@ -73,7 +73,6 @@ class Placer:
             self.batcher.alive_at = b.monotonic()
             try:
                 state = ledger.snapshot()
-                self.view.note(ledger.name, state)
                 now = b.clock()
                 leader = state.batch.led_by(now)
                 if leader not in (None, self.me):
@@ -86,12 +85,14 @@ class Placer:
                     stop.wait(min(LEASE_CHECK_SECONDS, max(0.1, state.batch.lease_until - now + 0.1)))
                     continue
                 self.led = leader == self.me
-                if (leader is None or state.batch.lease_until - now < LEASE_SECONDS * 2 / 3) and \
-                        not self.batcher._take_lease(state, self.me):
+                taking = leader is None or state.batch.lease_until - now < LEASE_SECONDS * 2 / 3
+                if taking and not self.batcher._take_lease(state, self.me):
                     continue                            # someone wrote meanwhile: look again
                 if latest_per_job(self.batcher.queue.waiting(d.ticket for d in state.batch.decided)):
-                    self.batcher.lead(self.me, view=self.view, stay=True)
+                    # the read it leads from, unless taking the lease has just moved the root past it
+                    self.batcher.lead(self.me, view=self.view, stay=True, state=None if taking else state)
                     continue
+                self.view.note(ledger.name, state)      # idle: the view keeps up with the ledger's writes
                 stop.wait(self.poll_seconds)
             except Exception:  # the loop outlives any one failure (API down, ECS throttled): log and go on
                 self.log.exception("placer %s: a round failed; trying again", self.me)
