@@ -143,13 +143,17 @@ class BatchPlacer:
         ticket = f"{job_id}:{uuid.uuid4().hex[:12]}"
         entry = Queued(job_id, ticket, request.to_json(), ttl, b.clock() + QUEUED_SECONDS)
         try:
-            self.queue.add(entry)   # a merge patch of its shard: a conflict only when the API server gives up
+            waiting = self.queue.add(entry)   # a merge patch of its shard: a conflict only when the API server gives up
         except LedgerConflict as exc:
             raise LedgerContended(f"could not queue job {job_id} for a batch ({exc}); nothing held, retry later") \
                 from None
         check_every = min(LEASE_CHECK_SECONDS, b.contended_seconds / 3)    # sees a leader's progress within its budget
-        # the caller's read (just before queueing) says whether someone leads: if not, look at once
+        # the caller's read (just before queueing) says whether someone leads: if not, look at once; if so,
+        # its answer is a round away at least, so the first look waits like the later ones (a thousand waiters
+        # all looking at once, right after queueing, slowed the API server the leader's round needs)
         checked = b.monotonic() if state.batch.led_by(b.clock()) is not None else -check_every
+        if checked >= 0:
+            b.sleep(poll_seconds(waiting, b.rng))
         longest = b.monotonic() + PROGRESS_WAIT_SECONDS
         while True:
             # its shard says whether it still waits, its answer once decided, and the leader's last commit

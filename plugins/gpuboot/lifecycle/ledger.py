@@ -1213,28 +1213,31 @@ class RequestQueue:
         return QueueShard(tuple(sorted(entries, key=lambda q: q.expires_at)), tuple(answers),
                           Lead.from_json(lead) if lead else None, cm["metadata"]["resourceVersion"], frozenset(stale))
 
-    def _patch(self, name: str, data: Mapping[str, str | None], attempts: int = 5) -> None:
+    def _patch(self, name: str, data: Mapping[str, str | None], attempts: int = 5) -> dict:
         """One merge patch of shard `name`'s data (None removes a key); the shard made when missing. The API
         server retries a patch's own conflicts, but may still answer 409 under heavy contention: tried
-        again after a pause, LedgerConflict after `attempts`."""
+        again after a pause, LedgerConflict after `attempts`. The shard as written."""
         body = {"metadata": {"labels": {"app.kubernetes.io/managed-by": "gpuboot"}}, "data": dict(data)}
         for attempt in range(attempts):
             try:
-                if self.kube.merge_patch_configmap(self.namespace, name, body) is not None:
-                    return
-                self.kube.create_configmap(self.namespace, {
+                written = self.kube.merge_patch_configmap(self.namespace, name, body)
+                if written is not None:
+                    return written
+                return self.kube.create_configmap(self.namespace, {
                     "apiVersion": "v1", "kind": "ConfigMap", **body,
                     "metadata": {**body["metadata"], "name": name, "namespace": self.namespace},
                     "data": {k: v for k, v in data.items() if v is not None}})
-                return
             except Conflict:        # made meanwhile by another (then patch it), or a conflict the server gave up on
                 time.sleep(backoff(attempt))
         raise LedgerConflict(f"queue shard {self.namespace}/{name}: {attempts} writes answered 409 Conflict")
 
-    def add(self, entry: Queued) -> None:
-        """Queue (or renew) `entry`: one merge patch, which never conflicts."""
-        self._patch(self.shard_of(entry.ticket),
-                    {_queue_key(ENTRY_PREFIX, entry.ticket): json.dumps(entry.to_json(), sort_keys=True)})
+    def add(self, entry: Queued) -> int:
+        """Queue (or renew) `entry`: one merge patch, which never conflicts. About how many wait in all, by
+        the entries the patch's answer shows in this shard (the waiter paces its first look by it)."""
+        written = self._patch(self.shard_of(entry.ticket),
+                              {_queue_key(ENTRY_PREFIX, entry.ticket): json.dumps(entry.to_json(), sort_keys=True)})
+        data = (written or {}).get("data") or {}
+        return sum(k.startswith(ENTRY_PREFIX) for k in data) * len(self.shards)
 
     def look(self, ticket: str) -> Look:
         """The waiter's poll: one read of its ticket's shard."""

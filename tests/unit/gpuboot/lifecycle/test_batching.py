@@ -21,6 +21,7 @@ from gpuboot.core.resources import Resources
 from gpuboot.lifecycle.batching import (
     ANSWER_ROWS,
     LEASE_SECONDS,
+    POLL_SECONDS,
     PROGRESS_WAIT_SECONDS,
     BatchPlacer,
     answer_rows,
@@ -683,6 +684,30 @@ def test_a_renewal_that_crossed_its_answer_does_not_queue_the_job_again():
     look = q.look("a:t")
     assert not look.waits and look.answer is not None and look.answer.plan["outcome"] == "fits"
     assert [e.job_id for e in q.waiting()] == ["b"]
+
+
+@pytest.mark.parametrize("led", [True, False])
+def test_a_waiter_behind_a_live_lease_waits_before_its_first_look_as_long_as_the_crowd_says(led, monkeypatch):
+    """Queued behind a leader, a waiter's answer is a round away at least: it pauses before its first look, by
+    the crowd its queue patch's answer showed (a thousand waiters looking at once, right after queueing, slowed
+    the API server the leader needed). With nobody leading it looks at once (it may have to lead)."""
+    c = cloud()
+    events: list = []
+    look = RequestQueue.look
+    monkeypatch.setattr(RequestQueue, "look", lambda self, ticket: events.append("look") or look(self, ticket))
+    queue = RequestQueue(c.cluster, clock=c.clock)
+    for i in range(300):                             # a crowd queued before it
+        queue.add(Queued(f"other-{i}", f"other-{i}:t", spec().to_job_request(f"other-{i}").to_json(), 600.0,
+                         c.clock() + 60))
+    if led:
+        assert BatchPlacer(booker(c), None)._take_lease(c.ledger().snapshot(), "placer-1:x")
+    b = booker(c, contended_seconds=0.5, sleep=lambda s: events.append(s) or c.clock.advance(s))   # the lease lapses
+    book_first(b, spec(), "job")
+    first = next(i for i, e in enumerate(events) if e == "look")
+    if led:
+        assert first == 1 and events[0] >= POLL_SECONDS[0] * 2      # ~300 waiting: at least twice the base pause
+    else:
+        assert first == 0
 
 
 def test_a_queue_patch_the_api_server_gives_up_on_is_tried_again_and_past_that_the_step_defers():
