@@ -93,6 +93,11 @@ class KubeClient:
         return core
 
     def _list(self, method, **kwargs) -> list[dict]:
+        return self._paged(method, **kwargs)[0]
+
+    @staticmethod
+    def _paged(method, **kwargs) -> tuple[list[dict], str]:
+        """Every item of a LIST, PAGE at a time, and the resourceVersion the pages share (one snapshot)."""
         items: list[dict] = []
         token = None
         with collector_paused():
@@ -101,7 +106,7 @@ class KubeClient:
                 items.extend(page.get("items") or [])
                 token = (page.get("metadata") or {}).get("continue")
                 if not token:
-                    return items
+                    return items, (page.get("metadata") or {}).get("resourceVersion") or ""
 
     def list_nodes(self) -> list[dict]:
         return self._list(self.core.list_node)
@@ -122,15 +127,7 @@ class KubeClient:
         collection's resourceVersion at the read (one consistent snapshot: the pages share it), which
         a watch of the same collection resumes from (`stream_events`)."""
         method, kwargs = self._collection(kind)
-        items: list[dict] = []
-        token = None
-        with collector_paused():
-            while True:
-                page = _raw(method(limit=PAGE, _continue=token, _preload_content=False, **kwargs))
-                items.extend(page.get("items") or [])
-                token = (page.get("metadata") or {}).get("continue")
-                if not token:
-                    return items, page["metadata"]["resourceVersion"]
+        return self._paged(method, **kwargs)
 
     def stream_events(self, kind: str, resource_version: str, timeout_seconds: int) -> Iterator[tuple[str, dict]]:
         """(type, object) of every event of one watch of `kind`'s collection from `resource_version`,
