@@ -38,6 +38,8 @@ DEFAULT_SPARE_HOLDS = 1          # nodes held beyond what the job needs, when th
 DEFAULT_MAX_HOLDS = 1              # jobs holding nodes at once: the first starving ones in line (Slurm's top job)
 DEFAULT_HOLD_SECONDS = 3600.0     # hold only nodes whose work is younger, and for at most this long
 DEFAULT_PREEMPT_AFTER_SECONDS = 1800.0   # a held job still waiting this long may preempt preemptible jobs
+ROOM_LOSS_FACTOR = 2.0            # rooms losing up to this times the least loss (`choose_room`) rank by the teams' waits
+ROOM_LOSS_FLOOR = 3600.0          # losses under this count as this (a few minutes' run is no reason to pick a team)
 _UP = (NodeState.READY, NodeState.BOOTING)
 
 
@@ -286,6 +288,7 @@ class Running:
     started_at: float = 0.0
     enqueued_at: float = 0.0
     expected_runtime: float | None = None    # as the job stated it (None: not stated): `expected_end`
+    team: str = DEFAULT_TEAM                 # whose waits a requeue adds to (`owed`, `choose_room`)
 
 
 Releases = Mapping[str, Sequence[tuple[int, float | None]]]   # node -> (GPUs, expected end or None) per job on it
@@ -485,12 +488,40 @@ def victims(entry: Entry, hold: Hold, nodes: Sequence[NodeView], running: Sequen
     return chosen if covered >= entry.tasks else []
 
 
+def owed(entries: Iterable[Entry], running: Iterable[Running], now: float) -> dict[str, float]:
+    """Per team, the waits the queue can see: its running jobs' (enqueue to start; a requeued job's
+    counts from its first enqueue, its lost runs included) and its waiting jobs' so far. A requeue adds
+    its victim's run so far to its team's (`choose_room`)."""
+    out: dict[str, float] = {}
+    for job in running:
+        out[job.team] = out.get(job.team, 0.0) + max(0.0, job.started_at - job.enqueued_at)
+    for e in entries:
+        out[e.team] = out.get(e.team, 0.0) + max(0.0, now - e.enqueued_at)
+    return out
+
+
+def _fairness(waits: Mapping[str, float], going: Sequence[Running], now: float) -> float:
+    """Jain's index over the teams' waits (`owed`) once `going` are requeued, each adding its run so far
+    to its team's (1: every team alike; one team or none: 1)."""
+    after = dict(waits)
+    for job in going:
+        after[job.team] = after.get(job.team, 0.0) + max(0.0, now - job.started_at)
+    squares = sum(v * v for v in after.values())
+    return sum(after.values()) ** 2 / (len(after) * squares) if squares else 1.0
+
+
 def choose_room(entry: Entry, nodes: Sequence[NodeView], taken: Iterable[str], running: Sequence[Running],
-                now: float, config: QueueConfig) -> Hold | None:
+                now: float, config: QueueConfig, waits: Mapping[str, float] | None = None) -> Hold | None:
     """The nodes (none held for another job) where preempting makes room for the whole job losing the
     least work: per node that fits, the longest any of its victims (`_clearing`) has run, then the
     GPU-seconds they have run in all, then the fewest GPUs to drain, then the youngest work; a gang takes
     nodes in that order until covered. None when no such room needs a preemption.
+
+    `waits` (`owed`: the teams' waits so far): among the rooms whose longest loss is within
+    ROOM_LOSS_FACTOR of the least (losses under ROOM_LOSS_FLOOR counted as that), those that leave the
+    teams' waits the most even (`_fairness`, Jain's index) go first, as Kueue's fair-sharing preemption
+    takes from the team ahead: a few requeued runs of days set the teams' mean waits, and on a node
+    of one team's long jobs they fell on that team alone (docs/performance.md, The job queue).
 
     Why the work lost: a requeued job runs again from its start and its wait counts from its first
     arrival, so a victim that had run for days waits days more, and a few such waits set the tail and
@@ -512,15 +543,17 @@ def choose_room(entry: Entry, nodes: Sequence[NodeView], taken: Iterable[str], r
         ran = [max(0.0, now - job.started_at) for job in going]
         lost = (max(ran, default=0.0), sum(job.requests.gpus * r for job, r in zip(going, ran)))
         drain = max(0, entry.requests.gpus * copies - n.free.gpus)
-        ranked.append((lost, drain, -(n.busy_since or now), n.name, copies, bool(going)))
-    ranked.sort()
+        ranked.append((lost, drain, -(n.busy_since or now), n.name, copies, going))
+    near = max(min((r[0][0] for r in ranked), default=0.0), ROOM_LOSS_FLOOR) * ROOM_LOSS_FACTOR
+    ranked.sort(key=lambda r: ((0, -_fairness(waits, r[5], now)) if waits is not None and r[0][0] <= near
+                               else (1, 0.0), *r[:4]))
     chosen, covered, any_going = [], 0, False
     for *_, name, copies, goes in ranked:
         if covered >= entry.tasks:
             break
         chosen.append(name)
         covered += copies
-        any_going = any_going or goes
+        any_going = any_going or bool(goes)
     if covered < entry.tasks or not any_going:
         return None
     return Hold(entry.job_id, tuple(sorted(chosen)), None, now)
@@ -677,7 +710,7 @@ def run_pass(entries: Sequence[Entry], *, now: float, config: QueueConfig, usage
                 # no node drains soon: hold one where requeuing preemptible jobs makes room losing the
                 # least work (`choose_room`), else keep what there is; a hold due within
                 # preempt_after_seconds is waited for instead
-                room = choose_room(entry, nodes(), taken, movable, now, config)
+                room = choose_room(entry, nodes(), taken, movable, now, config, owed(entries, running, now))
                 hold = room if room and victims(entry, room, nodes(), movable, now, config) else hold
             if hold is None:
                 holds.pop(entry.job_id, None)

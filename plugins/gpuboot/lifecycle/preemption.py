@@ -115,13 +115,13 @@ def running_jobs(state: QueueState, pods: Sequence[Mapping], now: float,
         started = parse_time((pod.get("status") or {}).get("startTime")) or parse_time(meta.get("creationTimestamp"))
         out.append(Running(job.job_id, spec["nodeName"], job.entry.requests, job.entry.priority_class,
                            job.entry.preemptible, now if started is None else started, job.entry.enqueued_at,
-                           job.entry.expected_runtime))
+                           job.entry.expected_runtime, job.entry.team))
     with_pods = {r.job_id for r in out}
     for r in reservations:
         job = admitted.get(r.job_id)
         if job is not None and job.entry is not None and r.job_id not in with_pods and r.expires_at > now:
             out.append(Running(job.job_id, r.node, r.resources, job.entry.priority_class, job.entry.preemptible,
-                               now, job.entry.enqueued_at))
+                               now, job.entry.enqueued_at, team=job.entry.team))
     return out
 
 

@@ -414,11 +414,13 @@ class Simulation:
         boot, started now with no known end (no work lost: the first a preemption takes)."""
         known, now = self.config.expected_runtime, self.clock.now
         running = [Running(name, node.name, job.requests, preemptible=self._preemptible(job), started_at=began,
-                           enqueued_at=job.arrival, expected_runtime=job.run_seconds if known else None)
+                           enqueued_at=job.arrival, expected_runtime=job.run_seconds if known else None,
+                           team=team_of(job.name, self.config.teams))
                    for node in self.nodes.values() for name, began in node.running.items()
                    for job in (self.job_by_name[name],)]
         booting = [Running(job.name, node.name, job.requests, preemptible=self._preemptible(job), started_at=now,
-                           enqueued_at=job.arrival) for node in self.nodes.values() for job in node.waiting]
+                           enqueued_at=job.arrival, team=team_of(job.name, self.config.teams))
+                   for node in self.nodes.values() for job in node.waiting]
         return running + booting
 
     def _preempt(self, name: str) -> None:

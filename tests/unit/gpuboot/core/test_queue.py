@@ -18,6 +18,7 @@ from gpuboot.core.queue import (
     expected_end,
     never_fits_quota,
     ordered,
+    owed,
     quota_blocker,
     reach,
     releases_of,
@@ -452,6 +453,43 @@ def test_room_is_made_where_the_victims_lose_the_least_work_not_where_the_fewest
     assert choose_room(big, nodes, (), same, now, config).nodes == ("n1",)   # n2's other 3 GPUs may not go
     nodes = [t4("n1", used=1, busy_since=now - 600), t4("n2", used=1, busy_since=now - 900)]
     assert choose_room(big, nodes, (), same, now, config).nodes == ("n1",)   # equal losses: the youngest work
+
+
+def test_owed_sums_each_teams_waits_of_its_running_and_waiting_jobs():
+    running = [dataclasses.replace(running_on("n1", "a1", 1, 500, team="a"), enqueued_at=100),      # waited 400
+               dataclasses.replace(running_on("n1", "a2", 1, 900, team="a"), enqueued_at=900),      # waited 0
+               dataclasses.replace(running_on("n2", "b1", 1, 50, team="b"), enqueued_at=0)]         # waited 50
+    assert owed([entry("w", at=700, team="b"), entry("x", at=1_000, team="c")], running, 1_000) == \
+        {"a": 400.0, "b": 350.0, "c": 0.0}
+
+
+def test_among_rooms_losing_about_as_much_the_one_that_evens_the_teams_waits_goes_first():
+    """n1's victim (team a) has run 10 h, n2's (team b) 15 h: within a factor of two, so the teams'
+    waits decide: team a has waited days already, so b's job goes (before: a's, the least work, and the
+    requeued runs of days fell on whichever team's job sat on that node). n3's victim (team c, 30 h) is
+    beyond the factor: never for fairness. With one team, or without the waits, the least work goes."""
+    config = QueueConfig()
+    now = 1_000_000.0
+    nodes = [t4(f"n{i}", used=1, busy_since=0) for i in (1, 2, 3)]
+    running = [running_on("n1", "a-job", 1, now - 36_000, preemptible=True, team="a"),
+               running_on("n2", "b-job", 1, now - 54_000, preemptible=True, team="b"),
+               running_on("n3", "c-job", 1, now - 108_000, preemptible=True, team="c")]
+    big = entry("big", gpus=8, at=now - 3_000, team="d")
+    waits = {"a": 500_000.0, "b": 0.0, "c": 0.0, "d": 3_000.0}
+    assert choose_room(big, nodes, (), running, now, config).nodes == ("n1",)
+    assert choose_room(big, nodes, (), running, now, config, waits).nodes == ("n2",)
+    assert choose_room(big, nodes, ("n2",), running, now, config, waits).nodes == ("n1",)   # n3: too much lost
+    alike = [dataclasses.replace(r, team="default") for r in running]
+    assert choose_room(entry("big", gpus=8, at=now - 3_000), nodes, (), alike, now, config,
+                       {"default": 500_000.0}).nodes == ("n1",)
+    short = [dataclasses.replace(running[0], started_at=now - 600), dataclasses.replace(running[1], started_at=now - 3_000)]
+    assert choose_room(big, nodes[:2], (), short, now, config, waits).nodes == ("n2",)   # both under an hour: alike
+    fleet = Fleet(*nodes)       # the pass counts the teams' waits itself (owed): team a's running job waited days
+    waited = dataclasses.replace(running_on("n4", "a-old", 8, now - 100, team="a"), enqueued_at=now - 500_000)
+    result = run_pass([big], now=now, config=config, usage={}, capacity={"T4": 32}, holds={},
+                      nodes=lambda: [*fleet.nodes(), t4("n4", used=8, busy_since=0)],
+                      attempt=fleet.attempt, commit=fleet.commit, running=[*running, waited])
+    assert result.holds["big"].nodes == ("n2",) and result.preempt["big"] == ["b-job"]
 
 
 def test_a_gang_takes_the_rooms_that_lose_least_until_all_its_tasks_are_covered():

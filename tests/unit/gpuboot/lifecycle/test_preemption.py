@@ -188,11 +188,12 @@ def test_dropping_a_victims_reservations_keeps_its_job_record_and_is_idempotent(
 
 def test_running_jobs_are_the_admitted_jobs_live_pods():
     c = cloud({"gpu2": ("Running", T4X2)})
-    running(c, "low", spec("low", **LOW))
+    running(c, "low", spec("low", team="vision", **LOW))
     c.cluster.add_pod(pod("stranger", "gpu2", labels={LABEL_JOB: "not-admitted"}))
     state = JobQueue(c.cluster).snapshot()
     (one,) = running_jobs(state, c.cluster.list_active_pods(), c.clock())
     assert (one.job_id, one.node, one.priority_class, one.preemptible) == ("low", "gpu2", "low", True)
+    assert one.team == "vision"             # whose waits its requeue would add to (queue.choose_room)
 
 
 def test_a_preemptor_dying_after_its_queue_write_leaks_nothing():

@@ -1,4 +1,5 @@
 """What the replay reports about the queue: waits per job size, timeouts, fairness across teams."""
+from gpuboot.replay import sim
 from gpuboot.replay.cli import size_rows
 from gpuboot.replay.metrics import Recorder, bounded_slowdown, jain, overload, size_bucket, team_of
 from gpuboot.replay.policies import AllocateTime, Gpuboot, GpubootNoQueue
@@ -74,6 +75,23 @@ def test_a_held_job_requeues_preemptible_jobs_once_it_has_waited_past_the_thresh
     assert 0 < preempting["preemptions"] <= 8 and preempting["preempted_gpu_hours"] > 0
     assert preempting["by_size"]["5-8 GPUs"]["wait_max_seconds"] <= 600 + 1_800 + 3 * 30
     assert preempting["by_size"]["1 GPU"]["started"] == 40           # requeued, not failed: all ran again
+
+
+def test_the_replay_gives_the_pass_each_placed_jobs_team_as_live_does(monkeypatch):
+    """The rows `run_pass` sees carry each job's team (team_of, as its queue entry), so the room a
+    preemption makes is chosen by the teams' waits in the replay as live (queue.choose_room)."""
+    seen = []
+
+    def spy(entries, **kw):
+        seen.extend(kw["running"])
+        return real(entries, **kw)
+    real = sim.run_pass
+    monkeypatch.setattr(sim, "run_pass", spy)
+    small = [job(f"s{i:03d}", i * 100, 20_000, gpus=1) for i in range(12)]
+    run(Gpuboot(spare_seconds=0), [node("a", 8, 64)], [*small, job("big", 2_000, 500, gpus=8)], end=30_000,
+        preemptible=1.0)
+    assert seen and {(r.job_id, r.team) for r in seen} == {(r.job_id, team_of(r.job_id, 4)) for r in seen}
+    assert len({r.team for r in seen}) > 1
 
 
 def test_a_job_placed_on_a_node_still_booting_is_preempted_first_as_live():
