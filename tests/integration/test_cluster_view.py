@@ -14,10 +14,10 @@ import time
 from gpuboot.core.model import LABEL_JOB, LABEL_TASK
 from gpuboot.hooks.ecs import EcsHook
 from gpuboot.hooks.kube import KubeClient
-from gpuboot.lifecycle.batching import LEASE_SECONDS, book_first
+from gpuboot.lifecycle.batching import book_first
 from gpuboot.lifecycle.booking import Booker
 from gpuboot.lifecycle.ledger import ReservationLedger
-from gpuboot.lifecycle.placer import Placer
+from gpuboot.lifecycle.placer import PLACER_LEASE_SECONDS, Placer
 from gpuboot.lifecycle.view import ClusterView
 from simcloud.harness import wait_until
 from tests.unit.gpuboot.lifecycle.test_batching import spec
@@ -79,11 +79,11 @@ def test_a_restarted_placer_takes_the_lease_over_and_answers_from_its_view(cloud
     assert wait_until(lambda: ledger.snapshot().batch.led_by(time.time()) == first.me, timeout=60)
     stop_first.set()                                    # it dies holding the lease (no step-down)
     thread.join(30)
-    dead_until = ledger.snapshot().batch.lease_until    # renewed every ~LEASE_SECONDS / 3: up to 15 s left
+    dead_until = ledger.snapshot().batch.lease_until    # renewed at two thirds left: up to 30 s left
     second, stop_second, thread2 = placer("second")
     try:
-        assert wait_until(lambda: ledger.snapshot().batch.led_by(time.time()) == second.me, timeout=LEASE_SECONDS + 30)
-        taken_at = ledger.snapshot().batch.lease_until - LEASE_SECONDS   # when it wrote (or last renewed) its lease
+        assert wait_until(lambda: ledger.snapshot().batch.led_by(time.time()) == second.me, timeout=PLACER_LEASE_SECONDS + 30)
+        taken_at = ledger.snapshot().batch.lease_until - PLACER_LEASE_SECONDS   # when it took (or renewed) it
         assert taken_at >= dead_until                   # not before the dead one's lease ran out
         step = Booker(kube, EcsHook(), ledger, LOG)
         booking = book_first(step, spec("after-restart"), "after-restart")

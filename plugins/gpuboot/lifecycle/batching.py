@@ -125,8 +125,8 @@ class BatchPlacer:
     """The group-commit path for a first placement (see the module doc), on `booker`'s clients,
     clock and contention budget."""
 
-    def __init__(self, booker: Booker, spec: JobSpec) -> None:
-        self.booker, self.spec = booker, spec
+    def __init__(self, booker: Booker, spec: JobSpec, lease_seconds: float = LEASE_SECONDS) -> None:
+        self.booker, self.spec, self.lease_seconds = booker, spec, lease_seconds   # the lease it takes, as leader
         self.ledger, self.log = booker.ledger, booker.log
         self.queue = RequestQueue(booker.ledger.kube, booker.ledger.namespace, booker.ledger.name, booker.clock)
         self.alive_at = booker.monotonic()     # the leader's loop last came round (`renew` keeps a live one's lease)
@@ -192,7 +192,7 @@ class BatchPlacer:
     def _take_lease(self, state: LedgerState, me: str) -> bool:
         """Become the leader, if nobody is (one compare-and-swap; losing it means another did)."""
         now = self.booker.clock()
-        batch = dataclasses.replace(state.batch.live(now), leader=me, lease_until=now + LEASE_SECONDS)
+        batch = dataclasses.replace(state.batch.live(now), leader=me, lease_until=now + self.lease_seconds)
         try:
             self.ledger.put_batch(state, batch)
             return True
@@ -357,7 +357,7 @@ class BatchPlacer:
         answers = tuple(Decided(q.job_id, q.ticket, compact(p, rows).to_json(), me.split(":", maxsplit=1)[0],
                                 now + DECIDED_SECONDS, alone=q.job_id in holders and p.outcome != Outcome.FITS)
                         for q, p in zip(queue, plans))
-        batch = Batch(kept_answers(live.decided, answers), me, now + LEASE_SECONDS)
+        batch = Batch(kept_answers(live.decided, answers), me, now + self.lease_seconds)
         # never removes a reservation: its pod may still be bound (the tombstone rule of gpuboot.lifecycle.booking)
         self.ledger._write([*state.reservations, *added], [m for m in state.unavailable if m not in set(outdated)], state,
                            state.jobs, batch=batch)
@@ -373,15 +373,17 @@ class BatchPlacer:
                       "written %.2f s)", len(queue), sum(p.outcome == Outcome.FITS for p in plans), *spent,
                       self.booker.monotonic() - began)
 
-    def renew(self, me: str, below: float = LEASE_SECONDS * 2 / 3) -> bool:
-        """The lease renewed if `me` holds it with less than `below` seconds of it left (one compare-and-swap
+    def renew(self, me: str, below: float | None = None) -> bool:
+        """The lease renewed if `me` holds it with less than `below` seconds of it left (two thirds of the
+        lease by default; one compare-and-swap
         of the root; losing it to a batch commit is fine, that renewed it), and its copy in the queue shards,
         `at` unchanged (waiters take a new `at` for a committed batch). Whether it was renewed."""
         state = self.ledger.snapshot()
         now = self.booker.clock()
-        if state.batch.led_by(now) != me or state.batch.lease_until - now >= below:
+        if state.batch.led_by(now) != me or state.batch.lease_until - now >= (
+                self.lease_seconds * 2 / 3 if below is None else below):
             return False
-        batch = dataclasses.replace(state.batch.live(now), lease_until=now + LEASE_SECONDS)
+        batch = dataclasses.replace(state.batch.live(now), lease_until=now + self.lease_seconds)
         try:
             self.ledger.put_batch(state, batch)
         except LedgerConflict:

@@ -13,7 +13,7 @@ placement CPU on a 10,000-node fleet would delay every readiness watch.
 
 Several placers (HA). Each keeps its own view; one holds the lease (a compare-and-swap on the
 ledger), the others check it every LEASE_CHECK_SECONDS and one of them takes it over when it
-expires (a placer killed or partitioned: LEASE_SECONDS). Two placers can never both commit a batch
+expires (a placer killed or partitioned: PLACER_LEASE_SECONDS). Two placers can never both commit a batch
 on the same ledger state: each batch write is compare-and-swapped against the ledger it was
 planned from, the lease only says who should try.
 
@@ -21,7 +21,10 @@ Keeping the lease. A thread renews it when less than two thirds of it are left (
 the ledger root, and its copy in the queue shards: `BatchPlacer.renew`), whatever the placer is
 doing: one round of a batch on 10,000 nodes (its view re-listing 80,000 pods after a 410, every
 instance described again) can take longer than the lease, and a lapsed lease hands the queue to a
-place step, which leads with full reads of the cluster. A renewal races a batch commit harmlessly:
+place step, which leads with full reads of the cluster. A placer's lease is twice a place step's
+(PLACER_LEASE_SECONDS): on the real control plane a thousand waiters queueing at once made one
+renewal take 15-17 s, and a lease lapsed then sent place steps to lead with full reads under that
+same load (343 of 1,000 jobs failed on 504s in one run); a dead placer costs its waiters 30 s. A renewal races a batch commit harmlessly:
 both are compare-and-swaps of the root, and a commit whose only conflict was a renewal keeps its
 plans (`batching.still_valid`). The thread renews only while the placer's loop comes round (within
 STUCK_SECONDS): a placer stuck for good lets its lease lapse, and its waiters, who wait only while
@@ -45,6 +48,7 @@ from gpuboot.lifecycle.booking import Booker
 from gpuboot.lifecycle.view import ClusterView
 
 POLL_SECONDS = 1.0          # how often the lease holder looks at the queue when idle (every shard: 32 GETs)
+PLACER_LEASE_SECONDS = 2 * LEASE_SECONDS    # a placer's lease (module doc, "Keeping the lease")
 RENEW_SECONDS = LEASE_SECONDS / 5   # how often the lease thread looks (it renews at two thirds left)
 STUCK_SECONDS = 120         # a placer whose loop has not come round for this long lets its lease lapse
 
@@ -56,7 +60,7 @@ class Placer:
                  poll_seconds: float = POLL_SECONDS) -> None:
         self.booker, self.view, self.poll_seconds = booker, view, poll_seconds
         self.me = f"placer-{name or socket.gethostname()}-{os.getpid()}:{uuid.uuid4().hex[:12]}"
-        self.batcher = BatchPlacer(booker, None)   # type: ignore[arg-type]  # the leader never reads a spec
+        self.batcher = BatchPlacer(booker, None, PLACER_LEASE_SECONDS)   # type: ignore[arg-type]  # no spec read
         self.log = booker.log
         self.led = False        # held the lease at the last look
 
@@ -79,13 +83,13 @@ class Placer:
                     if self.led or self.batcher.lost_to:
                         self.log.warning("placer %s: %s leads now (our lease ran out: was this process starved "
                                          "of CPU, or the API server too slow to renew it, for %.0f s?); standing by",
-                                         self.me, leader, LEASE_SECONDS * 2 / 3)
+                                         self.me, leader, PLACER_LEASE_SECONDS * 2 / 3)
                     self.led, self.batcher.lost_to = False, None
                     # standing by: another placer (or a place step) leads; look again when its lease would lapse
                     stop.wait(min(LEASE_CHECK_SECONDS, max(0.1, state.batch.lease_until - now + 0.1)))
                     continue
                 self.led = leader == self.me
-                taking = leader is None or state.batch.lease_until - now < LEASE_SECONDS * 2 / 3
+                taking = leader is None or state.batch.lease_until - now < PLACER_LEASE_SECONDS * 2 / 3
                 if taking and not self.batcher._take_lease(state, self.me):
                     continue                            # someone wrote meanwhile: look again
                 if latest_per_job(self.batcher.queue.waiting(d.ticket for d in state.batch.decided)):
@@ -113,7 +117,7 @@ class Placer:
             took = self.booker.monotonic() - began
             if took > RENEW_SECONDS:
                 self.log.warning("placer %s: renewing the lease took %.1f s (the API server is slow, or this process "
-                                 "starved of CPU): it lapses after %.0f s", self.me, took, LEASE_SECONDS)
+                                 "starved of CPU): it lapses after %.0f s", self.me, took, PLACER_LEASE_SECONDS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -762,8 +762,10 @@ def test_the_placers_lease_thread_renews_while_its_loop_comes_round_and_never_wh
     renewals = []
     renew = p.batcher.renew
     p.batcher.renew = lambda me: renewals.append(me) or renew(me)
+    lease = placer_module.PLACER_LEASE_SECONDS              # a placer's: twice a place step's
     assert p.batcher._take_lease(c.ledger().snapshot(), p.me)
-    c.clock.advance(LEASE_SECONDS / 2)
+    assert c.ledger().snapshot().batch.lease_until == c.clock() + lease and lease == 2 * LEASE_SECONDS
+    c.clock.advance(lease / 2)
     p.batcher.alive_at = c.clock() - placer_module.STUCK_SECONDS - 1    # its loop has not come round for long
     stop = CountingStop()
     keeper = threading.Thread(target=p._keep_lease, args=(stop,))
@@ -772,7 +774,7 @@ def test_the_placers_lease_thread_renews_while_its_loop_comes_round_and_never_wh
         assert wait_until(lambda: stop.waits >= 20, timeout=10, interval=0.01)
         assert renewals == []                   # stuck: the lease is left to lapse
         p.batcher.alive_at = c.clock()          # the loop comes round again
-        assert wait_until(lambda: c.ledger().snapshot().batch.lease_until == c.clock() + LEASE_SECONDS,
+        assert wait_until(lambda: c.ledger().snapshot().batch.lease_until == c.clock() + lease,
                           timeout=10, interval=0.01)
     finally:
         stop.set()
