@@ -30,6 +30,7 @@ import signal
 import socket
 import ssl
 import sys
+import time
 from pathlib import Path
 
 from aiohttp import web
@@ -293,9 +294,38 @@ class RealCloud:
         for spec in self.fleet.nodes:
             self.kubelets.add(spec)
         await asyncio.gather(*(register(spec) for spec in self.fleet.nodes))
+        if self.fleet.pods_per_node:
+            await self._in_plane_thread(self._create_fillers)
         self.kubelets.start()
         ((_, self.admin_port),) = await self._listen(self.app, 0)
         ((_, self.ecs_port),) = await self._listen(self.ecs_app, ecs_port)
+
+    def _create_fillers(self) -> None:
+        """`pods_per_node` placeholder pods on every Running node, through kube-apiserver (simcloud's own
+        store makes them directly): bound by nodeName, Pending to the API server (it resets a created
+        pod's status), which placement counts as it counts Running ones; the kubelets leave them alone."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        status, text = self.plane.request("POST", "/api/v1/namespaces", {"metadata": {"name": BENCH_NAMESPACE}})
+        if status not in (201, 409):
+            raise RuntimeError(f"POST namespace {BENCH_NAMESPACE}: {status} {text[:300]!r}")
+        now = rfc3339()
+        pods = [placeholder_pod(spec.name, i, self.addresses[spec.name], now) for spec in self.fleet.nodes
+                if spec.status == "Running" for i in range(self.fleet.pods_per_node)]
+
+        def create(pod: dict) -> None:
+            for _ in range(120):        # the namespace's default ServiceAccount comes a moment after it
+                status, text = self.plane.request("POST", f"/api/v1/namespaces/{BENCH_NAMESPACE}/pods", pod,
+                                                  timeout=60)
+                if status in (201, 409):
+                    return
+                if b"serviceaccount" not in text.lower():
+                    break
+                time.sleep(0.5)
+            raise RuntimeError(f"POST pod {pod['metadata']['name']}: {status} {text[:300]!r}")
+
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(create, pods))
 
     def _grant_pod_watch(self) -> None:
         """The kubelets' one pod watch: get, list and watch pods, nothing else."""
