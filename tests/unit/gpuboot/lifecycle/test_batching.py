@@ -21,6 +21,7 @@ from gpuboot.core.resources import Resources
 from gpuboot.lifecycle.batching import (
     ANSWER_ROWS,
     LEASE_SECONDS,
+    POLL_CROWD,
     POLL_SECONDS,
     PROGRESS_WAIT_SECONDS,
     BatchPlacer,
@@ -694,18 +695,20 @@ def test_a_waiter_behind_a_live_lease_waits_before_its_first_look_as_long_as_the
     c = cloud()
     events: list = []
     look = RequestQueue.look
-    monkeypatch.setattr(RequestQueue, "look", lambda self, ticket: events.append("look") or look(self, ticket))
+    monkeypatch.setattr(RequestQueue, "look", lambda self, ticket: events.append(("look", ticket)) or look(self, ticket))
     queue = RequestQueue(c.cluster, clock=c.clock)
-    for i in range(300):                             # a crowd queued before it
+    for i in range(600):                             # a crowd queued before it (~19 in each shard)
         queue.add(Queued(f"other-{i}", f"other-{i}:t", spec().to_job_request(f"other-{i}").to_json(), 600.0,
                          c.clock() + 60))
     if led:
         assert BatchPlacer(booker(c), None)._take_lease(c.ledger().snapshot(), "placer-1:x")
     b = booker(c, contended_seconds=0.5, sleep=lambda s: events.append(s) or c.clock.advance(s))   # the lease lapses
     book_first(b, spec(), "job")
-    first = next(i for i, e in enumerate(events) if e == "look")
+    first, ticket = next((i, e[1]) for i, e in enumerate(events) if isinstance(e, tuple))
     if led:
-        assert first == 1 and events[0] >= POLL_SECONDS[0] * 2      # ~300 waiting: at least twice the base pause
+        crowd = sum(queue.shard_of(f"other-{i}:t") == queue.shard_of(ticket) for i in range(600)) + 1
+        floor = POLL_SECONDS[0] * crowd * len(queue.shards) / POLL_CROWD     # what its shard said of the crowd
+        assert first == 1 and events[0] >= floor > POLL_SECONDS[0]
     else:
         assert first == 0
 
