@@ -127,16 +127,18 @@ bench-distributed: install
 # The distributed run (tests/distributed): PostgreSQL, Redis and Airflow on CeleryExecutor as separate
 # processes (api-server, scheduler, dag-processor, triggerer, Celery worker); gpu_job triggered through
 # the REST API. Installs the two servers from Debian when missing (needs root); kept out of `make test`.
-.PHONY: test-distributed
-test-distributed: install
+.PHONY: distributed-servers test-distributed
+distributed-servers:
 	@if ! command -v redis-server >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql redis-server; fi
+
+test-distributed: install distributed-servers
 	GPUBOOT_DISTRIBUTED=1 $(PY) -m pytest tests/distributed --durations=5
 
 # The REST burst on the same stack (20 gpu_job runs posted at once; issue 11). Slow, and not yet
 # seen to finish within its bound on a shared 2-core machine, so .ci/run does not call it.
 .PHONY: test-distributed-burst
-test-distributed-burst: install
+test-distributed-burst: install distributed-servers
 	GPUBOOT_DISTRIBUTED=1 GPUBOOT_DISTRIBUTED_BURST=1 $(PY) -m pytest tests/distributed/test_gpu_job_burst.py --durations=5
 
 # Fault-injection run (chaos/): concurrent gpu_job runs on the local cloud with ECS throttling, NoStock,
