@@ -291,12 +291,11 @@ def run(workdir: Path, quick: bool = False, sizes=None, bursts=None, placer: boo
     for size in sizes:
         with local_cloud(fleet(size), workdir / f"cloud-{size}", ready_timeout=1800):
             kube = KubeClient()
-            pods = len(kube.list_active_pods())
-            if pods < size * 4 // 5 * PODS_PER_NODE:      # a row must be measured on the fleet it names
-                raise RuntimeError(f"the {size}-node fleet has {pods} active pods, not the "
-                                   f"{size * 4 // 5 * PODS_PER_NODE} its row would claim")
+            pods, named = len(kube.list_active_pods()), size * 4 // 5 * PODS_PER_NODE
+            if pods < named:                            # a row must be measured on the fleet it names
+                raise RuntimeError(f"the {size}-node fleet has {pods} active pods, not the {named} its row would claim")
             for jobs in bursts:
-                rows.append({"nodes": size, "pods": size * 4 // 5 * PODS_PER_NODE,
+                rows.append({"nodes": size, "pods": named,
                              **burst(jobs, kube, placer, per_process)})
                 print(f"burst: {rows[-1]}", flush=True)
     growth = {}

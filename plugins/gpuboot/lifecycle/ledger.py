@@ -493,15 +493,18 @@ class ReservationLedger:
         _each(lambda name: self._claim(unclaimed[name]), sorted(unclaimed), raising=True, parallel=CLAIMS_PARALLEL)
 
     def _claim(self, node: dict) -> None:
+        """One unclaimed Node (as `claim_nodes` read it) named after this ledger, by compare-and-swap."""
         name = node["metadata"]["name"]
-        while ledger_of(node) != self.identity:
-            self._refuse_second(node)
+        while True:
             try:
                 self.kube.merge_patch_node(name, {"metadata": {"annotations": {ANNOTATION_LEDGER: self.identity},
                                                                "resourceVersion": node["metadata"].get("resourceVersion")}})
                 return
             except Conflict:        # the Node changed since it was read (perhaps claimed): read it again
                 node = self.kube.get_node(name)
+            if ledger_of(node) == self.identity:
+                return
+            self._refuse_second(node)
 
     def _refuse_second(self, node: dict) -> None:
         owner, name = ledger_of(node), node["metadata"]["name"]

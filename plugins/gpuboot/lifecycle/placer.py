@@ -24,9 +24,9 @@ instance described again) can take longer than the lease, and a lapsed lease han
 place step, which leads with full reads of the cluster. A placer's lease is twice a place step's
 (PLACER_LEASE_SECONDS): on the real control plane a thousand waiters queueing at once made one
 renewal take 15-17 s, and a lease lapsed then sent place steps to lead with full reads under that
-same load (343 of 1,000 jobs failed on 504s in one run); a dead placer costs its waiters 30 s. A renewal races a batch commit harmlessly:
-both are compare-and-swaps of the root, and a commit whose only conflict was a renewal keeps its
-plans (`batching.still_valid`). The thread renews only while the placer's loop comes round (within
+same load (343 of 1,000 jobs failed on 504s in one run); a dead placer costs its waiters 30 s. A
+renewal races a batch commit harmlessly: both are compare-and-swaps of the root, and a commit
+meeting a root that only its own renewal changed goes through (`ReservationLedger._put_root`). The thread renews only while the placer's loop comes round (within
 STUCK_SECONDS): a placer stuck for good lets its lease lapse, and its waiters, who wait only while
 a lease is live, elect another. A placer starved of CPU for
 longer than the lease still loses it: it says so.
@@ -83,13 +83,13 @@ class Placer:
                     if self.led or self.batcher.lost_to:
                         self.log.warning("placer %s: %s leads now (our lease ran out: was this process starved "
                                          "of CPU, or the API server too slow to renew it, for %.0f s?); standing by",
-                                         self.me, leader, PLACER_LEASE_SECONDS * 2 / 3)
+                                         self.me, leader, self.batcher.lease_seconds * 2 / 3)
                     self.led, self.batcher.lost_to = False, None
                     # standing by: another placer (or a place step) leads; look again when its lease would lapse
                     stop.wait(min(LEASE_CHECK_SECONDS, max(0.1, state.batch.lease_until - now + 0.1)))
                     continue
                 self.led = leader == self.me
-                taking = leader is None or state.batch.lease_until - now < PLACER_LEASE_SECONDS * 2 / 3
+                taking = leader is None or state.batch.lease_until - now < self.batcher.lease_seconds * 2 / 3
                 if taking and not self.batcher._take_lease(state, self.me):
                     continue                            # someone wrote meanwhile: look again
                 if latest_per_job(self.batcher.queue.waiting(d.ticket for d in state.batch.decided)):
@@ -117,7 +117,7 @@ class Placer:
             took = self.booker.monotonic() - began
             if took > RENEW_SECONDS:
                 self.log.warning("placer %s: renewing the lease took %.1f s (the API server is slow, or this process "
-                                 "starved of CPU): it lapses after %.0f s", self.me, took, PLACER_LEASE_SECONDS)
+                                 "starved of CPU): it lapses after %.0f s", self.me, took, self.batcher.lease_seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
