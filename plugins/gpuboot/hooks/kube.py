@@ -497,16 +497,18 @@ class _NodePump:
         while True:
             try:
                 if self.resource_version is None:
-                    node = await self.client.get_node(self.name)
-                    self.resource_version = node["metadata"]["resourceVersion"]
+                    # The collection's version at the read, never the Node's own: a stopped node's
+                    # last write can be older than the history, and a watch from it is Gone again.
+                    node, self.resource_version = await self.client.node_to_watch(self.name)
                     if relist:
                         self.floor = None        # the history has a gap here: no later reader may rely on it
                     self._publish(NodeEvent(node, relisted=relist), _version(self.resource_version))
                 async with contextlib.aclosing(self.client.watch_node(self.name, self.resource_version,
-                                                                      self.watch_seconds)) as events:
+                                                                      self.watch_seconds, bookmarks=True)) as events:
                     async for kind, obj in events:
                         self.resource_version = obj["metadata"]["resourceVersion"]
-                        self._publish(NodeEvent({} if kind == "DELETED" else obj), _version(self.resource_version))
+                        if kind != "BOOKMARK":    # a bookmark only moves the version to resume from
+                            self._publish(NodeEvent({} if kind == "DELETED" else obj), _version(self.resource_version))
                 delay = self.backoff[0]                  # the server ended the watch: resume
             except Gone:
                 self._warn("watch of node %s expired (410 Gone); re-listing", self.name)
@@ -640,16 +642,31 @@ class AsyncKubeClient:
                 raise
             return json.loads(await response.read())
 
+    async def node_to_watch(self, name: str) -> tuple[dict, str]:
+        """One Node and the collection's resourceVersion at the read (see KubeClient.node_to_watch)."""
+        hook = await self.hook()
+        from kubernetes_asyncio import client
+
+        async with hook.get_conn() as api:
+            response = await _checked(await client.CoreV1Api(api).list_node(
+                field_selector=f"metadata.name={name}", _preload_content=False))
+            listing = json.loads(await response.read())
+        items = listing.get("items") or []
+        if not items:
+            raise LookupError(f"node {name} not found")
+        return items[0], listing["metadata"]["resourceVersion"]
+
     def node_events(self, name: str, resource_version: str | None, log=None) -> NodeEvents:
         """The one stream of a Node's states (see NodeEvents), from `resource_version` when given."""
         return NodeEvents(self, name, resource_version, log)
 
-    def watch_node(self, name: str, resource_version: str | None,
-                   timeout_seconds: int) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    def watch_node(self, name: str, resource_version: str | None, timeout_seconds: int,
+                   bookmarks: bool = False) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Yield (event type, node dict) for one Node until the server ends the watch
-        after `timeout_seconds`; raises Gone when `resource_version` is too old."""
+        after `timeout_seconds`; raises Gone when `resource_version` is too old. With `bookmarks`,
+        BOOKMARK events too: their version is where a quiet Node's watch resumes without 410."""
         return self._watch(lambda core, **at: core.list_node(field_selector=f"metadata.name={name}", watch=True, **at),
-                           resource_version, timeout_seconds)
+                           resource_version, timeout_seconds, bookmarks)
 
     def watch_pods(self, namespace: str, label_selector: str, resource_version: str,
                    timeout_seconds: int) -> AsyncIterator[tuple[str, dict[str, Any]]]:
@@ -658,8 +675,8 @@ class AsyncKubeClient:
                                                                        watch=True, **at),
                            resource_version, timeout_seconds)
 
-    async def _watch(self, open_watch, resource_version: str | None,
-                     timeout_seconds: int) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    async def _watch(self, open_watch, resource_version: str | None, timeout_seconds: int,
+                     bookmarks: bool = False) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """The events of the watch `open_watch(CoreV1Api, **at)` opens, from `resource_version`.
 
         The stream is read raw, one JSON line per event, rather than through kubernetes_asyncio's
@@ -672,7 +689,7 @@ class AsyncKubeClient:
         async with hook.get_conn() as api:
             try:
                 response = await _checked(await open_watch(
-                    client.CoreV1Api(api), resource_version=resource_version,
+                    client.CoreV1Api(api), resource_version=resource_version, allow_watch_bookmarks=bookmarks,
                     timeout_seconds=max(1, int(timeout_seconds)), _request_timeout=timeout_seconds + 30,
                     _preload_content=False))
             except ApiException as exc:
@@ -682,7 +699,7 @@ class AsyncKubeClient:
             try:
                 while line := await response.content.readline():
                     kind, obj = watch_event(line)
-                    if kind != "BOOKMARK":
+                    if bookmarks or kind != "BOOKMARK":
                         yield kind, obj
             finally:
                 response.release()

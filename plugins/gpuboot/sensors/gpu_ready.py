@@ -375,14 +375,20 @@ class GpuReadySensor(GpuJobStep, WaitsForCapacity, BaseSensorOperator):
                                            settle_seconds=settle, fallback_seconds=self.fallback_seconds,
                                            continuous=self._versions[name] is not None)
         wait, version = self._waits[name], self._versions[name]
+        # A read takes the collection's version, where the next poke's watch resumes: the Node's own
+        # (its last write) may be older than the history on a quiet node, Gone at every poke.
+        read = None
         try:
-            states = [kube.get_node(name)] if version is None else kube.node_writes_since(name, version)
+            states = [] if version is None else kube.node_writes_since(name, version)
         except Gone:
             wait.lost_continuity("the watch expired (410 Gone) and the Node was re-read")
-            states = [kube.get_node(name)]
+            version = None
+        if version is None:
+            node, read = kube.node_to_watch(name)
+            states = [node]
         if states:
             self._latest[name] = states[-1]
-            self._versions[name] = states[-1]["metadata"].get("resourceVersion") or version
+            self._versions[name] = read or states[-1]["metadata"].get("resourceVersion") or version
         elif name not in self._latest:   # nothing written since the start yet: judge the Node as it is
             self._latest[name] = kube.get_node(name)
         readiness = None

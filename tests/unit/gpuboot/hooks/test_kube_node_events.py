@@ -1,5 +1,6 @@
 """The Kubernetes adapter's one stream of a Node's states, against a small in-memory fake client:
-resume from the last resourceVersion, re-list on 410 Gone (flagged), reconnect after errors."""
+resume from the last resourceVersion (or a later bookmark's), re-list on 410 Gone (flagged) at the
+collection's version, reconnect after errors."""
 import asyncio
 
 from gpuboot.hooks.kube import Gone, NodeEvents, _NodePump
@@ -17,11 +18,11 @@ class FakeClient:
     def __init__(self, scripts, current):
         self.scripts, self.current, self.watched_from, self.gets = list(scripts), current, [], 0
 
-    async def get_node(self, name):
+    async def node_to_watch(self, name):
         self.gets += 1
-        return self.current
+        return self.current, self.current["metadata"]["resourceVersion"]
 
-    async def watch_node(self, name, resource_version, timeout_seconds):
+    async def watch_node(self, name, resource_version, timeout_seconds, bookmarks=False):
         self.watched_from.append(resource_version)
         script = self.scripts.pop(0) if self.scripts else []
         if isinstance(script, Exception):
@@ -64,44 +65,78 @@ def test_without_a_version_it_lists_first_and_a_quiet_stream_times_out_without_e
 
 class Server:
     """One Node's writes as an API server keeps them: a watch from version r yields every write
-    after r in order, then each new write; `expire()` ends the open watches with 410 Gone and
-    refuses watches from before that point (compaction)."""
+    after r in order, then each new write (and, when asked, the bookmarks sent since it opened);
+    `expire()` ends the open watches with 410 Gone and refuses watches from before that point
+    (compaction); `others(rv)` stands for other Nodes' writes, which move only the collection's
+    version; `end_watches()` is the server's timeoutSeconds running out."""
 
     kubernetes_conn_id = "fake"
 
     def __init__(self):
         self.writes: list[dict] = []
+        self.bookmarks: list[dict] = []
+        self.collection = 0              # the Node collection's version: any Node's last write
         self.compacted = 0
+        self.generation = 0              # bumped when the server ends its open watches
+        self.taken = 0                   # bookmarks the reader of a watch has taken
         self.watched_from: list[str] = []
         self.changed = asyncio.Condition()
 
     async def write(self, rv: int, gpus: str = "1") -> None:
         async with self.changed:
             self.writes.append(node(str(rv), gpus))
+            self.collection = rv
             self.changed.notify_all()
 
-    async def expire(self) -> None:
+    async def others(self, rv: int) -> None:
         async with self.changed:
-            self.compacted = int(self.writes[-1]["metadata"]["resourceVersion"]) + 1
+            self.collection = rv
             self.changed.notify_all()
 
-    async def get_node(self, name):
-        return self.writes[-1]
+    async def bookmark(self) -> None:
+        """Send a bookmark at the collection's version; return once the open watch has taken it."""
+        async with self.changed:
+            self.bookmarks.append({"metadata": {"resourceVersion": str(self.collection)}})
+            self.changed.notify_all()
+            async with asyncio.timeout(5):
+                await self.changed.wait_for(lambda: self.taken == len(self.bookmarks))
 
-    async def watch_node(self, name, resource_version, timeout_seconds):
+    async def end_watches(self) -> None:
+        async with self.changed:
+            self.generation += 1
+            self.changed.notify_all()
+
+    async def expire(self, at: int | None = None) -> None:
+        async with self.changed:
+            self.compacted = at if at is not None else int(self.writes[-1]["metadata"]["resourceVersion"]) + 1
+            self.changed.notify_all()
+
+    async def node_to_watch(self, name):
+        return self.writes[-1], str(self.collection)
+
+    async def watch_node(self, name, resource_version, timeout_seconds, bookmarks=False):
         self.watched_from.append(resource_version)
-        since, sent = int(resource_version), 0
+        since, marks, generation = int(resource_version), len(self.bookmarks), self.generation
         while True:
             async with self.changed:
-                if since < self.compacted:
+                if since < self.compacted:      # a watch that has come past the compaction goes on
                     raise Gone("too old")
-                fresh = [w for w in self.writes if int(w["metadata"]["resourceVersion"]) > since][sent:]
-                if not fresh:
+                fresh = [w for w in self.writes if int(w["metadata"]["resourceVersion"]) > since]
+                marked = self.bookmarks[marks:] if bookmarks else []
+                if not fresh and not marked:
+                    if generation != self.generation:
+                        return                  # what was sent before the end arrives first
                     await self.changed.wait()
                     continue
             for w in fresh:
-                sent += 1
+                since = int(w["metadata"]["resourceVersion"])
                 yield "MODIFIED", w
+            for mark in marked:
+                marks, since = marks + 1, max(since, int(mark["metadata"]["resourceVersion"]))
+                yield "BOOKMARK", mark
+                async with self.changed:        # the reader asked for more: it has taken this one
+                    self.taken += 1
+                    self.changed.notify_all()
 
 
 def versions(events) -> list[tuple[str, bool]]:
@@ -172,7 +207,7 @@ def test_readers_whose_versions_are_not_numbers_are_never_merged():
     """The API calls resourceVersions opaque: only etcd's numbers are compared, anything else keeps
     its own watch."""
     class Opaque(FakeClient):
-        async def watch_node(self, name, resource_version, timeout_seconds):
+        async def watch_node(self, name, resource_version, timeout_seconds, bookmarks=False):
             self.watched_from.append(resource_version)
             yield "MODIFIED", node("x8")
             await asyncio.sleep(3600)
@@ -209,3 +244,47 @@ def test_a_410_reaches_every_reader_of_the_shared_watch_flagged_and_new_readers_
     assert versions(a) == versions(b) and a[-1].relisted    # 22 if the watch got it before the 410, then the re-list
     assert server.watched_from.count("21") == 1         # c's own watch (from 21) was refused...
     assert after[0].relisted                             # ...so c re-listed, flagged, like a reader alone
+
+
+def test_a_quiet_node_older_than_the_history_is_relisted_once_at_the_collections_version():
+    """A node stopped for long: its own last write (5) is older than what the server keeps (30).
+    The re-list takes the Node collection's version (40), so the watch resumes; the Node's own
+    version would be refused again at once, a 410 loop for as long as the node stays quiet."""
+    async def run():
+        server = Server()
+        await server.write(5)
+        await server.others(40)
+        await server.expire(at=30)
+        async with NodeEvents(server, "n", "5", backoff=(0.01, 0.02)) as events:
+            relisted = await events.next(5)
+            await server.write(41)
+            return server, [relisted, await events.next(5), await events.next(0.1)]
+
+    server, (relisted, written, quiet) = asyncio.run(run())
+    assert (versions([relisted]), versions([written]), quiet) == ([("5", True)], [("41", False)], None)
+    assert server.watched_from == ["5", "40"]
+
+
+def test_a_bookmark_moves_the_version_a_quiet_watch_resumes_from_and_is_not_an_event():
+    """The server ends a quiet Node's watch; other Nodes' writes moved the collection past a
+    compaction meanwhile. Resumed from the bookmark's version, not the Node's own last write,
+    the watch goes on with no 410 and no re-list."""
+    async def run():
+        server = Server()
+        await server.write(10)
+        async with NodeEvents(server, "n", "10") as events:
+            await server.write(11)
+            first = await events.next(5)
+            await server.others(50)
+            await server.bookmark()
+            await server.end_watches()
+            await server.expire(at=45)
+            async with asyncio.timeout(5):
+                while len(server.watched_from) < 2:     # the pump has resumed its watch
+                    await asyncio.sleep(0.001)
+            await server.write(51)
+            return server, [first, await events.next(5), await events.next(0.1)]
+
+    server, (first, written, quiet) = asyncio.run(run())
+    assert (versions([first]), versions([written]), quiet) == ([("11", False)], [("51", False)], None)
+    assert server.watched_from == ["10", "50"]

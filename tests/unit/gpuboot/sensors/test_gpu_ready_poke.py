@@ -51,3 +51,40 @@ def test_a_poking_wait_that_cannot_read_the_queue_goes_on_with_its_node_reads(ca
         assert watch.poked(Away(), 0.0, logging.getLogger("test")) is None
     assert "could not read the job queue default/gpuboot-queue (connection refused)" in caplog.text
     assert PreemptionWatch(None, "kubernetes_default").poked(Away(), 0.0, logging.getLogger("test")) is None
+
+
+
+
+def test_a_poke_whose_version_expired_resumes_from_the_collections_version_not_the_nodes_own(monkeypatch):
+    """A Node quiet for longer than the history: the poke's watch from the start's version is 410
+    Gone, and the Node's own version (its last write, as old) would be Gone again at every later
+    poke. The re-read takes the collection's version, where the next pokes' watches resume."""
+    from gpuboot.hooks.kube import Gone
+
+    c = cloud({"gpu2": ("Stopped", T4X2)})
+    low = spec("low", **LOW)
+    up = boot_of(c, "low", low).ensure_up(turn(c, "low", low).plan)     # its start step started the node
+    sensor = GpuReadySensor(task_id="wait", baselines=up.baselines, job=low.to_dict(), plan=up.plan.to_json(),
+                            deferrable=False, settle_seconds=600)     # never ready within this test
+    kept: list[str] = []         # versions the server still keeps: the collection's, read from now on
+    asked: list[str] = []
+    read = c.cluster.node_to_watch
+
+    def node_to_watch(name):
+        node, version = read(name)
+        kept.append(version)
+        return node, version
+
+    def node_writes_since(name, version):
+        asked.append(version)
+        if version not in kept:
+            raise Gone("too old resource version")
+        return []
+    monkeypatch.setattr(sensor, "kube", lambda: c.cluster)
+    monkeypatch.setattr(c.cluster, "node_to_watch", node_to_watch)
+    monkeypatch.setattr(c.cluster, "node_writes_since", node_writes_since, raising=False)
+    sensor._start_poking(WaitState.of(up))
+    for _ in range(3):
+        assert sensor.poke(step_context()) is False
+    started_from = up.baselines[0]["resource_version_before"]
+    assert started_from and len(kept) == 1 and asked == [started_from, kept[0], kept[0]], (asked, kept)
