@@ -261,6 +261,10 @@ def burst(jobs: int, kube, placer: bool = False, per_process: int = 1) -> dict:
     return {"jobs": jobs, "placer": placer, "jobs_per_process": per_process, "placed": len(placed),
             "failed": len(failed), "failures": sorted({r["error"] or r["outcome"] for r in failed})[:5],
             "wall_s": round(wall, 1), "placements_per_s": round(len(placed) / wall, 2) if wall else None,
+            # when the answers came (seconds after the release): the first batch's latency, then the pace
+            "answered_s": {f"p{q}": round(statistics.quantiles([r["ended"] - released for r in rows], n=100,
+                                                               method="inclusive")[q - 1], 1)
+                           for q in (1, 10, 50, 90)} if len(rows) > 1 else None,
             "reads_per_placement_mean": round((sum(reads) + placer_row.get("full_reads", 0)) / n, 2),
             "reads_median": statistics.median(reads), "reads_max": max(reads),
             "conflicts": sum(r["conflicts"] for r in rows), "deferrals": sum(r["deferrals"] for r in rows),

@@ -68,7 +68,7 @@ import dataclasses
 import json
 import random
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from gpuboot.core.inventory import with_reservations
@@ -82,7 +82,6 @@ from gpuboot.lifecycle.booking import (
     Booking,
     Survey,
     outdated_marks,
-    plan_nodes,
     reservation_ttl,
     survey,
 )
@@ -256,11 +255,19 @@ class BatchPlacer:
             # boot-failure marks whose evidence is gone go, as on the single path (booking.outdated_marks)
             outdated = outdated_marks([m for m in state.live_unavailable(now) if m in basis.marks],
                                       basis.survey.nodes, basis.survey.views)
-            plans, added = self.decide(queue, basis.survey, state.others("", now), released,
-                                       [m for m in state.live_unavailable(now) if m not in outdated], now,
-                                       answer_rows(state.batch.live(now), len(queue)))
+            # the Nodes it books are claimed for this ledger while the rest of the batch is placed
+            claims = self.ledger.claims_as_placed(basis.survey.nodes)
+            try:
+                plans, added = self.decide(queue, basis.survey, state.others("", now), released,
+                                           [m for m in state.live_unavailable(now) if m not in outdated], now,
+                                           answer_rows(state.batch.live(now), len(queue)),
+                                           fitted=lambda plan: claims.add(a.node for a in plan.assignments))
+            finally:
+                placed_at = b.monotonic()
+                claims.finish()         # the claims under way, whatever happened
             queue = queue[:len(plans)]  # what the time budget let it place; the rest waits for the next batch
-            spent = (based - round_began, b.monotonic() - based)
+            claims.wait()               # SecondLedger: another ledger books one of them; nothing committed
+            spent = (based - round_began, placed_at - based, b.monotonic() - placed_at)
             unfit = [p for p in plans if p.outcome != Outcome.FITS]
             if unfit and (released or b.monotonic() - basis.at > VERDICT_MAX_AGE_SECONDS):
                 # a verdict of busy or never rests on a recent read, no release pending
@@ -269,7 +276,6 @@ class BatchPlacer:
                               unfit[0].job_id, unfit[0].outcome.value, b.monotonic() - basis.at, len(released))
                 fresh = True
                 continue
-            self.ledger.claim_nodes(plan_nodes(plans, basis.survey.nodes))   # SecondLedger: another ledger books them
             for attempt in range(1, 1 << 30):
                 try:
                     self._commit(state, me, queue, plans, added, outdated, spent)
@@ -313,17 +319,20 @@ class BatchPlacer:
                      read_at, frozenset(state.live_unavailable(now))), []
 
     def decide(self, queue: Sequence[Queued], seen: Survey, reserved: list[Reservation], released: list[Reservation],
-               unavailable: list[Unavailable], now: float, rows: int = ANSWER_ROWS) -> tuple[list[Plan], list[Reservation]]:
+               unavailable: list[Unavailable], now: float, rows: int = ANSWER_ROWS,
+               fitted: Callable[[Plan], object] | None = None) -> tuple[list[Plan], list[Reservation]]:
         """Place each queued request in turn against `seen` plus `reserved` (the live reservations) plus
         `released` (releases the survey may not show yet, counted as still reserved) plus the ones before
         it, for DECIDE_SECONDS at most (at least one): a batch must be committed well within the lease, or
         a waiter takes the lease over and the batch is lost (a thousand jobs on 10,000 nodes take seconds
         to place). A job with a live reservation holds a placement made meanwhile (answered `alone`); one
         whose reservations were released holds nothing and is placed (a batch taken back after a
-        conflict left its jobs' tombstones: counted as holders, they were told busy, round after round)."""
+        conflict left its jobs' tombstones: counted as holders, they were told busy, round after round).
+        `fitted` is told of each plan that fits as soon as it is made."""
         plans, added = [], []
         holders = {r.job_id for r in reserved}
-        views = seen.recounted([*reserved, *released], now).views
+        views = list(seen.recounted([*reserved, *released], now).views)
+        at = {v.name: i for i, v in enumerate(views)}
         until = self.booker.monotonic() + DECIDE_SECONDS
         room = ANSWER_BYTES
         for entry in queue:
@@ -341,14 +350,20 @@ class BatchPlacer:
                 mine = [Reservation(job_id=entry.job_id, task=a.task, node=a.node, resources=a.requests,
                                     expires_at=now + entry.ttl) for a in plan.assignments]
                 added += mine
-                views = with_reservations(views, seen.backed, mine, now)   # counted on top: only the new ones
+                # counted on top: only the new ones, on their nodes only (not a new list of 10,000 views a job)
+                touched = sorted({at[r.node] for r in mine})
+                for i, view in zip(touched, with_reservations([views[i] for i in touched], seen.backed, mine, now)):
+                    views[i] = view
+                if fitted is not None:
+                    fitted(plan)
         return plans, added
 
     def _commit(self, state: LedgerState, me: str, queue: Sequence[Queued], plans: Sequence[Plan],
                 added: list[Reservation], outdated: Sequence[Unavailable] = (),
-                spent: tuple[float, float] = (0.0, 0.0)) -> None:
+                spent: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> None:
         """Every reservation and answer of the batch in one write, the lease renewed, the `outdated`
-        marks dropped. `spent`: seconds the round took to read (the queue, the ledger, the cluster) and to place."""
+        marks dropped. `spent`: seconds the round took to read (the queue, the ledger, the cluster), to
+        place, and to wait for the claims of the never-booked nodes still under way after that."""
         now = self.booker.clock()
         began = self.booker.monotonic()
         live = state.batch.live(now)
@@ -370,8 +385,8 @@ class BatchPlacer:
             self.log.info("batch: job %s: %s%s", q.job_id, p.outcome.value,
                           "".join(f"; {a.task} -> {a.node}" for a in p.assignments))
         self.log.info("batch: decided %d queued placement(s) (%d fit) in one write (read %.2f s, placed %.2f s, "
-                      "written %.2f s)", len(queue), sum(p.outcome == Outcome.FITS for p in plans), *spent,
-                      self.booker.monotonic() - began)
+                      "claims waited %.2f s, written %.2f s)", len(queue), sum(p.outcome == Outcome.FITS for p in plans),
+                      *spent, self.booker.monotonic() - began)
 
     def renew(self, me: str, below: float | None = None) -> bool:
         """The lease renewed if `me` holds it with less than `below` seconds of it left (two thirds of the

@@ -492,6 +492,10 @@ class ReservationLedger:
                 unclaimed[node["metadata"]["name"]] = node
         _each(lambda name: self._claim(unclaimed[name]), sorted(unclaimed), raising=True, parallel=CLAIMS_PARALLEL)
 
+    def claims_as_placed(self, nodes: Sequence[dict]) -> NodeClaims:
+        """Claims started while a batch is placed, plan by plan (`NodeClaims`), of these Nodes as read."""
+        return NodeClaims(self, nodes)
+
     def _claim(self, node: dict) -> None:
         """One unclaimed Node (as `claim_nodes` read it) named after this ledger, by compare-and-swap."""
         name = node["metadata"]["name"]
@@ -1005,6 +1009,58 @@ class Change:
     def taken_back(self, now: float) -> Change:
         """Undo what this change added (its reservations and marks), nothing else."""
         return Change(drop=self.new_keys, drop_marks=frozenset(self.put_marks))
+
+
+class NodeClaims:
+    """`claim_nodes` for a batch, started as each plan is made rather than after the last one: the
+    claims of a 10,000-node batch (~150 Nodes, ~0.9 s) then run while the next jobs are placed.
+    The leader waits for them all (`wait`) before its commit, as before: every Node a commit books
+    names this ledger first. A Node another ledger names stops the claims (none started after it)
+    and `wait` raises SecondLedger; claims already made, or made for a batch placed again, only
+    name this ledger on Nodes it did not book, which `claim_nodes` allows too."""
+
+    def __init__(self, ledger: ReservationLedger, nodes: Sequence[dict]) -> None:
+        self.ledger, self._nodes = ledger, nodes
+        self._by_name: dict[str, dict] | None = None      # built at the first claim (an idle round claims none)
+        self._asked: set[str] = set()
+        self._refused: SecondLedger | None = None
+        self._finished = False
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list = []
+
+    def add(self, names: Iterable[str]) -> None:
+        """Claim these Nodes (those not named after this ledger yet), in the background."""
+        for name in names:
+            if self._refused is not None or self._finished or name in self._asked:
+                continue
+            self._asked.add(name)
+            if self._by_name is None:
+                self._by_name = {n["metadata"]["name"]: n for n in self._nodes}
+            node = self._by_name.get(name)
+            if node is None or ledger_of(node) == self.ledger.identity:
+                continue
+            try:
+                self.ledger._refuse_second(node)
+            except SecondLedger as exc:
+                self._refused = exc
+                return
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(CLAIMS_PARALLEL, thread_name_prefix="gpuboot-claim")
+            self._pending.append(self._pool.submit(self.ledger._claim, node))
+
+    def finish(self) -> None:
+        """Wait for the claims under way; no more can be added."""
+        self._finished = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def wait(self) -> None:
+        """Once every claim is done: SecondLedger (or a claim's error) if any, else nothing."""
+        self.finish()
+        if self._refused is not None:
+            raise self._refused
+        for claim in self._pending:
+            claim.result()
 
 
 def _each(action: Callable[[str], object], names: Sequence[str], raising: bool = False, parallel: int = PARALLEL

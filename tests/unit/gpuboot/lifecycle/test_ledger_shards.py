@@ -256,3 +256,52 @@ def test_nodes_are_claimed_at_once_and_two_ledgers_racing_for_them_never_share_o
         loser.claim_nodes([kube.get_node("n-new"), *(kube.get_node(f"n-{i}") for i in range(40))])
     assert ANNOTATION_LEDGER not in (kube.get_node("n-new")["metadata"].get("annotations") or {})   # checked first
     assert {f"n-{i}": kube.get_node(f"n-{i}")["metadata"]["resourceVersion"] for i in range(40)} == before
+
+
+def test_claims_made_as_a_batch_is_placed_race_like_claim_nodes_and_stop_at_another_ledgers_node():
+    """NodeClaims (the batch leader's claims, started plan by plan while the rest is placed): six
+    actors of two ledgers add the 40 Nodes in pieces, as plans come; every Node ends named by one
+    ledger, a `wait` that returns means every Node added names its ledger, and one that met the other
+    ledger's Node raises SecondLedger. Once refused, nothing added after is claimed."""
+    from gpuboot.core.model import ANNOTATION_LEDGER
+    from gpuboot.exceptions import SecondLedger
+    from tests.builders import node
+
+    kube = FakeCluster([node(f"n-{i}") for i in range(40)])
+    ledgers = [ReservationLedger(kube, "team-a"), ReservationLedger(kube, "team-b")]
+    outcome: dict[str, object] = {}
+
+    def claim(actor: str, ledger: ReservationLedger) -> None:
+        claims = ledger.claims_as_placed([kube.get_node(f"n-{i}") for i in range(40)])
+        for piece in range(0, 40, 5):                   # plan after plan
+            claims.add(f"n-{i}" for i in range(piece, piece + 5))
+        try:
+            claims.wait()
+            outcome[actor] = "claimed"
+        except SecondLedger as exc:
+            outcome[actor] = exc
+
+    run_threads([threading.Thread(target=claim, args=(f"{k}-{j}", ledgers[k]), name=f"{k}-{j}")
+                 for k in (0, 1) for j in range(3)], timeout=30)
+    owners = Counter(kube.get_node(f"n-{i}")["metadata"]["annotations"][ANNOTATION_LEDGER] for i in range(40))
+    assert sum(owners.values()) == 40 and set(owners) <= {x.identity for x in ledgers}
+    for actor, result in outcome.items():
+        ledger = ledgers[int(actor[0])]
+        if result == "claimed":
+            assert owners == {ledger.identity: 40}
+        else:
+            assert "is booked through ledger" in str(result) and ledger.identity in str(result)
+    assert len(outcome) == 6
+
+    owner_of_0 = kube.get_node("n-0")["metadata"]["annotations"][ANNOTATION_LEDGER]
+    other = next(x for x in ledgers if x.identity != owner_of_0)
+    kube.put_node(node("n-new"))
+    kube.put_node(node("n-after"))
+    claims = other.claims_as_placed([kube.get_node(n) for n in ("n-new", "n-0", "n-after")])
+    claims.add(["n-new"])
+    claims.add(["n-0"])                                 # the first ledger's: refused
+    claims.add(["n-after"])                             # after the refusal: never claimed
+    with pytest.raises(SecondLedger, match="Nothing was booked"):
+        claims.wait()
+    assert ANNOTATION_LEDGER not in (kube.get_node("n-after")["metadata"].get("annotations") or {})
+    assert kube.get_node("n-0")["metadata"]["annotations"][ANNOTATION_LEDGER] == owner_of_0
