@@ -131,7 +131,7 @@ FORMAT = 2
 PROVISIONAL_SECONDS = 300       # additions of a commit over several objects live this long until all are in
 MIGRATION_ATTEMPTS = 20
 PARALLEL = 8                    # ledger objects read or written at once by one call
-CLAIMS_PARALLEL = 16            # Nodes claimed at once (`claim_nodes`: a 10,000-node batch claims ~150)
+CLAIMS_PARALLEL = 16            # Nodes claimed at once (`claim_nodes`, `NodeClaims`: a 10,000-node batch claims ~150)
 ROOT_SEQ_KEY = "root_seq"       # the root's own write counter (format 2)
 MIGRATING_KEY = "migrating"     # the tag of a migration under way (root, steps 1-2)
 MIGRATED_FROM_KEY = "migrated_from"     # a shard written by that migration
@@ -480,9 +480,9 @@ class ReservationLedger:
         """Before a booking on them: mark each Node as booked through this ledger (ANNOTATION_LEDGER, first
         come, a compare-and-swap on the Node), or raise SecondLedger when one names another: its bookings
         are in a ledger this one never reads (issue 35 #3). The Nodes as read are checked first, so a
-        refusal seen there writes nothing; then the unclaimed ones are claimed CLAIMS_PARALLEL at once (a batch
-        on a large fleet books ~150 Nodes never booked before: one after the other they took 3.5 s a
-        batch). Each claim is its Node's own compare-and-swap, so doing them at once changes nothing
+        refusal seen there writes nothing; then the unclaimed ones are claimed CLAIMS_PARALLEL at once (a
+        gang's nodes; a batch leader claims as it places, `NodeClaims`: one after the other, a batch's
+        ~150 claims on a large fleet took 3.5 s). Each claim is its Node's own compare-and-swap, so doing them at once changes nothing
         any one of them decides; a claim left behind by a refusal met later only names this ledger on
         a Node it did not book, which the serial loop did as well."""
         unclaimed = {}
