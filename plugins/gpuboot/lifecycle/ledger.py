@@ -482,8 +482,8 @@ class ReservationLedger:
         are in a ledger this one never reads (issue 35 #3). The Nodes as read are checked first, so a
         refusal seen there writes nothing; then the unclaimed ones are claimed CLAIMS_PARALLEL at once (a
         gang's nodes; a batch leader claims as it places, `NodeClaims`: one after the other, a batch's
-        ~150 claims on a large fleet took 3.5 s). Each claim is its Node's own compare-and-swap, so doing them at once changes nothing
-        any one of them decides; a claim left behind by a refusal met later only names this ledger on
+        ~150 claims on a large fleet took 3.5 s). Each claim is its Node's own compare-and-swap, so
+        doing them at once changes nothing any one of them decides; a claim left behind by a refusal met later only names this ledger on
         a Node it did not book, which the serial loop did as well."""
         unclaimed = {}
         for node in nodes:
