@@ -174,11 +174,8 @@ class KubeClient:
         of that one Node). A watch from it replays every write after the read; the Node's own
         resourceVersion is that of its last write, which on a node stopped for longer than the
         API server keeps history (etcd compaction, 5 min) is 410 Gone at once."""
-        listing = _raw(self.core.list_node(field_selector=f"metadata.name={name}", _preload_content=False))
-        items = listing.get("items") or []
-        if not items:
-            raise LookupError(f"node {name} not found")
-        return items[0], listing["metadata"]["resourceVersion"]
+        return _node_and_version(name, _raw(self.core.list_node(field_selector=f"metadata.name={name}",
+                                                                _preload_content=False)))
 
     def node_writes_since(self, name: str, resource_version: str, timeout_seconds: int = 1) -> list[dict]:
         """Every state of one Node written after `resource_version`, oldest first (a short watch
@@ -422,6 +419,14 @@ class NodeEvents:
         self._queue.put_nowait(event)
 
 
+def _node_and_version(name: str, listing: dict) -> tuple[dict, str]:
+    """The one Node of a list by name, and the list's resourceVersion (`node_to_watch`)."""
+    items = listing.get("items") or []
+    if not items:
+        raise LookupError(f"node {name} not found")
+    return items[0], listing["metadata"]["resourceVersion"]
+
+
 def _version(resource_version: str | None) -> int | None:
     """A resourceVersion as a number, or None. The API calls them opaque; etcd's (every cluster
     ACK runs) are integers, and a pump is shared only between readers whose versions parse."""
@@ -650,11 +655,7 @@ class AsyncKubeClient:
         async with hook.get_conn() as api:
             response = await _checked(await client.CoreV1Api(api).list_node(
                 field_selector=f"metadata.name={name}", _preload_content=False))
-            listing = json.loads(await response.read())
-        items = listing.get("items") or []
-        if not items:
-            raise LookupError(f"node {name} not found")
-        return items[0], listing["metadata"]["resourceVersion"]
+            return _node_and_version(name, json.loads(await response.read()))
 
     def node_events(self, name: str, resource_version: str | None, log=None) -> NodeEvents:
         """The one stream of a Node's states (see NodeEvents), from `resource_version` when given."""

@@ -483,14 +483,14 @@ class ReservationLedger:
         refusal seen there writes nothing; then the unclaimed ones are claimed CLAIMS_PARALLEL at once (a
         gang's nodes; a batch leader claims as it places, `NodeClaims`: one after the other, a batch's
         ~150 claims on a large fleet took 3.5 s). Each claim is its Node's own compare-and-swap, so
-        doing them at once changes nothing any one of them decides; a claim left behind by a refusal met later only names this ledger on
-        a Node it did not book, which the serial loop did as well."""
-        unclaimed = {}
+        doing them at once changes nothing any one of them decides; a claim left behind by a refusal met
+        later only names this ledger on a Node it did not book, which the serial loop did as well."""
+        nodes = list(nodes)
         for node in nodes:
-            if ledger_of(node) != self.identity:
-                self._refuse_second(node)
-                unclaimed[node["metadata"]["name"]] = node
-        _each(lambda name: self._claim(unclaimed[name]), sorted(unclaimed), raising=True, parallel=CLAIMS_PARALLEL)
+            self._refuse_second(node)
+        claims = NodeClaims(self, nodes)
+        claims.add(n["metadata"]["name"] for n in nodes)
+        claims.wait()
 
     def claims_as_placed(self, nodes: Sequence[dict]) -> NodeClaims:
         """Claims started while a batch is placed, plan by plan (`NodeClaims`), of these Nodes as read."""

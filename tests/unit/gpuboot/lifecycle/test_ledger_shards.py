@@ -216,6 +216,39 @@ def test_migration_under_format1_writers_and_new_processes_at_once_loses_no_rese
     assert sum(refused.values()) == 4                # every format-1 writer ended refused, loudly
 
 
+def race_two_ledgers(claim) -> tuple[FakeCluster, list[ReservationLedger], Counter]:
+    """Three actors of each of two ledgers claim the same 40 Nodes at once (`claim(ledger, nodes)`):
+    every Node ends named by exactly one ledger, an actor whose call returned has every Node named
+    after its own ledger, and one refused got SecondLedger naming its ledger. (cluster, ledgers, owners)."""
+    from gpuboot.core.model import ANNOTATION_LEDGER
+    from gpuboot.exceptions import SecondLedger
+    from tests.builders import node
+
+    kube = FakeCluster([node(f"n-{i}") for i in range(40)])
+    ledgers = [ReservationLedger(kube, "team-a"), ReservationLedger(kube, "team-b")]
+    outcome: dict[str, object] = {}
+
+    def actor(name: str, ledger: ReservationLedger) -> None:
+        try:
+            claim(ledger, [kube.get_node(f"n-{i}") for i in range(40)])
+            outcome[name] = "claimed"
+        except SecondLedger as exc:
+            outcome[name] = exc
+
+    run_threads([threading.Thread(target=actor, args=(f"{k}-{j}", ledgers[k]), name=f"{k}-{j}")
+                 for k in (0, 1) for j in range(3)], timeout=30)
+    owners = Counter(kube.get_node(f"n-{i}")["metadata"]["annotations"][ANNOTATION_LEDGER] for i in range(40))
+    assert sum(owners.values()) == 40 and set(owners) <= {x.identity for x in ledgers}
+    for name, result in outcome.items():
+        ledger = ledgers[int(name[0])]
+        if result == "claimed":
+            assert owners == {ledger.identity: 40}
+        else:
+            assert "is booked through ledger" in str(result) and ledger.identity in str(result)
+    assert len(outcome) == 6
+    return kube, ledgers, owners
+
+
 def test_nodes_are_claimed_at_once_and_two_ledgers_racing_for_them_never_share_one():
     """A batch claims every Node it books that no ledger names yet, all at once (ReservationLedger.claim_nodes).
     Each claim is a compare-and-swap on its Node: racing another ledger's claims (and renewals of our own),
@@ -225,29 +258,8 @@ def test_nodes_are_claimed_at_once_and_two_ledgers_racing_for_them_never_share_o
     from gpuboot.exceptions import SecondLedger
     from tests.builders import node
 
-    kube = FakeCluster([node(f"n-{i}") for i in range(40)])
-    ledgers = [ReservationLedger(kube, "team-a"), ReservationLedger(kube, "team-b")]
-    outcome: dict[str, object] = {}
-
-    def claim(actor: str, ledger: ReservationLedger) -> None:
-        try:
-            ledger.claim_nodes([kube.get_node(f"n-{i}") for i in range(40)])
-            outcome[actor] = "claimed"
-        except SecondLedger as exc:
-            outcome[actor] = exc
-
-    actors = [threading.Thread(target=claim, args=(f"{k}-{j}", ledgers[k]), name=f"{k}-{j}")
-              for k in (0, 1) for j in range(3)]
-    run_threads(actors, timeout=30)
-    owners = Counter(kube.get_node(f"n-{i}")["metadata"]["annotations"][ANNOTATION_LEDGER] for i in range(40))
-    assert sum(owners.values()) == 40 and set(owners) <= {"team-a/gpuboot-reservations", "team-b/gpuboot-reservations"}
-    for actor, result in outcome.items():
-        ledger = ledgers[int(actor[0])]
-        if result == "claimed":
-            assert owners == {ledger.identity: 40}
-        else:
-            assert "is booked through ledger" in str(result) and ledger.identity in str(result)
-    assert len(outcome) == 6
+    kube, ledgers, owners = race_two_ledgers(lambda ledger, nodes: ledger.claim_nodes(nodes))
+    assert {x.identity for x in ledgers} == {"team-a/gpuboot-reservations", "team-b/gpuboot-reservations"}
 
     before = {f"n-{i}": kube.get_node(f"n-{i}")["metadata"]["resourceVersion"] for i in range(40)}
     loser = next(x for x in ledgers if owners.get(x.identity, 0) < 40)
@@ -267,31 +279,13 @@ def test_claims_made_as_a_batch_is_placed_race_like_claim_nodes_and_stop_at_anot
     from gpuboot.exceptions import SecondLedger
     from tests.builders import node
 
-    kube = FakeCluster([node(f"n-{i}") for i in range(40)])
-    ledgers = [ReservationLedger(kube, "team-a"), ReservationLedger(kube, "team-b")]
-    outcome: dict[str, object] = {}
-
-    def claim(actor: str, ledger: ReservationLedger) -> None:
-        claims = ledger.claims_as_placed([kube.get_node(f"n-{i}") for i in range(40)])
+    def in_pieces(ledger: ReservationLedger, nodes: list[dict]) -> None:
+        claims = ledger.claims_as_placed(nodes)
         for piece in range(0, 40, 5):                   # plan after plan
             claims.add(f"n-{i}" for i in range(piece, piece + 5))
-        try:
-            claims.wait()
-            outcome[actor] = "claimed"
-        except SecondLedger as exc:
-            outcome[actor] = exc
+        claims.wait()
 
-    run_threads([threading.Thread(target=claim, args=(f"{k}-{j}", ledgers[k]), name=f"{k}-{j}")
-                 for k in (0, 1) for j in range(3)], timeout=30)
-    owners = Counter(kube.get_node(f"n-{i}")["metadata"]["annotations"][ANNOTATION_LEDGER] for i in range(40))
-    assert sum(owners.values()) == 40 and set(owners) <= {x.identity for x in ledgers}
-    for actor, result in outcome.items():
-        ledger = ledgers[int(actor[0])]
-        if result == "claimed":
-            assert owners == {ledger.identity: 40}
-        else:
-            assert "is booked through ledger" in str(result) and ledger.identity in str(result)
-    assert len(outcome) == 6
+    kube, ledgers, _ = race_two_ledgers(in_pieces)
 
     owner_of_0 = kube.get_node("n-0")["metadata"]["annotations"][ANNOTATION_LEDGER]
     other = next(x for x in ledgers if x.identity != owner_of_0)
