@@ -61,3 +61,52 @@ def test_unschedulable_message_format():
     assert unschedulable_message(3, Counter({"Insufficient nvidia.com/gpu": 2, "node(s) were unschedulable": 1})) == (
         "0/3 nodes are available: 1 node(s) were unschedulable, 2 Insufficient nvidia.com/gpu. preemption: "
         "0/3 nodes are available: 3 Preemption is not helpful for scheduling.")
+
+
+def test_the_scheduler_binds_pods_pending_before_it_started_and_after_and_forgets_deleted_ones():
+    """The scheduler's queue of pending pods (it no longer scans every pod): a pod pending before it started
+    and one created later are bound once a Node with room comes; a pending pod deleted leaves the queue; a pod
+    created bound is never queued."""
+    import asyncio
+    import time
+
+    from simcloud.kube.scheduler import Scheduler
+    from simcloud.kube.store import Store
+
+    def pod(name: str, **spec) -> dict:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+                "spec": {"containers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": "1"}}}],
+                         **spec}}
+
+    def node(name: str) -> dict:
+        return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {},
+                "status": {"allocatable": {"cpu": "8", "memory": "8Gi", "pods": "110"},
+                           "conditions": [{"type": "Ready", "status": "True"}]}}
+
+    async def until(done, what: str) -> None:
+        deadline = time.monotonic() + 10
+        while not done():
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.01)
+
+    async def scenario() -> None:
+        store = Store()
+        store.create("pods", pod("early"))
+        scheduler = Scheduler(store)
+        scheduler.start()
+        try:
+            store.create("pods", pod("late"))
+            store.create("pods", pod("gone"))
+            store.create("pods", pod("pinned", nodeName="elsewhere"))
+            await until(lambda: scheduler._pending == {("default", "early"), ("default", "late"),
+                                                       ("default", "gone")}, "the queue holds the pending pods")
+            store.delete("pods", "default", "gone", grace_period_seconds=0)
+            store.create("nodes", node("n1"))
+            await until(lambda: all(store.read("pods", "default", n)["spec"].get("nodeName") == "n1"
+                                    for n in ("early", "late")), "both pending pods bound to the new node")
+            await until(lambda: not scheduler._pending, "the queue empty")
+            assert store.read("pods", "default", "pinned")["spec"]["nodeName"] == "elsewhere"
+        finally:
+            await scheduler.stop()
+
+    asyncio.run(scenario())
