@@ -7,12 +7,14 @@ retried (`gpuboot.lifecycle.booking`, "Bursts"): more CPU than the burst goal's 
 (docs/performance.md, Bursts), and more memory than the workers have. A burst's placements are
 independent, so one read can serve them all.
 
-How. A first placement (the job holds nothing and has no record: the place step's normal case)
-does not read the cluster. It queues its request (`Queued`: resources and constraints only, never
-the command or env; a `ticket` names this wait) in one of the queue's shards (`RequestQueue`, its
-own ConfigMaps, so a burst queueing does not contend on the ledger) and polls its shard (GETs,
-which never conflict), where the leader copies its answer and its lease after each commit
+How. A place step reads nothing before it queues its request (`Queued`: resources and constraints
+only, never the command or env; a `ticket` names this wait) in one of the queue's shards
+(`RequestQueue`, its own ConfigMaps, so a burst queueing does not contend on the ledger): one
+merge patch, whose answer, the shard as written, already shows the lease's copy. It then polls its
+shard (GETs, which never conflict), where the leader copies its answer and its lease after each commit
 (`RequestQueue`); the ledger root only when those copies do not show a live lease or its answer.
+A thousand waiters queueing at once thus cost the API server a thousand patches, not three
+thousand requests, while the leader's first round waits behind them.
 A waiter that sees no live lease takes it (one compare-and-swap on the ledger root) and leads:
 after GATHER_SECONDS, so the rest of the burst queues behind it, one survey, then every queued request is placed in queue order against that survey plus every live
 reservation plus the requests placed before it in the batch, and one ledger write adds all their
@@ -59,7 +61,11 @@ stops coming round (`gpuboot.lifecycle.placer`); the first batch on 10,000 nodes
 than a waiter's budget. An answer given after the withdrawal is found by the next
 try as reservations the job holds, which the single path replaces. Re-placements
 (fail-over, retries of a started job, releases) keep the single-placement path: they need the
-job's record, marks and the abandoned-node rule of `gpuboot.lifecycle.booking`.
+job's record, marks and the abandoned-node rule of `gpuboot.lifecycle.booking`. The place step
+cannot tell one from a first placement without reading the ledger, so the leader, which reads
+every shard anyway, answers a job with a live record or reservations `alone` (`placed_alone`),
+and a waiter about to lead a batch reads its own record first (its batch would survey the
+cluster only for the single path to survey it again).
 """
 from __future__ import annotations
 
@@ -68,13 +74,13 @@ import dataclasses
 import json
 import random
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 from gpuboot.core.inventory import with_reservations
 from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.model import Reservation, Unavailable
-from gpuboot.core.placement import JobRequest, Outcome, Plan, Verdict, place
+from gpuboot.core.placement import Fleet, JobRequest, Outcome, Plan, Verdict, place
 from gpuboot.exceptions import LedgerContended
 from gpuboot.lifecycle.booking import (
     Basis,
@@ -85,7 +91,17 @@ from gpuboot.lifecycle.booking import (
     reservation_ttl,
     survey,
 )
-from gpuboot.lifecycle.ledger import Batch, Decided, Lead, LedgerConflict, LedgerState, Queued, RequestQueue, backoff
+from gpuboot.lifecycle.ledger import (
+    Batch,
+    Decided,
+    Lead,
+    LedgerConflict,
+    LedgerState,
+    Look,
+    Queued,
+    RequestQueue,
+    backoff,
+)
 
 if TYPE_CHECKING:
     from gpuboot.lifecycle.view import ClusterView
@@ -110,14 +126,11 @@ VIEW_PATIENCE_SECONDS = 60  # a leader with a connected view that is behind wait
 
 
 def book_first(booker: Booker, spec: JobSpec, job_id: str) -> Booking:
-    """The place step's transaction: through a batch when this is the job's first placement (it
-    holds nothing and has no record), else `booker.book` (a re-run of place after a start, say,
-    needs the record and the abandoned-node rule)."""
-    state = booker.ledger.snapshot()
-    if booker.ledger.record_of(job_id, state, booker.clock()) is not None:
-        return booker.book(spec, job_id)
-    # a job holding reservations but no record (placed by an earlier batch) is answered `alone` by the leader
-    return BatchPlacer(booker, spec).wait_for_batch(spec.to_job_request(job_id), reservation_ttl(spec), state)
+    """The place step's transaction: through a batch, or `booker.book` when the job holds a placement
+    or has a record (a re-run of place after a start, say, needs the record and the abandoned-node
+    rule). It reads nothing before queueing: the leader, which reads every ledger shard anyway,
+    answers such a job `alone`, and a waiter about to lead looks at its own record first (module doc)."""
+    return BatchPlacer(booker, spec).wait_for_batch(spec.to_job_request(job_id), reservation_ttl(spec))
 
 
 class BatchPlacer:
@@ -134,7 +147,7 @@ class BatchPlacer:
         self._view_behind: float | None = None  # since when its view could not say what it covers
 
     # ------------------------------------------------------------------ the waiter
-    def wait_for_batch(self, request: JobRequest, ttl: float, state: LedgerState) -> Booking:
+    def wait_for_batch(self, request: JobRequest, ttl: float) -> Booking:
         """Queue `request`, lead a batch when nobody does, and return the batch's answer."""
         b = self.booker
         job_id = request.job_id
@@ -142,23 +155,26 @@ class BatchPlacer:
         ticket = f"{job_id}:{uuid.uuid4().hex[:12]}"
         entry = Queued(job_id, ticket, request.to_json(), ttl, b.clock() + QUEUED_SECONDS)
         try:
-            waiting = self.queue.add(entry)   # a merge patch of its shard: a conflict only when the API server gives up
+            queued: Look | None = self.queue.add(entry)   # a merge patch: a conflict only when the API server gives up
         except LedgerConflict as exc:
             raise LedgerContended(f"could not queue job {job_id} for a batch ({exc}); nothing held, retry later") \
                 from None
+        state: LedgerState | None = None    # the ledger root, once this waiter had to read it
         check_every = min(LEASE_CHECK_SECONDS, b.contended_seconds / 3)    # sees a leader's progress within its budget
-        # the caller's read (just before queueing) says whether someone leads: if not, look at once; if so,
-        # its answer is a round away at least, so the first look waits like the later ones (a thousand waiters
-        # all looking at once, right after queueing, slowed the API server the leader's round needs)
-        checked = b.monotonic() if state.batch.led_by(b.clock()) is not None else -check_every
+        # the shard as queued into is the first look: if the lease's copy there shows nobody leading, read
+        # the root at once; if someone leads, its answer is a round away at least, so the first poll waits like
+        # the later ones (a thousand waiters reading at once, right after queueing, slowed the API server the
+        # leader's round needs)
+        checked = b.monotonic() if queued.lead is not None and queued.lead.lease_until > b.clock() else -check_every
         if checked >= 0:
-            b.sleep(poll_seconds(waiting, b.rng))
+            b.sleep(poll_seconds(queued.waiting, b.rng))
+            queued = None
         longest = b.monotonic() + PROGRESS_WAIT_SECONDS
         while True:
             # its shard says whether it still waits, its answer once decided, and the leader's last commit
             # (`RequestQueue`: copies, never ahead of the ledger); the ledger root, once the entry is gone
             # with no answer, or every few seconds while the copied lead does not show a live lease
-            look = self.queue.look(entry.ticket)
+            look, queued = queued or self.queue.look(entry.ticket), None     # the patch's answer serves once
             if look.answer is not None:
                 return self._answered(look.answer, state)
             gone, waiting, now = not look.waits, look.waiting, b.clock()
@@ -174,9 +190,15 @@ class BatchPlacer:
                 answer = state.batch.answer(ticket)
                 if answer is not None:
                     return self._answered(answer, state)
-                if state.batch.led_by(now) is None and self._take_lease(state, ticket):
-                    self.lead(ticket)
-                    continue
+                if state.batch.led_by(now) is None:
+                    if self.ledger.record_of(job_id, state, now) is not None:
+                        # its own batch would answer it `alone` after a survey the single path repeats
+                        self.queue.drop([ticket])
+                        self.log.info("job %s has a record of an earlier try; placing it on its own", job_id)
+                        return self.booker.book(self.spec, job_id)
+                    if self._take_lease(state, ticket):
+                        self.lead(ticket)
+                        continue
                 if state.batch.led_by(now) is not None:
                     give_up = min(longest, max(give_up, b.monotonic() + b.contended_seconds))   # a leader lives
             now = b.clock()
@@ -194,20 +216,23 @@ class BatchPlacer:
         batch = dataclasses.replace(state.batch.live(now), leader=me, lease_until=now + self.lease_seconds)
         try:
             self.ledger.put_batch(state, batch)
-            return True
         except LedgerConflict:
             return False
+        # its copy in the queue shards at once, so the waiters queueing now need not read the root to know
+        self.queue.publish((), Lead(me, batch.lease_until, self.committed_at), attempts=1)
+        return True
 
-    def _answered(self, answer: Decided, state: LedgerState) -> Booking:
+    def _answered(self, answer: Decided, state: LedgerState | None) -> Booking:
+        """The waiter's booking from its answer: no record (a batch writes none, and a job that had one was
+        answered `alone`), and the ledger root only if the waiter read it."""
         if answer.alone:
-            self.log.info("job %s holds a placement already; placing it again on its own", answer.job_id)
+            self.log.info("job %s holds a placement or a record already; placing it again on its own", answer.job_id)
             return self.booker.book(self.spec, answer.job_id)
         plan = Plan.from_json(answer.plan)
         if plan.outcome == Outcome.FITS:
             self.log.info("placed in a batch led by %s: %s", answer.by,
                           "; ".join(f"{a.task} -> {a.node}" for a in plan.assignments))
-        return Booking(plan, plan.outcome == Outcome.FITS, state, None,
-                       self.ledger.record_of(plan.job_id, state, self.booker.clock()))
+        return Booking(plan, plan.outcome == Outcome.FITS, state, None)
 
     def _withdraw(self, ticket: str, job_id: str) -> Booking:
         """Give up the wait: take the request out of the queue, then take an answer given meanwhile."""
@@ -261,7 +286,8 @@ class BatchPlacer:
                 plans, added = self.decide(queue, basis.survey, state.others("", now), released,
                                            [m for m in state.live_unavailable(now) if m not in outdated], now,
                                            answer_rows(state.batch.live(now), len(queue)),
-                                           fitted=lambda plan: claims.add(a.node for a in plan.assignments))
+                                           fitted=lambda plan: claims.add(a.node for a in plan.assignments),
+                                           alone=placed_alone(state, now))
             finally:
                 placed_at = b.monotonic()
                 claims.finish()         # the claims under way, whatever happened
@@ -320,7 +346,8 @@ class BatchPlacer:
 
     def decide(self, queue: Sequence[Queued], seen: Survey, reserved: list[Reservation], released: list[Reservation],
                unavailable: list[Unavailable], now: float, rows: int = ANSWER_ROWS,
-               fitted: Callable[[Plan], object] | None = None) -> tuple[list[Plan], list[Reservation]]:
+               fitted: Callable[[Plan], object] | None = None,
+               alone: Collection[str] = ()) -> tuple[list[Plan], list[Reservation]]:
         """Place each queued request in turn against `seen` plus `reserved` (the live reservations) plus
         `released` (releases the survey may not show yet, counted as still reserved) plus the ones before
         it, for DECIDE_SECONDS at most (at least one): a batch must be committed well within the lease, or
@@ -328,22 +355,22 @@ class BatchPlacer:
         to place). A job with a live reservation holds a placement made meanwhile (answered `alone`); one
         whose reservations were released holds nothing and is placed (a batch taken back after a
         conflict left its jobs' tombstones: counted as holders, they were told busy, round after round).
-        `fitted` is told of each plan that fits as soon as it is made."""
+        `fitted` is told of each plan that fits as soon as it is made; `alone`: jobs with a record too
+        (`placed_alone`), answered `alone` as well."""
         plans, added = [], []
-        holders = {r.job_id for r in reserved}
-        views = list(seen.recounted([*reserved, *released], now).views)
-        at = {v.name: i for i, v in enumerate(views)}
+        holders = {r.job_id for r in reserved} | set(alone)
+        fleet = Fleet(seen.recounted([*reserved, *released], now).views)     # prepared once for the batch
         until = self.booker.monotonic() + DECIDE_SECONDS
         room = ANSWER_BYTES
         for entry in queue:
             if plans and (self.booker.monotonic() > until or room < 0):
                 break
             request = JobRequest.from_json(entry.request)
-            if entry.job_id in holders:     # placed meanwhile (its wait gave up and placed itself)
-                plans.append(Plan(entry.job_id, Outcome.BUSY, "the job holds a placement made meanwhile; "
-                                  "placing it again on its own"))
+            if entry.job_id in holders:     # placed meanwhile (its wait gave up and placed itself), or re-placed
+                plans.append(Plan(entry.job_id, Outcome.BUSY, "the job holds a placement made meanwhile, or a "
+                                  "record of an earlier try; placing it again on its own"))
                 continue
-            plan = place(request, views, unavailable, table_rows=rows)     # only the rows its answer keeps
+            plan = place(request, fleet, unavailable, table_rows=rows)     # only the rows its answer keeps
             plans.append(plan)
             room -= answer_bytes(compact(plan, rows).to_json(), entry.ticket)
             if plan.outcome == Outcome.FITS:
@@ -351,9 +378,8 @@ class BatchPlacer:
                                     expires_at=now + entry.ttl) for a in plan.assignments]
                 added += mine
                 # counted on top: only the new ones, on their nodes only (not a new list of 10,000 views a job)
-                touched = sorted({at[r.node] for r in mine})
-                for i, view in zip(touched, with_reservations([views[i] for i in touched], seen.backed, mine, now)):
-                    views[i] = view
+                touched = [fleet.nodes[i] for i in sorted({fleet.at[r.node] for r in mine})]
+                fleet.update(with_reservations(touched, seen.backed, mine, now))
                 if fitted is not None:
                     fitted(plan)
         return plans, added
@@ -368,7 +394,7 @@ class BatchPlacer:
         began = self.booker.monotonic()
         live = state.batch.live(now)
         rows = answer_rows(live, len(queue))
-        holders = {r.job_id for r in state.reservations if r.expires_at > now}    # answered `alone` (see decide)
+        holders = placed_alone(state, now)     # answered `alone` (see decide)
         answers = tuple(Decided(q.job_id, q.ticket, compact(p, rows).to_json(), me.split(":", maxsplit=1)[0],
                                 now + DECIDED_SECONDS, alone=q.job_id in holders and p.outcome != Outcome.FITS)
                         for q, p in zip(queue, plans))
@@ -437,6 +463,14 @@ def still_valid(old: LedgerState, new: LedgerState, queue: Sequence[Queued], now
     return (released is not None and after <= before and {key(r) for r in released} <= before
             and set(old.live_unavailable(now)) == set(new.live_unavailable(now))
             and not any(new.batch.answer(q.ticket) for q in queue))
+
+
+def placed_alone(state: LedgerState, now: float) -> set[str]:
+    """Jobs a batch does not place: those holding live reservations (placed meanwhile) or a live record
+    (an earlier try started or failed nodes: the single path's record and abandoned-node rule). Their
+    waiters are answered `alone` and book on the single path."""
+    return {r.job_id for r in state.reservations if r.expires_at > now} | \
+        {j.job_id for j in state.jobs if j.expires_at > now}
 
 
 def latest_per_job(queue: Sequence[Queued]) -> list[Queued]:

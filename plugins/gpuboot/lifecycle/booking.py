@@ -188,7 +188,8 @@ class Booking:
 
     plan: Plan
     committed: bool
-    state: LedgerState          # the ledger the commit was compare-and-swapped against
+    state: LedgerState | None   # the ledger the commit was compare-and-swapped against (None: a batch's answer
+                                # to a waiter that never read the ledger root)
     survey: Survey              # read after that ledger state
     record: JobRecord | None = None   # the job's record as committed
 

@@ -1259,7 +1259,10 @@ class RequestQueue:
         return self.shards[zlib.crc32(ticket.encode()) % len(self.shards)]
 
     def _read(self, name: str) -> QueueShard:
-        cm = self.kube.read_configmap(self.namespace, name)
+        return self._as_read(self.kube.read_configmap(self.namespace, name))
+
+    def _as_read(self, cm: dict | None) -> QueueShard:
+        """A shard as read, or as a patch wrote it (the API server answers a patch with the object)."""
         if cm is None:
             return QueueShard()
         data, now = cm.get("data") or {}, self.clock()
@@ -1290,18 +1293,20 @@ class RequestQueue:
                 time.sleep(backoff(attempt))
         raise LedgerConflict(f"queue shard {self.namespace}/{name}: {attempts} writes answered 409 Conflict")
 
-    def add(self, entry: Queued) -> int:
-        """Queue (or renew) `entry`: one merge patch, which never conflicts. About how many wait in all, by
-        the entries the patch's answer shows in this shard (the waiter paces its first look by it)."""
+    def add(self, entry: Queued) -> Look:
+        """Queue (or renew) `entry`: one merge patch, which never conflicts. The patch's answer is the shard as
+        written, so it is a look too: about how many wait (the waiter paces its polls by it), whether someone
+        leads (the lead's copy: a waiter queueing needs no read of the ledger to know), its answer's copy."""
         written = self._patch(self.shard_of(entry.ticket),
                               {_queue_key(ENTRY_PREFIX, entry.ticket): json.dumps(entry.to_json(), sort_keys=True)})
-        data = (written or {}).get("data") or {}
-        return sum(k.startswith(ENTRY_PREFIX) for k in data) * len(self.shards)
+        return self._look(entry.ticket, self._as_read(written))
 
     def look(self, ticket: str) -> Look:
         """The waiter's poll: one read of its ticket's shard."""
+        return self._look(ticket, self._read(self.shard_of(ticket)))
+
+    def _look(self, ticket: str, shard: QueueShard) -> Look:
         now = self.clock()
-        shard = self._read(self.shard_of(ticket))
         live = [q for q in shard.entries if q.expires_at > now]
         answer = next((d for d in shard.answers if d.ticket == ticket and d.expires_at > now), None)
         return Look(any(q.ticket == ticket for q in live), len(live) * len(self.shards), answer, shard.lead)

@@ -204,7 +204,7 @@ def test_a_batch_write_that_meets_a_release_keeps_its_plans_without_reading_agai
         return original(*args, **kwargs)
 
     placer._commit = commit_after_a_release
-    booking = placer.wait_for_batch(spec().to_job_request("job"), reservation_ttl(spec()), c.ledger().snapshot())
+    booking = placer.wait_for_batch(spec().to_job_request("job"), reservation_ttl(spec()))
     assert booking.plan.outcome == Outcome.FITS and b.full_reads == 1 and releases
     assert held(c) == {"job": ["gpu-stop"]}     # placed while gpu-run still counted as reserved
 
@@ -339,23 +339,63 @@ def test_a_stale_request_of_a_job_that_placed_itself_is_not_placed_again_nor_its
     assert stale is not None and stale.plan["outcome"] == "busy" and "meanwhile" in stale.plan["message"]
 
 
-def test_a_job_placed_by_an_earlier_batch_is_placed_again_on_its_own_and_reads_only_its_record():
-    """A batch writes reservations but no job record, so a waiter cannot tell from its record's shard alone that
-    its job holds a placement (a re-run of place after its first answer). The leader, which reads every shard,
-    answers it `alone`, and the waiter books on the single path: the job ends with one placement, not two."""
+def requests_to(c: Cloud) -> list[str]:
+    """From now on, every ConfigMap request of the fake API server, in order, as "verb name"."""
+    seen: list[str] = []
+    for verb in ("read_configmap", "merge_patch_configmap"):
+        real = getattr(c.cluster, verb)
+
+        def counted(namespace, name, *args, _real=real, _verb=verb):
+            seen.append(f"{_verb.split('_')[0]} {name}")
+            return _real(namespace, name, *args)
+        setattr(c.cluster, verb, counted)
+    return seen
+
+
+def test_a_job_placed_by_an_earlier_batch_is_placed_again_on_its_own_and_reads_nothing_before_queueing():
+    """A batch writes reservations but no job record, so only the ledger says that a job holds a placement (a
+    re-run of place after its first answer). The waiter queues without reading anything; the leader, which
+    reads every shard, answers it `alone`, and the waiter books on the single path: the job ends with one
+    placement, not two."""
     c = cloud()
     b = booker(c)
     assert book_first(b, spec(), "job").plan.outcome == Outcome.FITS
     assert held(c) == {"job": ["gpu-run"]}
-    reads = []
-    real = c.cluster.read_configmap
-    c.cluster.read_configmap = lambda ns, name: reads.append(name) or real(ns, name)
+    requests = requests_to(c)
     again = book_first(booker(c), spec(), "job")
     assert again.committed and held(c) == {"job": [again.plan.assignments[0].node]}
     answered = next(d for d in c.ledger().snapshot().batch.decided if d.job_id == "job" and d.alone)
     assert answered.plan["outcome"] == Outcome.BUSY.value
-    before_queueing = reads[:next(i for i, name in enumerate(reads) if "queue" in name)]
-    assert before_queueing[0] == CONFIGMAP and len(set(before_queueing)) == 2   # the root, the record's shard
+    assert requests[0].startswith("merge ") and "-queue-" in requests[0], requests[:3]    # queued first
+
+
+def test_a_job_with_a_record_queued_behind_a_live_leader_is_answered_alone_and_re_placed_on_the_single_path():
+    """The place step of a job that has a record (an earlier try started a node) cannot tell it has one without
+    reading the ledger; it queues like any other, and the leader, which reads every shard, answers it `alone`:
+    it never gets a second placement from a batch, and its record (the node it started) is kept."""
+    c = cloud({"gpu-run": ("Running", T4), "gpu-stop": ("Stopped", T4)})
+    c.ledger().record_starts("job", [StartedNode("gpu-stop", "i-gpu-stop", c.clock())], c.clock() + 600)
+    ghost(c, "leader", lease_for=600)           # someone leads: the waiter does not read the root
+    leader = BatchPlacer(booker(c), None, LEASE_SECONDS)   # type: ignore[arg-type]
+    done = threading.Event()
+
+    def lead() -> None:         # the live leader's rounds, as a placer's, until the waiter has its answer
+        while not done.is_set():
+            if leader.queue.waiting():
+                leader.lead("leader:dead", stay=True)
+            time.sleep(0.02)
+    thread = threading.Thread(target=lead)
+    thread.start()
+    try:
+        RequestQueue(c.cluster, clock=c.clock).publish((), Lead("leader:dead", c.clock() + 600, c.clock()))
+        booking = book_first(booker(c), spec(), "job")
+    finally:
+        done.set()
+        thread.join()
+    decided = {d.job_id: d for d in c.ledger().snapshot().batch.decided}
+    assert decided["job"].alone and "record of an earlier try" in decided["job"].plan["message"]
+    assert booking.committed and held(c)["job"] == [booking.plan.assignments[0].node]
+    assert c.ledger().snapshot().record("job", c.clock()).started_on("gpu-stop") is not None
 
 
 @pytest.mark.parametrize("seen_in", ["root", "queue-shard-copies"])
@@ -688,29 +728,32 @@ def test_a_renewal_that_crossed_its_answer_does_not_queue_the_job_again():
 
 
 @pytest.mark.parametrize("led", [True, False])
-def test_a_waiter_behind_a_live_lease_waits_before_its_first_look_as_long_as_the_crowd_says(led, monkeypatch):
+def test_a_waiter_behind_a_live_lease_waits_before_its_first_look_as_long_as_the_crowd_says(led):
     """Queued behind a leader, a waiter's answer is a round away at least: it pauses before its first look, by
     the crowd its queue patch's answer showed (a thousand waiters looking at once, right after queueing, slowed
-    the API server the leader needed). With nobody leading it looks at once (it may have to lead)."""
+    the API server the leader needed). It learns who leads from that answer too (the lease's copy the leader
+    wrote on taking it), reading nothing before. With nobody leading it reads the ledger root at once (it may
+    have to lead)."""
     c = cloud()
-    events: list = []
-    look = RequestQueue.look
-    monkeypatch.setattr(RequestQueue, "look", lambda self, ticket: events.append(("look", ticket)) or look(self, ticket))
     queue = RequestQueue(c.cluster, clock=c.clock)
     for i in range(600):                             # a crowd queued before it (~19 in each shard)
         queue.add(Queued(f"other-{i}", f"other-{i}:t", spec().to_job_request(f"other-{i}").to_json(), 600.0,
                          c.clock() + 60))
     if led:
         assert BatchPlacer(booker(c), None)._take_lease(c.ledger().snapshot(), "placer-1:x")
+    events = requests_to(c)
     b = booker(c, contended_seconds=0.5, sleep=lambda s: events.append(s) or c.clock.advance(s))   # the lease lapses
     book_first(b, spec(), "job")
-    first, ticket = next((i, e[1]) for i, e in enumerate(events) if isinstance(e, tuple))
+    assert isinstance(events[0], str) and events[0].startswith("merge ") and "-queue-" in events[0]   # queued first
+    first = next(i for i, e in enumerate(events[1:], 1) if isinstance(e, str))
     if led:
-        crowd = sum(queue.shard_of(f"other-{i}:t") == queue.shard_of(ticket) for i in range(600)) + 1
+        shard = events[0].split()[1]                                           # its ticket's
+        crowd = sum(queue.shard_of(f"other-{i}:t") == shard for i in range(600)) + 1
         floor = POLL_SECONDS[0] * crowd * len(queue.shards) / POLL_CROWD     # what its shard said of the crowd
-        assert first == 1 and events[0] >= floor > POLL_SECONDS[0]
+        assert first == 2 and events[1] >= floor > POLL_SECONDS[0]
+        assert events[2] == f"read {shard}"                                    # its shard, not the root
     else:
-        assert first == 0
+        assert first == 1 and events[1] == f"read {CONFIGMAP}"
 
 
 def test_a_queue_patch_the_api_server_gives_up_on_is_tried_again_and_past_that_the_step_defers():
