@@ -262,3 +262,32 @@ def test_a_busy_job_does_not_copy_every_node(monkeypatch):
     copies.clear()
     never = place(JobRequest("j", (TaskRequest("t", Resources({CPU: 1000, GPU: 4})),), 1), nodes)
     assert never.outcome is Outcome.NEVER and "has 2 " in never.message and len(copies) >= 2000
+
+
+def test_a_fleet_updated_view_by_view_plans_as_the_views_it_holds_would():
+    """`Fleet` (a batch's views prepared once): after any run of updates (a view changed, so a new twin
+    token; a view turned into another's twin, sharing its token; a token's first node leaving it) it holds
+    what a fleet prepared afresh from its views holds, and every plan on it is the plan on those views."""
+    rng = random.Random(20261207)
+    for case in range(150):
+        nodes = random_fleet(rng, rng.choice([1, 3, 10, 40]))
+        fleet = P.Fleet(nodes)
+        for step in range(12):
+            changed = []
+            for view in rng.sample(fleet.nodes, rng.randint(1, min(4, len(fleet.nodes)))):
+                if rng.random() < 0.5:
+                    changed.append(replace(view, allocated=view.allocatable if rng.random() < 0.3 else Resources(),
+                                           busy_since=rng.choice([None, 500.0, 4000.0])))
+                else:           # now the twin of another node: equal in all it is judged by, its token shared
+                    other = rng.choice(fleet.nodes)
+                    twin = replace(other, name=view.name, hostname=view.hostname, instance_id=view.instance_id)
+                    object.__setattr__(twin, "twin", other.twin)
+                    changed.append(twin)
+            fleet.update(changed)
+            fresh = P.Fleet(fleet.nodes, in_name_order=True)
+            where = f"case {case} step {step}"
+            assert fleet.nodes == fresh.nodes and fleet.order == fresh.order, where
+            assert fleet.tokens == fresh.tokens and fleet.firsts == fresh.firsts, where
+            job = random_job(rng)
+            unavailable = random_unavailable(rng, fleet.nodes)
+            assert place(job, fleet, unavailable) == place(job, list(fleet.nodes), unavailable), where
