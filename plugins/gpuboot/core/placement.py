@@ -793,12 +793,12 @@ def place(job: JobRequest, nodes: Sequence[NodeView] | Fleet, unavailable: Seque
     answers keep few). A mark holding a node for this very job (`Unavailable.held_for`) does not block it.
     `nodes` may come prepared as a `Fleet` (many plans on the same views), which `place` only reads."""
     unavailable = [u for u in unavailable if u.held_for != job.job_id]
-    fleet = nodes if isinstance(nodes, Fleet) else Fleet(nodes)
-    nodes = fleet.nodes
+    prepared = nodes if isinstance(nodes, Fleet) else Fleet(nodes)
+    nodes = prepared.nodes
     run_hours = None if job.expected_run_seconds is None else job.expected_run_seconds / HOUR
     cost = _with_start_fill(job, nodes, cost)
     blocked = blocked_nodes(unavailable, nodes)
-    groups = _groups(job, fleet, whole_fleet=False, unavailable=unavailable, cost=cost, run_hours=run_hours,
+    groups = _groups(job, prepared, whole_fleet=False, unavailable=unavailable, cost=cost, run_hours=run_hours,
                      blocked=blocked)
     placed = _assign(groups, nodes, cost, run_hours)
     kept, omitted = _candidates(groups, nodes, placed, table_rows)
