@@ -1277,9 +1277,15 @@ class RequestQueue:
 
     def _patch(self, name: str, data: Mapping[str, str | None], attempts: int = 5) -> dict:
         """One merge patch of shard `name`'s data (None removes a key); the shard made when missing. The API
-        server retries a patch's own conflicts, but may still answer 409 under heavy contention: tried
-        again after a pause, LedgerConflict after `attempts`. The shard as written."""
+        server retries a patch's own conflicts, but may still answer 409 under heavy contention, or give up
+        on a burst's thousand patches at once (429, or a 5xx such as 504 Timeout: the write may have landed
+        or not, and a merge patch of the same keys is the same write again): tried again after a pause,
+        LedgerConflict after `attempts` (a waiter's place step then defers, holding nothing). The shard as
+        written."""
+        from kubernetes.client.exceptions import ApiException
+
         body = {"metadata": {"labels": {"app.kubernetes.io/managed-by": "gpuboot"}}, "data": dict(data)}
+        answered = "409 Conflict"
         for attempt in range(attempts):
             try:
                 written = self.kube.merge_patch_configmap(self.namespace, name, body)
@@ -1290,8 +1296,13 @@ class RequestQueue:
                     "metadata": {**body["metadata"], "name": name, "namespace": self.namespace},
                     "data": {k: v for k, v in data.items() if v is not None}})
             except Conflict:        # made meanwhile by another (then patch it), or a conflict the server gave up on
-                time.sleep(backoff(attempt))
-        raise LedgerConflict(f"queue shard {self.namespace}/{name}: {attempts} writes answered 409 Conflict")
+                answered = "409 Conflict"
+            except ApiException as exc:
+                if exc.status != 429 and not 500 <= (exc.status or 0) < 600:
+                    raise
+                answered = f"{exc.status} {exc.reason}"
+            time.sleep(backoff(attempt))
+        raise LedgerConflict(f"queue shard {self.namespace}/{name}: {attempts} writes answered {answered}")
 
     def add(self, entry: Queued) -> Look:
         """Queue (or renew) `entry`: one merge patch, which never conflicts. The patch's answer is the shard as

@@ -774,6 +774,38 @@ def test_a_queue_patch_the_api_server_gives_up_on_is_tried_again_and_past_that_t
     assert b.full_reads == 0 and "job" not in held(c)
 
 
+@pytest.mark.parametrize("status", [504, 503, 429])
+def test_a_queue_patch_the_api_server_times_out_on_is_tried_again_and_past_that_the_step_defers(status):
+    """A thousand waiters' queue patches at once made kube-apiserver answer some 504 Timeout (the write landed
+    or not): the same merge patch is tried again, and a shard that keeps failing makes the place step defer,
+    holding nothing, where the 504 failed the job. Another refusal (403, say) is no load and is not retried."""
+    from kubernetes.client.exceptions import ApiException
+
+    from gpuboot.exceptions import LedgerContended
+
+    c = cloud()
+    q = RequestQueue(c.cluster, clock=c.clock)
+    q.add(Queued("x", "x:t", spec().to_job_request("x").to_json(), 600.0, c.clock() + 60))   # the shards exist
+    real, failing = c.cluster.merge_patch_configmap, [2]
+
+    def overloaded(namespace, name, body):
+        if failing[0] > 0:
+            failing[0] -= 1
+            raise ApiException(status=status, reason="Gateway Timeout")
+        return real(namespace, name, body)
+    c.cluster.merge_patch_configmap = overloaded
+    q.add(Queued("y", "y:t", spec().to_job_request("y").to_json(), 600.0, c.clock() + 60))
+    assert {e.job_id for e in q.waiting()} == {"x", "y"} and failing == [0]
+    failing[0] = 1000
+    b = booker(c)
+    with pytest.raises(LedgerContended, match=f"could not queue job job.*{status}"):
+        book_first(b, spec(), "job")
+    assert b.full_reads == 0 and "job" not in held(c)
+    c.cluster.merge_patch_configmap = lambda *args: (_ for _ in ()).throw(ApiException(status=403, reason="no"))
+    with pytest.raises(ApiException):
+        q.add(Queued("z", "z:t", spec().to_job_request("z").to_json(), 600.0, c.clock() + 60))
+
+
 def test_a_shard_of_the_compare_and_swap_format_is_read_as_empty_and_its_keys_pruned():
     """An upgrade: a shard written by the old code (one JSON list of entries) is not read as entries (their
     waiters, old code, withdraw and place themselves), and the leader's next patch removes its keys."""
