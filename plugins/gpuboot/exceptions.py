@@ -29,6 +29,11 @@ class InvalidRequest(Exception):
                    tuple(c["field"] for c in causes if c.get("field")))
 
 
+class Overloaded(Exception):
+    """429, or a 5xx such as 504 Timeout, from the API server: it gave up on the request under load (a
+    write may have landed or not). The same request may be tried again after a pause."""
+
+
 class Gone(Exception):
     """410 from a watch: the resourceVersion is too old; re-list and watch again."""
 

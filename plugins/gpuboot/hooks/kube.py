@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, ClassVar
 
-from gpuboot.exceptions import Conflict, Gone, InvalidRequest
+from gpuboot.exceptions import Conflict, Gone, InvalidRequest, Overloaded
 
 ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 WATCH_SECONDS = 60      # a watch is re-opened at least this often (cheap; survives idle proxies)
@@ -361,6 +361,8 @@ class KubeClient:
                 raise Conflict(f"{exc.status} {exc.reason}") from None
             if exc.status in REFUSED:
                 raise InvalidRequest.of(exc) from None
+            if exc.status == 429 or 500 <= (exc.status or 0) < 600:
+                raise Overloaded(f"{exc.status} {exc.reason}") from None
             raise
 
 

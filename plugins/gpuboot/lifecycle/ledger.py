@@ -111,7 +111,7 @@ from itertools import chain
 from gpuboot.core.model import ANNOTATION_LEDGER, Reservation, Unavailable, ledger_of
 from gpuboot.core.resources import Resources
 from gpuboot.exceptions import LedgerConflict, LedgerFull, SecondLedger
-from gpuboot.hooks.kube import Conflict, KubeClient
+from gpuboot.hooks.kube import Conflict, KubeClient, Overloaded
 
 log = logging.getLogger(__name__)
 
@@ -1282,8 +1282,6 @@ class RequestQueue:
         or not, and a merge patch of the same keys is the same write again): tried again after a pause,
         LedgerConflict after `attempts` (a waiter's place step then defers, holding nothing). The shard as
         written."""
-        from kubernetes.client.exceptions import ApiException
-
         body = {"metadata": {"labels": {"app.kubernetes.io/managed-by": "gpuboot"}}, "data": dict(data)}
         answered = "409 Conflict"
         for attempt in range(attempts):
@@ -1297,10 +1295,8 @@ class RequestQueue:
                     "data": {k: v for k, v in data.items() if v is not None}})
             except Conflict:        # made meanwhile by another (then patch it), or a conflict the server gave up on
                 answered = "409 Conflict"
-            except ApiException as exc:
-                if exc.status != 429 and not 500 <= (exc.status or 0) < 600:
-                    raise
-                answered = f"{exc.status} {exc.reason}"
+            except Overloaded as exc:
+                answered = str(exc)
             time.sleep(backoff(attempt))
         raise LedgerConflict(f"queue shard {self.namespace}/{name}: {attempts} writes answered {answered}")
 

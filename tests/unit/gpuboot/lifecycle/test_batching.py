@@ -383,7 +383,7 @@ def test_a_job_with_a_record_queued_behind_a_live_leader_is_answered_alone_and_r
         while not done.is_set():
             if leader.queue.waiting():
                 leader.lead("leader:dead", stay=True)
-            time.sleep(0.02)
+            done.wait(0.02)
     thread = threading.Thread(target=lead)
     thread.start()
     try:
@@ -777,11 +777,12 @@ def test_a_queue_patch_the_api_server_gives_up_on_is_tried_again_and_past_that_t
 @pytest.mark.parametrize("status", [504, 503, 429])
 def test_a_queue_patch_the_api_server_times_out_on_is_tried_again_and_past_that_the_step_defers(status):
     """A thousand waiters' queue patches at once made kube-apiserver answer some 504 Timeout (the write landed
-    or not): the same merge patch is tried again, and a shard that keeps failing makes the place step defer,
-    holding nothing, where the 504 failed the job. Another refusal (403, say) is no load and is not retried."""
+    or not; the adapter raises it as Overloaded): the same merge patch is tried again, and a shard that keeps
+    failing makes the place step defer, holding nothing, where the 504 failed the job. Another refusal (403,
+    say) is no load and is not retried."""
     from kubernetes.client.exceptions import ApiException
 
-    from gpuboot.exceptions import LedgerContended
+    from gpuboot.exceptions import LedgerContended, Overloaded
 
     c = cloud()
     q = RequestQueue(c.cluster, clock=c.clock)
@@ -791,7 +792,7 @@ def test_a_queue_patch_the_api_server_times_out_on_is_tried_again_and_past_that_
     def overloaded(namespace, name, body):
         if failing[0] > 0:
             failing[0] -= 1
-            raise ApiException(status=status, reason="Gateway Timeout")
+            raise Overloaded(f"{status} Gateway Timeout")
         return real(namespace, name, body)
     c.cluster.merge_patch_configmap = overloaded
     q.add(Queued("y", "y:t", spec().to_job_request("y").to_json(), 600.0, c.clock() + 60))
