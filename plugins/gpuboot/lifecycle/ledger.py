@@ -98,6 +98,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import random
 import time
 import uuid
@@ -1179,8 +1180,13 @@ LEGACY_QUEUE_KEY = "queue.json"        # the queue shards' compare-and-swap form
 LEGACY_ANSWERS_KEY = "answers.json"
 ENTRY_PREFIX, ANSWER_PREFIX = "q.", "a."   # a queue shard's keys: one per entry and one per answer's copy
 LEAD_KEY = "lead.json"
-QUEUE_SHARDS = 32   # ConfigMaps the batch queue is spread over: a 1,000-job burst's appends (~30 per
-                    # shard) rarely collide; the leader reads them all, a waiter only its own
+QUEUE_SHARDS = 64   # ConfigMaps the batch queue is spread over; the leader reads them all, a waiter only its
+                    # own. kube-apiserver applies a merge patch as a read-modify-write retried on every
+                    # conflict, so k patches at once on one shard cost it ~k^2/2 attempts, each decoding
+                    # the shard: a 1,000-job burst's appends at 32 shards (~31 each) were half its CPU for
+                    # 14 s. 64 cut that fourfold (128 gained no more, and doubled the leader's idle reads)
+LEAD_EVERYWHERE_SECONDS = 5.0   # a batch's publish copies the lead into every shard at least this often (a
+                                # third of batching.LEASE_SECONDS, so no copy a waiter reads looks lapsed)
 ANSWER_KEEP_SECONDS = 16.0   # a copy of an answer stays in its queue shard this long (two of a waiter's
                              # slowest polls, batching.POLL_MAX_SECONDS; later, it reads the ledger root)
 
@@ -1237,14 +1243,17 @@ class RequestQueue:
 
     Why merge patches. Each entry, and each answer's copy, is a key of its own in the shard's data
     (`q.<hash of its ticket>`, `a.<...>`), added or removed by a JSON merge patch, which the API
-    server applies to the object as it is: no read before, no resourceVersion, no conflict. With
-    compare-and-swap appends, 1,000 waiters queueing at once kept 32 shards contended for seconds,
-    and half of them gave up. Expired keys are removed by the leader's next patch of their shard.
+    server applies to the object as it is: no read before, no resourceVersion, no conflict for the
+    client. With compare-and-swap appends, 1,000 waiters queueing at once kept 32 shards contended for
+    seconds, and half of them gave up. The API server still retries its own read-modify-write on each
+    conflict, so patches of one shard at once cost it about the square of their number: hence
+    QUEUE_SHARDS. Expired keys are removed by the leader's next patch of their shard.
 
     Why answers are copied here too. A waiter polls its shard anyway; the ledger root holds the
     burst's latest answers (up to 150 KB). So after committing a batch the leader moves each
     answered entry's `Decided` into its shard (kept ANSWER_KEEP_SECONDS) and copies its lease
-    (`Lead`) into every shard: a waiter reads its answer, and sees that someone leads and commits,
+    (`Lead`) into the shards it writes, and into every shard when it takes, renews or gives up the
+    lease and every LEAD_EVERYWHERE_SECONDS: a waiter reads its answer, and sees that someone leads,
     without reading the root. The copy is written only after the root commit, so it never says more
     than the ledger: a lost copy sends the waiter to the root (its entry gone with no answer, the
     lead lapsed, or its wait given up), as before the copies."""
@@ -1254,6 +1263,7 @@ class RequestQueue:
         self.kube, self.namespace, self.clock = kube, namespace, clock
         self.shards = [f"{ledger}-queue-{i}" for i in range(QUEUE_SHARDS)]
         self._stale: dict[str, set[str]] = {}      # shard -> expired keys its last read found (pruned by `publish`)
+        self._lead_everywhere_at = -math.inf       # when `publish` last copied the lead into every shard
 
     def shard_of(self, ticket: str) -> str:
         return self.shards[zlib.crc32(ticket.encode()) % len(self.shards)]
@@ -1320,19 +1330,27 @@ class RequestQueue:
 
     def publish(self, answers: Sequence[Decided], lead: Lead, attempts: int = 5) -> None:
         """After a batch's ledger commit: each answered entry out of its shard and a copy of its answer in,
-        `lead` copied into every shard, the expired keys the last reads found pruned (one merge patch per
-        shard, all shards at once; best effort, see the class doc: `attempts` tries each)."""
+        the expired keys the last reads found pruned, and `lead` copied (one merge patch per shard written,
+        all at once; best effort, see the class doc: `attempts` tries each). The lead goes into every shard
+        when there are no answers (a lease taken, renewed or given up) or the last such copy is
+        LEAD_EVERYWHERE_SECONDS old; otherwise only into the shards written anyway: a lone job's batch
+        patches one shard, not all of them."""
+        now = self.clock()
+        everywhere = not answers or now - self._lead_everywhere_at >= LEAD_EVERYWHERE_SECONDS
         changes: dict[str, dict[str, str | None]] = {name: dict.fromkeys(self._stale.pop(name, ()))
                                                      for name in self.shards}
         for d in answers:
-            kept = replace(d, expires_at=min(d.expires_at, self.clock() + ANSWER_KEEP_SECONDS))
+            kept = replace(d, expires_at=min(d.expires_at, now + ANSWER_KEEP_SECONDS))
             mine = changes[self.shard_of(d.ticket)]
             mine[_queue_key(ENTRY_PREFIX, d.ticket)] = None
             mine[_queue_key(ANSWER_PREFIX, d.ticket)] = json.dumps(kept.to_json(), sort_keys=True)
-        for data in changes.values():
-            data[LEAD_KEY] = json.dumps(lead.to_json(), sort_keys=True)
+        written = [name for name in self.shards if everywhere or changes[name]]
+        for name in written:
+            changes[name][LEAD_KEY] = json.dumps(lead.to_json(), sort_keys=True)
+        if everywhere:
+            self._lead_everywhere_at = now
 
-        for name, error in _each(lambda name: self._patch(name, changes[name], attempts), self.shards):
+        for name, error in _each(lambda name: self._patch(name, changes[name], attempts), written):
             if error is not None:
                 log.warning("batch answers' copies not written to %s (%s): its waiters read the ledger root", name,
                             error)

@@ -34,6 +34,7 @@ from gpuboot.lifecycle.booking import Booker, reservation_ttl
 from gpuboot.lifecycle.ledger import (
     ANSWER_KEEP_SECONDS,
     CONFIGMAP,
+    LEAD_EVERYWHERE_SECONDS,
     MAX_LEDGER_BYTES,
     Batch,
     Decided,
@@ -312,7 +313,7 @@ def test_answers_of_batch_after_batch_share_one_row_budget_so_the_ledger_stays_b
 
 def test_the_queue_shards_are_the_ones_the_ledger_role_names():
     """tests/static/test_permissions.py checks the Role against these names."""
-    assert RequestQueue(None).shards == [f"{CONFIGMAP}-queue-{i}" for i in range(32)]
+    assert RequestQueue(None).shards == [f"{CONFIGMAP}-queue-{i}" for i in range(64)]
 
 
 def test_a_queued_request_reads_back_as_the_same_request_and_carries_no_command_or_env():
@@ -705,6 +706,32 @@ def test_publish_prunes_what_the_leaders_read_found_expired_and_keeps_what_came_
     assert q.look("a:t").answer is not None and q.look("new:t").waits
     keys = {k for name in q.shards for k in (c.cluster.read_configmap("default", name) or {}).get("data", {})}
     assert len([k for k in keys if k.startswith("q.")]) == 1    # "old" and "a" gone, "new" kept
+
+
+def test_a_batch_copies_its_lead_only_into_the_shards_it_writes_and_into_every_shard_now_and_then():
+    """A lone job's batch patches its own shard, not all QUEUE_SHARDS: the other shards keep the copy the
+    lease's take (or renewal) wrote, still live for their waiters, until LEAD_EVERYWHERE_SECONDS have passed
+    since the last copy into every shard."""
+    c = cloud()
+    q = RequestQueue(c.cluster, clock=c.clock)
+    leads = lambda: {name: q._read(name).lead for name in q.shards}     # noqa: E731
+    taken = Lead("p", c.clock() + 15, c.clock())
+    q.publish((), taken)                                            # the lease taken: every shard
+    assert set(leads().values()) == {taken}
+    c.clock.advance(1)
+    q.add(Queued("a", "a:t", spec().to_job_request("a").to_json(), 600.0, c.clock() + 60))
+    first = Lead("p", c.clock() + 15, c.clock())
+    q.publish([Decided("a", "a:t", {"job_id": "a", "outcome": "fits"}, "p", c.clock() + 120)], first)
+    after = leads()
+    assert after[q.shard_of("a:t")] == first
+    assert {lead for name, lead in after.items() if name != q.shard_of("a:t")} == {taken}
+    other = next(f"b:{i}" for i in range(100) if q.shard_of(f"b:{i}") != q.shard_of("a:t"))
+    assert q.look(other).lead.lease_until > c.clock()               # a waiter there still sees a live lead
+    c.clock.advance(LEAD_EVERYWHERE_SECONDS)
+    q.add(Queued("c", "c:t", spec().to_job_request("c").to_json(), 600.0, c.clock() + 60))
+    later = Lead("p", c.clock() + 15, c.clock())
+    q.publish([Decided("c", "c:t", {"job_id": "c", "outcome": "fits"}, "p", c.clock() + 120)], later)
+    assert set(leads().values()) == {later}
 
 
 def test_a_renewal_that_crossed_its_answer_does_not_queue_the_job_again():
