@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import socket
 import threading
@@ -47,7 +48,9 @@ from gpuboot.lifecycle.batching import LEASE_CHECK_SECONDS, LEASE_SECONDS, Batch
 from gpuboot.lifecycle.booking import Booker
 from gpuboot.lifecycle.view import ClusterView
 
-POLL_SECONDS = 1.0          # how often the lease holder looks at the queue when idle (every shard: 32 GETs)
+POLL_SECONDS = 1.0          # how often the lease holder looks at the queue when idle (every queue shard: 64 GETs)
+NOTE_SECONDS = LEASE_CHECK_SECONDS  # and, when idle, at the ledger's shards for its view (64 GETs): a write the
+                                    # view does not note only makes its next basis count more releases
 PLACER_LEASE_SECONDS = 2 * LEASE_SECONDS    # a placer's lease (module doc, "Keeping the lease")
 RENEW_SECONDS = LEASE_SECONDS / 5   # how often the lease thread looks (it renews at two thirds left)
 STUCK_SECONDS = 120         # a placer whose loop has not come round for this long lets its lease lapse
@@ -73,6 +76,7 @@ class Placer:
         self.view.basis(ledger.name, ledger.snapshot(), b.clock())    # instances described, inventory built
         self.log.info("placer %s: view ready (%d nodes, %d pods); leading ledger %s", self.me,
                       len(self.view.nodes.items), len(self.view.pods.items), ledger.identity)
+        noted = -math.inf
         while not stop.is_set():
             self.batcher.alive_at = b.monotonic()
             try:
@@ -96,7 +100,9 @@ class Placer:
                     # the read it leads from, unless taking the lease has just moved the root past it
                     self.batcher.lead(self.me, view=self.view, stay=True, state=None if taking else state)
                     continue
-                self.view.note(ledger.name, state)      # idle: the view keeps up with the ledger's writes
+                if b.monotonic() - noted >= NOTE_SECONDS:
+                    self.view.note(ledger.name, state)  # idle: the view keeps up with the ledger's writes
+                    noted = b.monotonic()
                 stop.wait(self.poll_seconds)
             except Exception:  # the loop outlives any one failure (API down, ECS throttled): log and go on
                 self.log.exception("placer %s: a round failed; trying again", self.me)

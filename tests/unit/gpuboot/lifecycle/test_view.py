@@ -355,3 +355,48 @@ def test_a_leader_waits_for_a_connected_view_that_is_behind_and_reads_in_full_on
             assert b.full_reads == 1 and behind.asked == 1
     finally:
         view.stop(1)
+
+
+def test_an_idle_placer_reads_the_ledger_shards_for_its_view_once_per_note_period_not_every_poll():
+    """Idle, the placer looks at the queue every poll (the root and the queue shards) but at the ledger's
+    shards, which only its view's bookkeeping needs, once per NOTE_SECONDS: 64 GETs a second saved."""
+    import threading
+
+    from gpuboot.lifecycle import placer as placer_module
+
+    c = cloud()
+    view = started_view(c, Streams(c))
+    b = booker(c)
+    shards = set(b.ledger.shard_names())
+    reads, lock = {"root": 0, "shards": 0}, threading.Lock()
+    read = c.cluster.read_configmap
+
+    def counted(namespace, name):
+        with lock:
+            if name == b.ledger.name:
+                reads["root"] += 1
+            elif name in shards:
+                reads["shards"] += 1
+        return read(namespace, name)
+
+    c.cluster.read_configmap = counted
+    placer = placer_module.Placer(b, view, name="idle", poll_seconds=0.01)
+    stop = threading.Event()
+    thread = threading.Thread(target=placer.run, args=(stop,))
+    thread.start()
+    try:
+        wait_until(lambda: reads["root"] >= 30, timeout=20, message="thirty idle polls")
+        with lock:
+            first = reads["shards"]
+        # the start's basis and the first idle poll read every shard; thirty polls later, none more
+        assert 0 < first <= 2 * len(shards), reads
+        wait_until(lambda: reads["root"] >= 60, timeout=20, message="thirty more idle polls")
+        assert reads["shards"] == first, reads
+        c.clock.advance(placer_module.NOTE_SECONDS)
+        wait_until(lambda: reads["shards"] > first, timeout=20, message="the next note of the ledger")
+        assert reads["shards"] <= first + len(shards)
+    finally:
+        stop.set()
+        thread.join(10)
+        view.stop(1)
+    assert not thread.is_alive()
