@@ -1,4 +1,4 @@
-"""python -m bench [--quick] [--parts placement,readiness,overhead,gang,burst,triggerer,ledger|distributed]
+"""python -m bench [--quick] [--parts placement,readiness,overhead,gang,burst,triggerer,ledger,placer_idle|distributed]
 [--kube simcloud,real] [--out results/bench]
 
 `--kube simcloud,real` runs the parts on each Kubernetes backend in turn (simcloud's own API server, then
@@ -38,7 +38,8 @@ import traceback  # noqa: E402
 from bench import report  # noqa: E402
 from bench.common import output_to, write_json  # noqa: E402
 
-PARTS = ("placement", "readiness", "overhead", "gang", "burst", "triggerer", "queue_wake", "preemption", "ledger")
+PARTS = ("placement", "readiness", "overhead", "gang", "burst", "triggerer", "queue_wake", "preemption", "ledger",
+         "placer_idle")
 SLOW_PARTS = ("distributed",)     # only when asked for by name
 
 
@@ -78,6 +79,9 @@ def run_part(part: str, workdir: Path, args) -> dict:
     if part == "preemption":
         from bench import preemption
         return preemption.run(1 if args.quick else 3)
+    if part == "placer_idle":
+        from bench import placer_idle
+        return placer_idle.run(workdir, quick=args.quick)
     from bench import overhead
     return overhead.run(workdir, quick=args.quick)
 

@@ -150,6 +150,9 @@ def headlines(part: str, result: dict) -> dict[str, float | None]:
             result["peak_object"]["bytes"] / 1024), "conflicts per commit": result["conflicts_per_commit"]}
     if part == "preemption":
         return {f"{key}, median s": result[key].get("median") for key in PREEMPTION_FIGURES}
+    if part == "placer_idle":
+        return {"idle placer: the local cloud's CPU it adds, % of a core": result["placer_cost_to_cloud_pct"],
+                "idle placer: its own CPU, % of a core": result["placer_cpu_pct"]}
     return {}
 
 
@@ -194,7 +197,14 @@ def render(part: str, result: dict) -> str:
         return f"== {part}: FAILED: {result['error']}\n"
     return {"placement": placement, "readiness": readiness, "overhead": overhead, "gang": gang, "burst": burst,
             "distributed": distributed, "triggerer": triggerer, "queue_wake": queue_wake,
-            "preemption": preemption, "ledger": ledger}[part](result)
+            "preemption": preemption, "ledger": ledger, "placer_idle": placer_idle}[part](result)
+
+
+def placer_idle(result: dict) -> str:
+    return (f"== an idle placer's cost (bench.placer_idle: {result['nodes']} nodes, {result['queue_shards']} queue "
+            f"shards, {result['window_s']:g} s windows)\n   the local cloud: {result['cloud_cpu_pct_without_placer']} % "
+            f"of a core without a placer, {result['cloud_cpu_pct_with_placer']} % with one leading an empty queue "
+            f"(+{result['placer_cost_to_cloud_pct']} %); the placer itself {result['placer_cpu_pct']} %\n")
 
 
 def ledger(result: dict) -> str:

@@ -1,0 +1,85 @@
+"""A placer's idle cost (issue 33): what one placer leading an empty queue asks of the control plane.
+
+The local cloud's CPU (the `python -m simcloud serve` process and every process under it: on the real
+backend kube-apiserver, etcd, the scheduler and the controller-manager) is measured over a quiet window
+on a 100-node fleet, first with no placer, then with a placer leading (`gpuboot.lifecycle.placer`, in
+this process: its own CPU is this process's). The difference is the placer's cost to the control
+plane: its polls of the queue shards and the ledger root every second, of the ledger's shards every
+few seconds, its lease renewals and its watches. Linux only (/proc).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+from .common import local_cloud
+from .placement_cost import fleet
+
+NODES = 100
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(root: int) -> float:
+    """CPU seconds (user + system) used so far by `root` and every process under it that still runs."""
+    parents: dict[int, int] = {}
+    used: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        used[int(entry)] = (int(fields[11]) + int(fields[12])) / TICK
+    tree, grew = {root}, True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return sum(used.get(pid, 0.0) for pid in tree)
+
+
+def _share(root: int, seconds: float) -> tuple[float, float]:
+    """(the cloud's CPU, this process's CPU) over `seconds`, each in % of one core."""
+    cloud0, me0, t0 = tree_cpu(root), time.process_time(), time.monotonic()
+    time.sleep(seconds)      # the measured window itself: nothing to wait for
+    wall = time.monotonic() - t0
+    return round(100 * (tree_cpu(root) - cloud0) / wall, 1), round(100 * (time.process_time() - me0) / wall, 1)
+
+
+def run(workdir: Path, quick: bool = False) -> dict:
+    from gpuboot.hooks.ecs import EcsHook
+    from gpuboot.hooks.kube import KubeClient
+    from gpuboot.lifecycle.booking import Booker
+    from gpuboot.lifecycle.ledger import QUEUE_SHARDS, ReservationLedger
+    from gpuboot.lifecycle.placer import Placer
+    from gpuboot.lifecycle.view import ClusterView
+    from simcloud.harness import wait_until
+
+    window = 20.0 if quick else 60.0
+    with local_cloud(fleet(NODES), workdir / "cloud", ready_timeout=600) as cloud:
+        root = cloud.process.pid
+        time.sleep(window / 4)          # let the fleet's start-up writes pass before the first window
+        without, _ = _share(root, window)
+        log = logging.getLogger("bench.placer_idle")
+        kube, ecs = KubeClient(), EcsHook()
+        ledger = ReservationLedger(kube)
+        placer = Placer(Booker(kube, ecs, ledger, log), ClusterView(kube, ecs, log=log), name="idle")
+        stop = threading.Event()
+        thread = threading.Thread(target=placer.run, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            wait_until(lambda: ledger.snapshot().batch.led_by(time.time()) == placer.me, timeout=120,
+                       message="the placer leading")
+            time.sleep(window / 4)      # its view started and its first notes done
+            with_placer, placer_cpu = _share(root, window)
+        finally:
+            stop.set()
+            thread.join(30)
+    return {"nodes": NODES, "window_s": window, "queue_shards": QUEUE_SHARDS, "ledger_shards": ledger.shards,
+            "cloud_cpu_pct_without_placer": without, "cloud_cpu_pct_with_placer": with_placer,
+            "placer_cost_to_cloud_pct": round(with_placer - without, 1), "placer_cpu_pct": placer_cpu}
