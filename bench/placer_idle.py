@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+from collections import defaultdict
 from pathlib import Path
 
 from .common import local_cloud
@@ -24,7 +25,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 def tree_cpu(root: int) -> float:
     """CPU seconds (user + system) used so far by `root` and every process under it that still runs."""
-    parents: dict[int, int] = {}
+    children: dict[int, list[int]] = defaultdict(list)
     used: dict[int, float] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -33,14 +34,14 @@ def tree_cpu(root: int) -> float:
             fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        parents[int(entry)] = int(fields[1])
+        children[int(fields[1])].append(int(entry))
         used[int(entry)] = (int(fields[11]) + int(fields[12])) / TICK
-    tree, grew = {root}, True
-    while grew:
-        more = {pid for pid, parent in parents.items() if parent in tree} - tree
-        tree |= more
-        grew = bool(more)
-    return sum(used.get(pid, 0.0) for pid in tree)
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += used.get(pid, 0.0)
+        todo += children[pid]
+    return total
 
 
 def _share(root: int, seconds: float) -> tuple[float, float]:
@@ -55,7 +56,7 @@ def run(workdir: Path, quick: bool = False) -> dict:
     from gpuboot.hooks.ecs import EcsHook
     from gpuboot.hooks.kube import KubeClient
     from gpuboot.lifecycle.booking import Booker
-    from gpuboot.lifecycle.ledger import QUEUE_SHARDS, ReservationLedger
+    from gpuboot.lifecycle.ledger import QUEUE_SHARDS, RequestQueue, ReservationLedger
     from gpuboot.lifecycle.placer import Placer
     from gpuboot.lifecycle.view import ClusterView
     from simcloud.harness import wait_until
@@ -73,9 +74,11 @@ def run(workdir: Path, quick: bool = False) -> dict:
         thread = threading.Thread(target=placer.run, args=(stop,), daemon=True)
         thread.start()
         try:
-            wait_until(lambda: ledger.snapshot().batch.led_by(time.time()) == placer.me, timeout=120,
-                       message="the placer leading")
-            time.sleep(window / 4)      # its view started and its first notes done
+            # leading (its view started) and the lease's first copies written: every queue shard made
+            queue = RequestQueue(kube)
+            wait_until(lambda: ledger.snapshot().batch.led_by(time.time()) == placer.me
+                       and all(kube.read_configmap(queue.namespace, name) for name in queue.shards), timeout=120,
+                       message="the placer leading, its queue shards made")
             with_placer, placer_cpu = _share(root, window)
         finally:
             stop.set()
