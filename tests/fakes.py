@@ -70,6 +70,8 @@ class FakeCluster:
         self.writes = 0          # ConfigMap writes applied
         self.refused = 0         # ConfigMap writes refused with a Conflict
         self._conflicts = 0
+        self.cache_behind = False   # the first cached read after a write shows the ConfigMap as it was before
+        self._previous: dict[tuple[str, str], dict | None] = {}     # ... which is this (None: it was created)
         self._before_write: list[tuple[Callable[[], bool], Callable[[], object]]] = []
         self._lock = threading.RLock()      # each ConfigMap read or write is atomic, as on the API server
         for n in nodes:
@@ -153,9 +155,14 @@ class FakeCluster:
                          != (namespace, name)]
 
     # -- ConfigMapStore --------------------------------------------------------------------
-    def read_configmap(self, namespace: str, name: str) -> dict | None:
+    def read_configmap(self, namespace: str, name: str, cached: bool = False) -> dict | None:
+        """`cached` with `cache_behind` set: the first such read after a write shows the ConfigMap as it was
+        before that write (a watch cache behind, as a GET with resourceVersion=0 may be served), the next
+        ones as it is (the cache caught up)."""
         with self._lock:
-            found = self.configmaps.get((namespace, name))
+            key = (namespace, name)
+            found = self._previous.pop(key) if cached and self.cache_behind and key in self._previous \
+                else self.configmaps.get(key)
             return copy.deepcopy(found) if found is not None else None
 
     def create_configmap(self, namespace: str, body: dict) -> dict:
@@ -236,6 +243,7 @@ class FakeCluster:
     def _store(self, key: tuple[str, str], body: dict) -> dict:
         stored = copy.deepcopy(body)
         stored["metadata"]["resourceVersion"] = self._next_version()
+        self._previous[key] = self.configmaps.get(key)
         self.configmaps[key] = stored
         self.writes += 1
         return copy.deepcopy(stored)

@@ -204,7 +204,7 @@ class K8sApi:
                 return await self.watch(request, target)
             if target.name is None:
                 return self.list(request, target)
-            return self.respond(request, target, self.store.read(target.resource, target.namespace, target.name))
+            return self.respond(request, target, self.get(request, target))
         if method == "POST":
             if target.sub == "binding":
                 return await self.bind(request, target)
@@ -319,6 +319,15 @@ class K8sApi:
         return response
 
     # -------------------------------------------------------------- verbs
+    def get(self, request: web.Request, target: Target) -> dict:
+        """One object; with resourceVersion=0 ("any version") from the watch cache, which may be behind
+        (`Store.read_cached`). Other versions are served the latest, which is never older than asked."""
+        rv = request.query.get("resourceVersion") or ""
+        if rv and not rv.isdigit():
+            raise _bad_request(f'resourceVersion: Invalid value: "{rv}": must be an integer')
+        read = self.store.read_cached if rv == "0" else self.store.read
+        return read(target.resource, target.namespace, target.name)
+
     def list(self, request: web.Request, target: Target) -> web.Response:
         query = request.query
         rv, after = self.store.resource_version, None

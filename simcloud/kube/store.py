@@ -44,6 +44,7 @@ HISTORY_LIMIT = 100 * 1024    # kube-apiserver's watch cache holds at most this 
 HISTORY_SECONDS = 300.0     # kube-apiserver --etcd-compaction-interval default
 FRESH_SECONDS = 75.0        # the watch cache sizes itself to hold at least this long of events (DefaultEventFreshDuration)
 FRESH_MIN_EVENTS = 100      # ... and at least this many (defaultLowerBoundCapacity); older ones past both may go
+CACHE_LAG_SECONDS = 0.2     # a GET with resourceVersion=0 may show an object as it was this long ago (`read_cached`)
 NAMESPACE_FINALIZE_SECONDS = 5.0   # a deleted namespace stays Terminating this long at least (1.37: ~5 s)
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
@@ -135,6 +136,9 @@ class Store:
         self._cache_rv: dict[str, int] = dict.fromkeys(RESOURCES, 0)   # how far each watch cache has come
         self._subscribers: dict[str, list[_Subscriber]] = {name: [] for name in RESOURCES}
         self._event_keys: dict[tuple, tuple[str, str]] = {}
+        # (resource, key) -> (when, the object before) of the writes of the last CACHE_LAG_SECONDS (`read_cached`)
+        self._before: dict[tuple[str, tuple[str, str]], tuple[float, dict | None]] = {}
+        self._before_order: deque[tuple[float, tuple[str, tuple[str, str]]]] = deque()
         self._terminating: dict[str, float] = {}      # namespace -> when its finalizer may be removed
         self.defaulters = dict(admission.DEFAULTERS)   # per resource; the server configures some
         for ns in INITIAL_NAMESPACES:
@@ -177,6 +181,7 @@ class Store:
 
     def _emit(self, resource: str, kind: str, obj: dict, old: dict | None) -> None:
         event = WatchEvent(self._rv, kind, obj, old)
+        self._remember_before(resource, self._key_of_resource(resource, obj), old)
         self._cache_rv[resource] = self._rv
         self._written.append((self._clock(), self._rv))
         self._age_out()
@@ -212,6 +217,36 @@ class Store:
     def read(self, resource: str, namespace: str | None, name: str) -> dict:
         """The stored object itself (read-only, never edit it): for serializing without a copy."""
         return self._stored(resource, namespace, name)
+
+    def read_cached(self, resource: str, namespace: str | None, name: str) -> dict:
+        """The object as a GET with resourceVersion=0 may see it: served from the watch cache, which can be
+        behind the last write. Harsher than kube-apiserver's cache (milliseconds behind, as a rule): an
+        object written in the last CACHE_LAG_SECONDS is served as it was before that write (404 if that
+        write created it), so clients that read this way are tested against a cache that lags."""
+        key = (self.info(resource).name, self._key(resource, namespace, name))
+        self._forget_before()
+        if key in self._before:
+            obj = self._before[key][1]
+            if obj is None:
+                raise not_found(resource, name)
+            return obj
+        return self._stored(resource, namespace, name)
+
+    def _remember_before(self, resource: str, key: tuple[str, str], old: dict | None) -> None:
+        """`old` as `read_cached` serves it for CACHE_LAG_SECONDS, unless a write in that window already
+        left an older one (the cache is then behind both)."""
+        self._forget_before()
+        if (resource, key) not in self._before:
+            now = self._clock()
+            self._before[(resource, key)] = (now, old)
+            self._before_order.append((now, (resource, key)))
+
+    def _forget_before(self) -> None:
+        cutoff = self._clock() - CACHE_LAG_SECONDS
+        while self._before_order and self._before_order[0][0] <= cutoff:
+            _, key = self._before_order.popleft()
+            if key in self._before and self._before[key][0] <= cutoff:
+                del self._before[key]
 
     def peek(self, resource: str) -> Iterable[dict]:
         """All stored objects of `resource`, uncopied: for in-process readers that never mutate them."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import urllib.error
@@ -428,3 +429,55 @@ def test_paging_all_namespaces_reads_the_first_pages_snapshot_after_the_last_key
     with pytest.raises(ApiException) as err:
         v1.list_config_map_for_all_namespaces(limit=4, label_selector="paging=test", _continue="bm90LWEtdG9rZW4=")
     assert err.value.status == 400 and "continue key is not valid" in _status(err.value)["message"]
+
+
+def _get_any_version(v1, name: str) -> dict:
+    """GET with resourceVersion=0, as gpuboot's queue polls read (`KubeClient.read_configmap(cached=True)`)."""
+    raw = v1.api_client.call_api("/api/v1/namespaces/{namespace}/configmaps/{name}", "GET",
+                                 {"namespace": NS, "name": name}, [("resourceVersion", "0")],
+                                 {"Accept": "application/json"}, auth_settings=["BearerToken"],
+                                 _return_http_data_only=True, _preload_content=False)
+    return json.loads(raw.data)
+
+
+def _data_of_any_version(v1, name: str) -> dict | None:
+    """Its data as a GET with resourceVersion=0 serves it; None while the cache has not seen it (404)."""
+    try:
+        return _get_any_version(v1, name)["data"]
+    except ApiException as err:
+        if err.status != 404:
+            raise
+        return None
+
+
+@pytest.mark.both_backends
+def test_a_get_of_any_version_is_a_version_written_and_catches_up_with_the_last(k8s: K8sServer):
+    """resourceVersion=0 serves the object from the watch cache: perhaps behind the last write, never a
+    version nobody wrote, and the last one once the cache caught up."""
+    v1 = k8s.core_v1()
+    v1.create_namespaced_config_map(NS, {"metadata": {"name": "cached"}, "data": {"n": "0"}})
+    for n in range(1, 6):
+        v1.patch_namespaced_config_map("cached", NS, {"data": {"n": str(n)}})
+        with contextlib.suppress(ApiException):     # 404: the cache has not seen the create yet
+            assert int(_get_any_version(v1, "cached")["data"]["n"]) in range(n + 1)
+    wait_until(lambda: _data_of_any_version(v1, "cached") == {"n": "5"}, timeout=10)
+    assert _get_any_version(v1, "cached")["metadata"]["resourceVersion"] == \
+        v1.read_namespaced_config_map("cached", NS).metadata.resource_version
+
+
+def test_simcloud_serves_a_get_of_any_version_as_it_was_before_a_recent_write(k8s: K8sServer):
+    """Harsher than kube-apiserver's cache (milliseconds behind): for CACHE_LAG_SECONDS after a write,
+    resourceVersion=0 shows the object as it was before it, 404 after its create; then the last version."""
+    from simcloud.kube.store import CACHE_LAG_SECONDS
+
+    v1 = k8s.core_v1()
+    v1.create_namespaced_config_map(NS, {"metadata": {"name": "lagging"}, "data": {"n": "0"}})
+    with pytest.raises(ApiException) as err:
+        _get_any_version(v1, "lagging")
+    assert err.value.status == 404
+    assert v1.read_namespaced_config_map("lagging", NS).data == {"n": "0"}    # a plain GET: the last write
+    wait_until(lambda: _data_of_any_version(v1, "lagging") == {"n": "0"}, timeout=CACHE_LAG_SECONDS + 5)
+    v1.patch_namespaced_config_map("lagging", NS, {"data": {"n": "1"}})
+    v1.patch_namespaced_config_map("lagging", NS, {"data": {"n": "2"}})
+    assert _get_any_version(v1, "lagging")["data"] == {"n": "0"}     # behind both writes of the window
+    wait_until(lambda: _data_of_any_version(v1, "lagging") == {"n": "2"}, timeout=CACHE_LAG_SECONDS + 5)

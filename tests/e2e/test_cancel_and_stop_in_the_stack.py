@@ -61,7 +61,7 @@ class AdminKube:
     def __init__(self, cloud):
         self.cloud = cloud
 
-    def read_configmap(self, namespace: str, name: str) -> dict | None:
+    def read_configmap(self, namespace: str, name: str, cached: bool = False) -> dict | None:
         from kubernetes.client.exceptions import ApiException
 
         try:

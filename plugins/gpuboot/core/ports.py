@@ -94,8 +94,9 @@ class ConfigMapStore(Protocol):
     `gpuboot.hooks.kube.Conflict` (HTTP 409): create when it exists already, replace when
     body.metadata.resourceVersion is not the stored one."""
 
-    def read_configmap(self, namespace: str, name: str) -> dict | None:
-        """The ConfigMap with its metadata.resourceVersion; None when there is none."""
+    def read_configmap(self, namespace: str, name: str, cached: bool = False) -> dict | None:
+        """The ConfigMap with its metadata.resourceVersion; None when there is none. `cached`: any version
+        the store has served lately will do (it may be behind the last write)."""
         ...
 
     def create_configmap(self, namespace: str, body: dict) -> dict:

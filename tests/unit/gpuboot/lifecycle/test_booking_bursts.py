@@ -73,7 +73,7 @@ class Cluster:
                 n["metadata"] = {**n["metadata"], "annotations": annotations}
         return self.get_node(name)
 
-    def read_configmap(self, namespace, name):
+    def read_configmap(self, namespace, name, cached=False):
         with self.lock:
             found = self.cms.get(name)
             return None if found is None else {**found, "metadata": {**found["metadata"],

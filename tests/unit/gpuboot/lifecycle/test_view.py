@@ -371,13 +371,13 @@ def test_an_idle_placer_reads_the_ledger_shards_for_its_view_once_per_note_perio
     reads, lock = {"root": 0, "shards": 0}, threading.Lock()
     read = c.cluster.read_configmap
 
-    def counted(namespace, name):
+    def counted(namespace, name, cached=False):
         with lock:
             if name == b.ledger.name:
                 reads["root"] += 1
             elif name in shards:
                 reads["shards"] += 1
-        return read(namespace, name)
+        return read(namespace, name, cached)
 
     c.cluster.read_configmap = counted
     placer = placer_module.Placer(b, view, name="idle", poll_seconds=0.01)

@@ -43,7 +43,7 @@ def test_a_poking_wait_learns_of_its_jobs_preemption_at_its_next_look_and_hands_
 
 def test_a_poking_wait_that_cannot_read_the_queue_goes_on_with_its_node_reads(caplog):
     class Away:
-        def read_configmap(self, namespace, name):
+        def read_configmap(self, namespace, name, cached=False):
             raise ConnectionError("connection refused")
 
     watch = PreemptionWatch(["default", "gpuboot-queue", "low"], "kubernetes_default")
