@@ -262,11 +262,13 @@ class BatchPlacer:
         while True:
             self.alive_at = round_began = b.monotonic()
             state, first = (first if first is not None else self.ledger.snapshot()), None
+            rooted = b.monotonic()
             now = b.clock()
             if state.batch.led_by(now) != me:
                 self.lost_to = state.batch.led_by(now)
                 return                  # the lease went to someone else (ours expired): they lead
             queue = latest_per_job(self.queue.waiting(d.ticket for d in state.batch.decided))
+            queued_at = b.monotonic()
             if not queue and stay:
                 return
             if not queue or (b.monotonic() - began > LEAD_SECONDS and state.batch.answer(me) is not None):
@@ -293,7 +295,8 @@ class BatchPlacer:
                 claims.finish()         # the claims under way, whatever happened
             queue = queue[:len(plans)]  # what the time budget let it place; the rest waits for the next batch
             claims.wait()               # SecondLedger: another ledger books one of them; nothing committed
-            spent = (based - round_began, placed_at - based, b.monotonic() - placed_at)
+            spent = (based - round_began, rooted - round_began, queued_at - rooted, based - queued_at,
+                     placed_at - based, b.monotonic() - placed_at)
             unfit = [p for p in plans if p.outcome != Outcome.FITS]
             if unfit and (released or b.monotonic() - basis.at > VERDICT_MAX_AGE_SECONDS):
                 # a verdict of busy or never rests on a recent read, no release pending
@@ -386,10 +389,11 @@ class BatchPlacer:
 
     def _commit(self, state: LedgerState, me: str, queue: Sequence[Queued], plans: Sequence[Plan],
                 added: list[Reservation], outdated: Sequence[Unavailable] = (),
-                spent: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> None:
+                spent: tuple[float, ...] = (0.0,) * 6) -> None:
         """Every reservation and answer of the batch in one write, the lease renewed, the `outdated`
-        marks dropped. `spent`: seconds the round took to read (the queue, the ledger, the cluster), to
-        place, and to wait for the claims of the never-booked nodes still under way after that."""
+        marks dropped. `spent`: seconds the round took to read (in all; the ledger root; the queue; the view
+        and the ledger's shards), to place, and to wait for the claims of the never-booked nodes still under
+        way after that."""
         now = self.booker.clock()
         began = self.booker.monotonic()
         live = state.batch.live(now)
@@ -406,13 +410,15 @@ class BatchPlacer:
             self.log.info("dropped the mark on %s (%s): the node is Ready or booted again since", mark.what,
                           mark.reason)
         self.committed_at = now
+        written = self.booker.monotonic()
         self.queue.publish(answers, Lead(me, batch.lease_until, now))    # copies for the waiters (RequestQueue)
         for q, p in zip(queue, plans):
             self.log.info("batch: job %s: %s%s", q.job_id, p.outcome.value,
                           "".join(f"; {a.task} -> {a.node}" for a in p.assignments))
-        self.log.info("batch: decided %d queued placement(s) (%d fit) in one write (read %.2f s, placed %.2f s, "
-                      "claims waited %.2f s, written %.2f s)", len(queue), sum(p.outcome == Outcome.FITS for p in plans),
-                      *spent, self.booker.monotonic() - began)
+        self.log.info("batch: decided %d queued placement(s) (%d fit) in one write (read %.2f s: ledger root %.2f, "
+                      "queue %.2f, view and ledger shards %.2f; placed %.2f s, claims waited %.2f s, written %.2f s: "
+                      "ledger %.2f, queue copies %.2f)", len(queue), sum(p.outcome == Outcome.FITS for p in plans),
+                      *spent, self.booker.monotonic() - began, written - began, self.booker.monotonic() - written)
 
     def renew(self, me: str, below: float | None = None) -> bool:
         """The lease renewed if `me` holds it with less than `below` seconds of it left (two thirds of the

@@ -129,6 +129,21 @@ def joined(nodes: list[dict], pods: list[dict], instances: list[dict], types: Ma
     return Survey(nodes, pods, [], bare, frozenset(backed_tasks(pods))).recounted(reservations, now)
 
 
+def rejoined(previous: Survey, touched: Collection[str], nodes: list[dict], pods: list[dict], instances: list[dict],
+             types: Mapping[str, dict], now: float, boot_grace_seconds: float = 900) -> Survey:
+    """`joined` with no reservations, for Nodes and pods of which only those on the `touched` nodes differ
+    from the ones `previous` was joined from: those nodes' views built again, every other one kept (in the
+    order of `nodes`, as `joined` gives them). Kept views keep their twin tokens and built ones get new
+    ones, so twins across the two are judged twice: never judged as one unless alike."""
+    kept = {v.name: v for v in previous.bare}
+    touched = set(touched) | {n["metadata"]["name"] for n in nodes if n["metadata"]["name"] not in kept}
+    fresh = {v.name: v for v in build_inventory([n for n in nodes if n["metadata"]["name"] in touched],
+                                                [p for p in pods if (p.get("spec") or {}).get("nodeName") in touched],
+                                                instances, dict(types), [], now, boot_grace_seconds=boot_grace_seconds)}
+    bare = tuple(fresh.get(name) or kept[name] for name in (n["metadata"]["name"] for n in nodes))
+    return Survey(nodes, pods, [], bare, frozenset(backed_tasks(pods))).recounted([], now)
+
+
 @dataclass(frozen=True)
 class Basis:
     """A survey and the ledger it was read after (`seq`), when (monotonic), and the marks then."""

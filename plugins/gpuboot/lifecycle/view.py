@@ -48,6 +48,16 @@ the cluster moves on (10,000 nodes' heartbeats: past the 75 s window in about a 
 means a re-list of 80,000 pods). So a stream that has not moved for QUIET_SECONDS asks for
 progress too before it re-opens its watch: one LIST of one object, and the next bookmark moves it.
 
+The inventory. Placement reads joined views of every node (`gpuboot.lifecycle.booking.joined`),
+which on 10,000 nodes and 80,000 pods take a second or more to build: too long to build again for
+every batch of a burst, during which something on some nodes always changes (a claim is ignored:
+`same_for_placement`; a node going NotReady, a pod starting or ending is not). So each collection
+logs which nodes its changes touch (a Node's own name; a pod's node), under the lock its snapshot
+is taken under, and the view builds again only the views of the nodes touched since its last build
+(`rejoined`), when they are few: the others are as the last build made them, from the same objects.
+Everything is built again after a re-list, a new ECS description, or REBUILD_SECONDS (states that
+depend on the time, such as a boot's grace, move on without a write).
+
 Reconnects. A watch ends every WATCH_SECONDS (the API server sends a BOOKMARK just before, so an
 idle stream still tells how far it has come) and is re-opened from the last resourceVersion; a
 dropped connection is resumed from there too, after a jittered backoff; a 410 Gone (compaction)
@@ -60,13 +70,14 @@ import logging
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 from gpuboot.core.inventory import node_condition, pod_is_active
 from gpuboot.core.model import ANNOTATION_LEDGER, Reservation
 from gpuboot.core.ports import Ecs
 from gpuboot.exceptions import Gone
-from gpuboot.lifecycle.booking import Basis, Survey, instance_id_of, joined, priced_types
+from gpuboot.lifecycle.booking import Basis, Survey, instance_id_of, joined, priced_types, rejoined
 from gpuboot.lifecycle.ledger import LedgerState
 from gpuboot.lifecycle.pricing import PRICES, PriceCache
 
@@ -77,6 +88,8 @@ RECONNECT_SECONDS = (0.2, 5.0)  # backoff after a dropped connection: first, lon
 INSTANCE_REFRESH_SECONDS = 300  # every instance described again this often (changes outside the node signals)
 WAIT_PAST_SECONDS = WATCH_SECONDS + 5   # how long a placement waits for the pod stream to pass a ledger write
 QUIET_SECONDS = 30              # a stream that has not moved this long asks for progress (module doc)
+TOUCHED_KEPT = 100_000         # changes whose touched nodes a collection keeps (`Collection.touched_since`)
+PARTIAL_SHARE = 0.25            # views built again alone while at most this share of the nodes changed
 REBUILD_SECONDS = 30            # an unchanged fleet's inventory is rebuilt this often (states depend on the
                                 # clock: boot grace, settle windows); the single path re-uses a survey as long
 START_SECONDS = 300             # the first lists of a starting view (10,000 nodes, 80,000 pods: ~30 s)
@@ -118,6 +131,7 @@ class Collection:
         self.passed = -1                # the resourceVersion everything up to is held (-1: not listed yet)
         self.changes = 0                # bumped by every change placement reads (the view rebuilds its inventory
                                         # on one); `same` says which modifications are not
+        self._touched: deque[tuple[int, tuple[str, ...] | None]] = deque(maxlen=TOUCHED_KEPT)  # (change, nodes)
         self.lists = self.resumes = self.gone = self.progress_asked = 0
         self.stale_since: float | None = None   # monotonic: disconnected since (None: connected)
         self.moved_at = monotonic()             # when `passed` last moved on (or it last asked for progress)
@@ -126,6 +140,18 @@ class Collection:
     def key(self, obj: dict) -> str:
         meta = obj.get("metadata") or {}
         return f"{meta.get('namespace', '')}/{meta.get('name')}" if self.kind == "pods" else str(meta.get("name"))
+
+    def node_of(self, obj: dict | None) -> str | None:
+        """The node a Node or a pod is on (what an inventory view of it depends on)."""
+        if obj is None:
+            return None
+        return (obj.get("spec") or {}).get("nodeName") if self.kind == "pods" else (obj.get("metadata") or {}).get("name")
+
+    def touched_since(self, since: int, until: int) -> set[str] | None:
+        """The nodes the changes numbered since+1 .. until touched (`changes` of two snapshots); None when
+        one of them was a re-list (it touched everything) or they are no longer all kept."""
+        with self.cond:
+            return _logged_since(self._touched, since, until)
 
     def snapshot(self) -> tuple[list[dict], int, int]:
         """The objects, the resourceVersion they are complete up to, and the change count: taken together,
@@ -199,6 +225,7 @@ class Collection:
             self.passed, self.stale_since, self.moved_at = version_number(version), None, self.monotonic()
             self.lists += 1
             self.changes += 1
+            self._touched.append((self.changes, None))
             self.cond.notify_all()
         if self.on_change is not None:
             for key in old.keys() | fresh.keys():
@@ -216,12 +243,32 @@ class Collection:
                     self.items[key] = obj
                 if not (before is not None and key in self.items and self.same is not None and self.same(before, obj)):
                     self.changes += 1
+                    self._touched.append((self.changes, tuple(filter(None, {self.node_of(before), self.node_of(obj)}))))
             if version_number(version) > self.passed:
                 self.passed, self.moved_at = version_number(version), self.monotonic()
             self.stale_since = None
             self.cond.notify_all()
         if kind != "BOOKMARK" and self.on_change is not None:
             self.on_change(before, None if kind == "DELETED" else obj)
+
+
+def _logged_since(log: deque[tuple[int, Iterable[str] | None]], since: int, until: int) -> set[str] | None:
+    """What the entries numbered since+1 .. until of `log` ((number, names), numbered 1, 2, ... as they
+    came) name together; None when one of them names everything (None) or the oldest are no longer kept."""
+    if until <= since:
+        return set()
+    if not log or log[0][0] > since + 1:
+        return None
+    out: set[str] = set()
+    for number, names in reversed(log):
+        if number <= since:
+            break
+        if number > until:
+            continue
+        if names is None:
+            return None
+        out.update(names)
+    return out
 
 
 def _shard_writes(state: LedgerState) -> dict[str, tuple[int, int]]:
@@ -277,9 +324,11 @@ class ClusterView:
         self._types: dict[str, dict] = {}
         self._described_at = -float("inf")
         self._instance_changes = 0
+        self._described: deque[tuple[int, frozenset[str] | None]] = deque(maxlen=TOUCHED_KEPT)  # (generation, ids)
         self._started: set[tuple[str, str]] = set()    # (node, instance) starts seen in ledger records
         self._writes: dict[str, list[tuple[int, int]]] = {}     # ledger shard -> its (resourceVersion, seq) seen
-        self._built: tuple | None = None        # (key, monotonic, survey): the inventory of the last build
+        self._built: tuple | None = None        # (key, monotonic of its last full build, survey): the inventory
+        self.full_builds = 0                    # inventories built whole (the rest: only the touched nodes)
         self.describes = 0                      # DescribeInstances batches asked (the bench counts them)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -363,16 +412,47 @@ class ClusterView:
                 reservations: list[Reservation], now: float) -> Survey:
         """The inventory of these snapshots: the last one built when it was built from the same objects as
         placement reads them (the change counts of the snapshots say so; `covered_seq` was taken on them)
-        and is recent. Its Nodes are these snapshots' own, which differ from those it was built from
+        and is recent, else that one with the views of the nodes touched since built again (module doc,
+        "The inventory"), else a whole new one. Its Nodes are these snapshots' own, which differ from those it was built from
         only where placement does not look (`same_for_placement`): a claim reads the Node as it is."""
         instances, types, generation = self._instances_of(nodes[0])
         key = (nodes[2], pods[2], generation)
         built = self._built
         if built is None or built[0] != key or self.monotonic() - built[1] > REBUILD_SECONDS:
-            built = (key, self.monotonic(),
-                     joined(nodes[0], pods[0], instances, types, [], now, self.boot_grace_seconds))
+            touched = self._touched_since(built, key, nodes[0])
+            if touched is not None:     # the views of the nodes touched since built again, the rest kept
+                built = (key, built[1], rejoined(built[2], touched, nodes[0], pods[0], instances, types, now,
+                                                 self.boot_grace_seconds))
+            else:
+                began = self.monotonic()
+                built = (key, began, joined(nodes[0], pods[0], instances, types, [], now, self.boot_grace_seconds))
+                self.full_builds += 1
+                self.log.info("cluster view: inventory of %d nodes built whole in %.2f s", len(nodes[0]),
+                              self.monotonic() - began)
             self._built = built
         return dataclasses.replace(built[2], nodes=nodes[0]).recounted(reservations, now)
+
+    def _touched_since(self, built: tuple | None, key: tuple[int, int, int], nodes: list[dict]) -> set[str] | None:
+        """The nodes whose views must be built again to bring `built` to `key` (node and pod change counts,
+        instance generation), or None to build them all: no build yet, new instances, a re-list or a
+        change no longer logged, REBUILD_SECONDS since the last full build, or more than PARTIAL_SHARE
+        of the fleet touched."""
+        if built is None or self.monotonic() - built[1] > REBUILD_SECONDS:
+            return None
+        by_nodes = self.nodes.touched_since(built[0][0], key[0])
+        by_pods = self.pods.touched_since(built[0][1], key[1])
+        described = self._described_since(built[0][2], key[2])
+        if by_nodes is None or by_pods is None or described is None:
+            return None
+        touched = by_nodes | by_pods
+        if described:
+            touched |= {n["metadata"]["name"] for n in nodes if instance_id_of(n) in described}
+        return None if len(touched) > len(nodes) * PARTIAL_SHARE else touched
+
+    def _described_since(self, since: int, until: int) -> set[str] | None:
+        """The instances described again since generation `since` up to `until`; None if all of them were."""
+        with self._lock:
+            return _logged_since(self._described, since, until)
 
     def _node_changed(self, before: dict | None, after: dict | None) -> None:
         if after is not None and _signals(before) != _signals(after) and (iid := instance_id_of(after)):
@@ -398,6 +478,7 @@ class ClusterView:
                 self._instances.update({i["InstanceId"]: i for i in found})
                 self._types.update(types)
                 self._instance_changes += 1
+                self._described.append((self._instance_changes, None if everything else frozenset(wanted)))
                 if everything:
                     self._described_at = self.monotonic()
         with self._lock:

@@ -20,7 +20,7 @@ from gpuboot.lifecycle.ledger import Queued, RequestQueue
 from gpuboot.lifecycle.view import ClusterView, ViewUnusable, covered_seq, version_number
 from simcloud.harness import wait_until
 from tests.builders import pod
-from tests.fakes import Cloud, cloud
+from tests.fakes import T4, Cloud, cloud
 from tests.unit.gpuboot.lifecycle.test_batching import booker, spec
 
 LOG = logging.getLogger("test-view")
@@ -400,3 +400,63 @@ def test_an_idle_placer_reads_the_ledger_shards_for_its_view_once_per_note_perio
         thread.join(10)
         view.stop(1)
     assert not thread.is_alive()
+
+
+def test_the_inventory_built_again_only_for_the_nodes_touched_equals_a_whole_build():
+    """Between two batches only some nodes change (pods start and end, a node is cordoned or labelled): the
+    view builds again only their views (`rejoined`), and the inventory it gives is, view for view, the one
+    a whole build of the same Nodes and pods gives (`joined`), over a random run of changes; a re-list
+    builds it whole."""
+    import random
+
+    from gpuboot.lifecycle.booking import joined
+
+    rng = random.Random(7)
+    fleet = {f"n-{i:02d}": ("Running" if i % 4 else "Stopped", T4) for i in range(40)}
+    c = cloud(fleet)
+    s = Streams(c)
+    running = [n for n, (status, _) in fleet.items() if status == "Running"]
+    for i in range(60):
+        s.write_pod(pod(f"p-{i}", rng.choice(running), requests={"cpu": "1", "nvidia.com/gpu": rng.choice([0, 1])}))
+    view = started_view(c, s)
+    try:
+        state = c.ledger().snapshot()
+        view.basis("x", state, c.clock())
+        whole = view.full_builds
+        for step in range(30):
+            for _ in range(rng.randint(1, 4)):
+                what = rng.random()
+                if what < 0.35:         # a pod starts
+                    new = s.write_pod(pod(f"p-{step}-{rng.random():.6f}", rng.choice(running),
+                                          requests={"cpu": "2", "nvidia.com/gpu": 1}))
+                    s.send("pods", ("ADDED", new))
+                elif what < 0.6 and s.pods:     # a pod ends, or is deleted
+                    name = rng.choice(sorted(s.pods))
+                    gone = s.write_pod({**s.pods.pop(name), "status": {"phase": "Succeeded"}})
+                    del s.pods[name]
+                    s.send("pods", ("MODIFIED" if rng.random() < 0.5 else "DELETED", gone))
+                else:                   # a node is cordoned, uncordoned or labelled
+                    node = c.cluster.get_node(rng.choice(sorted(fleet)))
+                    if rng.random() < 0.5:
+                        node["spec"]["unschedulable"] = not node["spec"].get("unschedulable")
+                    else:
+                        node["metadata"].setdefault("labels", {})["team"] = rng.choice("abc")
+                    c.cluster.put_node(node)
+                    s.send("nodes", ("MODIFIED", c.cluster.get_node(node["metadata"]["name"])))
+            s.bookmark("pods")
+            s.bookmark("nodes")
+            version = int(s.version())
+            assert wait_until(lambda: view.pods.passed >= version and view.nodes.passed >= version,
+                              timeout=5, interval=0.01)
+            survey = view.basis("x", state, c.clock())[0].survey
+            nodes, pods = view.nodes.snapshot()[0], view.pods.snapshot()[0]
+            instances, types, _ = view._instances_of(nodes)
+            assert survey.bare == joined(nodes, pods, instances, types, [], c.clock()).bare, f"step {step}"
+            assert survey.backed == joined(nodes, pods, instances, types, [], c.clock()).backed
+        assert view.full_builds == whole            # every one of them built again only what was touched
+        s.send("pods", Gone("410: too old resource version"))       # a re-list touches everything
+        assert wait_until(lambda: view.pods.lists == 2, timeout=5, interval=0.01)
+        view.basis("x", state, c.clock())
+        assert view.full_builds == whole + 1
+    finally:
+        view.stop(1)
