@@ -114,6 +114,7 @@ POLL_SECONDS = (0.3, 0.9)   # a waiter's reads of its queue shard while its requ
 POLL_CROWD = 100            # beyond this many waiters, each reads its shard less often (`poll_seconds`)
 POLL_MAX_SECONDS = 8.0     # (1,000 waiters: 125-250 reads a second in all)
 LEASE_CHECK_SECONDS = 5     # and of the ledger (is anyone leading?) at least this often
+COPIES_WAIT_SECONDS = 10    # a leader stepping down waits this long at most for its lease's copies under way
 GATHER_SECONDS = 0.5        # a new leader waits this long before its survey, so a burst queues up behind it
 VERDICT_MAX_AGE_SECONDS = 5  # "busy" or "never" only from a survey this recent (the job then waits a while)
 ANSWER_ROWS = 400           # candidate-table rows all live answers carry together (~200 KiB): the ledger's answer budget
@@ -218,8 +219,9 @@ class BatchPlacer:
             self.ledger.put_batch(state, batch)
         except LedgerConflict:
             return False
-        # its copy in the queue shards at once, so the waiters queueing now need not read the root to know
-        self.queue.publish((), Lead(me, batch.lease_until, self.committed_at), attempts=1)
+        # its copy in the queue shards, so the waiters queueing now need not read the root to know (in the
+        # background: a burst queueing into the same shards must not hold up the leader, RequestQueue)
+        self.queue.copy_lead(Lead(me, batch.lease_until, self.committed_at))
         return True
 
     def _answered(self, answer: Decided, state: LedgerState | None) -> Booking:
@@ -435,7 +437,7 @@ class BatchPlacer:
             self.ledger.put_batch(state, batch)
         except LedgerConflict:
             return False
-        self.queue.publish((), Lead(me, batch.lease_until, self.committed_at), attempts=1)   # one try: the next renews
+        self.queue.copy_lead(Lead(me, batch.lease_until, self.committed_at))   # in the background, as `_take_lease`
         return True
 
     def _step_down(self, me: str) -> None:
@@ -447,7 +449,9 @@ class BatchPlacer:
                 return
             try:
                 self.ledger.put_batch(state, dataclasses.replace(live, leader=None, lease_until=0.0))
-                # the copies in the queue shards say so too, or waiters trusting them would not look
+                # the copies in the queue shards say so too, or waiters trusting them would not look: after
+                # the lease's copies still under way, which would say it lives
+                self.queue.wait_copied(COPIES_WAIT_SECONDS)
                 return self.queue.publish((), Lead(me, 0.0, self.booker.clock()))
             except LedgerConflict:
                 self.booker.sleep(backoff(attempt, rng=self.booker.rng))

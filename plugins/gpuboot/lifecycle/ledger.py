@@ -100,6 +100,7 @@ import json
 import logging
 import math
 import random
+import threading
 import time
 import uuid
 import zlib
@@ -1256,7 +1257,14 @@ class RequestQueue:
     lease and every LEAD_EVERYWHERE_SECONDS: a waiter reads its answer, and sees that someone leads,
     without reading the root. The copy is written only after the root commit, so it never says more
     than the ledger: a lost copy sends the waiter to the root (its entry gone with no answer, the
-    lead lapsed, or its wait given up), as before the copies."""
+    lead lapsed, or its wait given up), as before the copies.
+
+    Why a lease's copies are written in the background (`copy_lead`). A lease taken or renewed is copied
+    into every shard, while a burst's waiters patch the same shards: on the real control plane, 1,000
+    waiters queueing at once made those 64 patches take up to 96 s (504s after 60), and the placer's
+    loop and its lease-keeping thread both waited on them, so the burst's first batch came minutes late.
+    A lease holder goes on at once; the copies follow, the latest lease only (older ones asked for
+    meanwhile are dropped), and `wait_copied` lets a leader stepping down write its last copy after them."""
 
     def __init__(self, kube: KubeClient, namespace: str = "default", ledger: str = CONFIGMAP,
                  clock: Callable[[], float] = time.time) -> None:
@@ -1264,6 +1272,9 @@ class RequestQueue:
         self.shards = [f"{ledger}-queue-{i}" for i in range(QUEUE_SHARDS)]
         self._stale: dict[str, set[str]] = {}      # shard -> expired keys its last read found (pruned by `publish`)
         self._lead_everywhere_at = -math.inf       # when `publish` last copied the lead into every shard
+        self._copies = threading.Condition()       # guards the two below
+        self._lead_due: Lead | None = None         # the lease's copy `copy_lead` has still to write
+        self._copying = False                      # its thread runs
 
     def shard_of(self, ticket: str) -> str:
         return self.shards[zlib.crc32(ticket.encode()) % len(self.shards)]
@@ -1360,6 +1371,34 @@ class RequestQueue:
             if error is not None:
                 log.warning("batch answers' copies not written to %s (%s): its waiters read the ledger root", name,
                             error)
+
+    def copy_lead(self, lead: Lead) -> None:
+        """`publish((), lead)` with one try per shard, in a background thread (class doc)."""
+        with self._copies:
+            self._lead_due = lead
+            if self._copying:
+                return
+            self._copying = True
+        threading.Thread(target=self._copy_leads, name="gpuboot-lead-copies", daemon=True).start()
+
+    def _copy_leads(self) -> None:
+        while True:
+            with self._copies:
+                lead, self._lead_due = self._lead_due, None
+                if lead is None:
+                    self._copying = False
+                    self._copies.notify_all()
+                    return
+            try:
+                self.publish((), lead, attempts=1)
+            except Exception as exc:  # best effort, as every copy: waiters read the root without it
+                log.warning("the lease's copies were not written (%s: %s): waiters read the ledger root",
+                            type(exc).__name__, exc)
+
+    def wait_copied(self, timeout: float) -> bool:
+        """Until the lease copies asked for are written (or `timeout` seconds): whether they are."""
+        with self._copies:
+            return self._copies.wait_for(lambda: not self._copying, timeout)
 
     def drop(self, tickets: Iterable[str], attempts: int = 5) -> None:
         """Take requests out of their shards, answered ones or a withdrawn wait (best effort: what

@@ -35,6 +35,7 @@ from gpuboot.lifecycle.ledger import (
     ANSWER_KEEP_SECONDS,
     CONFIGMAP,
     LEAD_EVERYWHERE_SECONDS,
+    LEAD_KEY,
     MAX_LEDGER_BYTES,
     Batch,
     Decided,
@@ -537,6 +538,7 @@ def test_a_leaders_lease_is_renewed_at_two_thirds_left_and_its_copy_keeps_the_la
     p.committed_at = 1_799_999_990.0
     assert p.renew(me)
     assert c.ledger().snapshot().batch.lease_until == c.clock() + LEASE_SECONDS
+    assert p.queue.wait_copied(5)                   # its copies are written in the background
     queue = RequestQueue(c.cluster, clock=c.clock)
     assert {queue._read(name).lead for name in queue.shards} == {Lead(me, c.clock() + LEASE_SECONDS, p.committed_at)}
     c.clock.advance(LEASE_SECONDS + 1)
@@ -772,7 +774,8 @@ def test_a_waiter_behind_a_live_lease_waits_before_its_first_look_as_long_as_the
         queue.add(Queued(f"other-{i}", f"other-{i}:t", spec().to_job_request(f"other-{i}").to_json(), 600.0,
                          c.clock() + 60))
     if led:
-        assert BatchPlacer(booker(c), None)._take_lease(c.ledger().snapshot(), "placer-1:x")
+        leader = BatchPlacer(booker(c), None)
+        assert leader._take_lease(c.ledger().snapshot(), "placer-1:x") and leader.queue.wait_copied(5)
     events = requests_to(c)
     b = booker(c, contended_seconds=0.5, sleep=lambda s: events.append(s) or c.clock.advance(s))   # the lease lapses
     book_first(b, spec(), "job")
@@ -890,3 +893,42 @@ def test_the_placers_lease_thread_renews_while_its_loop_comes_round_and_never_wh
     finally:
         stop.set()
         keeper.join()
+
+
+def test_a_lease_is_taken_and_renewed_without_waiting_for_its_copies_which_follow_latest_first():
+    """The lease's copies into every queue shard go in the background (`RequestQueue.copy_lead`): with the
+    shards' patches held up (a burst queueing into them), taking and renewing the lease return at once;
+    once they flow, only the latest lease is copied (the renewal's, not the take's), and a leader stepping
+    down writes its last copy (lease 0) after them, so no shard ends up saying it still leads."""
+    c = cloud()
+    p = BatchPlacer(booker(c), None)
+    me = "placer-1:x"
+    RequestQueue(c.cluster, clock=c.clock).add(Queued("x", "x:t", spec().to_job_request("x").to_json(), 600.0,
+                                                      c.clock() + 60))     # the shards exist
+    flowing, patched = threading.Event(), []
+    patch = c.cluster.merge_patch_configmap
+
+    def held_up(namespace, name, body):
+        assert flowing.wait(10)
+        patched.append(json.loads(body["data"][LEAD_KEY]) if LEAD_KEY in body["data"] else None)
+        return patch(namespace, name, body)
+    c.cluster.merge_patch_configmap = held_up
+
+    assert p._take_lease(c.ledger().snapshot(), me)             # returns with its copies held up
+    c.clock.advance(LEASE_SECONDS / 2)
+    assert p.renew(me)
+    renewed = c.ledger().snapshot().batch.lease_until
+    assert not p.queue.wait_copied(0.05) and patched == []        # nothing written yet
+    flowing.set()
+    assert p.queue.wait_copied(10)
+    queue = RequestQueue(c.cluster, clock=c.clock)
+    assert {queue._read(name).lead.lease_until for name in queue.shards} == {renewed}
+    # the take's copy started before the renewal; any copy after it carries the renewal's lease
+    assert len(patched) <= 2 * len(queue.shards) and patched[-1]["lease_until"] == renewed
+
+    flowing.clear()
+    c.clock.advance(LEASE_SECONDS / 2)
+    assert p.renew(me)                          # a copy held up again ...
+    threading.Timer(0.2, flowing.set).start()
+    p._step_down(me)                            # ... and the step-down's copy written after it
+    assert {queue._read(name).lead.lease_until for name in queue.shards} == {0.0}
