@@ -221,7 +221,7 @@ class BatchPlacer:
             return False
         # its copy in the queue shards, so the waiters queueing now need not read the root to know (in the
         # background: a burst queueing into the same shards must not hold up the leader, RequestQueue)
-        self.queue.copy_lead(Lead(me, batch.lease_until, self.committed_at))
+        self.queue.publish_later((), Lead(me, batch.lease_until, self.committed_at))
         return True
 
     def _answered(self, answer: Decided, state: LedgerState | None) -> Booking:
@@ -413,13 +413,15 @@ class BatchPlacer:
                           mark.reason)
         self.committed_at = now
         written = self.booker.monotonic()
-        self.queue.publish(answers, Lead(me, batch.lease_until, now))    # copies for the waiters (RequestQueue)
+        # copies for the waiters, in the background (RequestQueue): a burst queueing into the same shards
+        # must not hold up the next round
+        self.queue.publish_later(answers, Lead(me, batch.lease_until, now))
         for q, p in zip(queue, plans):
             self.log.info("batch: job %s: %s%s", q.job_id, p.outcome.value,
                           "".join(f"; {a.task} -> {a.node}" for a in p.assignments))
         self.log.info("batch: decided %d queued placement(s) (%d fit) in one write (read %.2f s: ledger root %.2f, "
                       "queue %.2f, view and ledger shards %.2f; placed %.2f s, claims waited %.2f s, written %.2f s: "
-                      "ledger %.2f, queue copies %.2f)", len(queue), sum(p.outcome == Outcome.FITS for p in plans),
+                      "ledger %.2f, queue copies handed over %.2f)", len(queue), sum(p.outcome == Outcome.FITS for p in plans),
                       *spent, self.booker.monotonic() - began, written - began, self.booker.monotonic() - written)
 
     def renew(self, me: str, below: float | None = None) -> bool:
@@ -437,7 +439,7 @@ class BatchPlacer:
             self.ledger.put_batch(state, batch)
         except LedgerConflict:
             return False
-        self.queue.copy_lead(Lead(me, batch.lease_until, self.committed_at))   # in the background, as `_take_lease`
+        self.queue.publish_later((), Lead(me, batch.lease_until, self.committed_at))   # in the background, as `_take_lease`
         return True
 
     def _step_down(self, me: str) -> None:

@@ -1259,12 +1259,14 @@ class RequestQueue:
     than the ledger: a lost copy sends the waiter to the root (its entry gone with no answer, the
     lead lapsed, or its wait given up), as before the copies.
 
-    Why a lease's copies are written in the background (`copy_lead`). A lease taken or renewed is copied
+    Why a lease's copies are written in the background (`publish_later`). A lease taken or renewed is copied
     into every shard, while a burst's waiters patch the same shards: on the real control plane, 1,000
     waiters queueing at once made those 64 patches take up to 96 s (504s after 60), and the placer's
     loop and its lease-keeping thread both waited on them, so the burst's first batch came minutes late.
-    A lease holder goes on at once; the copies follow, the latest lease only (older ones asked for
-    meanwhile are dropped), and `wait_copied` lets a leader stepping down write its last copy after them."""
+    The same holds for a batch's answers' copies, written into the same shards: on the 10,000-node real
+    plane a leader's first commit waited minutes on them. A leader goes on at once (`publish_later`);
+    the copies follow, the latest lease only (older ones asked for meanwhile are dropped), and
+    `wait_copied` lets a leader stepping down write its last copy after them."""
 
     def __init__(self, kube: KubeClient, namespace: str = "default", ledger: str = CONFIGMAP,
                  clock: Callable[[], float] = time.time) -> None:
@@ -1272,9 +1274,12 @@ class RequestQueue:
         self.shards = [f"{ledger}-queue-{i}" for i in range(QUEUE_SHARDS)]
         self._stale: dict[str, set[str]] = {}      # shard -> expired keys its last read found (pruned by `publish`)
         self._lead_everywhere_at = -math.inf       # when `publish` last copied the lead into every shard
-        self._copies = threading.Condition()       # guards the two below
-        self._lead_due: Lead | None = None         # the lease's copy `copy_lead` has still to write
-        self._copying = False                      # its thread runs
+        self._copies = threading.Condition()       # guards the five below (`publish_later`)
+        self._answers_due: list[Decided] = []      # answers' copies still to write
+        self._lead_due: Lead | None = None         # the lead to write with them (None: nothing to write)
+        self._everywhere_due = False               # ... into every shard
+        self._unwritten: set[str] = set()          # tickets whose answers' copies are not written yet
+        self._copying = False                      # the writing thread runs
 
     def shard_of(self, ticket: str) -> str:
         return self.shards[zlib.crc32(ticket.encode()) % len(self.shards)]
@@ -1345,15 +1350,15 @@ class RequestQueue:
         answer = next((d for d in shard.answers if d.ticket == ticket and d.expires_at > now), None)
         return Look(any(q.ticket == ticket for q in live), len(live) * len(self.shards), answer, shard.lead)
 
-    def publish(self, answers: Sequence[Decided], lead: Lead, attempts: int = 5) -> None:
+    def publish(self, answers: Sequence[Decided], lead: Lead, attempts: int = 5, everywhere: bool = False) -> None:
         """After a batch's ledger commit: each answered entry out of its shard and a copy of its answer in,
         the expired keys the last reads found pruned, and `lead` copied (one merge patch per shard written,
         all at once; best effort, see the class doc: `attempts` tries each). The lead goes into every shard
         when there are no answers (a lease taken, renewed or given up) or the last such copy is
         LEAD_EVERYWHERE_SECONDS old; otherwise only into the shards written anyway: a lone job's batch
-        patches one shard, not all of them."""
+        patches one shard, not all of them (`everywhere`: into every shard in any case)."""
         now = self.clock()
-        everywhere = not answers or now - self._lead_everywhere_at >= LEAD_EVERYWHERE_SECONDS
+        everywhere = everywhere or not answers or now - self._lead_everywhere_at >= LEAD_EVERYWHERE_SECONDS
         changes: dict[str, dict[str, str | None]] = {name: dict.fromkeys(self._stale.pop(name, ()))
                                                      for name in self.shards}
         for d in answers:
@@ -1372,31 +1377,39 @@ class RequestQueue:
                 log.warning("batch answers' copies not written to %s (%s): its waiters read the ledger root", name,
                             error)
 
-    def copy_lead(self, lead: Lead) -> None:
-        """`publish((), lead)` with one try per shard, in a background thread (class doc)."""
+    def publish_later(self, answers: Sequence[Decided], lead: Lead) -> None:
+        """`publish` in a background thread (class doc): what is asked while one is written is written
+        together next (the answers of both, the latest lead, into every shard if either was a lease's
+        copy alone). Until its copy is written, an answered ticket is left out of `waiting`, whatever its
+        shard still says (the ledger root may have let its answer go by then)."""
         with self._copies:
-            self._lead_due = lead
+            self._answers_due += answers
+            self._unwritten |= {d.ticket for d in answers}
+            self._lead_due, self._everywhere_due = lead, self._everywhere_due or not answers
             if self._copying:
                 return
             self._copying = True
-        threading.Thread(target=self._copy_leads, name="gpuboot-lead-copies", daemon=True).start()
+        threading.Thread(target=self._write_copies, name="gpuboot-queue-copies", daemon=True).start()
 
-    def _copy_leads(self) -> None:
+    def _write_copies(self) -> None:
         while True:
             with self._copies:
-                lead, self._lead_due = self._lead_due, None
+                answers, lead, everywhere = self._answers_due, self._lead_due, self._everywhere_due
+                self._answers_due, self._lead_due, self._everywhere_due = [], None, False
                 if lead is None:
                     self._copying = False
                     self._copies.notify_all()
                     return
-            try:
-                self.publish((), lead, attempts=1)
+            try:        # a lease's copy alone gets one try: the next renewal writes another
+                self.publish(answers, lead, attempts=5 if answers else 1, everywhere=everywhere)
             except Exception as exc:  # best effort, as every copy: waiters read the root without it
-                log.warning("the lease's copies were not written (%s: %s): waiters read the ledger root",
+                log.warning("the batch's copies were not written (%s: %s): waiters read the ledger root",
                             type(exc).__name__, exc)
+            with self._copies:
+                self._unwritten -= {d.ticket for d in answers}
 
     def wait_copied(self, timeout: float) -> bool:
-        """Until the lease copies asked for are written (or `timeout` seconds): whether they are."""
+        """Until the copies asked for are written (or `timeout` seconds): whether they are."""
         with self._copies:
             return self._copies.wait_for(lambda: not self._copying, timeout)
 
@@ -1418,7 +1431,9 @@ class RequestQueue:
         the answer go (`kept_answers`): a waiter's renewal that crossed the answer brings its entry back,
         and placed again it would be answered `alone`, overwriting the copy its waiter has still to read.
         Such an entry is pruned by the next `publish`, like an expired one."""
-        now, done = self.clock(), set(answered)
+        with self._copies:
+            done = set(answered) | self._unwritten
+        now = self.clock()
         read: dict[str, QueueShard] = {}
         _each(lambda name: read.__setitem__(name, self._read(name)), self.shards, raising=True)   # PARALLEL at once
         out: list[Queued] = []

@@ -472,7 +472,7 @@ def test_an_answer_whose_copy_was_lost_is_read_from_the_ledger_root():
     lost = []
     b_queue_publish = RequestQueue.publish
     try:
-        RequestQueue.publish = lambda self, answers, lead, attempts=5: lost.extend(answers)
+        RequestQueue.publish = lambda self, answers, lead, attempts=5, everywhere=False: lost.extend(answers)
         booking = book_first(b, spec(), "job")
     finally:
         RequestQueue.publish = b_queue_publish
@@ -896,7 +896,7 @@ def test_the_placers_lease_thread_renews_while_its_loop_comes_round_and_never_wh
 
 
 def test_a_lease_is_taken_and_renewed_without_waiting_for_its_copies_which_follow_latest_first():
-    """The lease's copies into every queue shard go in the background (`RequestQueue.copy_lead`): with the
+    """The lease's copies into every queue shard go in the background (`RequestQueue.publish_later`): with the
     shards' patches held up (a burst queueing into them), taking and renewing the lease return at once;
     once they flow, only the latest lease is copied (the renewal's, not the take's), and a leader stepping
     down writes its last copy (lease 0) after them, so no shard ends up saying it still leads."""
@@ -932,3 +932,31 @@ def test_a_lease_is_taken_and_renewed_without_waiting_for_its_copies_which_follo
     threading.Timer(0.2, flowing.set).start()
     p._step_down(me)                            # ... and the step-down's copy written after it
     assert {queue._read(name).lead.lease_until for name in queue.shards} == {0.0}
+
+
+def test_a_batchs_answers_are_copied_in_the_background_and_not_placed_again_while_their_copies_wait():
+    """A leader commits its batch and goes on without waiting for its answers' copies (their shards held
+    up by a burst queueing into them); until a copy is written its ticket is left out of the queue, even
+    once the ledger root has let the answer go; then the waiter's shard has its answer and no entry."""
+    c = cloud()
+    p = BatchPlacer(booker(c), None)
+    me = "placer-1:x"
+    RequestQueue(c.cluster, clock=c.clock).add(Queued("job", "job:t", spec().to_job_request("job").to_json(),
+                                                      600.0, c.clock() + 60))
+    assert p._take_lease(c.ledger().snapshot(), me) and p.queue.wait_copied(5)
+    flowing = threading.Event()
+    patch = c.cluster.merge_patch_configmap
+
+    def held_up(namespace, name, body):
+        assert flowing.wait(10)
+        return patch(namespace, name, body)
+    c.cluster.merge_patch_configmap = held_up
+
+    p.lead(me, view=None, stay=True)                        # returns with the copies held up
+    assert held(c) == {"job": ["gpu-run"]} and not p.queue.wait_copied(0.05)
+    assert p.queue.waiting(answered=()) == []               # as if the root had let the answer go
+    flowing.set()
+    assert p.queue.wait_copied(10)
+    look = RequestQueue(c.cluster, clock=c.clock).look("job:t")
+    assert not look.waits and look.answer is not None and look.answer.plan["outcome"] == Outcome.FITS.value
+    assert p.queue.waiting(answered=()) == []               # the copy now says it
