@@ -322,10 +322,7 @@ class K8sApi:
     def get(self, request: web.Request, target: Target) -> dict:
         """One object; with resourceVersion=0 ("any version") from the watch cache, which may be behind
         (`Store.read_cached`). Other versions are served the latest, which is never older than asked."""
-        rv = request.query.get("resourceVersion") or ""
-        if rv and not rv.isdigit():
-            raise _bad_request(f'resourceVersion: Invalid value: "{rv}": must be an integer')
-        read = self.store.read_cached if rv == "0" else self.store.read
+        read = self.store.read_cached if _int_param(request.query, "resourceVersion") == 0 else self.store.read
         return read(target.resource, target.namespace, target.name)
 
     def list(self, request: web.Request, target: Target) -> web.Response:
