@@ -152,7 +152,7 @@ def serviceaccount_token(workdir: Path, namespace: str, name: str) -> str:
     from simcloud.workdir import token_of
     admin_token = token_of(Path(workdir) / "kubeconfig")
     return request(workdir, "/serviceaccount-token", "POST", {"namespace": namespace, "name": name},
-                   token=admin_token)["token"]
+                   token=admin_token, timeout=120)["token"]     # a 10,000-node cloud answers slowly
 
 
 def write_serviceaccount_files(workdir: Path, namespace: str, name: str, kubeconfig: Path,

@@ -68,6 +68,10 @@ MANAGED = {"labels": {"gpuboot.io/managed": "true"}, "tags": {"gpuboot:managed":
 # and least-privilege RBAC), and the ServiceAccount that RBAC binds.
 GPUBOOT_MANIFESTS = (REPO_ROOT / "deploy/kubernetes/namespace.yaml", REPO_ROOT / "deploy/kubernetes/rbac.yaml")
 GPUBOOT_SERVICEACCOUNT = ("gpuboot", "gpuboot")
+PLACER_SERVICEACCOUNT = ("gpuboot", "gpuboot-placer")
+# API Priority and Fairness for those two: only a real kube-apiserver has it (simcloud's runs every request
+# as it comes, one write at a time under its lock: no queue protects anyone there, which is the harsher side)
+FLOW_CONTROL = REPO_ROOT / "deploy/kubernetes/flowcontrol.yaml"
 
 
 def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.05,
@@ -282,6 +286,22 @@ class SimCloud:
             self.apply(*manifests)
             self.serviceaccount_kubeconfig(*GPUBOOT_SERVICEACCOUNT, connections=True)
         return path
+
+    def placer_connections(self) -> Path:
+        """As `gpuboot_connections`, for the placer's ServiceAccount (rbac.yaml's gpuboot-placer)."""
+        path = self.serviceaccount_connections_file(*PLACER_SERVICEACCOUNT)
+        if not path.exists():
+            self.gpuboot_connections()
+            self.serviceaccount_kubeconfig(*PLACER_SERVICEACCOUNT, connections=True)
+        return path
+
+    def apply_flow_control(self) -> bool:
+        """deploy/kubernetes/flowcontrol.yaml, where the API server has priority and fairness (the real one):
+        whether it was applied."""
+        if self.kube != "real":
+            return False
+        self.apply(FLOW_CONTROL)
+        return True
 
     def instance_id(self, node_name: str) -> str:
         return next(n["instance_id"] for n in self.state()["nodes"] if n["name"] == node_name)

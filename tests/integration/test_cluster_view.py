@@ -2,11 +2,14 @@
 local cloud's API server through the real client: the view follows pod writes, covers the ledger
 writes its pod stream has passed, re-lists after a compaction (open watches ended, resume answered
 410 Gone), and a restarted placer (a new process: a new identity, an empty view) takes the lease
-over once the dead one's expires and answers from its view with no full read.
+over once the dead one's expires and answers from its view with no full read, the placers acting as
+the ServiceAccount deploy/kubernetes/rbac.yaml makes for them and the place step as the steps' one
+(a right missing from either fails here).
 tests/unit/gpuboot/lifecycle/test_view.py scripts the streams (staleness, dropped connections);
 tests/stress/test_burst.py runs a burst through two placers, the leading one killed."""
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -62,8 +65,8 @@ def test_the_view_follows_writes_covers_the_ledger_and_relists_after_a_compactio
         view.stop()
 
 
-def placer(name: str) -> tuple[Placer, threading.Event, threading.Thread]:
-    kube, ecs = KubeClient(), EcsHook()
+def placer(name: str, conn_id: str = "kubernetes_default") -> tuple[Placer, threading.Event, threading.Thread]:
+    kube, ecs = KubeClient(conn_id), EcsHook()
     log = logging.getLogger(f"placer.{name}")
     p = Placer(Booker(kube, ecs, ReservationLedger(kube), log), ClusterView(kube, ecs, log=log), name=name)
     stop = threading.Event()
@@ -72,20 +75,30 @@ def placer(name: str) -> tuple[Placer, threading.Event, threading.Thread]:
     return p, stop, thread
 
 
-def test_a_restarted_placer_takes_the_lease_over_and_answers_from_its_view(cloud):
+def acting_as(connections, conn_id: str, monkeypatch) -> str:
+    """Airflow connection `conn_id`: the kubernetes_default of a ServiceAccount's connections file."""
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}",
+                       json.dumps(json.loads(connections.read_text())["kubernetes_default"]))
+    return conn_id
+
+
+def test_a_restarted_placer_takes_the_lease_over_and_answers_from_its_view(cloud, monkeypatch):
     kube = KubeClient()
     ledger = ReservationLedger(kube)
-    first, stop_first, thread = placer("first")
+    as_placer = acting_as(cloud.placer_connections(), "kubernetes_placer", monkeypatch)
+    as_step = acting_as(cloud.gpuboot_connections(), "kubernetes_steps", monkeypatch)
+    first, stop_first, thread = placer("first", as_placer)
     assert wait_until(lambda: ledger.snapshot().batch.led_by(time.time()) == first.me, timeout=60)
     stop_first.set()                                    # it dies holding the lease (no step-down)
     thread.join(30)
     dead_until = ledger.snapshot().batch.lease_until    # renewed at two thirds left: up to 30 s left
-    second, stop_second, thread2 = placer("second")
+    second, stop_second, thread2 = placer("second", as_placer)
     try:
         assert wait_until(lambda: ledger.snapshot().batch.led_by(time.time()) == second.me, timeout=PLACER_LEASE_SECONDS + 30)
         taken_at = ledger.snapshot().batch.lease_until - PLACER_LEASE_SECONDS   # when it took (or renewed) it
         assert taken_at >= dead_until                   # not before the dead one's lease ran out
-        step = Booker(kube, EcsHook(), ledger, LOG)
+        steps_kube = KubeClient(as_step)
+        step = Booker(steps_kube, EcsHook(), ReservationLedger(steps_kube), LOG)
         booking = book_first(step, spec("after-restart"), "after-restart")
         assert booking.plan.outcome.value == "fits", booking.plan.message
         assert step.full_reads == 0 and second.booker.full_reads == 0     # answered from the view

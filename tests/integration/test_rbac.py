@@ -1,11 +1,12 @@
 """The shipped RBAC (deploy/kubernetes/rbac.yaml) against the local cloud's real authorizer, in
 process (cheap: no kubelets, no Airflow): every right it grants is one the product's calls use,
-removing any one of them makes that call 403 for the ServiceAccount, and the ServiceAccount can
-create pods only in the job namespaces. The e2e, stress, chaos and distributed tests run the
+removing any one of them makes that call 403 for the ServiceAccount that needs it (gpuboot, the steps';
+gpuboot-placer, the placer's), and the steps' ServiceAccount can create pods only in the job namespaces. The e2e, stress, chaos and distributed tests run the
 whole product with the same ServiceAccount's token (SimCloud.gpuboot_connections).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from collections.abc import Callable
@@ -23,12 +24,14 @@ from kubernetes.client.rest import ApiException
 
 from gpuboot.core.jobspec import DEFAULT_JOB_NAMESPACES, JobSpec, JobSpecError, params_schema
 from gpuboot.lifecycle.ledger import CONFIGMAP
+from simcloud.harness import wait_until
 from tests.conformance.k8s_harness import K8sServer, k8s, pod_body  # noqa: F401  (k8s: the fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACES = REPO / "deploy/kubernetes/namespace.yaml"
 RBAC = REPO / "deploy/kubernetes/rbac.yaml"
 SA = "system:serviceaccount:gpuboot:gpuboot"
+PLACER = "gpuboot-placer"        # the placer's ServiceAccount, and its ClusterRole
 JOBS = DEFAULT_JOB_NAMESPACES[0]
 LEDGER = "default"
 NODE = "gpu-a"
@@ -85,7 +88,22 @@ PROBES: dict[tuple[str, str, str], Callable] = {
         f"{CONFIGMAP}-queue-0", LEDGER, {"data": {"q.probe": None}}, _content_type="application/merge-patch+json"),
     ("gpuboot-ledger", "configmaps", "create"): lambda v1: v1.create_namespaced_config_map(
         LEDGER, {"metadata": {"name": CONFIGMAP}}),                                    # 409: it exists
+    # the placer's, as its own ServiceAccount (account_of): its view's reads and watches, its claims
+    (PLACER, "nodes", "get"): lambda v1: v1.read_node(NODE),                           # a claim read again
+    (PLACER, "nodes", "list"): lambda v1: v1.list_node(limit=500),                     # the view's first read
+    (PLACER, "nodes", "watch"): lambda v1: _watch(v1.list_node),                       # ... and its watch
+    (PLACER, "nodes", "patch"): lambda v1: v1.patch_node(                              # a batch's claim
+        NODE, {"metadata": {"annotations": {"gpuboot.io/ledger": "default/probe"}}}),
+    (PLACER, "pods", "list"): lambda v1: v1.list_pod_for_all_namespaces(
+        limit=500, field_selector="status.phase!=Succeeded,status.phase!=Failed"),
+    (PLACER, "pods", "watch"): lambda v1: _watch(v1.list_pod_for_all_namespaces,
+                                                 field_selector="status.phase!=Succeeded,status.phase!=Failed"),
 }
+
+
+def account_of(role: str) -> str:
+    """The ServiceAccount whose calls need `role`'s rights (the ledger's Role is both's: probed as the steps')."""
+    return PLACER if role == PLACER else "gpuboot"
 
 
 def shipped_grants() -> list[tuple[str, str, str]]:
@@ -112,16 +130,16 @@ def rbac_without(grant: tuple[str, str, str] | None) -> list[dict]:
     return docs
 
 
-def as_serviceaccount(k8s: K8sServer, rbac: list[dict]):
+def as_serviceaccount(k8s: K8sServer, rbac: list[dict], account: str = "gpuboot"):
     """Apply namespace.yaml and `rbac` as the admin, prepare what the probes touch, and return a
-    CoreV1Api acting as the ServiceAccount rbac.yaml binds."""
+    CoreV1Api acting as ServiceAccount gpuboot/`account` (the steps' unless told)."""
     admin = k8s.core_v1()
     create_all(admin.api_client, [d for d in yaml.safe_load_all(NAMESPACES.read_text()) if d])
     create_all(admin.api_client, rbac)
     k8s.add_node(NODE, gpu=1)
     admin.create_namespaced_pod(JOBS, pod_body("job-0"))
     admin.create_namespaced_config_map(LEDGER, {"metadata": {"name": CONFIGMAP}, "data": {"reservations": "[]"}})
-    return k8s.core_v1(k8s.token_for("gpuboot", "gpuboot"))
+    return k8s.core_v1(k8s.token_for("gpuboot", account))
 
 
 def authorized(probe: Callable, v1) -> bool:
@@ -139,20 +157,22 @@ def test_every_right_rbac_yaml_grants_has_its_probe():
     assert shipped_grants() == sorted(PROBES), "add a probe for each new grant (or drop the one no call needs)"
 
 
-def test_the_shipped_rbac_lets_the_serviceaccount_make_every_call(k8s: K8sServer):
-    sa = as_serviceaccount(k8s, rbac_without(None))
-    refused = [grant for grant, probe in PROBES.items() if not authorized(probe, sa)]
+def test_the_shipped_rbac_lets_each_serviceaccount_make_every_call(k8s: K8sServer):
+    sa = {"gpuboot": as_serviceaccount(k8s, rbac_without(None))}
+    sa[PLACER] = k8s.core_v1(k8s.token_for("gpuboot", PLACER))
+    refused = [grant for grant, probe in PROBES.items() if not authorized(probe, sa[account_of(grant[0])])]
     assert refused == []
 
 
 @pytest.mark.parametrize("grant", sorted(PROBES), ids=lambda g: "-".join(g).replace("/", "_"))
 def test_a_right_missing_from_rbac_yaml_is_a_403_for_the_call_that_needs_it(k8s: K8sServer, grant):
-    sa = as_serviceaccount(k8s, rbac_without(grant))
+    role, resource, verb = grant
+    sa = as_serviceaccount(k8s, rbac_without(grant), account_of(role))
     with pytest.raises(ApiException) as err:
         PROBES[grant](sa)
     assert err.value.status == 403, err.value
-    _, resource, verb = grant
-    assert f'User "{SA}" cannot {verb} resource "{resource}"' in json.loads(err.value.body)["message"]
+    user = f"system:serviceaccount:gpuboot:{account_of(role)}"
+    assert f'User "{user}" cannot {verb} resource "{resource}"' in json.loads(err.value.body)["message"]
 
 
 @pytest.mark.parametrize("namespace", ["kube-system", "default", "team-nowhere"])
@@ -211,3 +231,45 @@ def test_a_cluster_that_refuses_the_review_itself_leaves_the_check_to_launch(k8s
     sa = as_serviceaccount(k8s, rbac_without(None))
     client.RbacAuthorizationV1Api(k8s.core_v1().api_client).delete_cluster_role_binding("system:basic-user")
     assert reviewer(sa).denied(JOBS, JOB_POD_RIGHTS) is None
+
+
+FLOW_CONTROL = REPO / "deploy/kubernetes/flowcontrol.yaml"
+
+
+def test_flow_control_queues_each_serviceaccount_in_a_priority_level_of_its_own(k8s: K8sServer):
+    """flowcontrol.yaml as kube-apiserver applies it: a request of the steps' ServiceAccount is classified into
+    gpuboot-steps, the placer's into gpuboot-placer (the API server names the level of every request it
+    classifies in the X-Kubernetes-PF-PriorityLevel-UID response header), and the admin's stays exempt."""
+    if k8s.backend != "real":
+        pytest.skip("priority and fairness is kube-apiserver's own (simcloud's API server runs every request as "
+                    "it comes, one write at a time under its lock): runs under --kube=real")
+    from kubernetes import client
+
+    steps = as_serviceaccount(k8s, rbac_without(None))
+    placer = k8s.core_v1(k8s.token_for("gpuboot", PLACER))
+    admin = k8s.core_v1()
+    flow = client.FlowcontrolApiserverV1Api(admin.api_client)
+    docs = [d for d in yaml.safe_load_all(FLOW_CONTROL.read_text()) if d]
+    create_all(admin.api_client, docs)
+    try:
+        uid = {name: flow.read_priority_level_configuration(name).metadata.uid
+               for name in ("gpuboot-steps", "gpuboot-placer", "exempt")}
+
+        def level_of(call) -> str | None:
+            response = call()
+            response.release_conn()
+            return response.headers.get("X-Kubernetes-PF-PriorityLevel-UID")
+
+        calls = {"gpuboot-steps": lambda: steps.read_namespaced_config_map(CONFIGMAP, LEDGER, _preload_content=False),
+                 "gpuboot-placer": lambda: placer.read_node(NODE, _preload_content=False),
+                 "exempt": lambda: admin.read_node(NODE, _preload_content=False)}
+        for level, call in calls.items():     # the API server picks new schemas up from its own watch of them
+            wait_until(lambda: level_of(call) == uid[level], timeout=30,
+                       message=lambda: f"{level}: requests classified into {level_of(call)}, want {uid[level]}")
+    finally:
+        for doc in docs:
+            with contextlib.suppress(ApiException):
+                if doc["kind"] == "FlowSchema":
+                    flow.delete_flow_schema(doc["metadata"]["name"])
+                else:
+                    flow.delete_priority_level_configuration(doc["metadata"]["name"])

@@ -19,6 +19,7 @@ from tests.static.api_calls import Use, kube_rest, pod_operator_uses, scan_files
 
 ROOT = Path(__file__).resolve().parents[2]
 RBAC = ROOT / "deploy" / "kubernetes" / "rbac.yaml"
+FLOW_CONTROL = ROOT / "deploy" / "kubernetes" / "flowcontrol.yaml"
 RAM = ROOT / "deploy" / "ram" / "gpuboot-ecs-policy.json"
 LEDGER_CONFIGMAP = "gpuboot-reservations"
 QUEUE_SHARDS = tuple(f"{LEDGER_CONFIGMAP}-queue-{i}" for i in range(64))   # gpuboot.lifecycle.ledger.RequestQueue
@@ -67,6 +68,20 @@ NOT_REACHED = {
 # Grants shipped ahead of the code that needs them, with why. Tolerated only while unused:
 # once the code makes the call, the entry must go (test_planned_grants_are_still_planned).
 PLANNED: dict[tuple[str, str, str], str] = {}
+
+# The placer's ClusterRole (its own ServiceAccount, so flowcontrol.yaml can queue it apart): what its view and
+# its batches need, written out because the scan cannot tell which process makes a call, nor see the view's
+# watches (`KubeClient.stream_events` calls the list method `_collection` picks, with watch=True).
+# tests/integration/test_cluster_view.py runs a placer as this identity, so a right missing here fails there.
+PLACER_ROLE = "gpuboot-placer"
+PLACER_RIGHTS: dict[tuple[str, str, str], str] = {
+    ("", "nodes", "list"): "the view's first read, and after a 410 (ClusterView, KubeClient.list_versioned)",
+    ("", "nodes", "watch"): "the view's watch (KubeClient.stream_events)",
+    ("", "pods", "list"): "the view's first read of every non-terminated pod",
+    ("", "pods", "watch"): "the view's watch of them",
+    ("", "nodes", "patch"): "a batch claims the Nodes it books for its ledger (ReservationLedger._claim)",
+    ("", "nodes", "get"): "a claim that conflicted reads its Node again",
+}
 
 # Resources used only in the ledger namespace: granted by a Role there, never cluster-wide.
 LEDGER_RESOURCES = {"configmaps"}
@@ -172,18 +187,23 @@ def test_every_ecs_call_is_mapped(plugin_uses):
 
 def _roles(rbac, scope: str) -> list[dict]:
     if scope == "cluster":
-        return rbac["ClusterRole"]
+        return [r for r in rbac["ClusterRole"] if r["metadata"]["name"] != PLACER_ROLE]
     return [r for r in rbac["Role"] if r["metadata"]["name"] == (JOBS_ROLE if scope == "jobs" else LEDGER_ROLE)]
 
 
 def test_rbac_has_only_the_known_roles(rbac):
     assert {r["metadata"]["name"] for r in rbac["Role"]} == {JOBS_ROLE, LEDGER_ROLE}
-    assert [r["metadata"]["name"] for r in rbac["ClusterRole"]] == ["gpuboot"]
+    assert [r["metadata"]["name"] for r in rbac["ClusterRole"]] == ["gpuboot", PLACER_ROLE]
+
+
+def test_the_placer_is_granted_what_it_needs_and_no_more(rbac):
+    (role,) = [r for r in rbac["ClusterRole"] if r["metadata"]["name"] == PLACER_ROLE]
+    assert sorted(perm for perm, _ in _grants(role)) == sorted(PLACER_RIGHTS)
 
 
 def test_rbac_grants_every_call(needed, rbac):
     missing = []
-    cluster = {g for r in rbac["ClusterRole"] for g, _ in _grants(r)}
+    cluster = {g for r in _roles(rbac, "cluster") for g, _ in _grants(r)}
     for scope, perms in needed.items():
         for role in _roles(rbac, scope):
             granted = {g for g, _ in _grants(role)} | (cluster if scope == "jobs" else set())   # a ClusterRole
@@ -299,18 +319,46 @@ def test_job_roles_are_in_the_default_job_namespaces_which_namespace_yaml_create
     assert set(DEFAULT_JOB_NAMESPACES) <= created, f"{NAMESPACES.name} creates {created}"
 
 
-def test_roles_are_bound_to_the_service_account(rbac):
-    (account,) = rbac["ServiceAccount"]
-    subject = {"kind": "ServiceAccount", "name": account["metadata"]["name"],
-               "namespace": account["metadata"]["namespace"]}
+def test_roles_are_bound_to_the_service_accounts(rbac):
+    """The steps' ServiceAccount (gpuboot) gets every role but the placer's; the placer's (gpuboot-placer)
+    its ClusterRole and the ledger's Role; each role bound exactly once."""
+    accounts = {a["metadata"]["name"]: {"kind": "ServiceAccount", "name": a["metadata"]["name"],
+                                        "namespace": a["metadata"]["namespace"]} for a in rbac["ServiceAccount"]}
+    assert sorted(accounts) == ["gpuboot", PLACER_ROLE]
+    steps, placer = accounts["gpuboot"], accounts[PLACER_ROLE]
+    want = {PLACER_ROLE: [placer], LEDGER_ROLE: [steps, placer]}
     for binding_kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
         roles = {(r["metadata"]["name"], r["metadata"].get("namespace")) for r in rbac[role_kind]}
         bound = set()
         for binding in rbac[binding_kind]:
-            assert binding["subjects"] == [subject], f"{binding_kind} {binding['metadata']['name']}"
+            name = binding["roleRef"]["name"]
+            assert binding["subjects"] == want.get(name, [steps]), f"{binding_kind} {binding['metadata']['name']}"
             assert binding["roleRef"]["kind"] == role_kind
-            bound.add((binding["roleRef"]["name"], binding["metadata"].get("namespace")))
+            bound.add((name, binding["metadata"].get("namespace")))
         assert bound == roles, f"every {role_kind} must be bound exactly once ({role_kind}s {roles})"
+
+
+def test_flow_control_queues_both_identities_before_the_built_in_schemas(rbac):
+    """flowcontrol.yaml: one FlowSchema per ServiceAccount of rbac.yaml, each into a priority level of its own
+    that the file defines, matched before the built-in `service-accounts` schema (precedence 9000); the steps'
+    level never borrows seats (a burst of place steps queues instead of widening)."""
+    docs = [d for d in yaml.safe_load_all(FLOW_CONTROL.read_text()) if d]
+    levels = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "PriorityLevelConfiguration"}
+    schemas = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "FlowSchema"}
+    accounts = {(a["metadata"]["namespace"], a["metadata"]["name"]) for a in rbac["ServiceAccount"]}
+    matched = {}
+    for name, spec in schemas.items():
+        assert spec["matchingPrecedence"] < 9000, name
+        assert spec["priorityLevelConfiguration"]["name"] in levels, name
+        for rule in spec["rules"]:
+            for subject in rule["subjects"]:
+                sa = subject["serviceAccount"]
+                matched[(sa["namespace"], sa["name"])] = spec["priorityLevelConfiguration"]["name"]
+    assert set(matched) == accounts and len(set(matched.values())) == len(accounts), matched
+    steps = levels[matched[("gpuboot", "gpuboot")]]["limited"]
+    assert steps["borrowingLimitPercent"] == 0 and steps["limitResponse"]["type"] == "Queue"
+    placer = levels[matched[("gpuboot", PLACER_ROLE)]]["limited"]
+    assert placer["nominalConcurrencyShares"] > steps["nominalConcurrencyShares"]
 
 
 def test_gpuboot_never_turns_on_the_xcom_sidecar():
