@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from gpuboot.core.model import LABEL_MANAGED, TERMINATED_PHASES
 from gpuboot.core.ports import RUNNING_OR_COMING, STOPPED_OR_GOING, EcsError, InstanceOutcome, classify_code
+from gpuboot.exceptions import Overloaded
 from gpuboot.hooks.kube import Conflict
 from gpuboot.lifecycle.ledger import ReservationLedger
 from tests.builders import REGION, TYPES, instance, node
@@ -73,6 +74,7 @@ class FakeCluster:
         self.cache_behind = False   # the first cached read after a write shows the ConfigMap as it was before
         self._previous: dict[tuple[str, str], dict | None] = {}     # ... which is this (None: it was created)
         self._before_write: list[tuple[Callable[[], bool], Callable[[], object]]] = []
+        self.turned_away = 0        # cached reads still to refuse with Overloaded (`turn_away_cached_reads`)
         self._lock = threading.RLock()      # each ConfigMap read or write is atomic, as on the API server
         for n in nodes:
             self.put_node(n)
@@ -92,6 +94,10 @@ class FakeCluster:
     def conflict_next_writes(self, count: int) -> None:
         """The next `count` ConfigMap writes lose to another writer: 409, and the stored version moves on."""
         self._conflicts += count
+
+    def turn_away_cached_reads(self, count: int) -> None:
+        """The next `count` cached reads raise Overloaded: the API server's 429 past the client's own tries."""
+        self.turned_away += count
 
     def before_next_write(self, action: Callable[[], object]) -> None:
         """Run `action` once, just before the next ConfigMap write is checked (an interleaved writer)."""
@@ -160,6 +166,9 @@ class FakeCluster:
         before that write (a watch cache behind, as a GET with resourceVersion=0 may be served), the next
         ones as it is (the cache caught up)."""
         with self._lock:
+            if cached and self.turned_away:
+                self.turned_away -= 1
+                raise Overloaded("429 Too Many Requests")
             key = (namespace, name)
             found = self._previous.pop(key) if cached and self.cache_behind and key in self._previous \
                 else self.configmaps.get(key)

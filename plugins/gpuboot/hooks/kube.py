@@ -68,6 +68,26 @@ def collector_paused() -> Iterator[None]:
                 gc.enable()
 
 
+THROTTLED_TRIES = 10     # a request the API server answers 429 is sent again this many times at most
+
+
+def throttled_retries(backoff_factor: float = 0.2):
+    """urllib3's retries for the Kubernetes client: as its default (connection and read errors of idempotent
+    requests, three times), and a 429 of any verb, after the Retry-After the API server gives (else a short
+    backoff), THROTTLED_TRIES times. Why every verb: kube-apiserver's priority and fairness answers 429 to a
+    request it queued for too long or had no room to queue, before running it (deploy/kubernetes/
+    flowcontrol.yaml queues the place steps' requests), so sending it again is safe, and it is what client-go
+    does. The last 429 is returned as it is (an Overloaded to our writers, which back off further)."""
+    from urllib3.util.retry import Retry
+
+    class Throttled(Retry):
+        def is_retry(self, method: str, status_code: int, has_retry_after: bool = False) -> bool:
+            return status_code == 429 or super().is_retry(method, status_code, has_retry_after)
+
+    return Throttled(total=THROTTLED_TRIES + 3, connect=3, read=3, redirect=3, status=THROTTLED_TRIES,
+                     backoff_factor=backoff_factor, backoff_max=5, backoff_jitter=0.2, raise_on_status=False)
+
+
 class KubeClient:
     """Synchronous access for operators (KubernetesHook(conn_id=...))."""
 
@@ -87,9 +107,9 @@ class KubeClient:
         core = self.hook.core_v1_client
         configuration = core.api_client.configuration
         mask_credentials(configuration)
-        if (configuration.connection_pool_maxsize or 0) < POOL:
-            configuration.connection_pool_maxsize = POOL
-            core.api_client.rest_client = RESTClientObject(configuration)
+        configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, POOL)
+        configuration.retries = throttled_retries()
+        core.api_client.rest_client = RESTClientObject(configuration)
         return core
 
     def _list(self, method, **kwargs) -> list[dict]:
@@ -329,7 +349,8 @@ class KubeClient:
 
     @staticmethod
     def _read_or_none(method, *args) -> dict | None:
-        """The object, or None when it does not exist (404)."""
+        """The object, or None when it does not exist (404); Overloaded when the API server still turned the
+        read away (429) after the client's own tries (`throttled_retries`)."""
         from kubernetes.client.exceptions import ApiException
 
         try:
@@ -337,6 +358,8 @@ class KubeClient:
         except ApiException as exc:
             if exc.status == 404:
                 return None
+            if exc.status == 429:
+                raise Overloaded(f"{exc.status} {exc.reason}") from None
             raise
 
     def create_configmap(self, namespace: str, body: dict) -> dict:

@@ -81,7 +81,7 @@ from gpuboot.core.inventory import with_reservations
 from gpuboot.core.jobspec import JobSpec
 from gpuboot.core.model import Reservation, Unavailable
 from gpuboot.core.placement import Fleet, JobRequest, Outcome, Plan, Verdict, place
-from gpuboot.exceptions import LedgerContended
+from gpuboot.exceptions import LedgerContended, Overloaded
 from gpuboot.lifecycle.booking import (
     Basis,
     Booker,
@@ -175,7 +175,13 @@ class BatchPlacer:
             # its shard says whether it still waits, its answer once decided, and the leader's last commit
             # (`RequestQueue`: copies, never ahead of the ledger); the ledger root, once the entry is gone
             # with no answer, or every few seconds while the copied lead does not show a live lease
-            look, queued = queued or self.queue.look(entry.ticket), None     # the patch's answer serves once
+            try:
+                look, queued = queued or self.queue.look(entry.ticket), None     # the patch's answer serves once
+            except Overloaded:      # the API server turned the poll away (429) past the client's tries: nothing
+                if b.monotonic() >= give_up:    # learnt, the budget as it was; the next poll a crowd's pause later
+                    return self._withdraw(ticket, job_id)
+                b.sleep(POLL_MAX_SECONDS * (b.rng or random).uniform(0.5, 1.0))
+                continue
             if look.answer is not None:
                 return self._answered(look.answer, state)
             gone, waiting, now = not look.waits, look.waiting, b.clock()
@@ -271,6 +277,9 @@ class BatchPlacer:
                 return                  # the lease went to someone else (ours expired): they lead
             queue = latest_per_job(self.queue.waiting(d.ticket for d in state.batch.decided))
             queued_at = b.monotonic()
+            if not queue and self.queue.unread:     # an empty queue only if every shard was read
+                b.sleep(POLL_SECONDS[1])
+                continue
             if not queue and stay:
                 return
             if not queue or (b.monotonic() - began > LEAD_SECONDS and state.batch.answer(me) is not None):

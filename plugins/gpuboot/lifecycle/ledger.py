@@ -1280,6 +1280,7 @@ class RequestQueue:
         self._everywhere_due = False               # ... into every shard
         self._unwritten: set[str] = set()          # tickets whose answers' copies are not written yet
         self._copying = False                      # the writing thread runs
+        self.unread: list[str] = []                # shards the last `waiting` could not read (turned away)
 
     def shard_of(self, ticket: str) -> str:
         return self.shards[zlib.crc32(ticket.encode()) % len(self.shards)]
@@ -1430,12 +1431,19 @@ class RequestQueue:
         root's answers) and without an answer's copy in its shard. The copy matters once the root has let
         the answer go (`kept_answers`): a waiter's renewal that crossed the answer brings its entry back,
         and placed again it would be answered `alone`, overwriting the copy its waiter has still to read.
-        Such an entry is pruned by the next `publish`, like an expired one."""
+        Such an entry is pruned by the next `publish`, like an expired one. A shard the API server turns
+        away is left out (`unread`): its requests wait for the next round."""
         with self._copies:
             done = set(answered) | self._unwritten
         now = self.clock()
         read: dict[str, QueueShard] = {}
-        _each(lambda name: read.__setitem__(name, self._read(name)), self.shards, raising=True)   # PARALLEL at once
+        self.unread = []
+        for name, error in _each(lambda name: read.__setitem__(name, self._read(name)), self.shards):  # PARALLEL
+            if isinstance(error, Overloaded):   # turned away (429) past the client's tries: its waiters wait a round
+                log.info("queue shard %s not read this round (%s): its requests wait for the next", name, error)
+                self.unread.append(name)
+            elif error is not None:
+                raise error
         out: list[Queued] = []
         self._stale = {}
         for name, shard in read.items():

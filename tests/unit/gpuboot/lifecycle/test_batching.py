@@ -960,3 +960,30 @@ def test_a_batchs_answers_are_copied_in_the_background_and_not_placed_again_whil
     look = RequestQueue(c.cluster, clock=c.clock).look("job:t")
     assert not look.waits and look.answer is not None and look.answer.plan["outcome"] == Outcome.FITS.value
     assert p.queue.waiting(answered=()) == []               # the copy now says it
+
+
+def test_a_queue_shard_read_turned_away_leaves_its_requests_for_the_next_round():
+    """The leader's read of every shard: one the API server turns away (429 past the client's tries) is
+    skipped, its requests placed at the next round, instead of the round failing."""
+    c = cloud()
+    queue = RequestQueue(c.cluster, clock=c.clock)
+    jobs = [f"job-{i}" for i in range(6)]
+    for job in jobs:
+        queue.add(Queued(job, f"{job}:t", spec(job).to_job_request(job).to_json(), 1200.0, c.clock() + 60))
+    c.cluster.turn_away_cached_reads(len(queue.shards))        # every shard, this round
+    assert queue.waiting() == [] and c.cluster.turned_away == 0
+    assert sorted(queue.unread) == sorted(queue.shards)       # not an empty queue: the leader looks again
+    assert sorted(q.job_id for q in queue.waiting()) == jobs and queue.unread == []
+
+
+def test_a_burst_whose_polls_the_api_server_turns_away_is_placed_all_the_same():
+    """Four jobs at once on the fleet's four GPUs while 300 reads of the queue shards are turned away (the
+    waiters' polls and the leader's reads alike): every one is placed, none twice, none fails."""
+    c = cloud()
+    jobs = [f"job-{i}" for i in range(4)]
+    bookers = {j: booker(c, sleep=lambda s: (c.clock.advance(s), time.sleep(0.01))) for j in jobs}   # time goes on
+    c.cluster.turn_away_cached_reads(300)
+    outcomes = at_once(jobs, bookers, threading.Barrier(len(jobs)))
+    assert Counter(outcomes.values()) == {Outcome.FITS: 4}
+    assert Counter(r.node for r in c.ledger().snapshot().reservations) == {"gpu-run": 1, "gpu-stop": 1, "gpu2-stop": 2}
+    assert c.cluster.turned_away < 300          # the polls were turned away indeed
