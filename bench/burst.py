@@ -30,6 +30,7 @@ have machines of their own) competes with the job processes, so the figures are 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import multiprocessing as mp
 import os
@@ -79,8 +80,18 @@ def job(n: int) -> dict:
             "queue_timeout_seconds": QUEUE_TIMEOUT_SECONDS}
 
 
-def _place(ns: list[int], go, ready, results) -> None:
+def _acting_as(connections: Path | None) -> None:
+    """This process talks to Kubernetes as the identity of `connections` (its kubernetes_default), as an
+    Airflow worker or the placer does in a cluster, rather than as the local cloud's admin (whom priority
+    and fairness exempts from every queue)."""
+    if connections is not None:
+        conn = json.loads(Path(connections).read_text())["kubernetes_default"]
+        os.environ["AIRFLOW_CONN_KUBERNETES_DEFAULT"] = json.dumps(conn)
+
+
+def _place(ns: list[int], go, ready, results, steps_as: Path | None = None) -> None:
     """Place steps in a forked process (one per thread): each books until committed or the queue timeout."""
+    _acting_as(steps_as)
     counted = count_bytes()
     threads = [threading.Thread(target=_one, args=(n, go, ready, results)) for n in ns]
     for t in threads:
@@ -98,8 +109,9 @@ def _one(n: int, go, ready, results) -> None:
                      "deferrals": 0, "began": time.time(), "ended": time.time()})
 
 
-def _placer(ready, stop, results) -> None:
+def _placer(ready, stop, results, placer_as: Path | None = None) -> None:
     """The placer process: its view started (bytes counted apart), then it leads until `stop`."""
+    _acting_as(placer_as)
     from gpuboot.hooks.ecs import EcsHook
     from gpuboot.hooks.kube import KubeClient
     from gpuboot.lifecycle.booking import Booker
@@ -188,9 +200,11 @@ def _ledger_size(kube) -> int:
     return max(ReservationLedger(kube).sizes().values(), default=0)
 
 
-def burst(jobs: int, kube, placer: bool = False, per_process: int = 1) -> dict:
+def burst(jobs: int, kube, placer: bool = False, per_process: int = 1, steps_as: Path | None = None,
+          placer_as: Path | None = None) -> dict:
     """`jobs` place transactions released at once, `per_process` of them (threads) in each forked process;
-    with `placer`, a placer process leads from its view (started first, its start-up counted apart)."""
+    with `placer`, a placer process leads from its view (started first, its start-up counted apart).
+    `steps_as`, `placer_as`: connections files of the identities they act as (None: the admin's)."""
     from gpuboot.hooks.ecs import EcsHook
     from gpuboot.lifecycle.ledger import ReservationLedger
 
@@ -199,14 +213,14 @@ def burst(jobs: int, kube, placer: bool = False, per_process: int = 1) -> dict:
     go, ready, results = ctx.Event(), ctx.Queue(), ctx.Queue()
     started, stop_placer, placer_proc = {}, ctx.Event(), None
     if placer:
-        placer_proc = ctx.Process(target=_placer, args=(ready, stop_placer, results), daemon=True)
+        placer_proc = ctx.Process(target=_placer, args=(ready, stop_placer, results, placer_as), daemon=True)
         placer_proc.start()
         started = ready.get(timeout=900)
         led = time.monotonic() + 120
         while _leader(kube) != started["me"] and time.monotonic() < led:
             time.sleep(0.2)
     groups = [list(range(i, min(jobs, i + per_process))) for i in range(0, jobs, per_process)]
-    procs = [ctx.Process(target=_place, args=(g, go, ready, results), daemon=True) for g in groups]
+    procs = [ctx.Process(target=_place, args=(g, go, ready, results, steps_as), daemon=True) for g in groups]
     for p in procs:
         p.start()
     waiting = 0
@@ -296,14 +310,18 @@ def run(workdir: Path, quick: bool = False, sizes=None, bursts=None, placer: boo
     bursts = bursts or ((50,) if quick else BURSTS)
     rows = []
     for size in sizes:
-        with local_cloud(fleet(size), workdir / f"cloud-{size}", ready_timeout=1800):
+        with local_cloud(fleet(size), workdir / f"cloud-{size}", ready_timeout=1800) as cloud:
+            # the place steps and the placer as the ServiceAccounts deploy/kubernetes/rbac.yaml makes, their
+            # requests queued by flowcontrol.yaml where the API server has priority and fairness
+            steps_as, placer_as = cloud.gpuboot_connections(), cloud.placer_connections()
+            flow_control = cloud.apply_flow_control()
             kube = KubeClient()
             pods, named = len(kube.list_active_pods()), size * 4 // 5 * PODS_PER_NODE
             if pods < named:                            # a row must be measured on the fleet it names
                 raise RuntimeError(f"the {size}-node fleet has {pods} active pods, not the {named} its row would claim")
             for jobs in bursts:
-                rows.append({"nodes": size, "pods": named,
-                             **burst(jobs, kube, placer, per_process)})
+                rows.append({"nodes": size, "pods": named, "flow_control": flow_control,
+                             **burst(jobs, kube, placer, per_process, steps_as, placer_as)})
                 print(f"burst: {rows[-1]}", flush=True)
     growth = {}
     for jobs in bursts:
@@ -314,5 +332,7 @@ def run(workdir: Path, quick: bool = False, sizes=None, bursts=None, placer: boo
     return {"rows": rows, "queue_timeout_s": QUEUE_TIMEOUT_SECONDS, "cores": os.cpu_count(),
             "bytes_growth_exponent": growth,
             "note": ("a placer process leads from its watch-fed view; " if placer else "a place step leads; ")
+            + "the place steps act as ServiceAccount gpuboot, the placer as gpuboot-placer (deploy/kubernetes), "
+              "queued by flowcontrol.yaml where flow_control; "
             + f"{per_process} place transaction(s) per forked process, all released at once; "
               "reads = full cluster reads (Nodes + Pods + ECS) per placement; bytes = API bytes read, all processes"}
