@@ -102,6 +102,9 @@ def test_a_restarted_placer_takes_the_lease_over_and_answers_from_its_view(cloud
         booking = book_first(step, spec("after-restart"), "after-restart")
         assert booking.plan.outcome.value == "fits", booking.plan.message
         assert step.full_reads == 0 and second.booker.full_reads == 0     # answered from the view
+        # ... a view its watches kept (a watch the placer's ServiceAccount may not open fails and is retried,
+        # which the answers alone would not show: the view then counts as read when it was listed)
+        assert (second.view.nodes.resumes, second.view.pods.resumes) == (0, 0)
         assert ledger.snapshot().batch.answer is not None
     finally:
         stop_second.set()
