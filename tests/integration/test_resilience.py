@@ -112,7 +112,7 @@ def test_the_capacity_mark_is_shared_by_later_placements_until_it_expires(cloud)
 def test_when_no_offering_has_stock_start_waits_then_fails_naming_each_one_and_holds_nothing(cloud):
     """Stock may come back (the marks expire), so the job waits up to its queue timeout."""
     hog_running_node()
-    plan, pushed = place({**JOB, "queue_timeout_seconds": 3}, job_id="job")   # place and two refused starts take ~1 s
+    plan, pushed = place({**JOB, "queue_timeout_seconds": 8}, job_id="job")   # place and two refused starts: ~1 s idle, 3+ loaded
     cloud.set_faults(no_stock=[T4, T4X2])
     ctx = context("start")
     operator = StartGpuNodesOperator(task_id="start", plan=plan, job=pushed["job"], busy_poll_seconds=0.5)
@@ -127,7 +127,7 @@ def test_when_no_offering_has_stock_start_waits_then_fails_naming_each_one_and_h
             except TaskDeferred as again:
                 event = run_deferred(again)
     text = str(err.value)
-    assert "queue_timeout_seconds=3" in text
+    assert "queue_timeout_seconds=8" in text
     assert f"offering {T4} in {ZONE}: OperationDenied.NoStock" in text
     assert f"offering {T4X2} in {ZONE}: OperationDenied.NoStock" in text
     assert held("job") == [] and held("hog") == ["gpu-run"]
