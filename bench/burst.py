@@ -30,7 +30,6 @@ have machines of their own) competes with the job processes, so the figures are 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import multiprocessing as mp
 import os
@@ -42,7 +41,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from .common import growth_exponent, local_cloud
+from .common import export_connections, growth_exponent, local_cloud
 from .placement_cost import PODS_PER_NODE, fleet
 
 SIZES = (100, 1000)
@@ -85,8 +84,7 @@ def _acting_as(connections: Path | None) -> None:
     Airflow worker or the placer does in a cluster, rather than as the local cloud's admin (whom priority
     and fairness exempts from every queue)."""
     if connections is not None:
-        conn = json.loads(Path(connections).read_text())["kubernetes_default"]
-        os.environ["AIRFLOW_CONN_KUBERNETES_DEFAULT"] = json.dumps(conn)
+        export_connections(connections)
 
 
 def _place(ns: list[int], go, ready, results, steps_as: Path | None = None) -> None:

@@ -77,12 +77,17 @@ def local_cloud(fleet: dict, workdir: Path, ready_timeout: float = 120.0) -> Ite
     with SimCloud.start(fleet, workdir, ready_timeout=ready_timeout) as cloud:
         cloud.apply(*GPUBOOT_MANIFESTS)
         try:
-            for conn_id, conn in json.loads(cloud.connections_file.read_text()).items():
-                os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(conn)
+            export_connections(cloud.connections_file)
             yield cloud
         finally:
             os.environ.clear()
             os.environ.update(saved)
+
+
+def export_connections(path: Path) -> None:
+    """This process's Airflow connections: every one of the connections file `path`, as AIRFLOW_CONN_*."""
+    for conn_id, conn in json.loads(Path(path).read_text()).items():
+        os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(conn)
 
 
 @contextlib.contextmanager

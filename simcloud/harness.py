@@ -275,25 +275,23 @@ class SimCloud:
         """Create every object of these YAML files as the admin (see simcloud.admin.apply_manifests)."""
         admin.apply_manifests(self.workdir, *manifests, api_client=self.api_client())
 
-    def gpuboot_connections(self, manifests: tuple[Path | str, ...] = GPUBOOT_MANIFESTS) -> Path:
-        """Airflow connections for the product, acting as the ServiceAccount deploy/kubernetes/rbac.yaml
-        binds: the shipped manifests created as the admin (on the first call), then a connections file
-        whose kubernetes_default carries that ServiceAccount's token (ECS as in connections.json). The
-        harness keeps the admin identity (`kubeconfig`, `core_v1()`), so a verb missing from the shipped
-        RBAC fails the product, not the test's own reads."""
-        path = self.serviceaccount_connections_file(*GPUBOOT_SERVICEACCOUNT)
+    def gpuboot_connections(self, manifests: tuple[Path | str, ...] = GPUBOOT_MANIFESTS,
+                            account: tuple[str, str] = GPUBOOT_SERVICEACCOUNT) -> Path:
+        """Airflow connections for the product, acting as a ServiceAccount deploy/kubernetes/rbac.yaml
+        binds (the steps' unless told; PLACER_SERVICEACCOUNT for the placer): the shipped manifests created
+        as the admin (on the first call), then a connections file whose kubernetes_default carries that
+        ServiceAccount's token (ECS as in connections.json). The harness keeps the admin identity
+        (`kubeconfig`, `core_v1()`), so a verb missing from the shipped RBAC fails the product, not the
+        test's own reads."""
+        path = self.serviceaccount_connections_file(*account)
         if not path.exists():
             self.apply(*manifests)
-            self.serviceaccount_kubeconfig(*GPUBOOT_SERVICEACCOUNT, connections=True)
+            self.serviceaccount_kubeconfig(*account, connections=True)
         return path
 
     def placer_connections(self) -> Path:
-        """As `gpuboot_connections`, for the placer's ServiceAccount (rbac.yaml's gpuboot-placer)."""
-        path = self.serviceaccount_connections_file(*PLACER_SERVICEACCOUNT)
-        if not path.exists():
-            self.gpuboot_connections()
-            self.serviceaccount_kubeconfig(*PLACER_SERVICEACCOUNT, connections=True)
-        return path
+        """`gpuboot_connections` for the placer's ServiceAccount (rbac.yaml's gpuboot-placer)."""
+        return self.gpuboot_connections(account=PLACER_SERVICEACCOUNT)
 
     def apply_flow_control(self) -> bool:
         """deploy/kubernetes/flowcontrol.yaml, where the API server has priority and fairness (the real one):
