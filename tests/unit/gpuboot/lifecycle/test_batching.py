@@ -981,7 +981,7 @@ def test_a_burst_whose_polls_the_api_server_turns_away_is_placed_all_the_same():
     waiters' polls and the leader's reads alike): every one is placed, none twice, none fails."""
     c = cloud()
     jobs = [f"job-{i}" for i in range(4)]
-    bookers = {j: booker(c, sleep=lambda s: (c.clock.advance(s), time.sleep(0.01))) for j in jobs}   # time goes on
+    bookers = {j: booker(c) for j in jobs}
     c.cluster.turn_away_cached_reads(300)
     outcomes = at_once(jobs, bookers, threading.Barrier(len(jobs)))
     assert Counter(outcomes.values()) == {Outcome.FITS: 4}
