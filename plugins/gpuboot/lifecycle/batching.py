@@ -22,8 +22,9 @@ reservations and `Decided` answers (fits, busy or never, with the plan: its whol
 for a batch of one, a few rows each in a burst, ANSWER_ROWS in all for every live answer, so
 however many batches follow each other the answers stay within that budget plus their chosen
 rows) and renews the lease.
-Each waiter reads its answer (its reservations are already there), from its queue shard, or
-from the ledger root, which keeps it DECIDED_SECONDS, when the copy is missing. A leader keeps
+Each waiter reads its answer (its reservations are already there), from its queue shard, where the
+copy stays a few polls, or from the ledger root, which keeps the latest answers (ANSWER_BYTES of
+them, in brief when a batch's are many: `root_and_copies`), when the copy is missing. A leader keeps
 leading while requests arrive (for LEAD_SECONDS at most once its own job is answered, then it hands the lease
 over, so no place step leads forever), re-placing against its survey as `gpuboot.lifecycle.booking` does
 after a conflict, and reads again when the survey is too old or a tombstone it would need was
@@ -59,7 +60,9 @@ would starve the API server the leader needs. A live lease means a live leader: 
 lease is renewed only by its commits, a placer's by a thread that stops when the placer's loop
 stops coming round (`gpuboot.lifecycle.placer`); the first batch on 10,000 nodes may take longer
 than a waiter's budget. An answer given after the withdrawal is found by the next
-try as reservations the job holds, which the single path replaces. Re-placements
+try as reservations the job holds, which the single path replaces. A waiter that found neither copy nor
+root answer queues its ticket again; the leader that answered it gives it the same answer again
+(`decide`), any other answers it `alone`. Re-placements
 (fail-over, retries of a started job, releases) keep the single-placement path: they need the
 job's record, marks and the abandoned-node rule of `gpuboot.lifecycle.booking`. The place step
 cannot tell one from a first placement without reading the ledger, so the leader, which reads
@@ -145,6 +148,7 @@ class BatchPlacer:
         self.alive_at = booker.monotonic()     # the leader's loop last came round (`renew` keeps a live one's lease)
         self.committed_at = 0.0                # when it last committed a batch (the `Lead` copies' `at`)
         self.lost_to: str | None = None        # who held the lease when `lead` found it lost
+        self.given: dict[str, Decided] = {}    # ticket -> its "fits" answer, while it lives (`decide`: given again)
         self._view_behind: float | None = None  # since when its view could not say what it covers
 
     # ------------------------------------------------------------------ the waiter
@@ -300,7 +304,7 @@ class BatchPlacer:
                                            [m for m in state.live_unavailable(now) if m not in outdated], now,
                                            answer_rows(state.batch.live(now), len(queue)),
                                            fitted=lambda plan: claims.add(a.node for a in plan.assignments),
-                                           alone=placed_alone(state, now))
+                                           alone={j.job_id for j in state.jobs if j.expires_at > now})
             finally:
                 placed_at = b.monotonic()
                 claims.finish()         # the claims under way, whatever happened
@@ -369,10 +373,19 @@ class BatchPlacer:
         to place). A job with a live reservation holds a placement made meanwhile (answered `alone`); one
         whose reservations were released holds nothing and is placed (a batch taken back after a
         conflict left its jobs' tombstones: counted as holders, they were told busy, round after round).
-        `fitted` is told of each plan that fits as soon as it is made; `alone`: jobs with a record too
-        (`placed_alone`), answered `alone` as well."""
+        `fitted` is told of each plan that fits as soon as it is made; `alone`: jobs with a record, answered
+        `alone` as well (`placed_alone`).
+
+        A request whose very ticket this leader answered "fits", its job holding just that answer's
+        reservations and no record, gets the same answer again (nothing placed): its waiter never read the
+        first (the copy landed after the waiter's poll, or was not written; the root let it go) and queued
+        again. Answered `alone`, it would place itself on the single path, reading the whole cluster: on
+        the 10,000-node real plane 59 such waiters at once brought the API server down."""
         plans, added = [], []
         holders = {r.job_id for r in reserved} | set(alone)
+        holds: dict[str, set[tuple[str, str]]] = {}
+        for r in reserved:
+            holds.setdefault(r.job_id, set()).add((r.task, r.node))
         fleet = Fleet(seen.recounted([*reserved, *released], now).views)     # prepared once for the batch
         until = self.booker.monotonic() + DECIDE_SECONDS
         room = ANSWER_BYTES
@@ -380,13 +393,21 @@ class BatchPlacer:
             if plans and (self.booker.monotonic() > until or room < 0):
                 break
             request = JobRequest.from_json(entry.request)
+            earlier = self.given.get(entry.ticket)
+            if earlier is not None and entry.job_id not in alone and holds.get(entry.job_id) == {
+                    (a["task"], a["node"]) for a in earlier.plan["assignments"]}:
+                self.log.info("batch: job %s asked again with the ticket it was answered (its answer's copy was "
+                              "late or lost): the same answer again", entry.job_id)
+                plans.append(Plan.from_json(earlier.plan))
+                room -= answer_bytes(brief(plans[-1]).to_json(), entry.ticket)
+                continue
             if entry.job_id in holders:     # placed meanwhile (its wait gave up and placed itself), or re-placed
                 plans.append(Plan(entry.job_id, Outcome.BUSY, "the job holds a placement made meanwhile, or a "
                                   "record of an earlier try; placing it again on its own"))
                 continue
             plan = place(request, fleet, unavailable, table_rows=rows)     # only the rows its answer keeps
             plans.append(plan)
-            room -= answer_bytes(compact(plan, rows).to_json(), entry.ticket)
+            room -= answer_bytes(brief(plan).to_json(), entry.ticket)   # what the root keeps of a burst's (`root_and_copies`)
             if plan.outcome == Outcome.FITS:
                 mine = [Reservation(job_id=entry.job_id, task=a.task, node=a.node, resources=a.requests,
                                     expires_at=now + entry.ttl) for a in plan.assignments]
@@ -413,7 +434,8 @@ class BatchPlacer:
         answers = tuple(Decided(q.job_id, q.ticket, compact(p, rows).to_json(), me.split(":", maxsplit=1)[0],
                                 now + DECIDED_SECONDS, alone=q.job_id in holders and p.outcome != Outcome.FITS)
                         for q, p in zip(queue, plans))
-        batch = Batch(kept_answers(live.decided, answers), me, now + self.lease_seconds)
+        root, answers = root_and_copies(answers)
+        batch = Batch(kept_answers(live.decided, root), me, now + self.lease_seconds)
         # never removes a reservation: its pod may still be bound (the tombstone rule of gpuboot.lifecycle.booking)
         self.ledger._write([*state.reservations, *added], [m for m in state.unavailable if m not in set(outdated)], state,
                            state.jobs, batch=batch)
@@ -421,6 +443,8 @@ class BatchPlacer:
             self.log.info("dropped the mark on %s (%s): the node is Ready or booted again since", mark.what,
                           mark.reason)
         self.committed_at = now
+        self.given = {t: d for t, d in self.given.items() if d.expires_at > now}
+        self.given.update((d.ticket, d) for d, p in zip(answers, plans) if p.outcome == Outcome.FITS)
         written = self.booker.monotonic()
         # copies for the waiters, in the background (RequestQueue): a burst queueing into the same shards
         # must not hold up the next round
@@ -535,6 +559,25 @@ def kept_answers(older: Sequence[Decided], new: Sequence[Decided]) -> tuple[Deci
             break
         kept.append(d)
     return (*reversed(kept), *new)
+
+
+def brief(plan: Plan) -> Plan:
+    """`plan` without its candidate table (its rows counted as omitted): the outcome, the assignments and
+    the nodes to start, all a waiter acts on."""
+    return dataclasses.replace(plan, candidates=(), candidates_omitted=plan.candidates_omitted + len(plan.candidates))
+
+
+def root_and_copies(answers: Sequence[Decided]) -> tuple[tuple[Decided, ...], tuple[Decided, ...]]:
+    """A batch's answers as the ledger root keeps them, and as their copies go into the queue shards: both
+    as they are while they fit ANSWER_BYTES (or one alone: its table, ANSWER_ROWS rows at most). Past that
+    (a burst's batch) the root keeps each in brief (`brief`: ~450 bytes, not ~1 KB; `decide` counts briefs,
+    so a batch answers twice as many jobs) and the copies, which waiters read, keep the chosen rows only
+    (~850 bytes, as a burst's answers had before: the shards, kept DECIDED_SECONDS, never grow with rows)."""
+    if len(answers) <= 1 or sum(answer_bytes(d.plan, d.ticket) for d in answers) <= ANSWER_BYTES:
+        return tuple(answers), tuple(answers)
+    plans = [Plan.from_json(d.plan) for d in answers]
+    return (tuple(dataclasses.replace(d, plan=brief(p).to_json()) for d, p in zip(answers, plans)),
+            tuple(dataclasses.replace(d, plan=compact(p, 0).to_json()) for d, p in zip(answers, plans)))
 
 
 def compact(plan: Plan, rows: int) -> Plan:

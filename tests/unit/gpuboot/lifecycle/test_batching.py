@@ -962,6 +962,81 @@ def test_a_batchs_answers_are_copied_in_the_background_and_not_placed_again_whil
     assert p.queue.waiting(answered=()) == []               # the copy now says it
 
 
+@pytest.mark.parametrize("same_leader", [True, False], ids=["the-leader-that-answered-it", "a-new-leader"])
+def test_a_ticket_queued_again_after_its_answer_went_missing_gets_the_same_answer_from_its_leader(
+        monkeypatch, same_leader):
+    """A waiter that found neither its answer's copy (written after its poll, or not at all) nor its answer in
+    the root (let go batches later) queues its ticket again. The leader that answered it gives the same
+    answer again, nothing placed anew; a leader that did not (one taking over) answers it `alone`, and its
+    waiter re-places on the single path, as before. On the 10,000-node real plane, 59 waiters answered
+    `alone` at once each read the whole cluster, and the API server went down."""
+    c = cloud()
+    p = BatchPlacer(booker(c), None)
+    me = "placer-1:x"
+    entry = Queued("job", "job:t", spec().to_job_request("job").to_json(), 600.0, c.clock() + 60)
+    queue = RequestQueue(c.cluster, clock=c.clock)
+    queue.add(entry)
+    assert p._take_lease(c.ledger().snapshot(), me) and p.queue.wait_copied(5)
+    publish = RequestQueue.publish
+    monkeypatch.setattr(RequestQueue, "publish", lambda self, answers, lead, attempts=5, everywhere=False:
+                        publish(self, (), lead, attempts, everywhere))     # the answers' copies are lost
+    p.lead(me, view=None, stay=True)
+    first = c.ledger().snapshot().batch.answer("job:t")
+    assert first is not None and first.plan["outcome"] == Outcome.FITS.value and held(c) == {"job": ["gpu-run"]}
+    state = c.ledger().snapshot()
+    c.ledger().put_batch(state, dataclasses.replace(state.batch, decided=()))   # the root let it go
+    queue.add(entry)                     # the waiter's ticket, queued again (its entry was gone, no answer)
+
+    leader = p if same_leader else BatchPlacer(booker(c), None)
+    leader.lead(me, view=None, stay=True)
+    again = c.ledger().snapshot().batch.answer("job:t")
+    assert held(c) == {"job": ["gpu-run"]}                      # nothing placed anew, nothing taken back
+    if same_leader:
+        assert not again.alone and again.plan == first.plan
+    else:
+        assert again.alone and again.plan["outcome"] == Outcome.BUSY.value
+
+
+def test_a_large_batchs_answers_are_kept_in_brief_in_the_root_and_with_their_chosen_rows_in_the_queue_shards(
+        monkeypatch):
+    """The root holds ANSWER_BYTES of answers: a batch whose answers pass that keeps each there without its
+    candidate rows (counted as omitted), so a batch answers about twice as many jobs; their copies in the queue
+    shards, which waiters read, keep the chosen rows. A batch of one keeps its whole table in the root."""
+    from gpuboot.lifecycle import batching
+
+    c = cloud()
+    first = book_first(booker(c), spec("first"), "first")
+    root_first = c.ledger().snapshot().batch.answer(c.ledger().snapshot().batch.decided[0].ticket)
+    assert root_first.plan["candidates"] and len(first.plan.candidates) == len(root_first.plan["candidates"])
+    whole = batching.answer_bytes(compact(first.plan, 2).to_json(), "job-00:0123456789ab")
+    monkeypatch.setattr(batching, "ANSWER_BYTES", 3 * whole)        # three whole answers, more in brief
+    batches: list[list[Decided]] = []
+    publish = RequestQueue.publish
+
+    def kept(self, answers, lead, attempts=5, everywhere=False):
+        if answers:
+            batches.append(list(answers))
+        return publish(self, answers, lead, attempts, everywhere)
+    monkeypatch.setattr(RequestQueue, "publish", kept)
+    queue = RequestQueue(c.cluster, clock=c.clock)
+    jobs = [f"job-{i}" for i in range(6)]
+    for job in jobs:
+        queue.add(Queued(job, f"{job}:t", spec(job).to_job_request(job).to_json(), 1200.0, c.clock() + 60))
+    p = BatchPlacer(booker(c), None)
+    assert p._take_lease(c.ledger().snapshot(), "placer-1:x")
+    p.lead("placer-1:x", view=None, stay=True)
+    assert p.queue.wait_copied(5)
+    root = {d.job_id: d for d in c.ledger().snapshot().batch.decided}
+    assert set(jobs) <= set(root) and {d.by for d in root.values() if d.job_id in jobs} == {"placer-1"}
+    (copies,) = batches                                         # one batch for all six (whole, three fit)
+    assert len(copies) == len(jobs)
+    for d in copies:
+        rows = [r["verdict"] for r in d.plan["candidates"]]
+        assert rows == (["chosen"] if d.plan["outcome"] == Outcome.FITS.value else []), d    # in the queue shard
+        assert root[d.job_id].plan == {**d.plan, "candidates": [],
+                                       "candidates_omitted": d.plan["candidates_omitted"] + len(d.plan["candidates"])}
+
+
 def test_a_queue_shard_read_turned_away_leaves_its_requests_for_the_next_round():
     """The leader's read of every shard: one the API server turns away (429 past the client's tries) is
     skipped, its requests placed at the next round, instead of the round failing."""
