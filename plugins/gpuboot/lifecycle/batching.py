@@ -22,9 +22,8 @@ reservations and `Decided` answers (fits, busy or never, with the plan: its whol
 for a batch of one, a few rows each in a burst, ANSWER_ROWS in all for every live answer, so
 however many batches follow each other the answers stay within that budget plus their chosen
 rows) and renews the lease.
-Each waiter reads its answer (its reservations are already there), from its queue shard, where the
-copy stays a few polls, or from the ledger root, which keeps the latest answers (ANSWER_BYTES of
-them, in brief when a batch's are many: `root_and_copies`), when the copy is missing. A leader keeps
+Each waiter reads its answer (its reservations are already there), from its queue shard, or
+from the ledger root, which keeps it DECIDED_SECONDS, when the copy is missing. A leader keeps
 leading while requests arrive (for LEAD_SECONDS at most once its own job is answered, then it hands the lease
 over, so no place step leads forever), re-placing against its survey as `gpuboot.lifecycle.booking` does
 after a conflict, and reads again when the survey is too old or a tombstone it would need was
@@ -399,7 +398,7 @@ class BatchPlacer:
                 self.log.info("batch: job %s asked again with the ticket it was answered (its answer's copy was "
                               "late or lost): the same answer again", entry.job_id)
                 plans.append(Plan.from_json(earlier.plan))
-                room -= answer_bytes(brief(plans[-1]).to_json(), entry.ticket)
+                room -= answer_bytes(compact(plans[-1], rows).to_json(), entry.ticket)
                 continue
             if entry.job_id in holders:     # placed meanwhile (its wait gave up and placed itself), or re-placed
                 plans.append(Plan(entry.job_id, Outcome.BUSY, "the job holds a placement made meanwhile, or a "
@@ -407,7 +406,7 @@ class BatchPlacer:
                 continue
             plan = place(request, fleet, unavailable, table_rows=rows)     # only the rows its answer keeps
             plans.append(plan)
-            room -= answer_bytes(brief(plan).to_json(), entry.ticket)   # what the root keeps of a burst's (`root_and_copies`)
+            room -= answer_bytes(compact(plan, rows).to_json(), entry.ticket)
             if plan.outcome == Outcome.FITS:
                 mine = [Reservation(job_id=entry.job_id, task=a.task, node=a.node, resources=a.requests,
                                     expires_at=now + entry.ttl) for a in plan.assignments]
@@ -434,8 +433,7 @@ class BatchPlacer:
         answers = tuple(Decided(q.job_id, q.ticket, compact(p, rows).to_json(), me.split(":", maxsplit=1)[0],
                                 now + DECIDED_SECONDS, alone=q.job_id in holders and p.outcome != Outcome.FITS)
                         for q, p in zip(queue, plans))
-        root, answers = root_and_copies(answers)
-        batch = Batch(kept_answers(live.decided, root), me, now + self.lease_seconds)
+        batch = Batch(kept_answers(live.decided, answers), me, now + self.lease_seconds)
         # never removes a reservation: its pod may still be bound (the tombstone rule of gpuboot.lifecycle.booking)
         self.ledger._write([*state.reservations, *added], [m for m in state.unavailable if m not in set(outdated)], state,
                            state.jobs, batch=batch)
@@ -559,25 +557,6 @@ def kept_answers(older: Sequence[Decided], new: Sequence[Decided]) -> tuple[Deci
             break
         kept.append(d)
     return (*reversed(kept), *new)
-
-
-def brief(plan: Plan) -> Plan:
-    """`plan` without its candidate table (its rows counted as omitted): the outcome, the assignments and
-    the nodes to start, all a waiter acts on."""
-    return dataclasses.replace(plan, candidates=(), candidates_omitted=plan.candidates_omitted + len(plan.candidates))
-
-
-def root_and_copies(answers: Sequence[Decided]) -> tuple[tuple[Decided, ...], tuple[Decided, ...]]:
-    """A batch's answers as the ledger root keeps them, and as their copies go into the queue shards: both
-    as they are while they fit ANSWER_BYTES (or one alone: its table, ANSWER_ROWS rows at most). Past that
-    (a burst's batch) the root keeps each in brief (`brief`: ~450 bytes, not ~1 KB; `decide` counts briefs,
-    so a batch answers twice as many jobs) and the copies, which waiters read, keep the chosen rows only
-    (~850 bytes, as a burst's answers had before: the shards, kept DECIDED_SECONDS, never grow with rows)."""
-    if len(answers) <= 1 or sum(answer_bytes(d.plan, d.ticket) for d in answers) <= ANSWER_BYTES:
-        return tuple(answers), tuple(answers)
-    plans = [Plan.from_json(d.plan) for d in answers]
-    return (tuple(dataclasses.replace(d, plan=brief(p).to_json()) for d, p in zip(answers, plans)),
-            tuple(dataclasses.replace(d, plan=compact(p, 0).to_json()) for d, p in zip(answers, plans)))
 
 
 def compact(plan: Plan, rows: int) -> Plan:

@@ -1254,9 +1254,8 @@ class RequestQueue:
     QUEUE_SHARDS. Expired keys are removed by the leader's next patch of their shard.
 
     Why answers are copied here too. A waiter polls its shard anyway; the ledger root holds the
-    burst's latest answers (up to 150 KB, in brief when a batch's are many: `batching.root_and_copies`).
-    So after committing a batch the leader moves each answered entry's `Decided` into its shard (kept
-    ANSWER_KEEP_SECONDS) and copies its lease
+    burst's latest answers (up to 150 KB). So after committing a batch the leader moves each
+    answered entry's `Decided` into its shard (kept ANSWER_KEEP_SECONDS) and copies its lease
     (`Lead`) into the shards it writes, and into every shard when it takes, renews or gives up the
     lease and every LEAD_EVERYWHERE_SECONDS: a waiter reads its answer, and sees that someone leads,
     without reading the root. The copy is written only after the root commit, so it never says more

@@ -997,46 +997,6 @@ def test_a_ticket_queued_again_after_its_answer_went_missing_gets_the_same_answe
         assert again.alone and again.plan["outcome"] == Outcome.BUSY.value
 
 
-def test_a_large_batchs_answers_are_kept_in_brief_in_the_root_and_with_their_chosen_rows_in_the_queue_shards(
-        monkeypatch):
-    """The root holds ANSWER_BYTES of answers: a batch whose answers pass that keeps each there without its
-    candidate rows (counted as omitted), so a batch answers about twice as many jobs; their copies in the queue
-    shards, which waiters read, keep the chosen rows. A batch of one keeps its whole table in the root."""
-    from gpuboot.lifecycle import batching
-
-    c = cloud()
-    first = book_first(booker(c), spec("first"), "first")
-    root_first = c.ledger().snapshot().batch.answer(c.ledger().snapshot().batch.decided[0].ticket)
-    assert root_first.plan["candidates"] and len(first.plan.candidates) == len(root_first.plan["candidates"])
-    whole = batching.answer_bytes(compact(first.plan, 2).to_json(), "job-00:0123456789ab")
-    monkeypatch.setattr(batching, "ANSWER_BYTES", 3 * whole)        # three whole answers, more in brief
-    batches: list[list[Decided]] = []
-    publish = RequestQueue.publish
-
-    def kept(self, answers, lead, attempts=5, everywhere=False):
-        if answers:
-            batches.append(list(answers))
-        return publish(self, answers, lead, attempts, everywhere)
-    monkeypatch.setattr(RequestQueue, "publish", kept)
-    queue = RequestQueue(c.cluster, clock=c.clock)
-    jobs = [f"job-{i}" for i in range(6)]
-    for job in jobs:
-        queue.add(Queued(job, f"{job}:t", spec(job).to_job_request(job).to_json(), 1200.0, c.clock() + 60))
-    p = BatchPlacer(booker(c), None)
-    assert p._take_lease(c.ledger().snapshot(), "placer-1:x")
-    p.lead("placer-1:x", view=None, stay=True)
-    assert p.queue.wait_copied(5)
-    root = {d.job_id: d for d in c.ledger().snapshot().batch.decided}
-    assert set(jobs) <= set(root) and {d.by for d in root.values() if d.job_id in jobs} == {"placer-1"}
-    (copies,) = batches                                         # one batch for all six (whole, three fit)
-    assert len(copies) == len(jobs)
-    for d in copies:
-        rows = [r["verdict"] for r in d.plan["candidates"]]
-        assert rows == (["chosen"] if d.plan["outcome"] == Outcome.FITS.value else []), d    # in the queue shard
-        assert root[d.job_id].plan == {**d.plan, "candidates": [],
-                                       "candidates_omitted": d.plan["candidates_omitted"] + len(d.plan["candidates"])}
-
-
 def test_a_queue_shard_read_turned_away_leaves_its_requests_for_the_next_round():
     """The leader's read of every shard: one the API server turns away (429 past the client's tries) is
     skipped, its requests placed at the next round, instead of the round failing."""
