@@ -303,7 +303,7 @@ class BatchPlacer:
                                            [m for m in state.live_unavailable(now) if m not in outdated], now,
                                            answer_rows(state.batch.live(now), len(queue)),
                                            fitted=lambda plan: claims.add(a.node for a in plan.assignments),
-                                           alone={j.job_id for j in state.jobs if j.expires_at > now})
+                                           alone=recorded(state, now))
             finally:
                 placed_at = b.monotonic()
                 claims.finish()         # the claims under way, whatever happened
@@ -372,8 +372,8 @@ class BatchPlacer:
         to place). A job with a live reservation holds a placement made meanwhile (answered `alone`); one
         whose reservations were released holds nothing and is placed (a batch taken back after a
         conflict left its jobs' tombstones: counted as holders, they were told busy, round after round).
-        `fitted` is told of each plan that fits as soon as it is made; `alone`: jobs with a record, answered
-        `alone` as well (`placed_alone`).
+        `fitted` is told of each plan that fits as soon as it is made; `alone`: jobs with a record
+        (`recorded`), answered `alone` as well (`placed_alone`).
 
         A request whose very ticket this leader answered "fits", its job holding just that answer's
         reservations and no record, gets the same answer again (nothing placed): its waiter never read the
@@ -381,10 +381,10 @@ class BatchPlacer:
         again. Answered `alone`, it would place itself on the single path, reading the whole cluster: on
         the 10,000-node real plane 59 such waiters at once brought the API server down."""
         plans, added = [], []
-        holders = {r.job_id for r in reserved} | set(alone)
-        holds: dict[str, set[tuple[str, str]]] = {}
+        holds: dict[str, set[tuple[str, str]]] = {}       # job -> the (task, node) it holds
         for r in reserved:
             holds.setdefault(r.job_id, set()).add((r.task, r.node))
+        holders = holds.keys() | set(alone)
         fleet = Fleet(seen.recounted([*reserved, *released], now).views)     # prepared once for the batch
         until = self.booker.monotonic() + DECIDE_SECONDS
         room = ANSWER_BYTES
@@ -512,8 +512,12 @@ def placed_alone(state: LedgerState, now: float) -> set[str]:
     """Jobs a batch does not place: those holding live reservations (placed meanwhile) or a live record
     (an earlier try started or failed nodes: the single path's record and abandoned-node rule). Their
     waiters are answered `alone` and book on the single path."""
-    return {r.job_id for r in state.reservations if r.expires_at > now} | \
-        {j.job_id for j in state.jobs if j.expires_at > now}
+    return {r.job_id for r in state.reservations if r.expires_at > now} | recorded(state, now)
+
+
+def recorded(state: LedgerState, now: float) -> set[str]:
+    """Jobs with a live record (an earlier try started or failed nodes)."""
+    return {j.job_id for j in state.jobs if j.expires_at > now}
 
 
 def latest_per_job(queue: Sequence[Queued]) -> list[Queued]:
