@@ -63,7 +63,7 @@ def run_part(part: str, workdir: Path, args) -> dict:
     if part == "burst":
         from bench import burst
         return burst.run(workdir, quick=args.quick, sizes=_ints(args.burst_fleets), bursts=_ints(args.burst_jobs),
-                         placer=args.burst_placer, per_process=args.burst_threads)
+                         placer=args.burst_placer, per_process=args.burst_threads, steps_nice=args.burst_steps_nice)
     if part == "gang":
         from bench import gang_launch
         return gang_launch.run(workdir, quick=args.quick)
@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="burst: a placer process (gpuboot.lifecycle.placer, watch-fed view) leads the batches")
     p.add_argument("--burst-threads", type=int, default=1,
                    help="burst: place transactions per forked process, as threads (default 1: a process each)")
+    p.add_argument("--burst-steps-nice", type=int, default=0, metavar="N",
+                   help="burst: the place steps' processes run at niceness N (default 0): with N > 0 they take "
+                        "only the CPU the control plane and the placer leave, as on workers of their own")
     p.add_argument("--kube", default="simcloud",
                    help="Kubernetes backends, comma-separated, of simcloud, real (several: side by side)")
     p.add_argument("--out", default=str(REPO / "results" / "bench"), help="where the JSON goes")

@@ -42,11 +42,13 @@ from collections import Counter
 from pathlib import Path
 
 from .common import export_connections, growth_exponent, local_cloud
+from .cpu import cloud_parts, machine_busy_s, own_cpu_s, processes
 from .placement_cost import PODS_PER_NODE, fleet
 
 SIZES = (100, 1000)
 BURSTS = (50, 200)
 QUEUE_TIMEOUT_SECONDS = 600
+QUIET_SECONDS = 10          # the window before the release whose CPU is the burst's baseline (`cpu_s_quiet`)
 DEFER_SECONDS = (1.0, 3.0)      # how long a contended place step stays deferred (WakeUpTrigger), jittered
 # GPUBOOT_BURST_NO_DEFER=1: a LedgerContended fails the job, as the place step did before it deferred
 # (how the "before" figures were measured, on the code of that time)
@@ -74,6 +76,41 @@ def count_bytes() -> list[int]:
     return total
 
 
+def count_requests() -> Counter:
+    """Count every HTTP request this process makes through urllib3 (the Kubernetes client's) from now on,
+    by `request_kind`: what each placement asks of the API server, beside the bytes it reads."""
+    from urllib3.connectionpool import HTTPConnectionPool
+
+    kinds: Counter = Counter()
+    urlopen = HTTPConnectionPool.urlopen
+
+    def counted(self, method, url, *args, **kwargs):
+        kinds[request_kind(method, url)] += 1
+        return urlopen(self, method, url, *args, **kwargs)
+
+    HTTPConnectionPool.urlopen = counted
+    return kinds
+
+
+def request_kind(method: str, url: str) -> str:
+    """"PATCH configmaps", "GET nodes", "LIST pods", "WATCH nodes", "PUT leases", ...: a Kubernetes request
+    by verb and resource (subresource after a slash), from its method and path."""
+    path, _, query = url.partition("?")
+    parts = [p for p in path.split("/") if p]
+    if parts[:1] == ["api"]:
+        parts = parts[2:]
+    elif parts[:1] == ["apis"]:
+        parts = parts[3:]
+    else:
+        return f"{method} {path or '/'}"
+    if len(parts) > 2 and parts[0] == "namespaces":
+        parts = parts[2:]
+    resource = "/".join(parts[:1] + parts[2:3])
+    if method == "GET" and len(parts) < 2:
+        method = "WATCH" if "watch=true" in query.lower() or "watch=1" in query else "LIST"
+    return f"{method} {resource}"
+
+
 def job(n: int) -> dict:
     return {"name": f"burst-{n:03d}", "image": "busybox", "command": ["true"], "gpus": 1, "cpu": "1", "memory": "1Gi",
             "queue_timeout_seconds": QUEUE_TIMEOUT_SECONDS}
@@ -87,27 +124,36 @@ def _acting_as(connections: Path | None) -> None:
         export_connections(connections)
 
 
-def _place(ns: list[int], go, ready, results, steps_as: Path | None = None) -> None:
-    """Place steps in a forked process (one per thread): each books until committed or the queue timeout."""
+def _place(ns: list[int], go, ready, results, steps_as: Path | None = None, nice: int = 0) -> None:
+    """Place steps in a forked process (one per thread): each books until committed or the queue timeout.
+    `nice`: this process's niceness (see `burst`)."""
+    os.nice(nice)
     _acting_as(steps_as)
-    counted = count_bytes()
-    threads = [threading.Thread(target=_one, args=(n, go, ready, results)) for n in ns]
+    counted, requests = count_bytes(), count_requests()
+    set_up = threading.Barrier(len(ns) + 1)        # passed twice: every thread set up, then counted from here
+    threads = [threading.Thread(target=_one, args=(n, go, ready, results, set_up)) for n in ns]
     for t in threads:
         t.start()
+    with contextlib.suppress(threading.BrokenBarrierError):     # a thread failed in its set-up (reported)
+        set_up.wait()
+    began, before = own_cpu_s(), Counter(requests)
+    with contextlib.suppress(threading.BrokenBarrierError):
+        set_up.wait()
     for t in threads:
         t.join()
-    results.put({"process_bytes": counted[0]})
+    results.put({"process_bytes": counted[0], "cpu_s": own_cpu_s() - began, "requests": requests - before})
 
 
-def _one(n: int, go, ready, results) -> None:
+def _one(n: int, go, ready, results, set_up: threading.Barrier) -> None:
     try:
-        _book(n, go, ready, results)
+        _book(n, go, ready, results, set_up)
     except BaseException as exc:
+        set_up.abort()          # its process must not wait for its set-up
         results.put({"n": n, "outcome": None, "error": f"{type(exc).__name__}: {exc}", "reads": 0, "conflicts": 0,
                      "deferrals": 0, "began": time.time(), "ended": time.time()})
 
 
-def _placer(ready, stop, results, placer_as: Path | None = None) -> None:
+def _placer(go, ready, stop, results, placer_as: Path | None = None) -> None:
     """The placer process: its view started (bytes counted apart), then it leads until `stop`."""
     _acting_as(placer_as)
     from gpuboot.hooks.ecs import EcsHook
@@ -117,7 +163,7 @@ def _placer(ready, stop, results, placer_as: Path | None = None) -> None:
     from gpuboot.lifecycle.placer import Placer
     from gpuboot.lifecycle.view import ClusterView
 
-    counted = count_bytes()
+    counted, requests = count_bytes(), count_requests()
     log = logging.getLogger("burst.placer")
     kube, ecs = KubeClient(), EcsHook()
     view = ClusterView(kube, ecs, log=log)
@@ -126,17 +172,21 @@ def _placer(ready, stop, results, placer_as: Path | None = None) -> None:
     view.start()
     view.basis(placer.booker.ledger.name, placer.booker.ledger.snapshot(), time.time())   # instances described
     start = {"startup_bytes": counted[0], "startup_s": round(time.monotonic() - began, 1)}
-    done = threading.Event()
+    done, released = threading.Event(), []
     threading.Thread(target=lambda: (stop.wait(), done.set()), daemon=True).start()
+    threading.Thread(target=lambda: (go.wait(), released.append((own_cpu_s(), Counter(requests)))),
+                     daemon=True).start()
     ready.put({**start, "me": placer.me})
     placer.run(done)
     results.put({"placer": {**start, "bytes": counted[0] - start["startup_bytes"],
                             "full_reads": placer.booker.full_reads, "describe_batches": view.describes,
                             "lists": view.nodes.lists + view.pods.lists, "gone": view.nodes.gone + view.pods.gone,
-                            "resumes": view.nodes.resumes + view.pods.resumes}})
+                            "resumes": view.nodes.resumes + view.pods.resumes,
+                            "cpu_s": own_cpu_s() - released[0][0] if released else None,
+                            "requests": requests - released[0][1] if released else Counter()}})
 
 
-def _book(n: int, go, ready, results) -> None:
+def _book(n: int, go, ready, results, set_up: threading.Barrier) -> None:
     from gpuboot.core.jobspec import JobSpec
     from gpuboot.hooks.ecs import EcsError, EcsHook
     from gpuboot.hooks.kube import KubeClient
@@ -166,6 +216,8 @@ def _book(n: int, go, ready, results) -> None:
     spec = JobSpec.from_dict(job(n))
     booker = booking.Booker(kube, ecs, ReservationLedger(kube), log)
     rng = random.Random(n)
+    set_up.wait()
+    set_up.wait()       # its process counts its requests and CPU from here
     ready.put(n)
     go.wait()
     began = time.time()
@@ -199,10 +251,13 @@ def _ledger_size(kube) -> int:
 
 
 def burst(jobs: int, kube, placer: bool = False, per_process: int = 1, steps_as: Path | None = None,
-          placer_as: Path | None = None) -> dict:
+          placer_as: Path | None = None, cloud_pid: int | None = None, steps_nice: int = 0) -> dict:
     """`jobs` place transactions released at once, `per_process` of them (threads) in each forked process;
     with `placer`, a placer process leads from its view (started first, its start-up counted apart).
-    `steps_as`, `placer_as`: connections files of the identities they act as (None: the admin's)."""
+    `steps_as`, `placer_as`: connections files of the identities they act as (None: the admin's).
+    `cloud_pid`: the local cloud's process, whose parts' CPU is counted from the release (`cpu_s`).
+    `steps_nice` > 0: the place steps' processes yield the CPU to everything else here (the control plane,
+    the local cloud's kubelets, the placer), as Airflow workers on machines of their own would."""
     from gpuboot.hooks.ecs import EcsHook
     from gpuboot.lifecycle.ledger import ReservationLedger
 
@@ -211,14 +266,15 @@ def burst(jobs: int, kube, placer: bool = False, per_process: int = 1, steps_as:
     go, ready, results = ctx.Event(), ctx.Queue(), ctx.Queue()
     started, stop_placer, placer_proc = {}, ctx.Event(), None
     if placer:
-        placer_proc = ctx.Process(target=_placer, args=(ready, stop_placer, results, placer_as), daemon=True)
+        placer_proc = ctx.Process(target=_placer, args=(go, ready, stop_placer, results, placer_as), daemon=True)
         placer_proc.start()
         started = ready.get(timeout=900)
         led = time.monotonic() + 120
         while _leader(kube) != started["me"] and time.monotonic() < led:
             time.sleep(0.2)
     groups = [list(range(i, min(jobs, i + per_process))) for i in range(0, jobs, per_process)]
-    procs = [ctx.Process(target=_place, args=(g, go, ready, results, steps_as), daemon=True) for g in groups]
+    procs = [ctx.Process(target=_place, args=(g, go, ready, results, steps_as, steps_nice), daemon=True)
+             for g in groups]
     for p in procs:
         p.start()
     waiting = 0
@@ -235,9 +291,17 @@ def burst(jobs: int, kube, placer: bool = False, per_process: int = 1, steps_as:
 
     watcher = threading.Thread(target=watch_size, daemon=True)
     watcher.start()
+    # the same parts' CPU over a quiet window first (every job waiting to be released, the placer leading an
+    # empty queue): what the fleet's kubelets, leases and controllers cost with no burst at all
+    quiet = (processes(), machine_busy_s(), own_cpu_s())
+    time.sleep(QUIET_SECONDS)       # the measured window itself: nothing to wait for
+    cpu_before = (processes(), machine_busy_s(), own_cpu_s())
+    cpu_quiet = cpu_used(quiet, cpu_before, QUIET_SECONDS, cloud_pid,
+                         [ran(quiet[0], cpu_before[0], p.pid) for p in procs],
+                         ran(quiet[0], cpu_before[0], placer_proc.pid) if placer_proc is not None else None)
     released = time.time()
     go.set()
-    rows, process_bytes, placer_row = [], [], {}
+    rows, process_bytes, process_cpu, placer_row, step_requests = [], [], [], {}, Counter()
     give_up = released + QUEUE_TIMEOUT_SECONDS + 60
     while (len(rows) < jobs or len(process_bytes) < len(procs)) and time.time() < give_up:
         try:
@@ -246,8 +310,11 @@ def burst(jobs: int, kube, placer: bool = False, per_process: int = 1, steps_as:
             continue
         if "process_bytes" in got:
             process_bytes.append(got["process_bytes"])
+            process_cpu.append(got["cpu_s"])
+            step_requests += got["requests"]
         else:
             rows.append(got)
+    cpu_after, window = (processes(), machine_busy_s(), own_cpu_s()), time.time() - released
     for p in procs:
         p.join(timeout=max(0.1, give_up - time.time()))
         if p.is_alive():
@@ -259,6 +326,7 @@ def burst(jobs: int, kube, placer: bool = False, per_process: int = 1, steps_as:
         placer_proc.join(timeout=30)
         if placer_proc.is_alive():
             placer_proc.kill()
+    cpu = cpu_used(cpu_before, cpu_after, window, cloud_pid, process_cpu, placer_row.get("cpu_s"))
     seen = {r["n"] for r in rows}
     rows += [{"n": n, "outcome": None, "error": "no answer before the queue timeout", "reads": 0, "conflicts": 0,
               "deferrals": 0, "began": released, "ended": time.time()} for n in range(jobs) if n not in seen]
@@ -289,9 +357,39 @@ def burst(jobs: int, kube, placer: bool = False, per_process: int = 1, steps_as:
             "api_bytes_per_placement_jobs": round(sum(process_bytes) / n),
             "api_bytes_per_placement_leader": round(placer_row.get("bytes", 0) / n) if placer else None,
             "api_bytes_per_placement_amortised": round((burst_bytes + placer_row.get("startup_bytes", 0)) / n),
+            "cpu_s": cpu, "cpu_s_quiet": {"window_s": QUIET_SECONDS, **cpu_quiet},
+            # Kubernetes requests per placement from the release, by verb and resource (`request_kind`)
+            "requests_per_placement": {"place steps": per_placement(step_requests, n),
+                                       "placer": per_placement(placer_row.get("requests", Counter()), n)},
             "placer_startup_bytes": placer_row.get("startup_bytes"), "placer_startup_s": placer_row.get("startup_s"),
             "placer_view": {k: placer_row.get(k) for k in ("full_reads", "describe_batches", "lists", "gone",
                                                             "resumes")} if placer else None}
+
+
+def ran(table0: dict, table1: dict, pid: int) -> float:
+    """CPU seconds `pid` used between two `processes()` tables (0 if it ran in neither)."""
+    return (table1[pid].cpu_s if pid in table1 else 0.0) - (table0[pid].cpu_s if pid in table0 else 0.0)
+
+
+def per_placement(kinds: Counter, n: int) -> dict[str, float]:
+    return {kind: round(count / n, 2) for kind, count in kinds.most_common()}
+
+
+def cpu_used(before: tuple, after: tuple, window: float, cloud_pid: int | None, steps: list[float],
+             placer: float | None) -> dict:
+    """CPU seconds used from the release to the last answer: by the local cloud's parts (kube-apiserver,
+    etcd, ... and the rest of the cloud), the placer, the place steps (every job process), this process,
+    and whatever else ran ("other": the machine's busy time less all of those), beside what the machine's
+    cores could give in that window."""
+    (table0, busy0, me0), (table1, busy1, me1) = before, after
+    used = {}
+    if cloud_pid is not None:
+        start = cloud_parts(cloud_pid, table0)
+        used = {part: s - start.get(part, 0.0) for part, s in cloud_parts(cloud_pid, table1).items()}
+    used |= {"placer": placer or 0.0, "place steps": sum(steps), "bench": me1 - me0}
+    used["other"] = (busy1 - busy0) - sum(used.values())
+    return {**{k: round(v, 1) + 0.0 for k, v in used.items()}, "machine busy": round(busy1 - busy0, 1),
+            "machine cores x window": round((os.cpu_count() or 1) * window, 1)}
 
 
 def _leader(kube) -> str | None:
@@ -301,7 +399,7 @@ def _leader(kube) -> str | None:
 
 
 def run(workdir: Path, quick: bool = False, sizes=None, bursts=None, placer: bool = False,
-        per_process: int = 1) -> dict:
+        per_process: int = 1, steps_nice: int = 0) -> dict:
     from gpuboot.hooks.kube import KubeClient
 
     sizes = sizes or ((100,) if quick else SIZES)
@@ -319,7 +417,8 @@ def run(workdir: Path, quick: bool = False, sizes=None, bursts=None, placer: boo
                 raise RuntimeError(f"the {size}-node fleet has {pods} active pods, not the {named} its row would claim")
             for jobs in bursts:
                 rows.append({"nodes": size, "pods": named, "flow_control": flow_control,
-                             **burst(jobs, kube, placer, per_process, steps_as, placer_as)})
+                             **burst(jobs, kube, placer, per_process, steps_as, placer_as, cloud.process.pid,
+                                     steps_nice)})
                 print(f"burst: {rows[-1]}", flush=True)
     growth = {}
     for jobs in bursts:
@@ -332,5 +431,6 @@ def run(workdir: Path, quick: bool = False, sizes=None, bursts=None, placer: boo
             "note": ("a placer process leads from its watch-fed view; " if placer else "a place step leads; ")
             + "the place steps act as ServiceAccount gpuboot, the placer as gpuboot-placer (deploy/kubernetes), "
               "queued by flowcontrol.yaml where flow_control; "
-            + f"{per_process} place transaction(s) per forked process, all released at once; "
-              "reads = full cluster reads (Nodes + Pods + ECS) per placement; bytes = API bytes read, all processes"}
+            + f"{per_process} place transaction(s) per forked process, all released at once"
+            + (f", at niceness {steps_nice}; " if steps_nice else "; ")
+            + "reads = full cluster reads (Nodes + Pods + ECS) per placement; bytes = API bytes read, all processes"}

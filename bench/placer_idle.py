@@ -10,40 +10,15 @@ few seconds, its lease renewals and its watches. Linux only (/proc).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-from collections import defaultdict
 from pathlib import Path
 
 from .common import local_cloud
+from .cpu import tree_cpu
 from .placement_cost import fleet
 
 NODES = 100
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu(root: int) -> float:
-    """CPU seconds (user + system) used so far by `root` and every process under it that still runs."""
-    children: dict[int, list[int]] = defaultdict(list)
-    used: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children[int(fields[1])].append(int(entry))
-        used[int(entry)] = (int(fields[11]) + int(fields[12])) / TICK
-    total, todo = 0.0, [root]
-    while todo:
-        pid = todo.pop()
-        total += used.get(pid, 0.0)
-        todo += children[pid]
-    return total
-
-
 def _share(root: int, seconds: float) -> tuple[float, float]:
     """(the cloud's CPU, this process's CPU) over `seconds`, each in % of one core."""
     cloud0, me0, t0 = tree_cpu(root), time.process_time(), time.monotonic()

@@ -73,8 +73,15 @@ def burst(result: dict) -> str:
                     ("api_bytes_per_placement_amortised", "amortised (+ placer start)")]
     growth = "".join(f"API bytes per placement ~ nodes^{v:g} ({k})\n"
                      for k, v in (result.get("bytes_growth_exponent") or {}).items())
+    cpu = "".join(f"CPU s from the release to the last answer, {r['nodes']} nodes / {r['jobs']} jobs: "
+                  + ", ".join(f"{k} {v:g}" for k, v in r["cpu_s"].items()) + "\n" for r in rows if r.get("cpu_s"))
+    cpu += "".join(f"the same over {r['cpu_s_quiet']['window_s']:g} s before the release (no burst): " + ", ".join(
+        f"{k} {v:g}" for k, v in r["cpu_s_quiet"].items() if k != "window_s") + "\n" for r in rows if r.get("cpu_s_quiet"))
+    cpu += "".join(f"Kubernetes requests per placement, {r['nodes']} nodes / {r['jobs']} jobs: " + "; ".join(
+        f"{who}: " + (", ".join(f"{k} {v:g}" for k, v in kinds.items()) or "none")
+        for who, kinds in r["requests_per_placement"].items()) + "\n" for r in rows if r.get("requests_per_placement"))
     return (f"== Bursts: N place transactions at once ({result.get('note', 'one process each')})\n"
-            + format_table(rows, columns) + "\n" + growth)
+            + format_table(rows, columns) + "\n" + growth + cpu)
 
 
 def distributed(result: dict) -> str:
