@@ -34,6 +34,11 @@ class Overloaded(Exception):
     write may have landed or not). The same request may be tried again after a pause."""
 
 
+class NotPermitted(Exception):
+    """401 or 403 from the API server: this identity may not do that (its RBAC rules, its token). No retry
+    changes it; the message names what was asked."""
+
+
 class Gone(Exception):
     """410 from a watch: the resourceVersion is too old; re-list and watch again."""
 

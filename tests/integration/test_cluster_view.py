@@ -14,7 +14,10 @@ import logging
 import threading
 import time
 
+import pytest
+
 from gpuboot.core.model import LABEL_JOB, LABEL_TASK
+from gpuboot.exceptions import NotPermitted
 from gpuboot.hooks.ecs import EcsHook
 from gpuboot.hooks.kube import KubeClient
 from gpuboot.lifecycle.batching import book_first
@@ -109,3 +112,23 @@ def test_a_restarted_placer_takes_the_lease_over_and_answers_from_its_view(cloud
     finally:
         stop_second.set()
         thread2.join(30)
+
+
+def test_a_view_whose_identity_may_list_pods_but_not_watch_them_says_which_right_is_missing(cloud, monkeypatch,
+                                                                                             caplog):
+    """The place steps' ServiceAccount may list every pod (its full reads) but not watch them: a placer
+    deployed under it by mistake gets 403 on the pod watch from the API server (simcloud's RBAC and the
+    real one agree), which the hook names (`NotPermitted`) and the view logs as an error naming the right
+    and the ClusterRole that grants it; the view stays disconnected (after a survey's age it gives no basis,
+    tests/unit/gpuboot/lifecycle/test_view.py)."""
+    kube = KubeClient(acting_as(cloud.gpuboot_connections(), "kubernetes_steps", monkeypatch))
+    _, version = kube.list_versioned("pods")
+    with pytest.raises(NotPermitted):
+        next(iter(kube.stream_events("pods", version, 5)))
+    view = ClusterView(kube, EcsHook(), log=LOG).start(timeout=60)
+    try:
+        assert wait_until(lambda: any("may not watch pods" in r.getMessage() and "gpuboot-placer" in r.getMessage()
+                                      for r in caplog.records if r.levelno == logging.ERROR), timeout=30)
+        assert not view.connected() and view.nodes.stale_since is None     # it may watch Nodes
+    finally:
+        view.stop()

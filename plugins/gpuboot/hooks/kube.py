@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, ClassVar
 
-from gpuboot.exceptions import Conflict, Gone, InvalidRequest, Overloaded
+from gpuboot.exceptions import Conflict, Gone, InvalidRequest, NotPermitted, Overloaded
 
 ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 WATCH_SECONDS = 60      # a watch is re-opened at least this often (cheap; survives idle proxies)
@@ -152,7 +152,8 @@ class KubeClient:
     def stream_events(self, kind: str, resource_version: str, timeout_seconds: int) -> Iterator[tuple[str, dict]]:
         """(type, object) of every event of one watch of `kind`'s collection from `resource_version`,
         BOOKMARKs included (they say how far the stream has come when nothing changes); raw, no model
-        objects. Gone when the version is too old to resume from (410, as a status or in the stream)."""
+        objects. Gone when the version is too old to resume from (410, as a status or in the stream);
+        NotPermitted when this identity may not watch the collection (401, 403)."""
         from kubernetes.client.exceptions import ApiException
 
         method, kwargs = self._collection(kind)
@@ -163,6 +164,8 @@ class KubeClient:
         except ApiException as exc:
             if exc.status == 410:
                 raise Gone(str(exc.reason)) from None
+            if exc.status in (401, 403):
+                raise NotPermitted(f"{exc.status} {exc.reason}: watch {kind}") from None
             raise
         try:
             rest = b""

@@ -32,7 +32,9 @@ What a stale view may miss is what any survey misses between its read and the co
 made by gpuboot, node and instance state changes): a connected watch is behind by its delivery
 lag; a disconnected one counts as read when it was last connected (`Basis.at`), so the age
 limits of the single path and of the batch (SURVEY_MAX_AGE_SECONDS, VERDICT_MAX_AGE_SECONDS)
-hold for it too.
+hold for it too: past SURVEY_MAX_AGE_SECONDS it gives no basis at all, and the leader reads the
+cluster in full (a watch that keeps failing, or one this identity may not open, `NotPermitted`:
+logged as an error naming the right to grant).
 
 Passing a ledger write. A BOOKMARK carries the API server's watch cache version for its resource,
 not etcd's: the pod cache learns ConfigMap (ledger) writes only from etcd progress notifications,
@@ -76,8 +78,16 @@ from collections.abc import Callable, Iterable, Sequence
 from gpuboot.core.inventory import node_condition, pod_is_active
 from gpuboot.core.model import ANNOTATION_LEDGER, Reservation
 from gpuboot.core.ports import Ecs
-from gpuboot.exceptions import Gone
-from gpuboot.lifecycle.booking import Basis, Survey, instance_id_of, joined, priced_types, rejoined
+from gpuboot.exceptions import Gone, NotPermitted
+from gpuboot.lifecycle.booking import (
+    SURVEY_MAX_AGE_SECONDS,
+    Basis,
+    Survey,
+    instance_id_of,
+    joined,
+    priced_types,
+    rejoined,
+)
 from gpuboot.lifecycle.ledger import LedgerState
 from gpuboot.lifecycle.pricing import PRICES, PriceCache
 
@@ -204,12 +214,17 @@ class Collection:
                 self.gone += 1
                 self.log.info("cluster view: %s watch from %s is gone (%s); listing again", self.kind, version, exc)
                 version = None
-            except Exception as exc:  # a dropped connection, a 5xx, a timeout: resume from `version`
+            except Exception as exc:  # a dropped connection, a 5xx, a timeout, a right missing: resume from `version`
                 failures += 1
                 self.resumes += 1
                 with self.cond:
                     self.stale_since = self.stale_since or self.monotonic()
                 pause = random.uniform(0, min(RECONNECT_SECONDS[1], RECONNECT_SECONDS[0] * 2 ** failures))
+                if isinstance(exc, NotPermitted) and failures == 1:     # once a streak: it is tried again
+                    self.log.error("cluster view: this identity may not watch %s (%s): the view stays as last read "
+                                   "and, %.0f s on, placements read the cluster in full. Grant it list and watch on "
+                                   "%s: the ClusterRole gpuboot-placer of deploy/kubernetes/rbac.yaml",
+                                   self.kind, exc, SURVEY_MAX_AGE_SECONDS, self.kind)
                 self.log.warning("cluster view: %s watch failed (%s: %s); resuming from %s in %.1f s", self.kind,
                                  type(exc).__name__, exc, version, pause)
                 stop.wait(pause)
@@ -374,9 +389,13 @@ class ClusterView:
     def basis(self, ledger: str, state: LedgerState, now: float, *, fresh: bool = False,
               wait: float = WAIT_PAST_SECONDS) -> tuple[Basis, list[Reservation]] | None:
         """A survey from the view and the releases to count on top of `state`'s live reservations
-        (module doc), or None when the view cannot give one in `wait` seconds (read the cluster in full).
+        (module doc), or None when the view cannot give one in `wait` seconds, or has been disconnected for
+        longer than a survey may be re-placed against (SURVEY_MAX_AGE_SECONDS: a watch that keeps failing, a
+        right to watch missing): read the cluster in full.
         `fresh`: the pods must cover `state` itself (a busy or never verdict, or tombstones pruned)."""
         self.note(ledger, state)
+        if self.monotonic() - self.read_at() > SURVEY_MAX_AGE_SECONDS:
+            return None
         if fresh and not self._caught_up(state, wait):
             return None
         shards = _shard_writes(state)

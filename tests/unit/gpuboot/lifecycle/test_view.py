@@ -14,8 +14,9 @@ import pytest
 
 from gpuboot.core.model import LABEL_JOB, LABEL_TASK, Reservation
 from gpuboot.core.resources import Resources
-from gpuboot.exceptions import Gone
+from gpuboot.exceptions import Gone, NotPermitted
 from gpuboot.lifecycle.batching import BatchPlacer
+from gpuboot.lifecycle.booking import SURVEY_MAX_AGE_SECONDS
 from gpuboot.lifecycle.ledger import Queued, RequestQueue
 from gpuboot.lifecycle.view import ClusterView, ViewUnusable, covered_seq, version_number
 from simcloud.harness import wait_until
@@ -242,6 +243,46 @@ def test_a_disconnected_view_refuses_a_fresh_basis_and_the_leader_reads_in_full(
         assert wait_until(lambda: view.pods.stale_since is not None or view.pods.resumes, timeout=5, interval=0.01)
         view.pods.stale_since = view.pods.stale_since or time.monotonic()
         assert view.basis(c.ledger().name, c.ledger().snapshot(), c.clock(), fresh=True, wait=0.1) is None
+    finally:
+        view.stop(1)
+
+
+class MayNotWatchPods(Streams):
+    """The place steps' identity as a placer's: it may list pods but not watch them (403, every time)."""
+
+    def stream_events(self, kind: str, resource_version: str, timeout_seconds: int):
+        if kind == "pods":
+            self.opened.append((kind, resource_version))
+            raise NotPermitted("403 Forbidden: watch pods")
+        return super().stream_events(kind, resource_version, timeout_seconds)
+
+
+def test_a_view_that_may_not_watch_says_which_right_is_missing_and_past_a_surveys_age_the_leader_reads_in_full(
+        caplog):
+    """A watch the identity may not open leaves the view as listed: logged as an error naming the right
+    (once, though it is tried again); the view still serves while that list is younger than a survey the
+    single path would re-place against (SURVEY_MAX_AGE_SECONDS), then gives no basis, and the leader
+    reads the cluster in full instead of answering "fits" from pods it no longer sees bound."""
+    c = cloud()
+    s = MayNotWatchPods(c)
+    now = [1000.0]
+    view = ClusterView(s, c.ecs, monotonic=lambda: now[0], log=LOG).start(timeout=10)
+    try:
+        assert wait_until(lambda: len([o for o in s.opened if o[0] == "pods"]) >= 2, timeout=10, interval=0.01)
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1 and "may not watch pods" in errors[0] and "gpuboot-placer" in errors[0]
+        assert not view.connected()
+        assert view.basis(c.ledger().name, c.ledger().snapshot(), c.clock()) is not None   # listed just now
+        now[0] += SURVEY_MAX_AGE_SECONDS + 1
+        assert view.basis(c.ledger().name, c.ledger().snapshot(), c.clock()) is None
+        b = booker(c)
+        RequestQueue(c.cluster, clock=c.clock).add(
+            Queued("b", "b:1", spec("b").to_job_request("b").to_json(), 600.0, c.clock() + 60))
+        placer = BatchPlacer(b, None)
+        assert placer._take_lease(c.ledger().snapshot(), "placer-1:x")
+        placer.lead("placer-1:x", view=view, stay=True)
+        assert c.ledger().snapshot().batch.answer("b:1") is not None
+        assert b.full_reads == 1
     finally:
         view.stop(1)
 
