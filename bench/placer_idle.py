@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from .common import local_cloud
+from .common import export_connections, local_cloud
 from .cpu import tree_cpu
 from .placement_cost import fleet
 
@@ -39,6 +39,10 @@ def run(workdir: Path, quick: bool = False) -> dict:
     window = 20.0 if quick else 60.0
     with local_cloud(fleet(NODES), workdir / "cloud", ready_timeout=600) as cloud:
         root = cloud.process.pid
+        # the placer as the ServiceAccount deploy/kubernetes/rbac.yaml makes for it, queued by flowcontrol.yaml
+        # where the API server has priority and fairness: as deployed, and as the burst bench runs it
+        export_connections(cloud.placer_connections())
+        flow_control = cloud.apply_flow_control()
         time.sleep(window / 4)          # let the fleet's start-up writes pass before the first window
         without, _ = _share(root, window)
         log = logging.getLogger("bench.placer_idle")
@@ -58,6 +62,7 @@ def run(workdir: Path, quick: bool = False) -> dict:
         finally:
             stop.set()
             thread.join(30)
-    return {"nodes": NODES, "window_s": window, "queue_shards": QUEUE_SHARDS, "ledger_shards": ledger.shards,
+    return {"nodes": NODES, "window_s": window, "placer_as": "ServiceAccount gpuboot-placer",
+            "flow_control": flow_control, "queue_shards": QUEUE_SHARDS, "ledger_shards": ledger.shards,
             "cloud_cpu_pct_without_placer": without, "cloud_cpu_pct_with_placer": with_placer,
             "placer_cost_to_cloud_pct": round(with_placer - without, 1), "placer_cpu_pct": placer_cpu}
