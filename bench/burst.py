@@ -24,8 +24,15 @@ process at the socket (TLS payload: status lines, headers and bodies, Kubernetes
 DescribeInstances of its view), amortised over the burst's placements. `--burst-threads N` runs N jobs
 per forked process (threads), for bursts larger than the machine's memory allows processes for.
 
+Where the CPU went (`cpu_s`): each part's from the release to the last answer (kube-apiserver, etcd, the
+scheduler and the controller-manager on the real backend, the rest of the local cloud, the placer, the place
+steps, the machine's busy time), and the same over QUIET_SECONDS before the release (`cpu_s_quiet`: the
+fleet's own load); and the Kubernetes requests each placement made, by verb and resource
+(`requests_per_placement`, counted in each process's client).
+
 Everything shares the machine's cores: the simcloud process (the API servers, which in production
-have machines of their own) competes with the job processes, so the figures are pessimistic.
+have machines of their own) competes with the job processes, so the figures are pessimistic;
+`--burst-steps-nice N` runs the place steps at niceness N, as if on workers of their own.
 """
 from __future__ import annotations
 
@@ -377,10 +384,10 @@ def per_placement(kinds: Counter, n: int) -> dict[str, float]:
 
 def cpu_used(before: tuple, after: tuple, window: float, cloud_pid: int | None, steps: list[float],
              placer: float | None) -> dict:
-    """CPU seconds used from the release to the last answer: by the local cloud's parts (kube-apiserver,
-    etcd, ... and the rest of the cloud), the placer, the place steps (every job process), this process,
-    and whatever else ran ("other": the machine's busy time less all of those), beside what the machine's
-    cores could give in that window."""
+    """CPU seconds used between two snapshots (the release and the last answer; or the quiet window before
+    the release): by the local cloud's parts (kube-apiserver, etcd, ... and the rest of the cloud), the
+    placer, the place steps (every job process), this process, and whatever else ran ("other": the
+    machine's busy time less all of those), beside what the machine's cores could give in that window."""
     (table0, busy0, me0), (table1, busy1, me1) = before, after
     used = {}
     if cloud_pid is not None:
