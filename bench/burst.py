@@ -275,7 +275,7 @@ def burst(jobs: int, kube, placer: bool = False, per_process: int = 1, steps_as:
     if placer:
         placer_proc = ctx.Process(target=_placer, args=(go, ready, stop_placer, results, placer_as), daemon=True)
         placer_proc.start()
-        started = ready.get(timeout=900)
+        started = _placer_ready(ready, placer_proc, time.monotonic() + 900)
         led = time.monotonic() + 120
         while _leader(kube) != started["me"] and time.monotonic() < led:
             time.sleep(0.2)
@@ -397,6 +397,20 @@ def cpu_used(before: tuple, after: tuple, window: float, cloud_pid: int | None, 
     used["other"] = (busy1 - busy0) - sum(used.values())
     return {**{k: round(v, 1) + 0.0 for k, v in used.items()}, "machine busy": round(busy1 - busy0, 1),
             "machine cores x window": round((os.cpu_count() or 1) * window, 1)}
+
+
+def _placer_ready(ready, placer_proc, deadline: float) -> dict:
+    """The placer's start-up row once its view is ready; an error as soon as its process has ended instead
+    (a crash: its traceback is in this part's log), not at the deadline."""
+    while True:
+        try:
+            return ready.get(timeout=2)
+        except queue.Empty:
+            if not placer_proc.is_alive():
+                raise RuntimeError(f"the placer process ended (exit code {placer_proc.exitcode}) before its view "
+                                   "was ready; its traceback is in this part's log") from None
+            if time.monotonic() >= deadline:
+                raise
 
 
 def _leader(kube) -> str | None:
