@@ -81,6 +81,7 @@ REAL_K8S_CONFORMANCE := tests/conformance/test_k8s_api.py tests/conformance/test
 REAL_K8S_TESTS := $(REAL_K8S_CONFORMANCE) tests/e2e/test_gpu_job.py tests/e2e/test_gang.py::test_a_gang_boots_both_nodes_and_its_ranks_rendezvous \
   tests/integration/test_rbac.py tests/integration/test_ledger.py tests/integration/test_preemption.py tests/integration/test_preemption_before_launch.py tests/integration/test_job_queue_backfill.py $(RESILIENCE) \
   tests/integration/test_cluster_view.py::test_a_restarted_placer_takes_the_lease_over_and_answers_from_its_view \
+  tests/integration/test_cluster_view.py::test_a_view_whose_identity_may_list_pods_but_not_watch_them_says_which_right_is_missing \
   $(TRIGGER)::test_trigger_waits_through_stale_and_zero_and_fires_on_the_fast_path \
   $(TRIGGER)::test_a_node_stopped_longer_than_the_watch_history_is_still_watched_through_its_reset \
   $(TRIGGER)::test_a_watch_relisted_in_the_middle_of_the_boot_never_fires_early \
