@@ -49,7 +49,7 @@ from collections import Counter
 from pathlib import Path
 
 from .common import export_connections, growth_exponent, local_cloud
-from .cpu import cloud_parts, machine_busy_s, own_cpu_s, processes
+from .cpu import cloud_parts, machine_busy_s, own_cpu_s, processes, used_between
 from .placement_cost import PODS_PER_NODE, fleet
 
 SIZES = (100, 1000)
@@ -181,16 +181,14 @@ def _placer(go, ready, stop, results, placer_as: Path | None = None) -> None:
     start = {"startup_bytes": counted[0], "startup_s": round(time.monotonic() - began, 1)}
     done, released = threading.Event(), []
     threading.Thread(target=lambda: (stop.wait(), done.set()), daemon=True).start()
-    threading.Thread(target=lambda: (go.wait(), released.append((own_cpu_s(), Counter(requests)))),
-                     daemon=True).start()
+    threading.Thread(target=lambda: (go.wait(), released.append(Counter(requests))), daemon=True).start()
     ready.put({**start, "me": placer.me})
     placer.run(done)
     results.put({"placer": {**start, "bytes": counted[0] - start["startup_bytes"],
                             "full_reads": placer.booker.full_reads, "describe_batches": view.describes,
                             "lists": view.nodes.lists + view.pods.lists, "gone": view.nodes.gone + view.pods.gone,
                             "resumes": view.nodes.resumes + view.pods.resumes,
-                            "cpu_s": own_cpu_s() - released[0][0] if released else None,
-                            "requests": requests - released[0][1] if released else Counter()}})
+                            "requests": requests - released[0] if released else Counter()}})
 
 
 def _book(n: int, go, ready, results, set_up: threading.Barrier) -> None:
@@ -304,8 +302,8 @@ def burst(jobs: int, kube, placer: bool = False, per_process: int = 1, steps_as:
     time.sleep(QUIET_SECONDS)       # the measured window itself: nothing to wait for
     cpu_before = (processes(), machine_busy_s(), own_cpu_s())
     cpu_quiet = cpu_used(quiet, cpu_before, QUIET_SECONDS, cloud_pid,
-                         [ran(quiet[0], cpu_before[0], p.pid) for p in procs],
-                         ran(quiet[0], cpu_before[0], placer_proc.pid) if placer_proc is not None else None)
+                         [used_between(quiet[0], cpu_before[0], p.pid) for p in procs],
+                         used_between(quiet[0], cpu_before[0], placer_proc.pid) if placer_proc is not None else None)
     released = time.time()
     go.set()
     rows, process_bytes, process_cpu, placer_row, step_requests = [], [], [], {}, Counter()
@@ -321,6 +319,7 @@ def burst(jobs: int, kube, placer: bool = False, per_process: int = 1, steps_as:
             step_requests += got["requests"]
         else:
             rows.append(got)
+    # the placer still runs here (the place steps may have ended: they count their own CPU)
     cpu_after, window = (processes(), machine_busy_s(), own_cpu_s()), time.time() - released
     for p in procs:
         p.join(timeout=max(0.1, give_up - time.time()))
@@ -333,7 +332,8 @@ def burst(jobs: int, kube, placer: bool = False, per_process: int = 1, steps_as:
         placer_proc.join(timeout=30)
         if placer_proc.is_alive():
             placer_proc.kill()
-    cpu = cpu_used(cpu_before, cpu_after, window, cloud_pid, process_cpu, placer_row.get("cpu_s"))
+    cpu = cpu_used(cpu_before, cpu_after, window, cloud_pid, process_cpu,
+                   used_between(cpu_before[0], cpu_after[0], placer_proc.pid) if placer_proc is not None else None)
     seen = {r["n"] for r in rows}
     rows += [{"n": n, "outcome": None, "error": "no answer before the queue timeout", "reads": 0, "conflicts": 0,
               "deferrals": 0, "began": released, "ended": time.time()} for n in range(jobs) if n not in seen]
@@ -371,11 +371,6 @@ def burst(jobs: int, kube, placer: bool = False, per_process: int = 1, steps_as:
             "placer_startup_bytes": placer_row.get("startup_bytes"), "placer_startup_s": placer_row.get("startup_s"),
             "placer_view": {k: placer_row.get(k) for k in ("full_reads", "describe_batches", "lists", "gone",
                                                             "resumes")} if placer else None}
-
-
-def ran(table0: dict, table1: dict, pid: int) -> float:
-    """CPU seconds `pid` used between two `processes()` tables (0 if it ran in neither)."""
-    return (table1[pid].cpu_s if pid in table1 else 0.0) - (table0[pid].cpu_s if pid in table0 else 0.0)
 
 
 def per_placement(kinds: Counter, n: int) -> dict[str, float]:

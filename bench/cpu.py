@@ -57,6 +57,11 @@ def tree_cpu(root: int, table: dict[int, Proc] | None = None) -> float:
     return total
 
 
+def used_between(table0: dict[int, Proc], table1: dict[int, Proc], pid: int) -> float:
+    """CPU seconds `pid` used between two `processes()` tables (0 if it ran in neither)."""
+    return (table1[pid].cpu_s if pid in table1 else 0.0) - (table0[pid].cpu_s if pid in table0 else 0.0)
+
+
 def cloud_parts(root: int, table: dict[int, Proc]) -> dict[str, float]:
     """CPU seconds so far of the local cloud (`root`: the `simcloud serve` process), by part: each control-plane
     component under it (with its own children) by name, everything else as "local cloud" (on the simcloud

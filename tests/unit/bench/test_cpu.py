@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from bench.cpu import Proc, cloud_parts, machine_busy_s, own_cpu_s, processes, tree_cpu
+from bench.cpu import Proc, cloud_parts, machine_busy_s, own_cpu_s, processes, tree_cpu, used_between
 from simcloud.harness import wait_until
 
 BURN = "import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.5:\n    pass\nsys.stdin.read()\n"
@@ -50,3 +50,5 @@ def test_the_local_clouds_cpu_splits_by_control_plane_component_and_the_rest_is_
              6: Proc(0, 50.0, ("python", "-m", "bench"))}
     assert cloud_parts(1, table) == {"local cloud": 12.0, "etcd": 3.0, "kube-apiserver": 21.0}
     assert cloud_parts(7, table) == {"local cloud": 0.0}      # the cloud has ended
+    later = {**table, 2: Proc(1, 4.5, table[2].argv), 8: Proc(1, 1.0, ("sh",))}
+    assert (used_between(table, later, 2), used_between(table, later, 8), used_between(table, later, 9)) == (1.5, 1.0, 0.0)
